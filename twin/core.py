@@ -1,0 +1,213 @@
+"""The ``Twin`` base class: a world, tools, controlled cases, a prompt and a default reward.
+
+A twin is a simulated business process. Subclasses set the class attributes under
+"Set these in ALL subclasses" and implement :meth:`Twin.build_world`, :meth:`Twin.make_case` and
+:meth:`Twin.prompt`; tools are methods marked with :func:`twin.tools.tool`::
+
+    class ReturnsTwin(Twin):
+        name = "Returns"
+        version = 0
+        description = "A returns desk: look up an order, check the policy, decide."
+        reward = returns_reward          # any callable (trajectory, case) -> RewardResult
+
+        def build_world(self) -> World: ...
+        def make_case(self, rng, split, index) -> tuple[str, dict, dict]: ...
+        def prompt(self, case) -> list[dict]: ...
+
+        @tool
+        def lookup_order(self, order_id: str, world: World) -> dict:
+            \"\"\"Look up an order.\"\"\"
+
+The world is built once per process for each distinct config and shared read-only by every
+episode; twins whose world is costly also cache it on disk under :meth:`Twin.cache_dir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from twin.cases import DEFAULT_SPLITS, Case, case_rng
+from twin.errors import CaseError, ConfigError
+from twin.tools import Tool, tools_of
+from twin.trajectory import Trajectory
+
+__all__ = ["RewardFn", "RewardResultLike", "Twin", "TwinConfig"]
+
+
+@runtime_checkable
+class RewardResultLike(Protocol):
+    """What a reward returns (``rewards.RewardResult`` satisfies it)."""
+
+    total: float
+    components: dict[str, float]
+    weighted: dict[str, float]
+    notes: list[str]
+
+
+class RewardFn(Protocol):
+    """A reward: ``reward(trajectory, case) -> RewardResult``."""
+
+    def __call__(self, trajectory: Trajectory, case: Case) -> RewardResultLike: ...
+
+
+class TwinConfig(BaseModel):
+    """Options every twin takes; twins extend it with their own fields.
+
+    Attributes:
+        seed: Seed of the world and of every case.
+        max_turns: Assistant turns before the episode is truncated.
+        max_action_chars: Longest assistant turn accepted; longer ones are rejected with a message.
+        max_result_chars: Tool results longer than this are cut (with a note) before the agent sees them.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = 0
+    max_turns: int = Field(8, ge=1)
+    max_action_chars: int = Field(16_000, ge=1)
+    max_result_chars: int = Field(8_000, ge=100)
+
+
+_WORLDS: dict[tuple[type, str], Any] = {}
+_WORLDS_LOCK = threading.Lock()
+
+
+class Twin:
+    """Base class of every twin. Subclasses set the attributes below and the abstract methods."""
+
+    # Set these in ALL subclasses
+    name: ClassVar[str]
+    version: ClassVar[int] = 0
+    description: ClassVar[str] = ""
+    config_model: ClassVar[type[TwinConfig]] = TwinConfig
+    splits: ClassVar[dict[str, int]] = DEFAULT_SPLITS
+    reward: RewardFn
+
+    def __init__(self, **config: Any) -> None:
+        """Validate ``config`` against :attr:`config_model`.
+
+        Raises:
+            ConfigError: an unknown option or a bad value; the message lists the valid options.
+        """
+        try:
+            self.config = self.config_model(**config)
+        except ValidationError as exc:
+            fields = ", ".join(self.config_model.model_fields)
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+            )
+            raise ConfigError(f"{type(self).__name__} config: {problems}. Options: {fields}") from None
+        self.tools: list[Tool] = tools_of(self)
+        self._tools_by_name = {t.name: t for t in self.tools}
+        self._cases: dict[tuple[str, int], Case] = {}
+
+    # -- world ---------------------------------------------------------------------------------
+    def build_world(self) -> Any:
+        """Build the static data every episode shares (read-only). Override."""
+        return None
+
+    def world_key(self) -> str:
+        """The part of the config that determines the world (default: the whole config)."""
+        return json.dumps(self.config.model_dump(mode="json"), sort_keys=True)
+
+    @property
+    def world(self) -> Any:
+        """The world for this config, built on first use and shared within the process."""
+        key = (type(self), self.world_key())
+        world = _WORLDS.get(key)
+        if world is None:
+            with _WORLDS_LOCK:
+                world = _WORLDS.get(key)
+                if world is None:
+                    world = self.build_world()
+                    _WORLDS[key] = world
+        return world
+
+    def cache_dir(self) -> Path:
+        """Folder for this twin's on-disk cache: ``$TWINRL_CACHE`` or ``~/.cache/twinrl``."""
+        root = Path(os.environ.get("TWINRL_CACHE") or Path.home() / ".cache" / "twinrl")
+        digest = hashlib.sha256(self.world_key().encode()).hexdigest()[:16]
+        path = root / f"{self.name}-v{self.version}" / digest
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- cases ---------------------------------------------------------------------------------
+    def make_case(self, rng: random.Random, split: str, index: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """Build one case from ``rng``; return ``(kind, task, truth)``. Override."""
+        raise NotImplementedError
+
+    def num_cases(self, split: str) -> int:
+        """How many cases ``split`` has."""
+        self._check_split(split)
+        return self.splits[split]
+
+    def case(self, split: str, index: int) -> Case:
+        """The controlled case ``(split, index)``: the same bytes on every machine.
+
+        Raises:
+            CaseError: unknown split or index out of range.
+        """
+        self._check_split(split)
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < self.splits[split]:
+            raise CaseError(
+                f"{self.name}: index must be an integer in [0, {self.splits[split]}) for split "
+                f"{split!r}, got {index!r}"
+            )
+        key = (split, index)
+        cached = self._cases.get(key)
+        if cached is None:
+            rng = case_rng(self.name, self.config.seed, split, index)
+            kind, task, truth = self.make_case(rng, split, index)
+            cached = Case(twin=self.name, split=split, index=index, kind=kind, task=task, truth=truth)
+            if len(self._cases) < 50_000:  # cases are cheap to rebuild; bound the memo
+                self._cases[key] = cached
+        return cached
+
+    def _check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise CaseError(f"{self.name}: unknown split {split!r}; splits: {', '.join(self.splits)}")
+
+    # -- episode -------------------------------------------------------------------------------
+    def prompt(self, case: Case) -> list[dict[str, Any]]:
+        """The opening messages (system + user) for ``case``. Must not reveal ``case.truth``."""
+        raise NotImplementedError
+
+    def new_state(self, case: Case) -> dict[str, Any]:
+        """Fresh per-episode mutable state, injected into tools as ``state`` (keep it tiny)."""
+        return {}
+
+    def outcome(self, trajectory: Trajectory, case: Case) -> dict[str, Any]:
+        """What the terminal ``info`` reveals after the episode (default: the truth)."""
+        return {"truth": case.truth, "kind": case.kind}
+
+    def score(self, trajectory: Trajectory, case: Case) -> RewardResultLike:
+        """Score an episode with the twin's reward."""
+        # A plain function stored as a class attribute would bind as a method; call it unbound.
+        reward = inspect.getattr_static(self, "reward", None)
+        if reward is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no `reward`")
+        if isinstance(reward, staticmethod):
+            reward = reward.__func__
+        return reward(trajectory, case)
+
+    # -- tools ---------------------------------------------------------------------------------
+    def tool(self, name: str) -> Tool | None:
+        """The tool called ``name``, or None."""
+        return self._tools_by_name.get(name)
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI function schemas of every tool, in declaration order."""
+        return [t.schema for t in self.tools]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} twin/{self.name}-v{self.version} seed={self.config.seed}>"
