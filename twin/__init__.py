@@ -3,8 +3,10 @@
 ``import twin`` registers the Gymnasium ids ``twin/<Name>-v<N>`` of every known twin.
 """
 
-from twin.cases import Case, case_rng
+from twin.cases import Case, case_rng, stable_seed
+from twin.check import check_twin
 from twin.core import Twin, TwinConfig
+from twin.env import TwinEnv
 from twin.errors import (
     CaseError,
     ConfigError,
@@ -14,6 +16,17 @@ from twin.errors import (
     TwinError,
     UnknownTwinError,
 )
+from twin.parsing import ParsedCall, ParsedTurn, parse_tool_calls
+from twin.registry import (
+    TwinSpec,
+    list_twins,
+    make,
+    make_twin,
+    register,
+    registry,
+    spec,
+)
+from twin.spaces import AssistantTurn, ChatMessages
 from twin.tools import Tool, tool
 from twin.trajectory import Group, TokenTurn, ToolCallRecord, Trajectory
 
@@ -26,7 +39,25 @@ __all__ = [
     "Twin",
     "TwinConfig",
     "case_rng",
+    "stable_seed",
     "tool",
+    # the Gymnasium interface
+    "AssistantTurn",
+    "ChatMessages",
+    "TwinEnv",
+    "check_twin",
+    # tool calls out of model text
+    "ParsedCall",
+    "ParsedTurn",
+    "parse_tool_calls",
+    # registry
+    "TwinSpec",
+    "list_twins",
+    "make",
+    "make_twin",
+    "register",
+    "registry",
+    "spec",
     # episodes
     "Group",
     "TokenTurn",
@@ -41,3 +72,8 @@ __all__ = [
     "TwinError",
     "UnknownTwinError",
 ]
+
+# Register every twin of the entry-point group ``twin.envs`` (ids only; nothing is imported).
+from twin.registry import load_plugins as _load_plugins  # noqa: E402
+
+_load_plugins()

@@ -90,6 +90,8 @@ class Twin:
     description: ClassVar[str] = ""
     config_model: ClassVar[type[TwinConfig]] = TwinConfig
     splits: ClassVar[dict[str, int]] = DEFAULT_SPLITS
+    #: True when tools block (disk, network): runners then call ``step`` in a thread pool.
+    blocking_tools: ClassVar[bool] = False
     reward: RewardFn
 
     def __init__(self, **config: Any) -> None:

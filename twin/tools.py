@@ -161,7 +161,9 @@ class Tool:
             validated = self.args_model.model_validate(arguments)
         except pydantic.ValidationError as exc:
             raise ToolArgumentError(self._explain(exc)) from None
-        return {name: getattr(validated, name) for name in type(validated).model_fields}
+        # extra="forbid": the instance dict holds exactly the declared fields (copy: callers add
+        # the injected parameters to it).
+        return dict(validated.__dict__)
 
     def call(self, arguments: Any, **injected: Any) -> Any:
         """Validate ``arguments`` and call the tool; return a JSON-able result.
@@ -284,16 +286,16 @@ def tools_of(obj: object) -> list[Tool]:
             meta = getattr(value, _TOOL_ATTR, None)
             if meta is None:
                 continue
-            if attr in seen:  # overridden in a subclass: keep the original position
-                found = [t for t in found if t.fn.__name__ != attr]
-            seen.add(attr)
-            found.append(
-                Tool.from_function(
-                    getattr(obj, attr),
-                    name=meta.name,
-                    terminal=meta.terminal,
-                    mutates=meta.mutates,
-                    description=meta.description,
-                )
+            built = Tool.from_function(
+                getattr(obj, attr),
+                name=meta.name,
+                terminal=meta.terminal,
+                mutates=meta.mutates,
+                description=meta.description,
             )
+            if attr in seen:  # overridden in a subclass: keep the original position
+                found = [built if t.fn.__name__ == attr else t for t in found]
+            else:
+                found.append(built)
+            seen.add(attr)
     return found

@@ -1,0 +1,218 @@
+"""``twin bench catalog``: the catalog twin's hot path measured against DESIGN.md's targets.
+
+Figures (p50/p95 over repeated calls, in process, no model):
+
+- tool-call latency per tool, called directly (validate + call) and through ``TwinEnv.step``
+  (parse + validate + call + serialise);
+- ``env.reset`` of a case and the step overhead beyond the tool itself;
+- world build, cold (empty cache, in a fresh process) and warm (cached, in a fresh process);
+- memory of 10,000 concurrent episodes (tracemalloc: envs reset on distinct cases, one step each).
+
+Each figure is printed beside its target with met / missed and the ratio measured / target.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["TARGETS", "main"]
+
+#: DESIGN.md targets: name -> (limit, unit). Lower is better for all of them.
+TARGETS: dict[str, tuple[float, str]] = {
+    "env.step look-up tool p50": (15.0, "us"),
+    "env.step search_taxonomy p50": (100.0, "us"),
+    "env.reset p50": (50.0, "us"),
+    "memory per live episode": (20.0, "KB"),
+    "world build cold": (10.0, "s"),
+    "world build warm": (0.5, "s"),
+}
+
+
+def _pcts(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p50 = statistics.median(ordered)
+    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    return p50, p95
+
+
+def _time(fn: Callable[[], Any], n: int, warmup: int = 20) -> tuple[float, float]:
+    """p50 and p95 in microseconds of ``fn()``."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    clock = time.perf_counter
+    for _ in range(n):
+        t = clock()
+        fn()
+        out.append((clock() - t) * 1e6)
+    return _pcts(out)
+
+
+def _build_in_subprocess(cache: str, seed: int, taxonomy: str | None) -> float:
+    code = (
+        "import time, json\n"
+        "t = time.perf_counter()\n"
+        "from envs.catalog.world import build_world\n"
+        f"w = build_world(seed={seed}, taxonomy_path={taxonomy!r}, cache_dir={cache!r}, progress=False)\n"
+        "print(json.dumps(time.perf_counter() - t))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _action(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "b0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def main(
+    n: int = 2000,
+    episodes: int = 10_000,
+    seed: int = 0,
+    taxonomy: str | None = None,
+    cold: bool = True,
+    out: str | None = None,
+    **_: Any,
+) -> int:
+    """Run the benchmarks and print them beside the targets; return 0.
+
+    Args:
+        n: Timed calls per figure.
+        episodes: Concurrent episodes for the memory figure.
+        seed: World seed.
+        taxonomy: A Shopify taxonomy checkout instead of the generated world.
+        cold: Also time a cold world build in a fresh process with an empty cache.
+        out: Write the figures as JSON to this file too.
+    """
+    from twin.env import TwinEnv
+
+    from envs.catalog.twin import CatalogTwin
+
+    console = Console(width=140) if not Console().is_terminal else Console()
+    figures: dict[str, dict[str, Any]] = {}
+
+    def put(name: str, value: float, unit: str, p95: float | None = None, note: str = "") -> None:
+        figures[name] = {"value": value, "unit": unit, "p95": p95, "note": note}
+
+    # -- world build ------------------------------------------------------------------------
+    with tempfile.TemporaryDirectory(prefix="twinrl-bench-") as tmp:
+        if cold:
+            put("world build cold", _build_in_subprocess(tmp, seed, taxonomy), "s",
+                note="fresh process, empty cache")
+        warm = [_build_in_subprocess(tmp, seed, taxonomy) for _ in range(2)]
+        put("world build warm", min(warm), "s", note="fresh process, cached file (best of 2)")
+
+    twin = CatalogTwin(seed=seed, taxonomy_path=taxonomy, max_turns=10**9)
+    world = twin.world
+    case = twin.case("test", 0)
+    task = case.task
+    brand = next(iter(sorted(world.brands)))
+    leaf = case.truth["category_id"]
+    query = " ".join(task["title"].split()[:6])
+    attrs = dict(case.truth["attributes"])
+    calls = {
+        "get_attribute_schema": {"category_id": leaf},
+        "lookup_brand": {"name": brand},
+        "search_taxonomy": {"query": query, "limit": 10},
+        "submit": {"category_id": leaf, "attributes": attrs, "verdict": "ok", "reason": "bench"},
+    }
+
+    # -- tools called directly ----------------------------------------------------------------
+    for tname, args in calls.items():
+        t = twin.tool(tname)
+        assert t is not None
+        p50, p95 = _time(lambda t=t, a=args: t.call(a, world=world, state={}, task=task), n)
+        put(f"direct {tname}", p50, "us", p95)
+
+    # -- through env.step ---------------------------------------------------------------------
+    env = TwinEnv(twin)
+    env.reset(options={"split": "test", "index": 0})
+    for tname in ("get_attribute_schema", "lookup_brand", "search_taxonomy"):
+        action = _action(tname, calls[tname])
+        p50, p95 = _time(lambda a=action: env.step(a), n)
+        put(f"env.step {tname}", p50, "us", p95)
+        env.reset(options={"split": "test", "index": 0})  # keep the chat short between figures
+    figures["env.step look-up tool p50"] = dict(figures["env.step get_attribute_schema"],
+                                                 note="get_attribute_schema (a look-up)")
+    figures["env.step search_taxonomy p50"] = dict(figures["env.step search_taxonomy"])
+    step_overhead = figures["env.step get_attribute_schema"]["value"] - figures["direct get_attribute_schema"]["value"]
+    put("env.step overhead (step - direct tool)", step_overhead, "us", note="parse + record + serialise")
+
+    renv = TwinEnv(CatalogTwin(seed=seed, taxonomy_path=taxonomy))
+    size = renv.twin.num_cases("test")
+    for i in range(size):  # cases are memoised: time the reset itself, not listing generation
+        renv.twin.case("test", i)
+    idx = iter(range(10**9))
+    p50, p95 = _time(lambda: renv.reset(options={"split": "test", "index": next(idx) % size}), n)
+    put("env.reset p50", p50, "us", p95, note="case memoised")
+    gen = CatalogTwin(seed=seed, taxonomy_path=taxonomy, train_size=10**6)
+    idx2 = iter(range(10**6))
+    p50, p95 = _time(lambda: gen.case("train", next(idx2)), min(n, 2000), warmup=5)
+    put("case generation (first build)", p50, "us", p95)
+
+    # -- memory of concurrent episodes ---------------------------------------------------------
+    mtwin = CatalogTwin(seed=seed, taxonomy_path=taxonomy, train_size=max(episodes, 1))
+    action = _action("get_attribute_schema", calls["get_attribute_schema"])
+    for i in range(episodes):  # cases built beforehand: they are the dataset, not episode state
+        mtwin.case("train", i)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    envs = []
+    for i in range(episodes):
+        e = TwinEnv(mtwin)
+        e.reset(options={"split": "train", "index": i})
+        e.step(action)
+        envs.append(e)
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    put("memory per live episode", used / max(episodes, 1) / 1024, "KB",
+        note=f"{episodes} episodes reset + 1 step: {used / 2**20:.1f} MB in all")
+    del envs
+
+    _print(console, figures, world)
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w", encoding="utf-8") as fh:
+            json.dump(figures, fh, indent=2)
+    return 0
+
+
+def _print(console: Console, figures: dict[str, dict[str, Any]], world: Any) -> None:
+    table = Table(title=f"twin bench catalog: {world!r}")
+    for col, just in (("figure", "left"), ("p50 / value", "right"), ("p95", "right"),
+                      ("target", "right"), ("status", "left"), ("ratio", "right"), ("note", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    met = missed = 0
+    for name, fig in figures.items():
+        unit = fig["unit"]
+        val = f"{fig['value']:.2f} {unit}"
+        p95 = f"{fig['p95']:.2f} {unit}" if fig.get("p95") is not None else ""
+        target = TARGETS.get(name)
+        if target is None:
+            table.add_row(name, val, p95, "", "", "", fig.get("note", ""))
+            continue
+        limit, _ = target
+        ratio = fig["value"] / limit
+        ok = fig["value"] <= limit
+        met += ok
+        missed += not ok
+        status = "[green]met[/]" if ok else "[red]missed[/]"
+        how = f"{ratio:.2f}x" + ("" if ok else f" ({ratio:.1f}x over)")
+        table.add_row(name, val, p95, f"<= {limit:g} {unit}", status, how, fig.get("note", ""))
+    console.print(table)
+    console.print(f"DESIGN.md targets: {met} met, {missed} missed (ratio = measured / target)")

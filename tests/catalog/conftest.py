@@ -1,0 +1,52 @@
+"""Shared fixtures of the catalog twin's tests: one world per session, built in a tmp cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+#: Shopify's taxonomy, shipped beside the project for tests (absent on a bare clone).
+SHOPIFY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "shopify-product-taxonomy"
+
+
+@pytest.fixture(scope="session")
+def catalog_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``$TWINRL_CACHE`` for the session: a tmp dir, so tests never touch ~/.cache."""
+    path = tmp_path_factory.mktemp("twinrl-cache")
+    old = os.environ.get("TWINRL_CACHE")
+    os.environ["TWINRL_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("TWINRL_CACHE", None)
+    else:
+        os.environ["TWINRL_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def twin(catalog_cache: Path):
+    """The catalog twin on the generated world (seed 0), world built once per session."""
+    from envs.catalog import CatalogTwin
+
+    t = CatalogTwin(seed=0)
+    t.world  # build now, inside the session cache
+    return t
+
+
+@pytest.fixture(scope="session")
+def world(twin):
+    """The generated world."""
+    return twin.world
+
+
+@pytest.fixture(scope="session")
+def shopify_twin(catalog_cache: Path):
+    """The catalog twin on Shopify's taxonomy; skipped when the shared data is absent."""
+    if not (SHOPIFY / "data" / "categories").is_dir():
+        pytest.skip(f"Shopify taxonomy not found at {SHOPIFY}")
+    from envs.catalog import CatalogTwin
+
+    t = CatalogTwin(seed=0, taxonomy_path=str(SHOPIFY))
+    t.world
+    return t

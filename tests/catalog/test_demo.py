@@ -1,0 +1,46 @@
+"""``twin demo``: runs end to end on a few episodes, prints the per-type table, writes the report."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from envs.catalog.listings import KINDS
+
+
+def test_demo_small(twin, tmp_path, capsys):
+    from envs.catalog.demo import main
+
+    store = tmp_path / "runs.db"
+    code = main(episodes=14, group_size=2, out=str(tmp_path / "report"), store=str(store),
+                progress=False)
+    assert code == 0
+    out = capsys.readouterr().out
+    for kind in KINDS:
+        assert kind in out, f"{kind} missing from the per-type table"
+    for word in ("pass@2", "false alarms", "missed", "random", "heuristic", "oracle"):
+        assert word in out
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| oracle | 1.000" in report
+    for png in ("reward.png", "by_kind.png", "confusion_oracle.png"):
+        assert (tmp_path / "report" / png).stat().st_size > 1000
+    from twin.store import RunStore
+
+    runs = RunStore(str(store)).runs()
+    assert {r.policy for r in runs} == {"random", "heuristic", "oracle"}
+
+
+def test_demo_rejects_unknown_policy(twin, tmp_path):
+    from envs.catalog.demo import main
+
+    assert main(episodes=2, policies="random,wizard", store="none", out=str(tmp_path), progress=False) == 2
+
+
+@pytest.mark.slow
+def test_demo_full_default(twin, tmp_path):
+    from envs.catalog.demo import main
+
+    started = time.perf_counter()
+    assert main(out=str(tmp_path / "report"), store=str(tmp_path / "runs.db"), progress=False) == 0
+    assert time.perf_counter() - started < 240

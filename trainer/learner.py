@@ -1,0 +1,424 @@
+"""The learner: a causal LM (LoRA or full fine-tuning), AdamW, and one GRPO-family update per batch.
+
+The learning side of the trainer. :meth:`Learner.step` takes a :class:`TrainBatch` (token
+sequences with loss masks, the sampler's logprobs and one advantage per sequence) and runs::
+
+    old  = logprobs under the current weights (no grad)        # the proximal policy
+    ref  = logprobs with the adapter disabled (no grad)        # only when kl_coef > 0
+    for each mini-batch (optim.mini_batches):
+        for each micro-batch (<= micro_batch_tokens padded tokens):
+            loss = policy_loss(logp, old, A, mask, eps_low, eps_high, TIS weights) + kl_coef * k3
+            loss.backward()                                    # gradients accumulate
+        clip_grad_norm_; optimizer.step()
+
+With one mini-batch ``old`` is ``logp.detach()`` of the same forward pass (the ratio is 1 and its
+gradient is the policy gradient), so no extra forward pass is spent. The KL reference is the same
+model with the LoRA adapter disabled (``with model.disable_adapter():``): no second copy.
+fp32 on CPU, bf16 on GPU (``model.dtype`` decides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer import algorithms as algo
+from trainer.config import AlgorithmConfig, OptimConfig
+from twin.errors import ConfigError
+
+__all__ = ["Learner", "TrainBatch", "build_lora_model", "trainable_parameters"]
+
+
+@dataclass
+class TrainBatch:
+    """Episodes ready for an update.
+
+    Attributes:
+        input_ids: One token sequence per episode.  # N x [T_i]
+        loss_mask: 1 on sampled tokens.  # N x [T_i]
+        sampler_logprobs: The sampler's logprob of each sampled token, 0.0 elsewhere.  # N x [T_i]
+        advantages: One advantage per sequence.  # [N]
+    """
+
+    input_ids: list[list[int]]
+    loss_mask: list[list[int]]
+    sampler_logprobs: list[list[float]]
+    advantages: list[float]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if not (len(self.loss_mask) == len(self.sampler_logprobs) == len(self.advantages) == n):
+            raise ValueError(
+                f"TrainBatch: {n} sequences but {len(self.loss_mask)} masks, "
+                f"{len(self.sampler_logprobs)} logprob rows and {len(self.advantages)} advantages"
+            )
+        for i, (ids, m, lp) in enumerate(zip(self.input_ids, self.loss_mask, self.sampler_logprobs)):
+            if not len(ids) == len(m) == len(lp):
+                raise ValueError(
+                    f"TrainBatch row {i}: {len(ids)} ids, {len(m)} mask values, {len(lp)} logprobs"
+                )
+            if m and m[0]:
+                raise ValueError(f"TrainBatch row {i}: the first token cannot carry loss (nothing predicts it)")
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Tokens that carry loss."""
+        return sum(sum(m) for m in self.loss_mask)
+
+
+def build_lora_model(
+    model: Any,
+    *,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    lora_dropout: float = 0.0,
+    target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+) -> Any:
+    """Wrap a causal LM in a peft LoRA adapter (only the adapter is trainable).
+
+    ``W x + (alpha / r) * B A x`` on every target module, ``B`` initialised to zero (so the
+    wrapped model starts equal to the base model).
+
+    Args:
+        model: A transformers causal LM.
+        lora_rank: Rank ``r`` of ``A`` and ``B``.
+        lora_alpha: Scale numerator (``alpha / r`` scales the update; usually ``alpha = 2 r``).
+        lora_dropout: Dropout on the adapter's input.
+        target_modules: Names of the linear layers that get an adapter.
+
+    Returns:
+        The peft model (adapter named ``"default"``).
+
+    Raises:
+        ConfigError: no module of the model matches ``target_modules``.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in target_modules if t not in names]
+    if len(missing) == len(list(target_modules)):
+        linear = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
+        raise ConfigError(
+            f"lora.target_modules {list(target_modules)} match no module of {type(model).__name__}; "
+            f"its linear layers are named: {', '.join(linear)}"
+        )
+    config = LoraConfig(
+        r=lora_rank,
+        lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout,
+        target_modules=list(target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
+    """Parameters with ``requires_grad`` (the adapter, or every weight for full fine-tuning)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+class Learner:
+    """Holds the trainable model and its optimizer; runs updates.
+
+    Args:
+        model: A causal LM, already wrapped by :func:`build_lora_model` for LoRA training.
+        algorithm: The objective's settings (clip range, KL, TIS, aggregation).
+        optim: AdamW settings, token budget per micro-batch, mini-batches per step.
+        temperature: The sampler's temperature (logprobs are of ``logits / temperature``).
+        max_tokens: The constant ``L`` of the Dr. GRPO normaliser (the episode token budget).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        algorithm: AlgorithmConfig,
+        optim: OptimConfig,
+        temperature: float = 1.0,
+        max_tokens: int = 1024,
+    ) -> None:
+        self.model = model
+        self.algorithm = algorithm
+        self.optim_config = optim
+        self.temperature = float(temperature)
+        self.max_tokens = int(max_tokens)
+        self.is_peft = _is_peft(model)
+        if algorithm.kl_coef > 0 and not self.is_peft:
+            raise ConfigError(
+                "kl_coef > 0 needs a LoRA model: the KL reference is the base model with the "
+                "adapter disabled (set lora.enabled: true, or kl_coef: 0)"
+            )
+        self.params = trainable_parameters(model)
+        if not self.params:
+            raise ConfigError("Learner: the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
+        )
+        self.version = 0  # optimizer steps taken (the policy version)
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model."""
+        return next(self.model.parameters()).device
+
+    # -- batching ------------------------------------------------------------------------------
+    def _micro_batches(self, rows: Sequence[int], batch: TrainBatch) -> Iterator[list[int]]:
+        """Pack rows (longest first) so that rows x longest row <= micro_batch_tokens."""
+        budget = self.optim_config.micro_batch_tokens
+        order = sorted(rows, key=lambda i: (-len(batch.input_ids[i]), i))
+        current: list[int] = []
+        width = 0
+        for i in order:
+            length = len(batch.input_ids[i])
+            new_width = max(width, length)
+            if current and new_width * (len(current) + 1) > budget:
+                yield current
+                current, new_width = [], length
+            current.append(i)
+            width = new_width
+        if current:
+            yield current
+
+    def _pad(self, rows: list[int], batch: TrainBatch) -> dict[str, torch.Tensor]:
+        width = max(len(batch.input_ids[i]) for i in rows)
+        n = len(rows)
+        ids = torch.zeros((n, width), dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.float32)
+        slp = torch.zeros((n, width), dtype=torch.float32)
+        for r, i in enumerate(rows):
+            length = len(batch.input_ids[i])
+            ids[r, :length] = torch.tensor(batch.input_ids[i], dtype=torch.long)
+            attn[r, :length] = 1
+            mask[r, :length] = torch.tensor(batch.loss_mask[i], dtype=torch.float32)
+            slp[r, :length] = torch.tensor(batch.sampler_logprobs[i], dtype=torch.float32)
+        adv = torch.tensor([batch.advantages[i] for i in rows], dtype=torch.float32)
+        dev = self.device
+        # Shift: position t predicts token t+1; drop the first token's (empty) target.
+        return {
+            "input_ids": ids.to(dev),
+            "attention_mask": attn.to(dev),
+            "mask": mask[:, 1:].to(dev),  # [B, T-1]
+            "sampler_logprobs": slp[:, 1:].to(dev),  # [B, T-1]
+            "advantages": adv.to(dev),  # [B]
+        }
+
+    def _forward(self, mb: dict[str, torch.Tensor], *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token logprobs of ``logits / T`` (and the entropy when asked).  # [B, T-1]"""
+        out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
+        logits = out.logits[:, :-1].float() / self.temperature  # [B, T-1, V]
+        targets = mb["input_ids"][:, 1:]
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, ent
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> list[list[float]]:
+        """Each sequence's token logprobs under the current weights (or the base model).
+
+        Args:
+            batch: The sequences.
+            reference: Use the base model (LoRA adapter disabled).
+
+        Returns:
+            One list per sequence, aligned with ``input_ids`` (the first entry is 0.0).
+        """
+        out: list[list[float]] = [[] for _ in range(len(batch))]
+        for rows, logp in self._no_grad_logprobs(batch, list(range(len(batch))), reference=reference):
+            for r, i in enumerate(rows):
+                length = len(batch.input_ids[i])
+                out[i] = [0.0] + logp[r, : length - 1].tolist()
+        return out
+
+    def _no_grad_logprobs(
+        self, batch: TrainBatch, rows: list[int], *, reference: bool
+    ) -> Iterator[tuple[list[int], torch.Tensor]]:
+        ctx = self.model.disable_adapter() if reference and self.is_peft else contextlib.nullcontext()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), ctx:
+                for mrows in self._micro_batches(rows, batch):
+                    logp, _ = self._forward(self._pad(mrows, batch))
+                    yield mrows, logp
+        finally:
+            self.model.train(was_training)
+
+    # -- the update ----------------------------------------------------------------------------
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One update on ``batch`` (``optim.mini_batches`` optimizer steps).
+
+        Returns:
+            Metrics: ``losses/loss``, ``losses/kl``, ``losses/clipfrac`` (and ``_low``/``_high``),
+            ``losses/ratio_mean``, ``policy/entropy``, ``policy/grad_norm``,
+            ``policy/tis_weight``, ``policy/tis_capped_frac``, ``policy/logprob_mismatch`` (mean
+            ``|learner - sampler|`` logprob on sampled tokens, before the update),
+            ``perf/learner_tokens_per_s``, ``perf/learner_s``.
+        """
+        started = time.perf_counter()
+        cfg = self.algorithm
+        n = len(batch)
+        if n == 0:
+            raise ValueError("Learner.step: empty batch")
+        rows_all = list(range(n))
+        mini = max(1, min(self.optim_config.mini_batches, n))
+        # Precompute per-row tensors that must come from the weights *before* any update.
+        need_old = mini > 1
+        old: dict[int, torch.Tensor] = {}
+        ref: dict[int, torch.Tensor] = {}
+        if need_old:
+            for mrows, logp in self._no_grad_logprobs(batch, rows_all, reference=False):
+                for r, i in enumerate(mrows):
+                    old[i] = logp[r, : len(batch.input_ids[i]) - 1].clone()
+        if cfg.kl_coef > 0:
+            for mrows, logp in self._no_grad_logprobs(batch, rows_all, reference=True):
+                for r, i in enumerate(mrows):
+                    ref[i] = logp[r, : len(batch.input_ids[i]) - 1].clone()
+
+        totals: dict[str, float] = {}
+        weights: dict[str, float] = {}
+
+        def add(name: str, value: float, weight: float) -> None:
+            totals[name] = totals.get(name, 0.0) + value * weight
+            weights[name] = weights.get(name, 0.0) + weight
+
+        aggregate = algo.aggregation(cfg.loss_aggregation, max_tokens=self.max_tokens)
+        self.model.train()
+        grad_norms: list[float] = []
+        losses: list[float] = []
+        chunks = [rows_all[k::mini] for k in range(mini)]
+        for chunk in chunks:
+            n_tokens = sum(sum(batch.loss_mask[i]) for i in chunk)
+            self.optimizer.zero_grad(set_to_none=True)
+            chunk_loss = 0.0
+            for mrows in self._micro_batches(chunk, batch):
+                mb = self._pad(mrows, batch)
+                logp, ent = self._forward(mb, entropy=True)  # [B, T-1]
+                width = logp.shape[1]
+                old_lp = torch.stack([_pad_to(old[i], width) for i in mrows]) if need_old else None
+                ref_lp = torch.stack([_pad_to(ref[i], width) for i in mrows]) if ref else None
+                # ALGO LOGIC: the micro-batch's share of the mini-batch loss (whole-chunk counts)
+                loss, stats = algo.policy_loss(
+                    logp,
+                    mb["advantages"],
+                    mb["mask"],
+                    aggregate=aggregate,
+                    old_logprobs=old_lp,
+                    sampler_logprobs=mb["sampler_logprobs"],
+                    ref_logprobs=ref_lp,
+                    eps_low=cfg.eps_low,
+                    eps_high=cfg.eps_high,
+                    kl_coef=cfg.kl_coef,
+                    tis_cap=cfg.tis_cap,
+                    num_seqs=len(chunk),
+                    num_tokens=n_tokens,
+                )
+                loss.backward()
+                chunk_loss += float(loss.detach())
+                tok = float(stats.num_tokens)
+                mask = mb["mask"]
+                with torch.no_grad():
+                    old_or_now = old_lp if old_lp is not None else logp.detach()
+                    mismatch = float(((old_or_now - mb["sampler_logprobs"]).abs() * mask).sum() / max(tok, 1.0))
+                for name, value in (
+                    ("losses/kl", stats.kl),
+                    ("losses/clipfrac", stats.clip_frac),
+                    ("losses/clipfrac_low", stats.clip_frac_low),
+                    ("losses/clipfrac_high", stats.clip_frac_high),
+                    ("losses/ratio_mean", stats.ratio_mean),
+                    ("policy/tis_weight", stats.tis_mean),
+                    ("policy/tis_capped_frac", stats.tis_capped_frac),
+                    ("policy/logprob_mismatch", mismatch),
+                ):
+                    add(name, float(value), tok)
+                if ent is not None and tok > 0:
+                    add("policy/entropy", float((ent * mask).sum() / tok), tok)
+            if self.optim_config.grad_clip is not None:
+                norm = torch.nn.utils.clip_grad_norm_(self.params, self.optim_config.grad_clip)
+            else:
+                grads = [p.grad.detach().norm() for p in self.params if p.grad is not None]
+                norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.zeros(())
+            grad_norms.append(float(norm))
+            losses.append(chunk_loss)
+            self.optimizer.step()
+            self.version += 1
+        self.model.eval()
+        elapsed = time.perf_counter() - started
+        metrics = {k: totals[k] / weights[k] if weights[k] else 0.0 for k in totals}
+        metrics["losses/loss"] = sum(losses) / len(losses)
+        metrics["policy/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        total_tokens = sum(len(ids) for ids in batch.input_ids)
+        metrics["perf/learner_tokens_per_s"] = total_tokens / elapsed if elapsed > 0 else 0.0
+        metrics["perf/learner_s"] = elapsed
+        return metrics
+
+    # -- saving --------------------------------------------------------------------------------
+    def save_adapter(self, path: str | Path) -> Path:
+        """Save the trainable weights: a peft adapter folder (LoRA; loadable by vLLM's
+        ``/v1/load_lora_adapter``) or, for full fine-tuning, a whole Hugging Face model folder."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        return path
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trainable tensors by name (the adapter for LoRA), on CPU."""
+        return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load tensors saved by :meth:`trainable_state_dict`.
+
+        Raises:
+            ConfigError: names differ (a checkpoint from another model or LoRA setting).
+        """
+        params = dict(self.model.named_parameters())
+        expected = {n for n, p in params.items() if p.requires_grad}
+        if set(state) != expected:
+            extra = sorted(set(state) - expected)[:3]
+            missing = sorted(expected - set(state))[:3]
+            raise ConfigError(
+                f"checkpoint weights do not match the model (unexpected: {extra}, missing: {missing}); "
+                "resume with the recipe the checkpoint was made with"
+            )
+        with torch.no_grad():
+            for n, t in state.items():
+                params[n].copy_(t.to(params[n].device, params[n].dtype))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights, optimizer state and version, for checkpoints."""
+        return {
+            "weights": self.trainable_state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+        self.load_trainable_state_dict(state["weights"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+
+def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+    if t.shape[0] >= width:
+        return t[:width]
+    return torch.cat([t, t.new_zeros(width - t.shape[0])])

@@ -1,0 +1,473 @@
+"""``twin plan RECIPE``: memory per device for a recipe, and whether it fits.
+
+Estimates, per device named in the recipe's ``devices:`` (rollout and learner; one table when
+they are the same device):
+
+- **rollout** (the sampler): base weights (``params x bytes(dtype)``); resident LoRA adapters
+  (``max_loras``); the KV cache of one batch of episodes
+  (``group_size x groups_per_step x max_episode_tokens x layers x kv_heads x head_dim x 2 x bytes``);
+  the sampler's workspace (vLLM's profiling peak and CUDA graphs); the runtime (CUDA context).
+- **learner**: base weights; LoRA weights (fp32, as peft keeps them) or, for full fine-tuning,
+  every weight trainable; gradients of the trainable weights; AdamW state (2 fp32 tensors per
+  trainable weight); activations of one micro-batch of ``optim.micro_batch_tokens`` tokens
+  (every layer's saved tensors, or only layer inputs plus one layer with gradient checkpointing)
+  plus the fp32 logits and log-softmax over the vocabulary; the runtime plus 5 % fragmentation.
+  The KL reference is the base model with the adapter disabled: no second copy.
+
+Model dimensions come from the model's ``config.json`` when the path exists locally, else from a
+built-in table of published configs (:data:`KNOWN_MODELS`) matched by name. Capacity is the
+device's memory when it is visible (CUDA, or this machine's RAM for ``cpu``), else
+``gpu_memory_gb`` (96 GB, the workstation this targets). These are estimates, meant to be
+conservative by a few GiB; ``twin plan`` prints the headroom it leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from twin.errors import ConfigError
+
+__all__ = [
+    "KNOWN_MODELS",
+    "Component",
+    "DevicePlan",
+    "ModelDims",
+    "lora_parameters",
+    "main",
+    "model_dims",
+    "plan_recipe",
+]
+
+GIB = 1024**3
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The numbers of a decoder-only transformer that memory depends on.
+
+    Attributes:
+        name: Display name.
+        hidden: ``hidden_size``.
+        layers: ``num_hidden_layers``.
+        heads: ``num_attention_heads``.
+        kv_heads: ``num_key_value_heads``.
+        head_dim: Per-head size.
+        intermediate: MLP ``intermediate_size`` (gated MLP: gate, up and down projections).
+        vocab: ``vocab_size``.
+        tied: Input embedding and LM head share weights.
+        qkv_bias: q/k/v projections have biases (Qwen2).
+        qk_norm: Per-head RMSNorm on q and k (Qwen3).
+        norms_per_layer: RMSNorms per layer (2; Gemma 2 has 4).
+    """
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``(in_features, out_features)`` of each projection in a layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "q_proj": (self.hidden, q),
+            "k_proj": (self.hidden, kv),
+            "v_proj": (self.hidden, kv),
+            "o_proj": (q, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate),
+            "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
+
+    @property
+    def parameters(self) -> int:
+        """Parameter count (embeddings, layers, final norm, LM head unless tied)."""
+        per_layer = sum(i * o for i, o in self.linear_shapes().values())
+        per_layer += self.norms_per_layer * self.hidden
+        if self.qkv_bias:
+            per_layer += (self.heads + 2 * self.kv_heads) * self.head_dim
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
+        embed = self.vocab * self.hidden
+        return embed * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
+
+
+#: Published ``config.json`` numbers of models people train with this (names are matched
+#: case-insensitively against the end of a model path, ``-Instruct`` and org prefixes ignored).
+KNOWN_MODELS: dict[str, ModelDims] = {
+    "qwen3-8b": ModelDims("Qwen3-8B", 4096, 36, 32, 8, 128, 12288, 151936, False, qk_norm=True),
+    "qwen3-4b": ModelDims("Qwen3-4B", 2560, 36, 32, 8, 128, 9728, 151936, True, qk_norm=True),
+    "qwen3-1.7b": ModelDims("Qwen3-1.7B", 2048, 28, 16, 8, 128, 6144, 151936, True, qk_norm=True),
+    "qwen3-14b": ModelDims("Qwen3-14B", 5120, 40, 40, 8, 128, 17408, 151936, False, qk_norm=True),
+    "qwen2.5-7b": ModelDims("Qwen2.5-7B", 3584, 28, 28, 4, 128, 18944, 152064, False, qkv_bias=True),
+    "qwen2.5-1.5b": ModelDims("Qwen2.5-1.5B", 1536, 28, 12, 2, 128, 8960, 151936, True, qkv_bias=True),
+    "qwen2.5-0.5b": ModelDims("Qwen2.5-0.5B", 896, 24, 14, 2, 64, 4864, 151936, True, qkv_bias=True),
+    "llama-3.1-8b": ModelDims("Llama-3.1-8B", 4096, 32, 32, 8, 128, 14336, 128256, False),
+    "llama-3.2-1b": ModelDims("Llama-3.2-1B", 2048, 16, 32, 8, 64, 8192, 128256, True),
+    "llama-3.2-3b": ModelDims("Llama-3.2-3B", 3072, 28, 24, 8, 128, 8192, 128256, True),
+    "gemma-2-9b": ModelDims("Gemma-2-9B", 3584, 42, 16, 8, 256, 14336, 256000, True, norms_per_layer=4),
+    "smollm2-135m": ModelDims("SmolLM2-135M", 576, 30, 9, 3, 64, 1536, 49152, True),
+    "smollm2-360m": ModelDims("SmolLM2-360M", 960, 32, 15, 5, 64, 2560, 49152, True),
+    "smollm2-1.7b": ModelDims("SmolLM2-1.7B", 2048, 24, 32, 32, 64, 8192, 49152, True),
+    # trainer.tiny.build_tiny (vocab is at most 1024)
+    "tiny": ModelDims("tiny", 64, 2, 4, 4, 16, 256, 1024, True, qkv_bias=True),
+}
+_ALIASES = {"smollm2": "smollm2-135m"}
+
+
+def _from_config(path: Path) -> ModelDims:
+    cfg = json.loads(path.read_text())
+    cfg = cfg.get("text_config", cfg)
+    try:
+        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        model_type = str(cfg.get("model_type", ""))
+        return ModelDims(
+            name=path.parent.name,
+            hidden=hidden,
+            layers=int(cfg["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate=int(cfg["intermediate_size"]),
+            vocab=int(cfg["vocab_size"]),
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            qk_norm=model_type.startswith("qwen3"),
+            norms_per_layer=4 if model_type.startswith("gemma2") or model_type.startswith("gemma3") else 2,
+        )
+    except KeyError as exc:
+        raise ConfigError(f"{path}: config.json lacks {exc.args[0]!r}; twin plan needs a decoder-only LM config") from None
+
+
+def model_dims(spec: str) -> ModelDims:
+    """Dimensions of ``spec``: a local folder's ``config.json``, else the built-in table by name.
+
+    Raises:
+        ConfigError: no local config and no known name in ``spec``; the message lists the names.
+    """
+    path = Path(spec).expanduser()
+    if (path / "config.json").is_file():
+        return _from_config(path / "config.json")
+    key = path.name.lower().removesuffix("-instruct").removesuffix("-it")
+    key = _ALIASES.get(key, key)
+    if key in KNOWN_MODELS:
+        return KNOWN_MODELS[key]
+    # Longest known name contained in the path (e.g. "/models/Qwen3-8B-Base").
+    hits = [k for k in KNOWN_MODELS if k in spec.lower() and k != "tiny"]
+    if hits:
+        return KNOWN_MODELS[max(hits, key=len)]
+    raise ConfigError(
+        f"twin plan: model {spec!r} has no local config.json and is not a known architecture; give a "
+        f"local Hugging Face folder or one of: {', '.join(d.name for d in KNOWN_MODELS.values())}"
+    )
+
+
+def lora_parameters(dims: ModelDims, rank: int, target_modules: list[str]) -> int:
+    """Parameters of a LoRA adapter: ``rank x (in + out)`` per targeted projection per layer.
+
+    Raises:
+        ConfigError: a target that is not a projection of the model.
+    """
+    shapes = dims.linear_shapes()
+    targets = list(shapes) if target_modules in (["all-linear"], ["all_linear"]) else target_modules
+    unknown = [t for t in targets if t not in shapes]
+    if unknown:
+        raise ConfigError(f"lora.target_modules {unknown} are not projections of {dims.name}; use {list(shapes)}")
+    return dims.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+@dataclass
+class Component:
+    """One line of a device's plan."""
+
+    name: str
+    bytes: float
+    note: str = ""
+
+
+@dataclass
+class DevicePlan:
+    """What one device holds and whether it fits."""
+
+    device: str
+    roles: list[str]
+    capacity: float
+    capacity_source: str
+    components: list[Component] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        """Sum of every component, bytes."""
+        return sum(c.bytes for c in self.components)
+
+    @property
+    def headroom(self) -> float:
+        """Capacity left after the plan, bytes (negative: short by that much)."""
+        return self.capacity - self.total
+
+    @property
+    def fits(self) -> bool:
+        """True when the plan fits in the device's memory."""
+        return self.headroom >= 0
+
+
+# Fixed costs, from measurements reported by vLLM and PyTorch users on recent GPUs.
+_CUDA_CONTEXT = 1.0 * GIB  # CUDA context + cuBLAS/cuDNN workspaces per process
+_VLLM_WORKSPACE = 2.0 * GIB  # vLLM's profiling peak (prefill activations, sampler) and CUDA graphs
+_FRAGMENTATION = 0.05  # the caching allocator's slack on the learner
+
+
+def _capacity(device: str, gpu_memory_gb: float) -> tuple[float, str]:
+    if device == "cpu":
+        try:
+            return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "this machine's RAM"
+        except (ValueError, OSError, AttributeError):
+            return 16 * GIB, "assumed 16 GiB RAM"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            index = torch.device(device).index or 0
+            if index < torch.cuda.device_count():
+                return float(torch.cuda.get_device_properties(index).total_memory), "reported by CUDA"
+    except (ImportError, RuntimeError):
+        pass
+    return gpu_memory_gb * 1e9, f"--gpu-memory-gb {gpu_memory_gb:g} (no such GPU visible here)"
+
+
+def _dtype(recipe: Any, device: str) -> str:
+    dtype = recipe.model.dtype
+    if dtype == "auto":
+        return "float32" if device == "cpu" else "bfloat16"
+    return dtype
+
+
+def _kv_bytes_per_token(dims: ModelDims, b: int) -> int:
+    return dims.layers * dims.kv_heads * dims.head_dim * 2 * b
+
+
+def _rollout(recipe: Any, dims: ModelDims, device: str, capacity: float, utilization: float) -> tuple[list[Component], list[str]]:
+    """The sampler's components, and notes. vLLM's KV pool is what its memory fraction leaves."""
+    dtype = _dtype(recipe, device)
+    b = _BYTES[dtype]
+    kind = recipe.sampler.kind
+    seqs = recipe.algorithm.group_size * recipe.algorithm.groups_per_step
+    seq_len = recipe.sampler.max_episode_tokens
+    per_seq = seq_len * _kv_bytes_per_token(dims, b)
+    batch_kv = seqs * per_seq
+    notes: list[str] = []
+    parts = [Component("weights", dims.parameters * b, f"{dims.parameters / 1e9:.2f} B params x {b} B ({dtype})")]
+    if recipe.lora.enabled:
+        loras = 2  # the adapter in use and the next one being loaded
+        lp = lora_parameters(dims, recipe.lora.rank, recipe.lora.target_modules)
+        parts.append(Component("LoRA adapters", loras * lp * b, f"{loras} resident x {lp / 1e6:.1f} M params, rank {recipe.lora.rank}"))
+    vllm_gpu = kind == "vllm" and device != "cpu"
+    if vllm_gpu:
+        parts.append(Component("sampler workspace", _VLLM_WORKSPACE, "vLLM profile peak + CUDA graphs"))
+    elif device != "cpu":
+        parts.append(Component("sampler workspace", seqs * dims.vocab * 4 * 2, f"{seqs} rows of fp32 logits"))
+    if device != "cpu":
+        parts.append(Component("runtime", _CUDA_CONTEXT, "CUDA context and library workspaces"))
+    formula = (
+        f"{dims.layers} layers x {dims.kv_heads} kv heads x {dims.head_dim} x 2 x {b} B "
+        f"= {_kv_bytes_per_token(dims, b) / 1024:.0f} KiB/tok"
+    )
+    if vllm_gpu:
+        # vLLM takes `utilization x capacity` up front and pages the KV cache inside what is left;
+        # it needs room for one full-length sequence and runs as many at once as fit.
+        pool = utilization * capacity - sum(c.bytes for c in parts)
+        parts.append(Component("KV cache (vLLM pool)", max(pool, 0.0), f"--gpu-memory-utilization {utilization:g}; {formula}"))
+        parallel = int(max(pool, 0.0) // per_seq)
+        notes.append(
+            f"the KV pool holds {parallel} of the batch's {seqs} episodes at full length ({seq_len} tok) at once; "
+            f"all {seqs} need {batch_kv / GIB:.1f} GiB (vLLM queues the rest)"
+        )
+        if parallel < 1:
+            parts.append(Component("KV shortfall", per_seq - max(pool, 0.0), "one full-length episode does not fit"))
+        else:
+            # vLLM's claim is a fixed fraction; what is beyond it is not ours to plan.
+            parts.append(Component("left to others", capacity * (1 - utilization), f"1 - {utilization:g} of the device"))
+    else:
+        parts.append(Component("KV cache", batch_kv, f"{seqs} seqs x {seq_len} tok x {formula}"))
+    return parts, notes
+
+
+def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> list[Component]:
+    dtype = _dtype(recipe, device)
+    b = _BYTES[dtype]
+    tokens = recipe.optim.micro_batch_tokens
+    parts = [Component("weights", dims.parameters * b, f"{dims.parameters / 1e9:.2f} B params x {b} B ({dtype})")]
+    if recipe.lora.enabled:
+        trainable = lora_parameters(dims, recipe.lora.rank, recipe.lora.target_modules)
+        trainable_bytes = 4  # peft keeps adapter weights in fp32
+        parts.append(Component("LoRA weights", trainable * 4, f"{trainable / 1e6:.1f} M params, rank {recipe.lora.rank}, fp32"))
+    else:
+        trainable, trainable_bytes = dims.parameters, b
+    parts.append(Component("gradients", trainable * trainable_bytes, f"{trainable / 1e6:.1f} M trainable"))
+    parts.append(Component("AdamW state", trainable * 8, "2 fp32 moments per trainable param"))
+    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    # Saved for backward per token and layer: the two norm inputs and outputs, q, k, v, the
+    # attention output, o_proj's input, gate, up, their product and down's input.
+    per_token_layer = (4 * dims.hidden + q + 2 * kv + 2 * q + 4 * dims.intermediate) * b
+    if checkpointing:
+        layers = tokens * (dims.layers * dims.hidden * b + per_token_layer)
+        how = f"{tokens} tok: layer inputs + 1 recomputed layer (gradient checkpointing)"
+    else:
+        layers = tokens * dims.layers * per_token_layer
+        how = f"{tokens} tok x {dims.layers} layers x {per_token_layer / 1024:.0f} KiB/tok"
+    parts.append(Component("activations", layers, how))
+    # logits in the model dtype, then fp32 log-softmax and its gradient
+    parts.append(Component("logits", tokens * dims.vocab * (b + 4 + 4), f"{tokens} tok x {dims.vocab} vocab, fp32 log-softmax"))
+    if device != "cpu":
+        parts.append(Component("runtime", _CUDA_CONTEXT, "CUDA context and library workspaces"))
+    return parts
+
+
+def plan_recipe(
+    recipe: Any,
+    *,
+    gpu_memory_gb: float = 96.0,
+    gradient_checkpointing: bool | None = None,
+    vllm_utilization: float = 0.9,
+) -> list[DevicePlan]:
+    """The memory plan of each device a recipe uses.
+
+    Args:
+        recipe: A :class:`trainer.config.Recipe`.
+        gpu_memory_gb: Memory of a GPU that is not visible on this machine (decimal GB).
+        gradient_checkpointing: Plan the learner's activations with checkpointing (None: the
+            recipe's ``gradient_checkpointing`` setting if it has one, else off).
+        vllm_utilization: vLLM's ``--gpu-memory-utilization`` (its default is 0.9).
+
+    Returns:
+        One plan per distinct device (rollout first).
+    """
+    dims = model_dims(recipe.model.path)
+    if gradient_checkpointing is None:
+        gradient_checkpointing = _recipe_checkpointing(recipe)
+    rollout, learner = recipe.devices.rollout, recipe.devices.learner
+    external = recipe.sampler.kind == "server" and recipe.sampler.base_url
+    plans: dict[str, DevicePlan] = {}
+
+    def device_plan(device: str, role: str) -> DevicePlan:
+        if device not in plans:
+            capacity, source = _capacity(device, gpu_memory_gb)
+            plans[device] = DevicePlan(device, [], capacity, source)
+        plans[device].roles.append(role)
+        return plans[device]
+
+    if not external:
+        p = device_plan(rollout, "rollout")
+        shared = rollout == learner and recipe.sampler.kind == "hf"
+        parts, notes = _rollout(recipe, dims, rollout, p.capacity, vllm_utilization)
+        for c in parts:
+            if shared and c.name in ("weights", "LoRA adapters", "runtime"):
+                continue  # the in-process sampler generates with the learner's model
+            if c.name == "left to others":
+                continue
+            p.components.append(replace(c, name=f"sampler {c.name}" if rollout == learner else c.name))
+        p.notes.extend(notes)
+    p = device_plan(learner, "learner")
+    for c in _learner(recipe, dims, learner, gradient_checkpointing):
+        if c.name == "runtime" and any(x.name.endswith("runtime") for x in p.components):
+            continue
+        p.components.append(replace(c, name=f"learner {c.name}" if rollout == learner and not external else c.name))
+    if learner != "cpu":
+        slack = sum(c.bytes for c in p.components if c.name.startswith(("learner", "weights", "LoRA", "gradients",
+                    "AdamW", "activations", "logits"))) * _FRAGMENTATION  # fmt: skip
+        p.components.append(Component("allocator slack", slack, f"{_FRAGMENTATION:.0%} of the learner's tensors"))
+    if not gradient_checkpointing:
+        alt = _learner(recipe, dims, learner, True)
+        act = next(c for c in alt if c.name == "activations").bytes
+        p.notes.append(f"with gradient checkpointing the learner's activations would be {act / GIB:.2f} GiB")
+    if not p.fits:
+        # Activations and logits grow linearly with the micro-batch: find the budget that fits.
+        per_token = sum(c.bytes for c in p.components if c.name.endswith(("activations", "logits")))
+        per_token *= (1 + _FRAGMENTATION if learner != "cpu" else 1) / recipe.optim.micro_batch_tokens
+        fixed = p.total - per_token * recipe.optim.micro_batch_tokens
+        best = int((p.capacity - fixed) // per_token) if per_token else 0
+        if best >= 1:
+            p.notes.append(f"optim.micro_batch_tokens <= {best} would fit (now {recipe.optim.micro_batch_tokens})")
+    if external:
+        p.notes.append(f"the sampler is an external server at {recipe.sampler.base_url}: not planned here")
+    return list(plans.values())
+
+
+def _recipe_checkpointing(recipe: Any) -> bool:
+    for section in ("optim", "train", "model", "lora"):
+        value = getattr(getattr(recipe, section, None), "gradient_checkpointing", None)
+        if value is not None:
+            return bool(value)
+    return False
+
+
+def _load(recipe: Any) -> Any:
+    if not isinstance(recipe, (str, os.PathLike, dict)):
+        return recipe
+    from trainer.config import load_recipe
+
+    return load_recipe(recipe)
+
+
+def main(
+    recipe: Any,
+    gpu_memory_gb: float = 96.0,
+    gradient_checkpointing: bool | None = None,
+    vllm_utilization: float = 0.9,
+) -> int:
+    """Print the per-device memory plan of ``recipe``; return 0 when every device fits, else 1.
+
+    Args:
+        recipe: A recipe path, a shipped recipe name, a dict, or a ``Recipe``.
+        gpu_memory_gb: Memory of a GPU that is not visible on this machine (decimal GB).
+        gradient_checkpointing: Plan the learner with gradient checkpointing (None: the recipe's).
+        vllm_utilization: vLLM's ``--gpu-memory-utilization``.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    loaded = _load(recipe)
+    plans = plan_recipe(
+        loaded, gpu_memory_gb=gpu_memory_gb, gradient_checkpointing=gradient_checkpointing,
+        vllm_utilization=vllm_utilization,
+    )  # fmt: skip
+    dims = model_dims(loaded.model.path)
+    console = Console()
+    console.print(
+        f"[bold]{dims.name}[/]: {dims.parameters / 1e9:.2f} B params, {dims.layers} layers, hidden {dims.hidden}, "
+        f"{dims.heads}/{dims.kv_heads} heads, vocab {dims.vocab}"
+    )
+    ok = True
+    for p in plans:
+        table = Table(title=f"{p.device} ({' + '.join(p.roles)})", title_justify="left")
+        table.add_column("component")
+        table.add_column("GiB", justify="right")
+        table.add_column("how")
+        for c in p.components:
+            table.add_row(c.name, f"{c.bytes / GIB:.2f}", c.note)
+        table.add_section()
+        table.add_row("[bold]total[/]", f"[bold]{p.total / GIB:.2f}[/]", "")
+        table.add_row("capacity", f"{p.capacity / GIB:.2f}", p.capacity_source)
+        console.print(table)
+        for note in p.notes:
+            console.print(f"  note: {note}")
+        if p.fits:
+            console.print(f"  [bold green]FITS[/] on {p.device}: headroom {p.headroom / GIB:.2f} GiB "
+                          f"({p.headroom / p.capacity:.0%})")  # fmt: skip
+        else:
+            ok = False
+            console.print(f"  [bold red]DOES NOT FIT[/] on {p.device}: short by {-p.headroom / GIB:.2f} GiB")
+    return 0 if ok else 1

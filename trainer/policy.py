@@ -1,0 +1,244 @@
+"""A local model as a twin policy: ``twin eval catalog --policy hf:smollm2``.
+
+:class:`HFPolicy` acts through the trainer's own parts, so an evaluation sees the model exactly as
+training does: the :class:`trainer.renderer.Renderer` builds each episode's token sequence from
+the chat template with the twin's tool schemas (token-exact across turns: sampled ids are kept,
+never re-tokenized), the :class:`trainer.samplers.HFSampler` samples, and the completion is
+decoded into an assistant message (content + parsed ``tool_calls``).
+
+Concurrent episodes are batched: each ``act`` queues its prompt, and one worker samples every
+queued prompt in one ``generate`` call in a thread, so the event loop (and the tools) keep running.
+
+Specs: ``hf:MODEL[,key=value...]`` with ``MODEL`` = ``tiny``, ``smollm2`` or a local HF folder, and
+options ``temperature`` (0.7), ``top_p`` (1.0), ``max_new_tokens`` (256), ``dtype`` (auto),
+``device`` (cpu), ``adapter`` (a LoRA adapter folder, e.g. a training checkpoint), ``seed`` (0),
+``max_batch`` (32). Everything loads offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from twin.cases import stable_seed
+from twin.errors import ConfigError
+
+__all__ = ["HFPolicy", "parse_hf_spec"]
+
+Message = dict[str, Any]
+
+_OPTION_TYPES: dict[str, type] = {
+    "temperature": float,
+    "top_p": float,
+    "max_new_tokens": int,
+    "dtype": str,
+    "device": str,
+    "adapter": str,
+    "seed": int,
+    "max_batch": int,
+}
+
+
+def parse_hf_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split ``hf:MODEL,key=value,...`` into the model and typed options.
+
+    Raises:
+        ConfigError: not an ``hf:`` spec, an unknown option or a value of the wrong type.
+    """
+    kind, _, rest = spec.partition(":")
+    if kind != "hf" or not rest:
+        raise ConfigError(f"expected a policy spec like 'hf:smollm2' or 'hf:PATH,temperature=0.2', got {spec!r}")
+    model, *parts = rest.split(",")
+    options: dict[str, Any] = {}
+    for part in parts:
+        key, eq, raw = part.partition("=")
+        key = key.strip()
+        if not eq or key not in _OPTION_TYPES:
+            raise ConfigError(
+                f"policy {spec!r}: option {part!r} is not key=value with key one of {', '.join(_OPTION_TYPES)}"
+            )
+        try:
+            options[key] = _OPTION_TYPES[key](raw.strip())
+        except ValueError:
+            raise ConfigError(f"policy {spec!r}: {key} must be {_OPTION_TYPES[key].__name__}, got {raw!r}") from None
+    return model, options
+
+
+@dataclass
+class _Pending:
+    ids: list[int]
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class _Batcher:
+    """Collects prompts from concurrent episodes of one event loop; samples them together."""
+
+    policy: HFPolicy
+    pending: list[_Pending] = field(default_factory=list)
+    running: bool = False
+
+    async def sample(self, ids: list[int]) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending.append(_Pending(ids, future))
+        if not self.running:
+            self.running = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self.pending:
+                # Let every episode that is ready queue its prompt before the batch is cut.
+                for _ in range(3):
+                    await asyncio.sleep(0)
+                batch = self.pending[: self.policy.max_batch]
+                del self.pending[: len(batch)]
+                try:
+                    samples = await asyncio.to_thread(self.policy.sample_batch, [p.ids for p in batch])
+                except Exception as exc:  # noqa: BLE001 - every waiting episode gets the error
+                    for p in batch:
+                        if not p.future.done():
+                            p.future.set_exception(exc)
+                    continue
+                for p, s in zip(batch, samples, strict=True):
+                    if not p.future.done():
+                        p.future.set_result(s)
+        finally:
+            self.running = False
+
+
+class HFPolicy:
+    """A local causal LM acting in a twin through the trainer's renderer and sampler.
+
+    Args:
+        model: A transformers causal LM (a peft model with an adapter works too).
+        tokenizer: Its tokenizer, with a chat template.
+        name: The policy's name in runs and reports.
+        temperature: Sampling temperature.
+        top_p: Nucleus threshold.
+        max_new_tokens: Most tokens per assistant turn (less when the context is nearly full).
+        seed: Seeds each batch's sampling (batches are numbered in order).
+        max_batch: Most episodes sampled together.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str = "hf",
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        seed: int = 0,
+        max_batch: int = 32,
+    ) -> None:
+        from trainer.samplers import HFSampler
+
+        if temperature <= 0:
+            raise ConfigError(f"HFPolicy: temperature must be > 0, got {temperature}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.max_batch = max_batch
+        self.sampler = HFSampler(model, tokenizer, max_batch=max_batch)
+        config = getattr(model, "config", None)
+        self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
+        self._batches = 0
+        self._batchers: dict[int, _Batcher] = {}  # per event loop (each asyncio.run has its own)
+
+    @classmethod
+    def from_spec(cls, spec: str, twin: Any = None) -> HFPolicy:
+        """Load the model named by ``hf:MODEL[,key=value...]`` (see the module docstring), offline.
+
+        Args:
+            spec: The policy spec.
+            twin: The twin it will act in (unused: tools come with each ``act``).
+        """
+        from trainer.models import load_model
+
+        model_spec, options = parse_hf_spec(spec)
+        device = options.pop("device", "cpu")
+        model, tokenizer = load_model(model_spec, options.pop("dtype", "auto"), device)
+        adapter = options.pop("adapter", None)
+        if adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter).eval()
+        return cls(model, tokenizer, name=spec, **options)
+
+    # -- sampling ----------------------------------------------------------------------------
+    def _stop_ids(self) -> list[int]:
+        return [self.tokenizer.eos_token_id]
+
+    def sample_batch(self, prompts: list[list[int]]) -> list[Any]:
+        """Sample one turn for each prompt (blocking; called in a worker thread)."""
+        self._batches += 1
+        room = self.max_context - max(len(p) for p in prompts)
+        return self.sampler.sample(
+            prompts,
+            max_new_tokens=max(1, min(self.max_new_tokens, room)),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop_ids=self._stop_ids(),
+            seed=stable_seed("hf-policy", self.seed, self._batches),
+        )
+
+    async def _sample(self, ids: list[int]) -> Any:
+        loop = asyncio.get_running_loop()
+        batcher = self._batchers.get(id(loop))
+        if batcher is None:
+            self._batchers = {id(loop): _Batcher(self)}  # drop batchers of finished loops
+            batcher = self._batchers[id(loop)]
+        return await batcher.sample(ids)
+
+    # -- acting ------------------------------------------------------------------------------
+    def renderer(self, tools: Sequence[dict[str, Any]]) -> Any:
+        """A fresh :class:`trainer.renderer.Renderer` for this model and ``tools``."""
+        from trainer.renderer import Renderer
+
+        return Renderer(self.tokenizer, list(tools))
+
+    def for_episode(self, key: str) -> _EpisodePolicy:
+        """An actor that keeps one episode's token sequence across turns (called by the runner)."""
+        return _EpisodePolicy(self, key)
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """The next assistant message, rendering the whole conversation afresh."""
+        return await _EpisodePolicy(self, "").act(messages, tools)
+
+
+class _EpisodePolicy:
+    """One episode's actor: appends each turn's new messages to the same token sequence."""
+
+    def __init__(self, parent: HFPolicy, key: str) -> None:
+        self.parent = parent
+        self.key = key
+        self.name = parent.name
+        self._renderer: Any = None
+        self._seen = 0  # messages already in the renderer
+
+    @property
+    def token_turns(self) -> list[Any]:
+        """The episode's sampled turns as :class:`twin.trajectory.TokenTurn` records."""
+        return self._renderer.token_turns() if self._renderer is not None else []
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """Sample the next assistant turn for ``messages`` (not mutated)."""
+        if self._renderer is None or len(messages) <= self._seen:
+            # First turn, or a conversation that is not ours continued: render it afresh.
+            self._renderer = self.parent.renderer(tools)
+            self._renderer.start(messages)
+        else:
+            self._renderer.add_messages(messages[self._seen :])
+        sample = await self.parent._sample(self._renderer.ids)
+        message = self._renderer.add_completion(sample.ids, sample.logprobs)
+        self._seen = len(messages) + 1
+        return dict(message)

@@ -1,0 +1,530 @@
+"""Token-exact multi-turn episodes, built incrementally from the model's chat template.
+
+A multi-turn episode is ONE token sequence: prompt ids, then for every assistant turn the ids the
+sampler returned (kept exactly as sampled), then the ids of what the twin answered (tool results
+and the next assistant header). Sampled ids are never re-tokenized from text: decoding and
+re-encoding a sample can give other ids (BPE is not a bijection on ids), which would train the
+model on tokens it never produced and break the importance ratio against the sampler's logprobs.
+
+How the ids after a sample are made (:meth:`Renderer.add_messages`)::
+
+    prev = template(conversation + [assistant])                           # no generation prompt
+    full = template(conversation + [assistant] + new_messages, add_generation_prompt=True)
+    assert full.startswith(prev)                                          # the prefix property
+    ids  = encode(glue + full[len(prev):])                                # only the new suffix
+
+``glue`` is the text the template writes after the assistant's end-of-turn token (``"\\n"`` after
+``<|im_end|>`` in ChatML); the sampler stopped at that token, so the glue was never sampled. A
+sample cut off by ``max_new_tokens`` (no end-of-turn token) is closed with the end-of-turn token
+plus the glue, unmasked, and counted in ``stats["unterminated"]``.
+
+When a template rewrites earlier turns (e.g. Qwen3 drops ``<think>`` blocks of older assistant
+turns), ``full`` no longer starts with ``prev``. The renderer then logs a warning, counts it in
+``stats["prefix_breaks"]`` and renders the new messages after a fixed stand-in conversation
+(system + "user" + "assistant", as SkyRL does) instead; the ids already in the episode are never
+changed. :meth:`Renderer.check_prefix` compares the decoded episode with the template's rendering
+of the whole conversation and says where they first differ.
+
+Templates that ignore ``tools`` (e.g. SmolLM2-135M-Instruct's) get the tool schemas through a
+Hermes-style preamble appended to the system message (the same wording as the tiny model's
+ChatML template), assistant turns as their raw text, and tool results as user turns of
+``<tool_response>`` blocks; ``Renderer.tools_in_template`` says which path is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from twin.errors import ConfigError
+from twin.trajectory import TokenTurn
+
+__all__ = ["EpisodeTokens", "PrefixReport", "Renderer", "tools_preamble"]
+
+log = logging.getLogger("twinrl.renderer")
+
+Message = dict[str, Any]
+
+# chat template text -> does it render `tools`? (a property of the template alone)
+_TOOLS_SUPPORT: dict[str, bool] = {}
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "probe_tool_xq",
+        "description": "Probe.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+def tools_preamble(tools: Sequence[dict[str, Any]]) -> str:
+    """The Hermes/Qwen2.5 tools section used when a chat template does not render tools.
+
+    Args:
+        tools: OpenAI function schemas.
+
+    Returns:
+        Text to append to the system message (starts with a blank line).
+    """
+    lines = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+        f"{lines}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+        '"arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+@dataclass
+class EpisodeTokens:
+    """One episode as a single token sequence.
+
+    Attributes:
+        input_ids: Prompt, sampled and tool-result ids in order.  # [T]
+        loss_mask: 1 on sampled ids, 0 on everything else.  # [T]
+        sampler_logprobs: The sampler's logprob of each sampled id, 0.0 elsewhere.  # [T]
+        turn_spans: ``(start, end)`` of each sampled completion in ``input_ids`` (end exclusive).
+        prompt_len: Length of the opening prompt (system + user + assistant header).
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    sampler_logprobs: list[float]
+    turn_spans: list[tuple[int, int]]
+    prompt_len: int
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_sampled(self) -> int:
+        """Number of sampled (loss-carrying) tokens."""
+        return sum(self.loss_mask)
+
+
+@dataclass
+class PrefixReport:
+    """Result of :meth:`Renderer.check_prefix`.
+
+    Attributes:
+        ok: The decoded episode equals the template's rendering of the conversation.
+        index: Character index of the first difference (-1 when ok).
+        decoded: A snippet of the decoded episode around the difference.
+        rendered: The same snippet of the template's rendering.
+    """
+
+    ok: bool
+    index: int = -1
+    decoded: str = ""
+    rendered: str = ""
+
+    def __str__(self) -> str:
+        if self.ok:
+            return "episode tokens decode to the template's rendering"
+        return (
+            f"episode tokens differ from the template's rendering at char {self.index}: "
+            f"decoded {self.decoded!r} vs rendered {self.rendered!r}"
+        )
+
+
+@dataclass
+class _Piece:
+    ids: list[int]
+    sampled: bool
+    logprobs: list[float] = field(default_factory=list)
+
+
+class Renderer:
+    """Builds one episode's token sequence turn by turn.
+
+    Usage::
+
+        r = Renderer(tokenizer, twin.tool_schemas)
+        prompt_ids = r.start(obs)                       # system + user + assistant header
+        while True:
+            sample = sampler.sample([r.ids], ...)[0]    # continue the whole episode so far
+            message = r.add_completion(sample.ids, sample.logprobs)
+            obs, reward, done, trunc, info = env.step(message)
+            if done or trunc:
+                break
+            r.add_messages(obs)                         # tool results + next assistant header
+        episode = r.episode()
+
+    Args:
+        tokenizer: A transformers tokenizer with a chat template.
+        tools: The twin's OpenAI function schemas (may be empty).
+        stop_ids: Ids that end an assistant turn (default: the tokenizer's eos id).
+
+    Attributes:
+        stats: Counters: ``turns``, ``prefix_breaks``, ``unterminated``, ``unparsed_turns``.
+        messages: The conversation as the template sees it.
+        tools_in_template: The chat template renders ``tools`` itself (else the preamble
+            fallback is used).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: Sequence[dict[str, Any]] | None = None,
+        *,
+        stop_ids: Sequence[int] | None = None,
+    ) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ConfigError(
+                f"Renderer: the tokenizer {type(tokenizer).__name__} has no chat template; "
+                "load a chat/instruct model or set tokenizer.chat_template"
+            )
+        self.tokenizer = tokenizer
+        self.tools: list[dict[str, Any]] = list(tools or [])
+        if stop_ids is None:
+            if tokenizer.eos_token_id is None:
+                raise ConfigError(
+                    "Renderer: the tokenizer has no eos_token_id; pass stop_ids=[<end-of-turn id>]"
+                )
+            stop_ids = [tokenizer.eos_token_id]
+        self.stop_ids: frozenset[int] = frozenset(int(i) for i in stop_ids)
+        # the token that closes a cut-off turn, and whose text marks a turn's end in the template
+        end_id = tokenizer.eos_token_id if tokenizer.eos_token_id in self.stop_ids else min(
+            self.stop_ids
+        )
+        self._end_text = tokenizer.decode(
+            [end_id], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        self.tools_in_template = _template_renders_tools(tokenizer)
+        self.stats: dict[str, int] = {}
+        self.messages: list[Message] = []
+        self._pieces: list[_Piece] = []
+        self._ids: list[int] = []  # the pieces' ids, flattened as they arrive
+        self._open = False  # the sequence ends with a generation prompt (awaiting a sample)
+
+    # ---------------------------------------------------------------- rendering
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        """The chat template's text for ``messages`` with this renderer's tools.
+
+        Args:
+            messages: OpenAI chat messages.
+            add_generation_prompt: Append the assistant header.
+
+        Returns:
+            The rendered text (not tokenized).
+        """
+        msgs = [dict(m) for m in messages]
+        kwargs: dict[str, Any] = {}
+        if self.tools and self.tools_in_template:
+            kwargs["tools"] = self.tools
+        elif not self.tools_in_template:
+            msgs = self._fallback_messages(msgs)
+        text = self.tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+        return str(text)
+
+    def _fallback_messages(self, msgs: list[Message]) -> list[Message]:
+        # For templates that know nothing of tools: schemas in the system text, tool calls as
+        # the raw text the model wrote, tool results as <tool_response> user turns.
+        out: list[Message] = []
+        if self.tools:
+            if msgs and msgs[0].get("role") == "system":
+                first = dict(msgs[0])
+                first["content"] = (first.get("content") or "") + tools_preamble(self.tools)
+                msgs = [first, *msgs[1:]]
+            else:
+                msgs = [
+                    {"role": "system", "content": "You are a helpful assistant."
+                     + tools_preamble(self.tools)},
+                    *msgs,
+                ]
+        for m in msgs:
+            role = m.get("role")
+            if role == "tool":
+                out.append(
+                    {"role": "user",
+                     "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+                )
+            elif role == "assistant":
+                out.append({"role": "assistant", "content": _assistant_text(m)})
+            else:
+                out.append({"role": role, "content": m.get("content") or ""})
+        return out
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return str(
+            self.tokenizer.decode(
+                list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        )
+
+    def _count(self, key: str) -> None:
+        self.stats[key] = self.stats.get(key, 0) + 1
+
+    # ---------------------------------------------------------------- building
+    def start(self, messages: Sequence[Message]) -> list[int]:
+        """Begin an episode: the opening messages plus the assistant header, as ids.
+
+        Args:
+            messages: The opening messages (system + user), as ``env.reset`` returns them.
+
+        Returns:
+            The prompt ids: ``apply_chat_template(messages, tools=tools,
+            add_generation_prompt=True)``, tokenized without extra special tokens.
+        """
+        self.messages = [dict(m) for m in messages]
+        self.stats = {"turns": 0, "prefix_breaks": 0, "unterminated": 0, "unparsed_turns": 0}
+        ids = self._encode(self.render(self.messages, add_generation_prompt=True))
+        self._pieces = [_Piece(ids, sampled=False)]
+        self._ids = list(ids)
+        self._open = True
+        return ids
+
+    @property
+    def ids(self) -> list[int]:
+        """All ids of the episode so far (the prompt for the next sample); a copy."""
+        return list(self._ids)
+
+    def add_completion(
+        self,
+        ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        *,
+        message: Message | None = None,
+    ) -> Message:
+        """Append one sampled assistant turn, exactly as sampled.
+
+        Args:
+            ids: The sampled ids, ending with the stop id when the sampler stopped on it.
+            logprobs: The sampler's logprob of each id (zeros when unknown).
+            message: The assistant message to show the template; default: rebuilt from the
+                decoded text (content + parsed ``tool_calls``).
+
+        Returns:
+            The assistant message (OpenAI format), ready for ``env.step``.
+
+        Raises:
+            ConfigError: Called before :meth:`start`, twice in a row, or with logprobs of
+                another length.
+        """
+        if not self._open:
+            raise ConfigError(
+                "Renderer.add_completion: expected start() or add_messages() first (the episode "
+                "does not end with an assistant header)"
+            )
+        ids = [int(i) for i in ids]
+        if logprobs is None:
+            lps = [0.0] * len(ids)
+        else:
+            lps = [float(x) for x in logprobs]
+            if len(lps) != len(ids):
+                raise ConfigError(
+                    f"Renderer.add_completion: {len(ids)} ids but {len(lps)} logprobs; "
+                    "pass one logprob per sampled id"
+                )
+        self._pieces.append(_Piece(ids, sampled=True, logprobs=lps))
+        self._ids.extend(ids)
+        self._open = False
+        self._count("turns")
+        body = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
+        if message is None:
+            message = self._assistant_message(self._decode(body))
+        self.messages.append(message)
+        return message
+
+    def _assistant_message(self, text: str) -> Message:
+        try:
+            from twin.parsing import parse_tool_calls
+        except ImportError:  # pragma: no cover - twin.parsing ships with twin
+            return {"role": "assistant", "content": text}
+        parsed = parse_tool_calls(text, turn=self.stats.get("turns", 1) - 1)
+        if not parsed.calls or parsed.errors or any(c.error for c in parsed.calls):
+            # Keep the raw text: a malformed call must reach the env (and the template) as it is.
+            if parsed.calls or parsed.errors:
+                self._count("unparsed_turns")
+            return {"role": "assistant", "content": text}
+        return {
+            "role": "assistant",
+            "content": parsed.content,
+            "tool_calls": [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.name,
+                        "arguments": json.dumps(c.arguments, ensure_ascii=False),
+                    },
+                }
+                for c in parsed.calls
+            ],
+        }
+
+    def add_messages(self, messages: Sequence[Message]) -> list[int]:
+        """Append what the twin answered (tool results, a nudge) and the next assistant header.
+
+        Args:
+            messages: The new messages (``obs`` of ``env.step``).
+
+        Returns:
+            The ids appended (loss mask 0): the end-of-turn glue, the messages, the header.
+
+        Raises:
+            ConfigError: Called before a completion was added, or the template cannot render
+                the messages incrementally at all.
+        """
+        if self._open or not self._pieces:
+            raise ConfigError(
+                "Renderer.add_messages: expected add_completion() first (the last piece must be "
+                "a sampled assistant turn)"
+            )
+        new = [dict(m) for m in messages]
+        prev = self.render(self.messages, add_generation_prompt=False)
+        full = self.render([*self.messages, *new], add_generation_prompt=True)
+        if full.startswith(prev):
+            delta = full[len(prev):]
+        else:
+            self._count("prefix_breaks")
+            at = _first_difference(prev, full)
+            log.warning(
+                "chat template breaks the prefix property at char %d (%r vs %r); rendering the "
+                "new messages after a stand-in conversation instead (earlier ids are unchanged)",
+                at, prev[at:at + 40], full[at:at + 40],
+            )
+            delta = self._suffix_after_standin(new)
+        glue = self._glue(prev)
+        last = self._pieces[-1]
+        extra = ""
+        if not last.ids or last.ids[-1] not in self.stop_ids:
+            self._count("unterminated")
+            extra = self._end_text  # close the cut-off turn (not sampled, so not trained on)
+        ids = self._encode(extra + glue + delta)
+        self._pieces.append(_Piece(ids, sampled=False))
+        self._ids.extend(ids)
+        self.messages.extend(new)
+        self._open = True
+        return ids
+
+    def _glue(self, prev: str) -> str:
+        # Text the template writes after the end-of-turn token of the last assistant turn.
+        at = prev.rfind(self._end_text) if self._end_text else -1
+        if at < 0:
+            return ""
+        return prev[at + len(self._end_text):]
+
+    def _suffix_after_standin(self, new: list[Message]) -> str:
+        system = [m for m in self.messages[:1] if m.get("role") == "system"]
+        base = [*system, {"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+        prev = self.render(base, add_generation_prompt=False)
+        full = self.render([*base, *new], add_generation_prompt=True)
+        if not full.startswith(prev):
+            at = _first_difference(prev, full)
+            raise ConfigError(
+                "Renderer: the chat template rewrites earlier turns even after a fixed stand-in "
+                f"conversation (char {at}: {prev[at:at + 40]!r} vs {full[at:at + 40]!r}); "
+                "this template cannot be rendered incrementally, use another chat template"
+            )
+        return full[len(prev):]
+
+    # ---------------------------------------------------------------- outputs
+    def episode(self) -> EpisodeTokens:
+        """The episode so far as one sequence with its loss mask and sampler logprobs."""
+        input_ids: list[int] = []
+        mask: list[int] = []
+        lps: list[float] = []
+        spans: list[tuple[int, int]] = []
+        for p in self._pieces:
+            start = len(input_ids)
+            input_ids.extend(p.ids)
+            if p.sampled:
+                mask.extend([1] * len(p.ids))
+                lps.extend(p.logprobs)
+                spans.append((start, len(input_ids)))
+            else:
+                mask.extend([0] * len(p.ids))
+                lps.extend([0.0] * len(p.ids))
+        prompt_len = len(self._pieces[0].ids) if self._pieces else 0
+        return EpisodeTokens(input_ids, mask, lps, spans, prompt_len)
+
+    def token_turns(self) -> list[TokenTurn]:
+        """The episode as :class:`twin.trajectory.TokenTurn` records (one per sampled turn)."""
+        turns: list[TokenTurn] = []
+        pending: list[int] = []
+        for p in self._pieces:
+            if p.sampled:
+                turns.append(
+                    TokenTurn(prompt_ids=pending, completion_ids=list(p.ids),
+                              logprobs=list(p.logprobs))
+                )
+                pending = []
+            else:
+                pending = pending + p.ids
+        return turns
+
+    def check_prefix(self) -> PrefixReport:
+        """Compare the decoded episode with the template's rendering of the conversation.
+
+        The rendering of an assistant turn is rebuilt from the parsed message, so a sample that
+        wrote JSON differently from the template (key order, spacing) shows up here too.
+
+        Returns:
+            A :class:`PrefixReport`; ``ok`` when the texts match.
+        """
+        decoded = self._decode(self._ids)
+        rendered = self.render(self.messages, add_generation_prompt=self._open)
+        if not self._open and self._pieces and self._pieces[-1].sampled:
+            # the episode ends on a sampled turn: the template adds the glue after it
+            last = self._pieces[-1].ids
+            if last and last[-1] in self.stop_ids:
+                decoded += self._glue(rendered)
+        if decoded == rendered:
+            return PrefixReport(ok=True)
+        at = _first_difference(decoded, rendered)
+        return PrefixReport(
+            ok=False, index=at, decoded=decoded[max(0, at - 20):at + 40],
+            rendered=rendered[max(0, at - 20):at + 40],
+        )
+
+
+def _assistant_text(m: Message) -> str:
+    # An assistant message as plain text, for templates that cannot render tool_calls.
+    text = m.get("content") or ""
+    calls = m.get("tool_calls") or []
+    blocks = []
+    for c in calls:
+        fn = c.get("function", c)
+        args = fn.get("arguments")
+        args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        blocks.append(f'<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args_text}}}\n'
+                      "</tool_call>")
+    if blocks:
+        text = "\n".join([text, *blocks]) if text else "\n".join(blocks)
+    return text
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _template_renders_tools(tokenizer: Any) -> bool:
+    template = tokenizer.chat_template
+    if not isinstance(template, str):  # a dict of named templates: take the default one
+        template = json.dumps(template, sort_keys=True)
+    if template not in _TOOLS_SUPPORT:
+        msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        try:
+            with_tools = tokenizer.apply_chat_template(
+                msgs, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True
+            )
+        except Exception:  # noqa: BLE001 - a template that fails on tools does not support them
+            with_tools = ""
+        _TOOLS_SUPPORT[template] = "probe_tool_xq" in str(with_tools)
+    return _TOOLS_SUPPORT[template]

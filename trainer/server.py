@@ -1,0 +1,983 @@
+"""``twin serve MODEL``: a small OpenAI-compatible completions server over transformers.
+
+It speaks the part of vLLM's API the trainer uses (see ``docs/serving.md``), with the same request
+and response shapes and the same status codes, so a run can switch between this server (CPU, tests)
+and ``vllm serve`` (GPU) by changing a URL:
+
+- ``POST /v1/completions``: ``prompt`` as token ids (``[ids]`` or ``[[ids], ...]``) or text;
+  ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``n``, ``logprobs``, ``prompt_logprobs``,
+  ``stop_token_ids``, ``ignore_eos``, ``return_token_ids``, ``return_tokens_as_token_ids``,
+  ``model`` (the base name or a loaded adapter's name).
+- ``GET /v1/models``: the base model and every loaded adapter.
+- ``POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"?}`` and
+  ``POST /v1/unload_lora_adapter {"lora_name"}``: an existing name is 400 unless ``load_inplace``,
+  a path without an adapter is 404, an unknown adapter in a request is 404.
+- ``GET /health``.
+
+Adapters are peft LoRA adapters on one copy of the base model. One worker thread owns the model:
+it takes every queued request of one adapter as one batch, sets that adapter, and samples with
+its own decoding loop (per-row temperature, top-p, length and seed; logprobs of the sampled tokens
+from the same logits it sampled from). An adapter is resolved when its request arrives, so a
+request finishes on the adapter it started with even if the name is unloaded or replaced
+meanwhile. At most ``max_loras`` adapters stay resident; others are reloaded from disk on use.
+
+Logprobs are ``processed_logprobs`` by default (after temperature and top-p, the distribution that
+was sampled from: what the learner recomputes), or ``raw_logprobs`` (before them, vLLM's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from twin.errors import ConfigError, TwinError
+
+__all__ = [
+    "CompletionServer",
+    "ManagedServer",
+    "ServerError",
+    "ServerProcess",
+    "free_port",
+    "main",
+    "make_http_server",
+]
+
+log = logging.getLogger("twinrl.serve")
+
+LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
+
+
+class ServerError(TwinError):
+    """A request the server rejects, with the HTTP status it is answered with.
+
+    ``code`` 400 is a bad request, 404 an unknown model or adapter path, 500 a failure while
+    loading or generating.
+    """
+
+    def __init__(self, message: str, code: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def error_type(self) -> str:
+        """The OpenAI/vLLM error type name of ``code``."""
+        return {400: "BadRequestError", 404: "NotFoundError"}.get(self.code, "InternalServerError")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body, as vLLM answers it."""
+        return {"error": {"message": str(self), "type": self.error_type, "param": None, "code": self.code}}
+
+
+# -- adapters -------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Adapter:
+    """One loaded adapter version. ``key`` is the peft adapter name inside the model, unique per load."""
+
+    name: str
+    path: str
+    key: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    pending: int = 0  # queued or running requests that resolved to this version
+    retired: bool = False  # unloaded or replaced; deleted from the model once pending == 0
+
+
+@dataclass(eq=False)
+class _Request:
+    """One ``/v1/completions`` call, expanded into rows (prompt x n) for the worker."""
+
+    adapter: _Adapter | None
+    prompts: list[list[int]]
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop_ids: frozenset[int]
+    logprobs: int | None
+    prompt_logprobs: int | None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: list[dict[str, Any]] | None = None
+    error: BaseException | None = None
+
+
+def _is_id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+class CompletionServer:
+    """The model, its adapters and the batching worker; HTTP-free so tests can call it directly.
+
+    Args:
+        model: A transformers causal LM (``PreTrainedModel``); peft adapters are added to it.
+        tokenizer: Its tokenizer (text prompts, ``text`` in responses, eos id).
+        model_name: The name requests use for the base model (vLLM's ``--served-model-name``).
+        max_loras: Adapters kept resident in the model at once; others reload from disk on use.
+        max_batch_rows: Most sequences sampled together in one batch.
+        max_model_len: Longest prompt + completion accepted (defaults to the model config's
+            ``max_position_embeddings``).
+        logprobs_mode: ``processed_logprobs`` (after temperature/top-p) or ``raw_logprobs``.
+        seed: Seed of the generator used by requests that give no ``seed``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str = "base",
+        max_loras: int = 4,
+        max_batch_rows: int = 64,
+        max_model_len: int | None = None,
+        logprobs_mode: LogprobsMode = "processed_logprobs",
+        seed: int = 0,
+    ) -> None:
+        if max_loras < 1:
+            raise ConfigError(f"max_loras must be >= 1, got {max_loras}")
+        if logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
+            raise ConfigError(f"logprobs_mode must be processed_logprobs or raw_logprobs, got {logprobs_mode!r}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_loras = max_loras
+        self.max_batch_rows = max_batch_rows
+        self.logprobs_mode = logprobs_mode
+        cfg = getattr(model, "config", None)
+        self.max_model_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
+        self.vocab_size = int(getattr(cfg, "vocab_size", 0) or len(tokenizer))
+        self.eos_ids = self._eos_ids()
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
+        self.device = next(model.parameters()).device
+        # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this model takes.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.created = int(time.time())
+        self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._adapters: dict[str, _Adapter] = {}  # public name -> current version
+        self._resident: collections.OrderedDict[str, _Adapter] = collections.OrderedDict()  # key -> version (LRU)
+        self._loaded_keys = 0
+        self._peft: Any = None  # peft.PeftModel around self.model, made on the first adapter load
+        self._lock = threading.Lock()  # guards the adapter tables and the queue's grouping
+        self._model_lock = threading.Lock()  # held while the model runs or its adapters change
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._wakeup = threading.Condition(self._lock)
+        self._closed = False
+        self._worker = threading.Thread(target=self._work, name="twin-serve-worker", daemon=True)
+        self._worker.start()
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None)):
+            eos = getattr(source, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, (list, tuple)):
+                ids.update(int(e) for e in eos)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
+
+    def close(self) -> None:
+        """Stop the worker thread (queued requests fail)."""
+        with self._lock:
+            self._closed = True
+            self._wakeup.notify_all()
+        self._worker.join(timeout=10)
+
+    # -- adapter management ----------------------------------------------------------------------
+    def models(self) -> dict[str, Any]:
+        """The ``GET /v1/models`` body: the base model, then the adapters in load order."""
+        card = {"object": "model", "owned_by": "twinrl", "max_model_len": self.max_model_len}
+        data = [{"id": self.model_name, "created": self.created, "root": self.model_name, "parent": None, **card}]
+        with self._lock:
+            for a in self._adapters.values():
+                data.append({"id": a.name, "created": a.created, "root": a.path, "parent": self.model_name, **card})
+        return {"object": "list", "data": data}
+
+    def load_lora_adapter(self, body: dict[str, Any]) -> str:
+        """Handle ``POST /v1/load_lora_adapter``; return vLLM's success text.
+
+        Raises:
+            ServerError: 400 missing fields or an existing name without ``load_inplace``;
+                404 the path holds no ``adapter_config.json``; 500 peft failed to load it.
+        """
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise ServerError(f"load_lora_adapter expects non-empty 'lora_name' and 'lora_path', got {body!r}", 400)
+        inplace = bool(body.get("load_inplace", False))
+        if name == self.model_name:
+            raise ServerError(f"The lora adapter name '{name}' is the base model's name; choose another.", 400)
+        with self._lock:
+            if name in self._adapters and not inplace:
+                raise ServerError(
+                    f"The lora adapter '{name}' has already been loaded. "
+                    "Pass \"load_inplace\": true to replace it, or load it under a new name.",
+                    400,
+                )
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise ServerError(f"Loading lora {name} failed: No adapter found for {path}", 404)
+        with self._lock:
+            self._loaded_keys += 1
+            version = _Adapter(name=name, path=str(path), key=f"lora{self._loaded_keys}")
+        # Load eagerly so a broken adapter is an error now, not in the first request.
+        with self._model_lock:
+            try:
+                self._make_resident(version)
+            except Exception as exc:
+                raise ServerError(f"Loading lora {name} from {path} failed: {type(exc).__name__}: {exc}", 500) from exc
+            with self._lock:
+                old = self._adapters.get(name)
+                if old is not None:
+                    old.retired = True
+                self._adapters[name] = version
+            self._collect()
+        log.info("loaded adapter %s from %s", name, path)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload_lora_adapter(self, body: dict[str, Any]) -> str:
+        """Handle ``POST /v1/unload_lora_adapter``; requests already queued on it still finish.
+
+        Raises:
+            ServerError: 400 no ``lora_name``; 404 no adapter of that name is loaded.
+        """
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            raise ServerError(f"unload_lora_adapter expects a non-empty 'lora_name', got {body!r}", 400)
+        with self._lock:
+            version = self._adapters.pop(name, None)
+            if version is None:
+                raise ServerError(f"The lora adapter '{name}' cannot be found.", 404)
+            version.retired = True
+        with self._model_lock:
+            self._collect()
+        log.info("unloaded adapter %s", name)
+        return f"Success: LoRA adapter '{name}' removed successfully."
+
+    def _make_resident(self, version: _Adapter) -> None:
+        """Load ``version`` into the model if it is not (evicting the least recently used). Holds the model lock."""
+        if version.key in self._resident:
+            self._resident.move_to_end(version.key)
+            return
+        from peft import PeftModel
+
+        if self._peft is None:
+            # Wraps (and injects LoRA layers into) self.model in place; generation keeps calling
+            # self.model, whose LoRA layers follow the PeftModel's active adapter.
+            self._peft = PeftModel.from_pretrained(self.model, version.path, adapter_name=version.key)
+        else:
+            self._peft.load_adapter(version.path, adapter_name=version.key)
+        self._resident[version.key] = version
+        while len(self._resident) > self.max_loras:
+            self._delete(next(iter(self._resident)))
+
+    def _delete(self, key: str) -> None:
+        # peft keeps at least one adapter; the last one stays (unreachable by name) until replaced.
+        if len(self._resident) > 1:
+            assert self._peft is not None
+            self._peft.delete_adapter(key)
+            del self._resident[key]
+
+    def _collect(self) -> None:
+        """Delete retired versions that no request still needs. Holds the model lock."""
+        with self._lock:
+            dead = [k for k, v in self._resident.items() if v.retired and v.pending == 0]
+        for key in dead:
+            self._delete(key)
+
+    # -- completions -----------------------------------------------------------------------------
+    def completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Handle ``POST /v1/completions`` (blocking until the batch that holds it is done).
+
+        Raises:
+            ServerError: 400 for a malformed request, 404 for an unknown model name.
+        """
+        request, name = self._parse(body)
+        with self._lock:
+            if self._closed:
+                raise ServerError("the server is shutting down", 503)
+            if request.adapter is not None:
+                request.adapter.pending += 1
+            self._queue.append(request)
+            self._wakeup.notify()
+        request.done.wait()
+        if request.error is not None:
+            if isinstance(request.error, ServerError):
+                raise request.error
+            raise ServerError(f"generation failed: {type(request.error).__name__}: {request.error}", 500)
+        return self._response(body, request, name)
+
+    def _parse(self, body: dict[str, Any]) -> tuple[_Request, str]:
+        if body.get("stream"):
+            raise ServerError("stream=true is not supported by twin serve; use stream=false", 400)
+        name = body.get("model") or self.model_name
+        adapter = None
+        if name != self.model_name:
+            with self._lock:
+                adapter = self._adapters.get(name)
+            if adapter is None:
+                raise ServerError(f"The model `{name}` does not exist.", 404)
+        prompts = self._prompts(body.get("prompt"))
+        n = self._int(body, "n", 1, low=1)
+        max_tokens = self._int(body, "max_tokens", 16, low=0)
+        temperature = self._float(body, "temperature", 1.0, low=0.0)
+        top_p = self._float(body, "top_p", 1.0, low=0.0)
+        if not 0.0 < top_p <= 1.0:
+            raise ServerError(f"top_p must be in (0, 1], got {top_p}", 400)
+        seed = body.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ServerError(f"seed must be an integer or null, got {seed!r}", 400)
+        logprobs = body.get("logprobs")
+        prompt_logprobs = body.get("prompt_logprobs")
+        for key, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ServerError(f"{key} must be a non-negative integer or null, got {value!r}", 400)
+        stop_ids = body.get("stop_token_ids") or []
+        if not _is_id_list(stop_ids):
+            raise ServerError(f"stop_token_ids must be a list of token ids, got {stop_ids!r}", 400)
+        if body.get("stop"):
+            raise ServerError("'stop' strings are not supported by twin serve; pass 'stop_token_ids'", 400)
+        stops = frozenset(stop_ids) | (frozenset() if body.get("ignore_eos") else self.eos_ids)
+        for ids in prompts:
+            if len(ids) + max_tokens > self.max_model_len:
+                raise ServerError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                    f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
+                    "for the completion). Please reduce the length of the prompt or max_tokens.",
+                    400,
+                )
+        request = _Request(
+            adapter=adapter, prompts=prompts, n=n, max_tokens=max_tokens, temperature=temperature,
+            top_p=top_p, seed=seed, stop_ids=stops, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+        )  # fmt: skip
+        return request, name
+
+    def _prompts(self, prompt: Any) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if _is_id_list(prompt) and prompt:
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt and all(_is_id_list(p) or isinstance(p, str) for p in prompt):
+            prompts = [self.tokenizer(p)["input_ids"] if isinstance(p, str) else p for p in prompt]
+        else:
+            raise ServerError(
+                "prompt must be a string, a list of token ids, or a list of either; got "
+                f"{type(prompt).__name__} {str(prompt)[:80]!r}",
+                400,
+            )
+        for ids in prompts:
+            if not ids:
+                raise ServerError("a prompt is empty; give at least one token", 400)
+            bad = [i for i in ids if not 0 <= i < self.vocab_size]
+            if bad:
+                raise ServerError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}", 400)
+        return [list(p) for p in prompts]
+
+    @staticmethod
+    def _int(body: dict[str, Any], key: str, default: int, *, low: int) -> int:
+        value = body.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ServerError(f"{key} must be an integer >= {low}, got {value!r}", 400)
+        return value
+
+    @staticmethod
+    def _float(body: dict[str, Any], key: str, default: float, *, low: float) -> float:
+        value = body.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
+            raise ServerError(f"{key} must be a number >= {low}, got {value!r}", 400)
+        return float(value)
+
+    def _response(self, body: dict[str, Any], request: _Request, name: str) -> dict[str, Any]:
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
+        with_ids = bool(body.get("return_token_ids"))
+        choices = []
+        prompt_tokens = completion_tokens = 0
+        for index, row in enumerate(request.result or []):
+            prompt = request.prompts[index // request.n]
+            if index % request.n == 0:
+                prompt_tokens += len(prompt)
+            completion_tokens += len(row["ids"])
+            lp = None
+            if request.logprobs is not None:
+                tokens = [self._token(t, as_ids) for t in row["ids"]]
+                offsets, pos = [], 0
+                for t in tokens:
+                    offsets.append(pos)
+                    pos += len(t)
+                lp = {
+                    "text_offset": offsets,
+                    "token_logprobs": row["logprobs"],
+                    "tokens": tokens,
+                    "top_logprobs": [
+                        {self._token(t, as_ids): v for t, v in top} for top in row["top"]
+                    ] if request.logprobs > 0 else None,
+                }  # fmt: skip
+            choices.append({
+                "index": index,
+                "text": self.tokenizer.decode(row["ids"], skip_special_tokens=True),
+                "logprobs": lp,
+                "finish_reason": row["finish_reason"],
+                "stop_reason": row["stop_reason"],
+                "prompt_logprobs": row.get("prompt_logprobs"),
+                "prompt_token_ids": prompt if with_ids else None,
+                "token_ids": row["ids"] if with_ids else None,
+            })  # fmt: skip
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "completion_tokens": completion_tokens,
+                "prompt_tokens_details": None,
+            },
+        }
+
+    def _token(self, token_id: int, as_ids: bool) -> str:
+        if as_ids:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id])
+
+    # -- the worker ------------------------------------------------------------------------------
+    def _next_batch(self) -> list[_Request] | None:
+        """Wait for requests; take the oldest and every queued request of the same adapter version."""
+        with self._lock:
+            while not self._queue and not self._closed:
+                self._wakeup.wait()
+            if self._closed:
+                for r in self._queue:
+                    r.error = ServerError("the server is shutting down", 503)
+                    r.done.set()
+                self._queue.clear()
+                return None
+            first = self._queue.popleft()
+            batch, rows = [first], len(first.prompts) * first.n
+            rest: collections.deque[_Request] = collections.deque()
+            while self._queue:
+                r = self._queue.popleft()
+                size = len(r.prompts) * r.n
+                if r.adapter is first.adapter and rows + size <= self.max_batch_rows:
+                    batch.append(r)
+                    rows += size
+                else:
+                    rest.append(r)
+            self._queue = rest
+            return batch
+
+    def _work(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                with self._model_lock:
+                    self._activate(batch[0].adapter)
+                    self._run(batch)
+            except BaseException as exc:  # noqa: BLE001 - every failure goes back to its caller
+                log.exception("generation failed")
+                for r in batch:
+                    r.error = exc
+            finally:
+                with self._lock:
+                    for r in batch:
+                        if r.adapter is not None:
+                            r.adapter.pending -= 1
+                with self._model_lock:
+                    self._collect()
+                for r in batch:
+                    r.done.set()
+
+    def _activate(self, adapter: _Adapter | None) -> None:
+        if adapter is None:
+            if self._peft is not None:
+                self._peft.base_model.disable_adapter_layers()
+            return
+        self._make_resident(adapter)
+        self._peft.base_model.enable_adapter_layers()
+        self._peft.set_adapter(adapter.key)
+
+    @torch.inference_mode()
+    def _run(self, batch: list[_Request]) -> None:
+        rows: list[dict[str, Any]] = []
+        for r in batch:
+            r.result = []
+            for p_index, prompt in enumerate(r.prompts):
+                for k in range(r.n):
+                    gen = None
+                    if r.seed is not None:
+                        # Each row gets its own stream: the same request gives the same bytes
+                        # whatever else shares its batch.
+                        gen = torch.Generator(device="cpu").manual_seed(r.seed + 1_000_003 * (p_index * r.n + k))
+                    row = {"request": r, "prompt": prompt, "gen": gen or self._generator, "ids": [], "logprobs": [],
+                           "top": [], "finish_reason": None, "stop_reason": None}  # fmt: skip
+                    r.result.append(row)
+                    rows.append(row)
+        self._decode(rows)
+        for row in rows:
+            for key in ("request", "prompt", "gen"):
+                row.pop(key)
+
+    def _decode(self, rows: list[dict[str, Any]]) -> None:
+        """Sample every row to its stop; prompts are left-padded so all rows decode in step."""
+        from transformers import DynamicCache
+
+        width = max(len(row["prompt"]) for row in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row["prompt"]) :] = torch.tensor(row["prompt"])
+            mask[i, width - len(row["prompt"]) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        want_prompt_lp = [row["request"].prompt_logprobs for row in rows]
+        need_full = any(v is not None for v in want_prompt_lp)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+            **{self._cache_kw: DynamicCache()}, **({} if need_full else {"logits_to_keep": 1}),
+        )  # fmt: skip
+        if need_full:
+            for i, (row, k) in enumerate(zip(rows, want_prompt_lp, strict=True)):
+                if k is not None:
+                    start = width - len(row["prompt"])
+                    row["prompt_logprobs"] = self._prompt_logprobs(out.logits[i, start:].float(), row["prompt"], k)
+        logits = out.logits[:, -1].float()
+        cache = out[self._cache_kw] if self._cache_kw in out else out.past_key_values
+        active = [row["request"].max_tokens > 0 for row in rows]
+        for i, row in enumerate(rows):
+            if not active[i]:
+                row["finish_reason"] = "length"
+        step = 0
+        while any(active):
+            next_ids = torch.full((len(rows),), self.pad_id, dtype=torch.long)
+            for i, row in enumerate(rows):
+                if not active[i]:
+                    continue
+                token = self._sample(row, logits[i])
+                next_ids[i] = token
+                r = row["request"]
+                if token in r.stop_ids:
+                    row["finish_reason"] = "stop"
+                    row["stop_reason"] = None if token in self.eos_ids else token
+                    active[i] = False
+                elif len(row["ids"]) >= r.max_tokens:
+                    row["finish_reason"] = "length"
+                    active[i] = False
+            step += 1
+            if not any(active):
+                break
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=self.device)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = self.model(
+                input_ids=next_ids[:, None].to(self.device), attention_mask=mask, position_ids=positions,
+                use_cache=True, **{self._cache_kw: cache},
+            )  # fmt: skip
+            cache = out[self._cache_kw] if self._cache_kw in out else out.past_key_values
+            logits = out.logits[:, -1].float()
+
+    def _sample(self, row: dict[str, Any], logits: torch.Tensor) -> int:
+        r: _Request = row["request"]
+        raw = torch.log_softmax(logits, dim=-1)
+        if r.temperature == 0.0:
+            token = int(torch.argmax(logits))
+            processed = raw
+        else:
+            scaled = logits / r.temperature
+            if r.top_p < 1.0:
+                scaled = _top_p_filter(scaled, r.top_p)
+            processed = torch.log_softmax(scaled, dim=-1)
+            token = int(torch.multinomial(processed.exp().cpu(), 1, generator=row["gen"]))
+        lp = raw if self.logprobs_mode == "raw_logprobs" else processed
+        row["ids"].append(token)
+        row["logprobs"].append(float(lp[token]))
+        if r.logprobs:
+            values, indices = torch.topk(lp, min(r.logprobs, lp.numel()))
+            top = [(int(t), float(v)) for t, v in zip(indices, values, strict=True)]
+            if token not in {t for t, _ in top}:
+                top.insert(0, (token, float(lp[token])))
+            row["top"].append(top)
+        return token
+
+    def _prompt_logprobs(self, logits: torch.Tensor, prompt: list[int], k: int) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: None for the first token, then ``{id: {logprob, rank, decoded_token}}``."""
+        lps = torch.log_softmax(logits[:-1], dim=-1)
+        result: list[dict[str, Any] | None] = [None]
+        for pos, token in enumerate(prompt[1:]):
+            row = lps[pos]
+            entry: dict[str, Any] = {}
+            value = float(row[token])
+            rank = int((row > row[token]).sum()) + 1
+            entry[str(token)] = {"logprob": value, "rank": rank, "decoded_token": self.tokenizer.decode([token])}
+            if k > 0:
+                values, indices = torch.topk(row, k)
+                for r_i, (t, v) in enumerate(zip(indices.tolist(), values.tolist(), strict=True), start=1):
+                    entry.setdefault(str(t), {"logprob": v, "rank": r_i, "decoded_token": self.tokenizer.decode([t])})
+            result.append(entry)
+        return result
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability reaches ``top_p`` (always at least one)."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+    drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
+
+
+# -- HTTP ------------------------------------------------------------------------------------------
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, code: int, payload: Any) -> None:
+        if isinstance(payload, str):
+            data, kind = payload.encode(), "text/plain; charset=utf-8"
+        else:
+            data, kind = json.dumps(payload).encode(), "application/json"
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError as exc:
+            raise ServerError(f"the request body is not valid JSON: {exc}", 400) from None
+        if not isinstance(body, dict):
+            raise ServerError(f"the request body must be a JSON object, got {type(body).__name__}", 400)
+        return body
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        core = self.server.core
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/ping"):
+            self._send(200, "")
+        elif path == "/v1/models":
+            self._send(200, core.models())
+        elif path == "/version":
+            self._send(200, {"version": "twinrl"})
+        else:
+            self._send(404, ServerError(f"no route GET {path}", 404).body())
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        core = self.server.core
+        path = self.path.split("?", 1)[0]
+        routes = {
+            "/v1/completions": core.completions,
+            "/v1/load_lora_adapter": core.load_lora_adapter,
+            "/v1/unload_lora_adapter": core.unload_lora_adapter,
+        }
+        handler = routes.get(path)
+        try:
+            if handler is None:
+                raise ServerError(f"no route POST {path}; routes: {', '.join(routes)}", 404)
+            self._send(200, handler(self._body()))
+        except ServerError as exc:
+            self._send(exc.code, exc.body())
+        except Exception as exc:  # noqa: BLE001 - the client gets a 500 with the reason
+            log.exception("request failed")
+            self._send(500, ServerError(f"{type(exc).__name__}: {exc}", 500).body())
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    core: CompletionServer
+
+
+def make_http_server(core: CompletionServer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+    """A threading HTTP server answering vLLM's routes with ``core`` (call ``serve_forever``)."""
+    httpd = _HTTPServer((host, port), _Handler)
+    httpd.core = core
+    return httpd
+
+
+def _load(model: str, dtype: str, device: str) -> tuple[Any, Any]:
+    """Load ``tiny``, ``smollm2`` or a local HF dir with the trainer's loader."""
+    from trainer.models import load_model
+
+    return load_model(model, dtype, device)
+
+
+def main(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    dtype: str = "float32",
+    max_loras: int = 4,
+    *,
+    served_model_name: str | None = None,
+    device: str = "cpu",
+    logprobs_mode: LogprobsMode = "processed_logprobs",
+    max_batch_rows: int = 64,
+    seed: int = 0,
+) -> None:
+    """Serve ``model`` until interrupted (``twin serve MODEL``).
+
+    Args:
+        model: ``tiny``, ``smollm2`` or a local HF model dir.
+        host: Interface to bind (loopback by default: the server has no authentication).
+        port: TCP port.
+        dtype: ``float32`` (CPU default), ``bfloat16`` or ``float16``.
+        max_loras: Adapters resident at once.
+        served_model_name: The base model's name in requests (default: ``model``).
+        device: ``cpu`` or ``cuda:N``.
+        logprobs_mode: ``processed_logprobs`` (after temperature/top-p) or ``raw_logprobs``.
+        max_batch_rows: Most sequences sampled together.
+        seed: Seed for requests without their own ``seed``.
+    """
+    net, tokenizer = _load(model, dtype, device)
+    core = CompletionServer(
+        net, tokenizer, model_name=served_model_name or model, max_loras=max_loras,
+        max_batch_rows=max_batch_rows, logprobs_mode=logprobs_mode, seed=seed,
+    )  # fmt: skip
+    httpd = make_http_server(core, host, port)
+    print(f"twin serve: {served_model_name or model} on http://{host}:{httpd.server_address[1]}/v1", flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+        core.close()
+
+
+# -- subprocess helper -----------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ManagedServer:
+    """A server in a child process: start, wait for ``/health``, stop; the log goes to a file.
+
+    Subclasses give :meth:`command` and :meth:`environment`.
+    """
+
+    name = "server"
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, log_path: str | Path | None = None,
+                 startup_timeout: float = 120.0) -> None:  # fmt: skip
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (no path)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``http://host:port/v1``."""
+        return f"{self.url}/v1"
+
+    def command(self) -> list[str]:
+        """The argv to run. Override."""
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment. Override to add variables."""
+        return dict(os.environ)
+
+    def start(self) -> ManagedServer:
+        """Start the child and wait until ``/health`` answers 200.
+
+        Raises:
+            TwinError: the child exited or did not become healthy within ``startup_timeout``;
+                the message holds the command and the tail of its log.
+        """
+        if self.process is not None and self.process.poll() is None:
+            return self
+        if self.log_path is None:
+            import tempfile
+
+            self.log_path = Path(tempfile.mkstemp(prefix=f"twin-{self.name}-", suffix=".log")[1])
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            self.command(), stdout=self._log_file, stderr=subprocess.STDOUT, env=self.environment(),
+            start_new_session=True,
+        )  # fmt: skip
+        self.wait_healthy(self.startup_timeout)
+        return self
+
+    def healthy(self) -> bool:
+        """True when ``GET /health`` answers 200 now."""
+        import httpx
+
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def alive(self) -> bool:
+        """True while the child process runs."""
+        return self.process is not None and self.process.poll() is None
+
+    def wait_healthy(self, timeout: float) -> None:
+        """Poll ``/health`` until it answers 200.
+
+        Raises:
+            TwinError: the child died or ``timeout`` passed; the log tail is in the message.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise TwinError(
+                    f"{self.name} exited with code {self.process.returncode} before it became healthy.\n"
+                    f"command: {' '.join(self.command())}\nlog {self.log_path}:\n{self.log_tail()}"
+                )
+            if self.healthy():
+                return
+            time.sleep(0.2)
+        tail = self.log_tail()
+        self.stop()
+        raise TwinError(
+            f"{self.name} did not answer {self.url}/health within {timeout:.0f} s; raise the startup "
+            f"timeout or read its log.\ncommand: {' '.join(self.command())}\nlog {self.log_path}:\n{tail}"
+        )
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the child's log."""
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        text = self.log_path.read_bytes()[-20_000:].decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate the child (SIGTERM, then SIGKILL after ``timeout``)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> ManagedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ServerProcess(ManagedServer):
+    """``twin serve`` in a child process on a free loopback port (for the trainer and tests).
+
+    Example::
+
+        with ServerProcess("tiny") as server:
+            ServerSampler(server.base_url, "tiny")
+
+    Args:
+        model: ``tiny``, ``smollm2`` or a local HF dir.
+        dtype: Weights dtype.
+        max_loras: Adapters resident at once.
+        served_model_name: Base model name in requests (default ``model``).
+        device: ``cpu`` or ``cuda:N``.
+        logprobs_mode: See :class:`CompletionServer`.
+        python: Interpreter to run (default: this one).
+        threads: ``torch`` threads of the child (default: torch's choice).
+        host, port, log_path, startup_timeout: See :class:`ManagedServer`.
+    """
+
+    name = "twin serve"
+
+    def __init__(self, model: str, *, dtype: str = "float32", max_loras: int = 4,
+                 served_model_name: str | None = None, device: str = "cpu",
+                 logprobs_mode: LogprobsMode = "processed_logprobs", python: str | None = None,
+                 threads: int | None = None, seed: int = 0, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.model = model
+        self.dtype = dtype
+        self.max_loras = max_loras
+        self.served_model_name = served_model_name or model
+        self.device = device
+        self.logprobs_mode = logprobs_mode
+        self.python = python or sys.executable
+        self.threads = threads
+        self.seed = seed
+
+    def command(self) -> list[str]:
+        """``python -m trainer.server MODEL --host .. --port .. ...``."""
+        return [
+            self.python, "-m", "trainer.server", self.model, "--host", self.host, "--port", str(self.port),
+            "--dtype", self.dtype, "--max-loras", str(self.max_loras),
+            "--served-model-name", self.served_model_name, "--device", self.device,
+            "--logprobs-mode", self.logprobs_mode, "--seed", str(self.seed),
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        """This process's environment, offline, with the repository importable."""
+        env = dict(os.environ)
+        env["HF_HUB_OFFLINE"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        if self.threads:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        return env
+
+
+def _cli(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m trainer.server", description=__doc__.split("\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-loras", type=int, default=4)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--logprobs-mode", default="processed_logprobs", choices=["processed_logprobs", "raw_logprobs"])
+    parser.add_argument("--max-batch-rows", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    main(
+        args.model, args.host, args.port, args.dtype, args.max_loras,
+        served_model_name=args.served_model_name, device=args.device, logprobs_mode=args.logprobs_mode,
+        max_batch_rows=args.max_batch_rows, seed=args.seed,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    _cli()

@@ -1,0 +1,368 @@
+"""A tiny randomly initialised causal LM with a locally trained tokenizer, for tests and toys.
+
+``build_tiny()`` writes (once, then from cache) an HF model directory that loads offline with
+``AutoModelForCausalLM.from_pretrained(path)`` / ``AutoTokenizer.from_pretrained(path)``:
+
+- a ``LlamaForCausalLM`` from a config (hidden 64, 2 layers, 4 heads, tied embeddings; ~0.2 M
+  parameters), weights drawn from ``seed`` (Llama rather than Qwen2 because transformers 5's
+  ``AutoTokenizer`` swaps in Qwen2's own pre-tokenizer for ``model_type: qwen2``);
+- a byte-level BPE tokenizer (~1k tokens) trained with ``tokenizers`` on a small built-in corpus
+  of ChatML conversations with ``<tool_call>`` JSON, plain English words, plus ``extra_corpus``;
+- a ChatML / Qwen2.5-style chat template (``trainer/templates/chatml_tools.jinja``) that renders
+  ``tools`` in the system turn, assistant ``tool_calls`` as ``<tool_call>`` JSON blocks and
+  ``tool`` messages as ``<tool_response>`` blocks in a user turn.
+
+The pre-tokenizer isolates words (``[A-Za-z]+``) so a word has the same token id in a prompt and
+in a tool call, and keeps the tool-call boilerplate together so that BPE merges it into a few
+tokens: ``<tool_call>\\n{"name": "submit", "arguments": {"answer": "red"}}\\n</tool_call>`` is
+``<tool_call>`` ``\\n{"name": "`` ``submit`` ``", "arguments": {"answer": "`` ``red`` ``"}}\\n``
+``</tool_call>``. This keeps what a random model must discover by RL short.
+
+Same ``seed`` and ``extra_corpus`` give the same bytes on every machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from twin.errors import ConfigError
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "TINY_WORDS",
+    "TOOL_TOKENS",
+    "build_tiny",
+    "chat_template",
+    "tiny_corpus",
+]
+
+#: Bump when anything that changes the built files changes (part of the cache key).
+_FORMAT_VERSION = 1
+_MARKER = "twinrl_tiny.json"
+
+#: Special tokens (never split, skipped by ``decode(skip_special_tokens=True)``).
+SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+#: Added (non-special) tokens: kept whole, kept by decoding.
+TOOL_TOKENS: tuple[str, ...] = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<tools>",
+    "</tools>",
+)
+
+#: Common single words: every one becomes a single token of the tiny tokenizer.
+TINY_WORDS: tuple[str, ...] = tuple(
+    """
+    red blue green yellow black white orange purple pink brown gray gold silver
+    cat dog bird fish horse cow sheep lion tiger bear wolf fox mouse duck frog
+    apple pear plum grape lemon lime peach cherry melon berry bread milk tea rice
+    one two three four five six seven eight nine ten zero hundred
+    sun moon star rain snow wind fire water stone tree leaf rose river sea hill
+    house door table chair book pen cup box bag car ship train road city park
+    north south east west left right up down yes no ok true false none
+    big small hot cold new old good bad fast slow high low long short
+    the a an is are was of to in on at and or for with by from as it this that
+    what which who how answer word color animal fruit number say give tell name
+    please the user assistant system tool call result error found not done
+    submit search lookup query id value values key list items item count price
+    """.split()
+)
+
+_TOOL_SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "description": "Submit the final answer.",
+            "parameters": {
+                "type": "object",
+                "properties": {"answer": {"type": "string", "description": "The answer."}},
+                "required": ["answer"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look up a value by key.",
+            "parameters": {
+                "type": "object",
+                "properties": {"key": {"type": "string", "description": "The key."}},
+                "required": ["key"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the items.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "The query."}},
+                "required": ["query"],
+            },
+        },
+    },
+]
+
+# Pre-tokenizer pieces. Matches are isolated; the text between matches (spaces, punctuation,
+# newlines) forms pieces too. Tool-call boilerplate (`\n{"name": "`, `", "arguments": {"key": "`,
+# `", "key": "`) is one piece; words and digits are separate pieces so that a word's id does not
+# depend on its neighbours.
+_PRETOKENIZE_PATTERN = (
+    r'\n?\{"name": "'
+    r'|", "arguments": \{"[A-Za-z_]+": "?'
+    r'|", "[A-Za-z_]+": "?'
+    r"|[A-Za-z]+"
+    r"|[0-9]"
+)
+
+
+def chat_template() -> str:
+    """The ChatML-with-tools jinja chat template of the tiny tokenizer (Qwen2.5 style)."""
+    return (Path(__file__).parent / "templates" / "chatml_tools.jinja").read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_template() -> Any:
+    # The same jinja environment transformers uses for chat templates (tojson without HTML
+    # escaping), so the corpus is exactly what the template renders at run time.
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+    return env.from_string(chat_template())
+
+
+def _render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
+    return _compiled_template().render(messages=messages, tools=tools, add_generation_prompt=gen)
+
+
+def tiny_corpus(n_conversations: int = 400) -> list[str]:
+    """The built-in training corpus of the tiny tokenizer (deterministic).
+
+    Args:
+        n_conversations: Number of rendered tool-use conversations.
+
+    Returns:
+        Texts: rendered ChatML conversations with tool calls and tool responses, and lines of
+        common English words.
+    """
+    rng = random.Random(20240601)
+    words = list(TINY_WORDS)
+    texts: list[str] = []
+    for i in range(n_conversations):
+        answer = rng.choice(words)
+        tools = _TOOL_SCHEMAS if i % 4 else _TOOL_SCHEMAS[:1]
+        user = rng.choice(
+            [
+                f"Say the word {answer}.",
+                f"The answer is {answer}. Submit it.",
+                f"What is the {rng.choice(['color', 'animal', 'fruit', 'word'])}? It is {answer}.",
+                f"Please submit {answer}.",
+                f"{answer}",
+            ]
+        )
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a helpful assistant. Use the tools."},
+            {"role": "user", "content": user},
+        ]
+        if i % 3 == 0:
+            key = rng.choice(words)
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "type": "function",
+                            "function": {"name": "lookup", "arguments": {"key": key}},
+                        }
+                    ],
+                }
+            )
+            messages.append({"role": "tool", "content": json.dumps({"value": answer})})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {"name": "submit", "arguments": {"answer": answer}},
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "content": json.dumps({"ok": True, "result": "done"})})
+        texts.append(_render(messages, tools, gen=False))
+    for _ in range(200):
+        texts.append(" ".join(rng.choice(words) for _ in range(12)) + ".\n")
+    texts.append(" ".join(words) + "\n")
+    return texts
+
+
+def _train_tokenizer(corpus: Sequence[str], vocab_size: int) -> Any:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PRETOKENIZE_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Added tokens are removed from the text before BPE training, so they never get merges.
+    tok.add_tokens(list(TOOL_TOKENS))
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    tok.add_tokens(list(TOOL_TOKENS))
+    return tok
+
+
+def _cache_key(seed: int, extra_corpus: Sequence[str], vocab_size: int) -> str:
+    blob = json.dumps(
+        {"v": _FORMAT_VERSION, "seed": seed, "extra": list(extra_corpus), "vocab": vocab_size,
+         "template": chat_template()},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _default_dir(key: str) -> Path:
+    root = os.environ.get("TWINRL_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "twinrl"
+    return base / f"tiny-{key}"
+
+
+def _is_built(path: Path, key: str) -> bool:
+    marker = path / _MARKER
+    if not marker.is_file():
+        return False
+    try:
+        return json.loads(marker.read_text())["key"] == key
+    except (ValueError, KeyError):
+        return False
+
+
+def _write(path: Path, seed: int, corpus: Sequence[str], vocab_size: int, key: str) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    raw = _train_tokenizer(corpus, vocab_size)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+    tokenizer.chat_template = chat_template()
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        rope_theta=10_000.0,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+    )
+    # Seed a private RNG stream: the caller's global torch RNG is left as it was.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = pad
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / _MARKER).write_text(
+        json.dumps({"key": key, "seed": seed, "format": _FORMAT_VERSION}, indent=1) + "\n"
+    )
+    for f in path.iterdir():
+        f.chmod(0o644)  # safetensors writes 0600; the cache is shared read-only
+
+
+def build_tiny(
+    path: str | Path | None = None,
+    *,
+    seed: int = 0,
+    extra_corpus: Sequence[str] = (),
+    vocab_size: int = 1024,
+) -> Path:
+    """Build (or find in the cache) the tiny model directory.
+
+    Args:
+        path: Where to write it. Default: ``$TWINRL_CACHE/tiny-<key>`` (or
+            ``~/.cache/twinrl/tiny-<key>``), ``key`` hashing everything below.
+        seed: Seed of the model weights.
+        extra_corpus: More texts for the tokenizer (e.g. a toy twin's prompts), so their words
+            become single tokens.
+        vocab_size: Target tokenizer size (the BPE may stop earlier on a small corpus).
+
+    Returns:
+        The directory, loadable offline with ``AutoModelForCausalLM.from_pretrained`` and
+        ``AutoTokenizer.from_pretrained``.
+    """
+    key = _cache_key(seed, extra_corpus, vocab_size)
+    target = Path(path) if path is not None else _default_dir(key)
+    if _is_built(target, key):
+        return target
+    corpus = [*tiny_corpus(), *extra_corpus]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a sibling temp dir and rename: concurrent builders never see half a model.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared read-only
+    try:
+        _write(tmp, seed, corpus, vocab_size, key)
+        if target.exists():
+            if _is_built(target, key):  # another process won the race
+                return target
+            if (target / _MARKER).is_file() or not any(target.iterdir()):
+                shutil.rmtree(target)  # a stale tiny build (other key) or an empty dir
+            else:
+                raise ConfigError(
+                    f"build_tiny: {target} exists and is not a tiny-model build; "
+                    "pass an empty or new directory (or None for the cache)"
+                )
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

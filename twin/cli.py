@@ -1,0 +1,778 @@
+"""The ``twin`` command line.
+
+::
+
+    twin list                                   # registered twins, their tools
+    twin show returns --split test --index 0    # a case's prompt and tool schemas
+    twin play returns                           # type tool calls yourself
+    twin eval returns --policy random --episodes 50
+    twin runs                                   # the run store
+    twin runs show 3
+
+``demo``, ``bench``, ``reward test``, ``train``, ``serve`` and ``plan`` are thin wrappers over
+other packages (``envs.catalog``, ``rewards``, ``trainer``), imported only when used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+
+from twin.errors import TwinError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="twin",
+    help="twinrl: digital twins of business processes for training LLM agents with RL.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+runs_app = typer.Typer(help="List the runs in the run store; `twin runs show ID` for one run.")
+bench_app = typer.Typer(
+    help="Benchmarks: `twin bench catalog`, `twin bench trainer`.", no_args_is_help=True
+)
+reward_app = typer.Typer(help="Reward tools: `twin reward test FILES...`.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+app.add_typer(bench_app, name="bench")
+app.add_typer(reward_app, name="reward")
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)  # error lines stay whole for copy and grep
+
+# -- shared options ----------------------------------------------------------------------------
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set", help="Twin config override KEY=VALUE (repeatable), e.g. --set max_turns=4."
+    ),
+]
+TaxonomyOpt = Annotated[
+    str | None,
+    typer.Option("--taxonomy", help="Taxonomy folder, passed to the twin as taxonomy_path."),
+]
+SplitOpt = Annotated[str, typer.Option("--split", help="Case split.")]
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="Run store: SQLAlchemy URL or SQLite path (default $TWINRL_STORE or runs/twinrl.db).",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """Turn twinrl's errors into a one-line message and exit status 2."""
+    try:
+        yield
+    except TwinError as exc:
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["max_turns=4", "name=x"]`` -> ``{"max_turns": 4, "name": "x"}`` (values read as YAML).
+
+    Raises:
+        ConfigError: an item without ``=``.
+    """
+    from twin.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def _twin_config(overrides: list[str] | None, taxonomy: str | None) -> dict[str, Any]:
+    config = parse_overrides(overrides)
+    if taxonomy is not None:
+        config["taxonomy_path"] = taxonomy
+    return config
+
+
+def _make_twin(name: str, config: dict[str, Any]) -> Any:
+    from twin.registry import make_twin
+
+    return make_twin(name, **config)
+
+
+def _dump(data: Any) -> None:
+    """JSON on stdout, nothing else (for pipes)."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+# -- list / show -------------------------------------------------------------------------------
+@app.command("list")
+def list_twins(as_json: JsonOpt = False) -> None:
+    """List every registered twin with its version, description and tools."""
+    with _errors():
+        from twin.registry import list_twins as registered
+
+        rows = []
+        for spec in registered():
+            item: dict[str, Any] = {
+                "id": spec.id,
+                "name": spec.name,
+                "version": spec.version,
+                "description": "",
+                "tools": [],
+                "error": None,
+            }
+            try:
+                made = spec.make_twin()  # cheap: the world is built lazily, on first use
+                item["description"] = made.description
+                item["tools"] = [t.signature_text() for t in made.tools]
+            except Exception as exc:  # a broken plugin must not hide the others
+                item["error"] = f"{type(exc).__name__}: {exc}"
+            rows.append(item)
+    if as_json:
+        _dump(rows)
+        return
+    table = Table(title="Registered twins", show_lines=True)
+    table.add_column("id", style="bold cyan", no_wrap=True)
+    table.add_column("description")
+    table.add_column("tools")
+    for item in rows:
+        tools = (
+            "\n".join(escape(t) for t in item["tools"])
+            or f"[red]{escape(item['error'] or '(none)')}[/]"
+        )
+        table.add_row(item["id"], escape(item["description"] or ""), tools)
+    console.print(table)
+
+
+@app.command()
+def show(
+    name: Annotated[str, typer.Argument(help="Twin name or id, e.g. returns or twin/Returns-v0.")],
+    split: SplitOpt = "test",
+    index: Annotated[int, typer.Option("--index", help="Case index.")] = 0,
+    truth: Annotated[
+        bool, typer.Option("--truth", help="Also print the hidden truth and case kind.")
+    ] = False,
+    overrides: SetOpt = None,
+    taxonomy: TaxonomyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a case's opening messages and the tool schemas (the truth only with --truth)."""
+    with _errors():
+        twin = _make_twin(name, _twin_config(overrides, taxonomy))
+        case = twin.case(split, index)
+        messages = twin.prompt(case)
+        data: dict[str, Any] = {
+            "case_id": case.id,
+            "messages": messages,
+            "tools": twin.tool_schemas,
+        }
+        if truth:
+            data["kind"] = case.kind
+            data["truth"] = case.truth
+    if as_json:
+        _dump(data)
+        return
+    console.rule(f"[bold]{escape(case.id)}")
+    for message in messages:
+        console.print(
+            Panel(
+                escape(str(message.get("content") or "")),
+                title=message.get("role", "?"),
+                title_align="left",
+            )
+        )
+    console.print(
+        Syntax(json.dumps(twin.tool_schemas, indent=2, ensure_ascii=False), "json", word_wrap=True)
+    )
+    if truth:
+        console.print(
+            Panel(
+                escape(
+                    json.dumps(
+                        {"kind": case.kind, "truth": case.truth}, indent=2, ensure_ascii=False
+                    )
+                ),
+                title="[red]truth (hidden from the agent)",
+                title_align="left",
+            )
+        )
+
+
+# -- play --------------------------------------------------------------------------------------
+_PLAY_HELP = (
+    'Type a tool call per line: NAME {json arguments}  (e.g. lookup_order {"order_id": "R-1"}),\n'
+    "or raw model text (<tool_call>{...}</tool_call> or a bare JSON object). "
+    ":tools lists the tools, :quit ends."
+)
+
+
+def _play_action(line: str) -> Any:
+    """A typed line -> an env action: raw text, or an assistant message with one tool call."""
+    from twin.policies import tool_call
+
+    text = line.strip()
+    if not text or text[0] in "{<[":
+        return text
+    name, _, rest = text.partition(" ")
+    if not name.isidentifier():
+        return text
+    rest = rest.strip()
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [tool_call(name, rest or "{}", "call_play")],
+    }
+
+
+@app.command()
+def play(
+    name: Annotated[str, typer.Argument(help="Twin name or id.")],
+    split: SplitOpt = "test",
+    index: Annotated[int, typer.Option("--index", help="Case index.")] = 0,
+    overrides: SetOpt = None,
+    taxonomy: TaxonomyOpt = None,
+) -> None:
+    """Play a case yourself: type tool calls, see the results and the final reward."""
+    with _errors():
+        from twin.env import TwinEnv
+
+        twin = _make_twin(name, _twin_config(overrides, taxonomy))
+        env = TwinEnv(twin)
+        messages, info = env.reset(options={"split": split, "index": index})
+        console.rule(f"[bold]{escape(info['case_id'])}")
+        for message in messages:
+            console.print(
+                Panel(
+                    escape(str(message.get("content") or "")),
+                    title=message.get("role"),
+                    title_align="left",
+                )
+            )
+        console.print(
+            "[bold]tools:[/] " + escape("; ".join(t.signature_text() for t in twin.tools))
+        )
+        console.print(f"[dim]{escape(_PLAY_HELP)}[/]")
+        done = False
+        while not done:
+            console.print("[bold green]>[/] ", end="")
+            line = sys.stdin.readline()
+            if not line:
+                console.print("\n[yellow]end of input: the episode stops unfinished[/]")
+                break
+            command = line.strip()
+            if not sys.stdin.isatty():  # piped input: show what was "typed"
+                console.print(escape(command), highlight=False)
+            if command in (":quit", ":q"):
+                break
+            if command == ":tools":
+                console.print(Syntax(json.dumps(twin.tool_schemas, indent=2), "json"))
+                continue
+            if not command:
+                continue
+            obs, reward, terminated, truncated, info = env.step(_play_action(line))
+            for message in obs:
+                style = "red" if info["errors"] else "cyan"
+                console.print(
+                    Panel(
+                        escape(str(message.get("content") or "")),
+                        title=message.get("role"),
+                        title_align="left",
+                        border_style=style,
+                    )
+                )
+            done = terminated or truncated
+        if done:
+            _print_reward(info)
+
+
+def _print_reward(info: dict[str, Any]) -> None:
+    result = info.get("reward") or {}
+    table = Table(title=f"reward {result.get('total', 0.0):.4f}")
+    table.add_column("component")
+    table.add_column("value", justify="right")
+    table.add_column("weighted", justify="right")
+    weighted = result.get("weighted", {})
+    for key, value in result.get("components", {}).items():
+        w = weighted.get(key)
+        table.add_row(key, f"{value:.4f}", "" if w is None else f"{w:.4f}")
+    console.print(table)
+    for note in result.get("notes", []):
+        console.print(f"[dim]- {escape(str(note))}[/]")
+    if "outcome" in info:
+        console.print(
+            Panel(
+                escape(json.dumps(info["outcome"], indent=2, ensure_ascii=False, default=str)),
+                title="outcome",
+                title_align="left",
+            )
+        )
+
+
+# -- eval --------------------------------------------------------------------------------------
+@app.command("eval")
+def eval_(
+    name: Annotated[str, typer.Argument(help="Twin name or id.")],
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="random[:SEED] | replay:FILE | openai:MODEL | hf:PATH | a twin baseline"
+            " (heuristic, oracle).",
+        ),
+    ] = "random",
+    episodes: Annotated[
+        int,
+        typer.Option(
+            "--episodes",
+            "-n",
+            min=1,
+            help="Episodes in all: ceil(N / group size) cases, each run group-size times.",
+        ),
+    ] = 20,
+    split: SplitOpt = "test",
+    start: Annotated[int, typer.Option("--start", min=0, help="First case index.")] = 0,
+    group_size: Annotated[
+        int,
+        typer.Option(
+            "--group-size", "-g", min=1, help="Episodes per case (k of pass@k goes up to it)."
+        ),
+    ] = 1,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Episodes in flight at once.")
+    ] = 64,
+    store: StoreOpt = None,
+    no_store: Annotated[
+        bool, typer.Option("--no-store", help="Do not write the run store.")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random policy.")] = 0,
+    base_url: Annotated[
+        str | None,
+        typer.Option("--base-url", help="OpenAI-compatible base URL (default $OPENAI_BASE_URL)."),
+    ] = None,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Sampling temperature of openai: policies.")
+    ] = 0.0,
+    overrides: SetOpt = None,
+    taxonomy: TaxonomyOpt = None,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")
+    ] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a policy on a twin's cases: reward, components, pass@k, pass^k; store the run."""
+    from twin.policies import make_policy
+    from twin.rollout import arun_episodes, success_fn, summarize
+
+    with _errors():
+        config = _twin_config(overrides, taxonomy)
+        twin = _make_twin(name, config)
+        options = {"temperature": temperature} if policy.startswith("openai:") else {}
+        agent = make_policy(policy, twin, seed=seed, base_url=base_url, **options)
+        n_cases = math.ceil(episodes / group_size)
+        available = twin.num_cases(split) - start
+        if n_cases > available:
+            from twin.errors import ConfigError
+
+            raise ConfigError(
+                f"{twin.name} split {split!r} has {twin.num_cases(split)} cases; {n_cases} "
+                f"from index {start} do not fit: lower --episodes, raise --group-size or pick "
+                "another --split"
+            )
+        cases = [(split, start + i) for i in range(n_cases)]
+        run_store = run_id = None
+        if not no_store:
+            from twin.store import RunStore
+
+            run_store = RunStore(store)
+            run_id = run_store.start_run(
+                "eval",
+                twin.name,
+                policy,
+                {
+                    "twin_config": config,
+                    "split": split,
+                    "start": start,
+                    "episodes": n_cases * group_size,
+                    "cases": n_cases,
+                    "group_size": group_size,
+                    "concurrency": concurrency,
+                    "seed": seed,
+                    "base_url": base_url,
+                    "temperature": temperature,
+                },
+            )
+
+        def on_group(group: Any) -> None:
+            if run_store is not None:
+                run_store.add_episodes(run_id, group.trajectories)
+
+        async def go() -> list[Any]:
+            try:
+                return await arun_episodes(
+                    twin,
+                    agent,
+                    cases,
+                    group_size=group_size,
+                    concurrency=concurrency,
+                    progress=progress,
+                    on_group=on_group,
+                )
+            finally:
+                closer = getattr(agent, "aclose", None)
+                if closer is not None:
+                    await closer()
+
+        if not as_json:
+            err_console.print(
+                f"[dim]{twin.name}: {n_cases} cases x {group_size} = {n_cases * group_size} "
+                f"episodes of {escape(agent.name)} on split {split!r}[/]"
+            )
+        try:
+            groups = asyncio.run(go())
+        except BaseException:
+            if run_store is not None:
+                run_store.finish_run(run_id, None, status="failed")
+            raise
+        summary = summarize(groups, success=success_fn(twin))
+        summary.update({"twin": twin.name, "policy": agent.name, "split": split, "run_id": run_id})
+        usage = getattr(agent, "usage", None)
+        if isinstance(usage, dict):
+            summary["usage"] = dict(usage)
+        if run_store is not None:
+            run_store.finish_run(run_id, summary)
+            summary["store"] = run_store.url
+    if as_json:
+        _dump(summary)
+    else:
+        print_summary(summary)
+    if summary["errors"] and summary["episodes"] == 0:
+        raise typer.Exit(1)
+
+
+def print_summary(summary: dict[str, Any], out: Console | None = None) -> None:
+    """Rich tables of a :func:`twin.rollout.summarize` result."""
+    out = out or console
+    head = Table(
+        title=f"{escape(str(summary.get('twin', '')))} x {escape(str(summary.get('policy', '')))}"
+        f"  ({summary.get('split', '')})",
+        show_header=False,
+    )
+    head.add_column(style="bold")
+    head.add_column(justify="right")
+    head.add_row(
+        "episodes", f"{summary['episodes']}  ({summary['groups']} cases x {summary['group_size']})"
+    )
+    head.add_row("reward", f"{summary['reward_mean']:.4f} ± {summary['reward_std']:.4f}")
+    head.add_row("success rate", f"{summary['success_rate']:.3f}")
+    head.add_row("mean turns", f"{summary['mean_turns']:.2f}")
+    head.add_row("invalid calls / episode", f"{summary['invalid_calls']:.2f}")
+    head.add_row(
+        "terminated / truncated",
+        f"{summary['terminated_rate']:.2f} / {summary['truncated_rate']:.2f}",
+    )
+    head.add_row("policy errors", f"[red]{summary['errors']}[/]" if summary["errors"] else "0")
+    t = summary.get("timings", {})
+    head.add_row(
+        "seconds / episode (policy, env)", f"{t.get('policy', 0):.4f}, {t.get('env', 0):.4f}"
+    )
+    if summary.get("run_id") is not None:
+        head.add_row("run", f"{summary['run_id']}  ({escape(str(summary.get('store', '')))})")
+    out.print(head)
+    if summary["components"]:
+        comp = Table(title="reward components")
+        comp.add_column("component")
+        comp.add_column("mean", justify="right")
+        for key, value in summary["components"].items():
+            comp.add_row(escape(key), f"{value:.4f}")
+        out.print(comp)
+    if summary["pass@k"]:
+        passes = Table(title="pass@k / pass^k")
+        passes.add_column("k", justify="right")
+        passes.add_column("pass@k", justify="right")
+        passes.add_column("pass^k", justify="right")
+        for k, value in summary["pass@k"].items():
+            passes.add_row(k, f"{value:.4f}", f"{summary['pass^k'][k]:.4f}")
+        out.print(passes)
+    if summary["by_kind"]:
+        kinds = Table(title="by case kind")
+        kinds.add_column("kind")
+        kinds.add_column("episodes", justify="right")
+        kinds.add_column("reward", justify="right")
+        kinds.add_column("success", justify="right")
+        for kind, row in summary["by_kind"].items():
+            kinds.add_row(
+                escape(kind),
+                str(row["episodes"]),
+                f"{row['reward_mean']:.4f}",
+                f"{row['success_rate']:.3f}",
+            )
+        out.print(kinds)
+
+
+# -- runs --------------------------------------------------------------------------------------
+@runs_app.callback(invoke_without_command=True)
+def runs(
+    ctx: typer.Context,
+    store: StoreOpt = None,
+    limit: Annotated[int, typer.Option("--limit", help="Most runs to list.")] = 30,
+    kind: Annotated[
+        str | None, typer.Option("--kind", help="Only eval, train, demo or bench runs.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the latest runs in the run store."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from twin.store import RunStore
+
+    with _errors():
+        rows = RunStore(store).runs(limit, kind=kind)
+    if as_json:
+        _dump([r.__dict__ for r in rows])
+        return
+    table = Table(title=f"runs ({escape(RunStore(store).url)})")
+    for col, justify in (
+        ("id", "right"),
+        ("kind", "left"),
+        ("twin", "left"),
+        ("policy", "left"),
+        ("status", "left"),
+        ("started (UTC)", "left"),
+        ("episodes", "right"),
+        ("reward", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            r.kind,
+            escape(r.twin),
+            escape(r.policy),
+            r.status,
+            r.started_at.strftime("%Y-%m-%d %H:%M:%S") if r.started_at else "",
+            str(r.episodes),
+            "" if r.reward_mean is None else f"{r.reward_mean:.4f}",
+        )
+    console.print(table)
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: Annotated[int, typer.Argument(help="Run id (from `twin runs`).")],
+    store: StoreOpt = None,
+    episodes: Annotated[int, typer.Option("--episodes", help="Episodes to list.")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one run: its config, summary metrics and first episodes."""
+    from twin.store import RunStore
+
+    with _errors():
+        run_store = RunStore(store)
+        info = run_store.run(run_id)
+        trajs = run_store.episodes(run_id, limit=episodes)
+    if as_json:
+        _dump({"run": info.__dict__, "episodes": [t.model_dump(mode="json") for t in trajs]})
+        return
+    console.rule(
+        f"[bold]run {info.id}: {info.kind} {escape(info.twin)} x {escape(info.policy)} "
+        f"({info.status})"
+    )
+    console.print(Syntax(json.dumps(info.config, indent=2, default=str), "json", word_wrap=True))
+    if info.metrics and "reward_mean" in info.metrics:
+        print_summary(info.metrics)
+    table = Table(title=f"episodes ({len(trajs)} of {info.episodes})")
+    for col in ("case", "kind", "reward", "turns", "invalid", "end"):
+        table.add_column(col)
+    for t in trajs:
+        end = (
+            "error"
+            if "error" in t.info
+            else ("submit" if t.terminated else "truncated" if t.truncated else "?")
+        )
+        table.add_row(
+            escape(t.case_id),
+            escape(t.case_kind),
+            "" if t.reward is None else f"{t.reward:.4f}",
+            str(t.num_turns),
+            str(t.invalid_calls),
+            end,
+        )
+    console.print(table)
+
+
+# -- wrappers over other areas -------------------------------------------------------------------
+def _target(spec: str, command: str) -> Callable[..., Any]:
+    """Import ``module:function`` for ``command``; exit 2 with a clear message if it is missing."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            err_console.print(
+                f"[bold red]error:[/] `twin {command}` needs {module_name} ({spec}), which is not "
+                "available in this installation."
+            )
+            raise typer.Exit(2) from None
+        raise
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        err_console.print(
+            f"[bold red]error:[/] `twin {command}` needs {spec}, but {module_name} has no "
+            f"function {attr!r}."
+        )
+        raise typer.Exit(2)
+    return fn
+
+
+def _passthrough(args: list[str]) -> dict[str, Any]:
+    """``--episodes 8 --quick --out x`` -> ``{"episodes": 8, "quick": True, "out": "x"}``."""
+    from twin.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"expected --option [value], got {arg!r}")
+        key, eq, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if eq:
+            out[key] = _yaml_value(value)
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[key] = _yaml_value(args[i + 1])
+            i += 1
+        elif key.startswith("no_"):
+            out[key[3:]] = False
+        else:
+            out[key] = True
+        i += 1
+    return out
+
+
+def _yaml_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """Call a wrapped function; an int result is the exit status."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as exc:  # an option the target does not take
+        err_console.print(
+            f"[bold red]error:[/] {fn.__module__}.{fn.__name__}: {escape(str(exc))}; "
+            f"it takes {escape(str(inspect.signature(fn)))}"
+        )
+        raise typer.Exit(2) from None
+    with _errors():
+        result = fn(*args, **kwargs)
+    if isinstance(result, int) and not isinstance(result, bool) and result != 0:
+        raise typer.Exit(result)
+
+
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command(context_settings=_EXTRA)
+def demo(ctx: typer.Context) -> None:
+    """Catalog demo: build the world, run the baselines, print tables, write a report."""
+    fn = _target("envs.catalog.demo:main", "demo")
+    _call(fn, **_passthrough(list(ctx.args)))
+
+
+@bench_app.command("catalog", context_settings=_EXTRA)
+def bench_catalog(ctx: typer.Context) -> None:
+    """Catalog twin benchmarks: tool latency, reset/step overhead, world build, memory."""
+    fn = _target("envs.catalog.bench:main", "bench catalog")
+    _call(fn, **_passthrough(list(ctx.args)))
+
+
+@bench_app.command("trainer", context_settings=_EXTRA)
+def bench_trainer(ctx: typer.Context) -> None:
+    """Trainer benchmarks: our GRPO step vs TRL's, async vs sync loop, weight sync."""
+    fn = _target("trainer.bench:main", "bench trainer")
+    _call(fn, **_passthrough(list(ctx.args)))
+
+
+@reward_app.command("test")
+def reward_test(
+    files: Annotated[list[str], typer.Argument(help="*.rollouts.yaml files.")],
+) -> None:
+    """Score hand-written rollouts against their expectations (exit 1 on a mismatch)."""
+    fn = _target("rewards.testing:cli_main", "reward test")
+    _call(fn, list(files))
+
+
+@app.command()
+def train(
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML, e.g. data/recipes/toy-cpu.yaml.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Recipe override KEY=VALUE (dotted keys), repeatable."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint.")
+    ] = False,
+) -> None:
+    """Train a policy with GRPO from a recipe (trainer.cli.train)."""
+    fn = _target("trainer.cli:train", "train")
+    _call(fn, recipe, list(overrides or []), resume)
+
+
+@app.command(context_settings=_EXTRA)
+def serve(
+    ctx: typer.Context,
+    model: Annotated[
+        str, typer.Argument(help="Model: tiny, smollm2, a local HF dir or a checkpoint.")
+    ],
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8000,
+) -> None:
+    """Serve a local model over an OpenAI-compatible API (trainer.server)."""
+    fn = _target("trainer.server:main", "serve")
+    _call(fn, model=model, host=host, port=port, **_passthrough(list(ctx.args)))
+
+
+@app.command(context_settings=_EXTRA)
+def plan(ctx: typer.Context, recipe: Annotated[str, typer.Argument(help="Recipe YAML.")]) -> None:
+    """Print the per-device memory plan of a recipe (trainer.plan); e.g. --gpu-memory-gb 80."""
+    fn = _target("trainer.plan:main", "plan")
+    _call(fn, recipe, **_passthrough(list(ctx.args)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``twin`` console script."""
+    app(args=argv, prog_name="twin")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,483 @@
+"""``TwinEnv``: a twin behind the Gymnasium interface, one chat episode per case.
+
+::
+
+    env = TwinEnv(ReturnsTwin())
+    messages, info = env.reset(options={"split": "dev", "index": 3})
+    obs, reward, terminated, truncated, info = env.step(
+        '<tool_call>{"name": "lookup_order", "arguments": {"order_id": "R-10007"}}</tool_call>'
+    )
+
+**Observation.** A list of OpenAI chat messages (:class:`twin.spaces.ChatMessages`): the opening
+system + user messages on ``reset``, then on each ``step`` only the *new* messages: one ``tool``
+message per call, and a ``user`` message when the turn had no usable call. The whole chat so far
+is :attr:`TwinEnv.messages`.
+
+**Action.** The assistant's raw text or an assistant message dict (:class:`twin.spaces.AssistantTurn`).
+Tool calls are read by :func:`twin.parsing.parse_tool_calls`.
+
+**Reward.** 0.0 until the episode ends; then the twin's reward of the whole trajectory, with
+its components in ``info["reward"]``.
+
+**Episode end.** ``terminated`` when a terminal tool (e.g. ``submit``) succeeds; ``truncated``
+when ``config.max_turns`` assistant turns have been taken without one (the reward is still
+computed: no submission usually scores low).
+
+**Bad actions never raise.** Unknown tools, malformed JSON, wrong argument types, missing
+arguments, oversized turns, turns without a call, calls after the terminal call, steps after the
+end and actions of the wrong type each become a message that says what was wrong and what is
+allowed; each counts in ``info["invalid_calls"]`` and ``Trajectory.invalid_calls``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import time
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.error import ResetNeeded
+from pydantic_core import to_json
+
+from twin.cases import Case
+from twin.core import Twin
+from twin.errors import ToolError
+from twin.parsing import CALL_FORMAT, ParsedCall, parse_tool_calls
+from twin.spaces import AssistantTurn, ChatMessages
+from twin.tools import to_jsonable
+from twin.trajectory import ToolCallRecord, Trajectory
+
+__all__ = ["TwinEnv"]
+
+logger = logging.getLogger("twin.env")
+
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON with non-ASCII kept (pydantic-core's encoder: 3x faster than ``json``)."""
+    return to_json(value, fallback=str).decode()
+
+
+# Results of these types are stored as returned (no copy: a look-up may hand back the world's own
+# read-only dict, which keeps episodes small); pydantic-core serialises any models nested in them.
+_PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})
+
+
+class TwinEnv(gym.Env[list, Any]):
+    """A :class:`twin.core.Twin` as a Gymnasium environment over chat messages.
+
+    Args:
+        twin: The twin (its world is shared by every env of the same config in the process).
+        render_mode: ``"ansi"`` makes :meth:`render` return the chat as text.
+
+    ``reset(seed=None, options={"split": "train", "index": i})`` returns ``(messages, info)`` with
+    ``info = {"tools": [schemas], "case_id", "split", "index"}``; without an index the case is drawn
+    from the env's seeded generator. ``step(action)`` returns ``(new_messages, reward, terminated,
+    truncated, info)`` with ``info = {"calls", "errors", "invalid_calls", "turn"}`` and, at the end,
+    ``"reward"`` (total, components, weighted, notes), ``"outcome"`` and ``"trajectory"``.
+    """
+
+    # render_fps means nothing for chat, but Gymnasium's checker warns when it is missing.
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(self, twin: Twin, render_mode: str | None = None) -> None:
+        if not isinstance(twin, Twin):
+            raise TypeError(f"TwinEnv needs a Twin instance, got {type(twin).__name__}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.render_mode = render_mode
+        self._twin = twin
+        cfg = twin.config
+        self._max_turns = cfg.max_turns
+        self._max_action = cfg.max_action_chars
+        self._max_result = cfg.max_result_chars
+        self._tools = {t.name: t for t in twin.tools}
+        self._schemas = twin.tool_schemas
+        names = list(self._tools)
+        self._names_text = ", ".join(names) if names else "(none)"
+        self._usage = "; ".join(t.signature_text() for t in twin.tools)
+        self.observation_space = ChatMessages()
+        self.action_space = AssistantTurn(tool_names=names)
+        # Per-episode state: kept to a handful of references (the chat lives in the trajectory).
+        self._world: Any = None  # the twin's shared world, fetched on the first tool call
+        self._case: Case | None = None
+        self._traj: Trajectory | None = None
+        self._state: Any = None
+        self._turn = 0
+        self._done = False
+        self._late_invalid = 0
+
+    # -- public properties -----------------------------------------------------------------------
+    @property
+    def twin(self) -> Twin:
+        """The twin this env runs."""
+        return self._twin
+
+    @property
+    def case(self) -> Case | None:
+        """The current case (None before the first reset)."""
+        return self._case
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The whole chat so far, prompt included (the trajectory's own list)."""
+        return self._traj.messages if self._traj is not None else []
+
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The episode so far; trainers may append to ``trajectory.token_turns``."""
+        return self._traj
+
+    # -- gymnasium API -------------------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Start an episode on case ``(options["split"], options["index"])``.
+
+        Args:
+            seed: Seeds the env's generator (used to draw an index when none is given).
+            options: ``{"split": "train", "index": int}``; both optional.
+
+        Returns:
+            The opening messages and ``{"tools", "case_id", "split", "index"}``.
+
+        Raises:
+            CaseError: unknown split or index out of range.
+        """
+        super().reset(seed=seed)
+        twin = self._twin
+        split = "train"
+        index = None
+        if options:
+            split = options.get("split", "train")
+            index = options.get("index")
+        if index is None:
+            index = int(self.np_random.integers(twin.num_cases(split)))
+        case = twin.case(split, index)
+        prompt = twin.prompt(case)
+        self._case = case
+        self._state = twin.new_state(case)
+        self._turn = 0
+        self._done = False
+        self._late_invalid = 0
+        self._traj = _construct(Trajectory, {
+            "twin": twin.name,
+            "case_id": case.id,
+            "split": split,
+            "index": index,
+            "case_kind": case.kind,
+            "policy": "",
+            "messages": list(prompt),
+            "calls": [],
+            "submission": None,
+            "invalid_calls": 0,
+            "num_turns": 0,
+            "terminated": False,
+            "truncated": False,
+            "completion_tokens": 0,
+            "token_turns": [],
+            "reward": None,
+            "components": {},
+            "weighted": {},
+            "reward_notes": [],
+            "timings": {},
+            "info": {},
+        })
+        return list(prompt), {
+            "tools": list(self._schemas),
+            "case_id": case.id,
+            "split": split,
+            "index": index,
+        }
+
+    def step(self, action: Any) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        """Run one assistant turn: parse its tool calls, run them, answer with messages.
+
+        Args:
+            action: The assistant's raw text, or an assistant message dict.
+
+        Returns:
+            observation: The new messages (one ``tool`` message per call; a ``user`` message when
+                the turn had no usable call or a turn-level problem).
+            reward: 0.0, or the episode's reward at its end.
+            terminated: A terminal tool succeeded.
+            truncated: The turn budget ran out first.
+            info: ``calls`` (this turn's call records as dicts), ``errors`` (messages shown to the
+                agent), ``invalid_calls`` (cumulative), ``turn`` (assistant turns taken); at the end
+                also ``reward``, ``outcome`` and ``trajectory``.
+
+        Raises:
+            ResetNeeded: ``step`` before the first ``reset`` (a caller bug, not a bad action).
+        """
+        traj = self._traj
+        if traj is None:
+            raise ResetNeeded("call env.reset() before env.step()")
+        if self._done:
+            return self._late_step()
+        turn = self._turn
+        messages = traj.messages
+        obs: list[dict[str, Any]] = []
+        calls_info: list[dict[str, Any]] = []
+        terminated = False
+
+        call_errors: list[str] = []
+        turn_errors: list[str] = []
+        size = _action_size(action)
+        if size > self._max_action:
+            messages.append(_assistant_record(action, None, self._max_action))
+            turn_errors.append(
+                f"your turn has {size} characters; the limit is {self._max_action}. Nothing was "
+                f"run. Send one short turn with the tool calls only, e.g. {CALL_FORMAT}"
+            )
+        else:
+            parsed = parse_tool_calls(action, turn=turn)
+            messages.append(_assistant_record(action, parsed.calls, self._max_action))
+            turn_errors.extend(parsed.errors)
+            for call in parsed.calls:
+                record, content = self._run(call, turn, terminated)
+                traj.calls.append(record)
+                rec_info = dict(record.__dict__)
+                del rec_info["latency_s"]  # wall time differs run to run; info stays deterministic
+                calls_info.append(rec_info)
+                obs.append(
+                    {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+                )
+                if record.error is None:
+                    terminated = terminated or record.terminal
+                else:
+                    call_errors.append(record.error)
+            if not parsed.calls and not parsed.errors:
+                turn_errors.append(
+                    f"no tool call found in your turn. Call one of: {self._names_text}, "
+                    f"written as {CALL_FORMAT}"
+                )
+        invalid = len(call_errors) + len(turn_errors)
+        errors = call_errors + turn_errors if turn_errors else call_errors
+        if turn_errors:
+            # Turn-level problems reach the agent as a user message after any tool results.
+            obs.append({"role": "user", "content": _user_note(turn_errors, self._usage)})
+        messages.extend(obs)
+
+        self._turn = turn = turn + 1
+        traj.num_turns = turn
+        traj.invalid_calls += invalid
+        truncated = not terminated and turn >= self._max_turns
+        info: dict[str, Any] = {
+            "calls": calls_info,
+            "errors": errors,
+            "invalid_calls": traj.invalid_calls,
+            "turn": turn,
+        }
+        reward = 0.0
+        if terminated or truncated:
+            reward = self._finish(terminated, truncated, info)
+        return obs, reward, terminated, truncated, info
+
+    def render(self) -> str | None:
+        """With ``render_mode="ansi"``, the chat so far as text."""
+        if self.render_mode != "ansi":
+            return None
+        lines = []
+        for msg in self.messages:
+            text = msg.get("content") or ""
+            for call in msg.get("tool_calls") or []:
+                fn = call.get("function", {})
+                text += f"\n-> {fn.get('name')}({fn.get('arguments')})"
+            lines.append(f"[{msg.get('role')}] {text}")
+        return "\n".join(lines)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _run(self, call: ParsedCall, turn: int, after_terminal: bool) -> tuple[ToolCallRecord, str]:
+        """Run one parsed call; return its record and the text the agent sees."""
+        name = call.name
+        args = call.arguments
+        if call.error is not None:
+            return _failed(call.id, name, args if args is not None else call.raw, call.error, turn)
+        if after_terminal:
+            return _failed(
+                call.id, name, args,
+                f"{name} was not run: a terminal call already ended the episode in this turn; "
+                "only one terminal call is allowed",
+                turn,
+            )
+        tool = self._tools.get(name)
+        if tool is None:
+            close = difflib.get_close_matches(name, self._tools, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            return _failed(
+                call.id, name, args,
+                f"unknown tool {name!r}.{hint} Available tools: {self._names_text}",
+                turn,
+            )
+        started = time.perf_counter()
+        try:
+            kwargs = tool.validate(args)
+            submission = to_jsonable(kwargs) if tool.terminal else None
+            for inj in tool.injected:
+                if inj == "world":
+                    world = self._world
+                    if world is None:
+                        world = self._world = self._twin.world
+                    kwargs["world"] = world
+                elif inj == "state":
+                    kwargs["state"] = self._state
+                elif inj == "task":
+                    kwargs["task"] = self._case.task  # type: ignore[union-attr]
+            result = tool.fn(**kwargs)
+            if type(result) not in _PLAIN:  # pydantic models, tuples, ...: make them JSON data
+                result = to_jsonable(result)
+        except ToolError as exc:
+            return _failed(call.id, name, args, str(exc), turn, time.perf_counter() - started)
+        except Exception as exc:  # a bug in the tool, not the agent's fault: log it, tell the agent
+            logger.warning("tool %s raised %s on %r", name, type(exc).__name__, args, exc_info=True)
+            return _failed(
+                call.id, name, args,
+                f"{name} failed with an internal error ({type(exc).__name__}); this is not your "
+                "fault. Try other arguments or another tool",
+                turn,
+                time.perf_counter() - started,
+            )
+        latency = time.perf_counter() - started
+        try:
+            text = _dumps(result)
+        except Exception as exc:  # e.g. a lone surrogate or a cycle
+            logger.warning("tool %s returned data that is not JSON: %s", name, exc)
+            text = json.dumps(repr(result), ensure_ascii=False)
+        if len(text) > self._max_result:
+            text = (
+                f"{text[: self._max_result]}... [result cut at {self._max_result} of {len(text)} "
+                "characters; ask for less]"
+            )
+        if tool.terminal:
+            self._traj.submission = submission  # type: ignore[union-attr]
+        record = _construct(ToolCallRecord, {
+            "id": call.id, "name": name, "arguments": args, "ok": True, "error": None,
+            "result": result, "terminal": tool.terminal, "turn": turn, "latency_s": latency,
+        })
+        return record, text
+
+    def _finish(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> float:
+        traj = self._traj
+        case = self._case
+        assert traj is not None and case is not None
+        self._done = True
+        traj.terminated = terminated
+        traj.truncated = truncated
+        traj.timings["tools"] = sum(c.latency_s for c in traj.calls)
+        result = self._twin.score(traj, case)
+        total = float(result.total)
+        traj.reward = total
+        traj.components = dict(result.components)
+        traj.weighted = dict(result.weighted)
+        traj.reward_notes = list(result.notes)
+        outcome = self._twin.outcome(traj, case)
+        traj.info["outcome"] = outcome
+        info["reward"] = {
+            "total": total,
+            "components": dict(traj.components),
+            "weighted": dict(traj.weighted),
+            "notes": list(traj.reward_notes),
+        }
+        info["outcome"] = outcome
+        info["trajectory"] = traj
+        return total
+
+    def _late_step(self) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        # The trajectory is scored and handed out already: count the mistake, change nothing.
+        traj = self._traj
+        assert traj is not None
+        self._late_invalid += 1
+        how = "a terminal call succeeded" if traj.terminated else "the turn budget ran out"
+        error = f"the episode has ended ({how}); call reset() to start a new one"
+        return (
+            [{"role": "user", "content": error}],
+            0.0,
+            traj.terminated,
+            traj.truncated,
+            {
+                "calls": [],
+                "errors": [error],
+                "invalid_calls": traj.invalid_calls + self._late_invalid,
+                "turn": self._turn,
+            },
+        )
+
+
+_setattr = object.__setattr__
+
+
+def _construct(cls: type[Any], values: dict[str, Any]) -> Any:
+    """``cls.model_construct(**values)`` without its per-field alias checks.
+
+    ``values`` must hold every field; the env builds them itself, so nothing needs validating.
+    This keeps a tool step a few microseconds cheaper than ``model_construct``.
+    """
+    obj = object.__new__(cls)
+    _setattr(obj, "__dict__", values)
+    _setattr(obj, "__pydantic_fields_set__", set(values))
+    _setattr(obj, "__pydantic_extra__", None)
+    _setattr(obj, "__pydantic_private__", None)
+    return obj
+
+
+def _failed(
+    call_id: str, name: str, arguments: Any, error: str, turn: int, latency: float = 0.0
+) -> tuple[ToolCallRecord, str]:
+    record = _construct(ToolCallRecord, {
+        "id": call_id, "name": name, "arguments": arguments, "ok": False, "error": error,
+        "result": None, "terminal": False, "turn": turn, "latency_s": latency,
+    })
+    return record, f"Error: {error}"
+
+
+def _action_size(action: Any) -> int:
+    if isinstance(action, str):
+        return len(action)
+    if not isinstance(action, dict):
+        return 0
+    size = 0
+    content = action.get("content")
+    if isinstance(content, str):
+        size += len(content)
+    calls = action.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if isinstance(args, str):
+                size += len(args)
+            elif args is not None:
+                try:
+                    size += len(json.dumps(args, default=str))
+                except (TypeError, ValueError, RecursionError):
+                    size += len(repr(args))
+    return size
+
+
+def _assistant_record(action: Any, calls: list[ParsedCall] | None, limit: int) -> dict[str, Any]:
+    """The assistant message as stored in the chat: raw text kept exactly, dicts normalised."""
+    if isinstance(action, str):
+        return {"role": "assistant", "content": action if len(action) <= limit else action[:limit]}
+    if not isinstance(action, dict):
+        return {"role": "assistant", "content": f"<invalid action of type {type(action).__name__}>"}
+    content = action.get("content")
+    msg: dict[str, Any] = {
+        "role": "assistant",
+        "content": content[:limit] if isinstance(content, str) else None,
+    }
+    if calls and isinstance(action.get("tool_calls"), list) and action["tool_calls"]:
+        msg["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.raw[:limit]},
+            }
+            for c in calls
+        ]
+    return msg
+
+
+def _user_note(errors: list[str], usage: str) -> str:
+    return "Your last turn had a problem: " + " | ".join(errors) + f". Tools: {usage}"

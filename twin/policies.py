@@ -1,0 +1,614 @@
+"""Policies: whatever writes the assistant's turns.
+
+A policy is any object with a ``name`` and an async ``act(messages, tools)`` that returns an
+assistant message dict (OpenAI format; ``tool_calls`` or text the env parses)::
+
+    class Policy(Protocol):
+        name: str
+        async def act(self, messages: list[dict], tools: list[dict]) -> dict: ...
+
+Policies must not mutate ``messages``. A policy that needs per-episode randomness may define
+``for_episode(key: str) -> Policy``; the runner then calls it once per episode with a stable key
+(``"<case id>#<k>"``) and acts through the returned object.
+
+Shipped here:
+
+- :class:`ReplayPolicy`: hand-written assistant turns, e.g. for reward tests and demos.
+- :class:`RandomPolicy`: random tool calls with arguments built from the tool schemas.
+- :class:`OpenAIChatPolicy`: any OpenAI-compatible ``/chat/completions`` server, over httpx.
+- :func:`make_policy`: a policy from a command-line spec (``random``, ``openai:gpt-4o-mini``, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+import yaml
+
+from twin.cases import stable_seed
+from twin.errors import ConfigError, TwinError
+
+__all__ = [
+    "OpenAIChatPolicy",
+    "Policy",
+    "PolicyError",
+    "RandomPolicy",
+    "ReplayPolicy",
+    "make_policy",
+    "policy_for_episode",
+    "tool_call",
+]
+
+Message = dict[str, Any]
+
+
+class PolicyError(TwinError):
+    """A policy could not produce a turn (e.g. the model server answered with an error)."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the runner drives: a name and an async ``act``."""
+
+    name: str
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """Return the next assistant message for the chat ``messages`` (do not mutate it)."""
+        ...
+
+
+def policy_for_episode(policy: Policy, key: str) -> Policy:
+    """``policy.for_episode(key)`` when the policy defines it, else the policy itself."""
+    fork = getattr(policy, "for_episode", None)
+    return fork(key) if callable(fork) else policy
+
+
+def tool_call(name: str, arguments: Any, call_id: str) -> dict[str, Any]:
+    """An OpenAI tool-call dict; ``arguments`` is JSON-encoded unless it already is a string."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _assistant_turns(messages: Sequence[Message]) -> int:
+    return sum(1 for m in messages if m.get("role") == "assistant")
+
+
+# -- replay ------------------------------------------------------------------------------------
+class ReplayPolicy:
+    """Plays hand-written assistant turns, one per call, in order.
+
+    Each turn is either a string (raw model text, e.g. ``<tool_call>{...}</tool_call>``, parsed
+    by the env) or a dict: a full assistant message (``{"role": "assistant", "content": ...,
+    "tool_calls": [...]}``), a shorthand call ``{"name": "submit", "arguments": {...}}``, or
+    ``{"calls": [{"name": ..., "arguments": ...}, ...], "content": "..."}`` for several calls.
+    The position is the number of assistant messages already in the chat, so one policy serves
+    any number of concurrent episodes. After the last turn it answers in text that the script
+    has ended (the env counts that as a turn without a tool call).
+
+    Args:
+        turns: The turns.
+        name: Name recorded in trajectories.
+
+    Raises:
+        ConfigError: a turn that is neither a string nor one of the dict forms.
+    """
+
+    def __init__(self, turns: Sequence[str | dict[str, Any]], name: str = "replay") -> None:
+        self.name = name
+        self.turns = [self._normalise(t, i) for i, t in enumerate(turns)]
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ReplayPolicy:
+        """Load turns from a YAML or JSON file: a list of turns, or ``{"turns": [...]}``.
+
+        Raises:
+            ConfigError: the file is missing or does not hold a list of turns.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(
+                f"replay file {str(p)!r} not found; give a YAML or JSON list of turns"
+            )
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))  # YAML is a superset of JSON
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"replay file {str(p)!r} is not valid YAML/JSON: {exc}") from None
+        if isinstance(data, dict) and "turns" in data:
+            data = data["turns"]
+        if not isinstance(data, list):
+            raise ConfigError(
+                f"replay file {str(p)!r} must hold a list of assistant turns "
+                "(or {turns: [...]}), "
+                f"got {type(data).__name__}"
+            )
+        return cls(data, name=f"replay:{p.name}")
+
+    @staticmethod
+    def _normalise(turn: Any, i: int) -> Message:
+        if isinstance(turn, str):
+            return {"role": "assistant", "content": turn}
+        if not isinstance(turn, dict):
+            raise ConfigError(
+                f"replay turn {i}: expected a string or a dict, got {type(turn).__name__}: {turn!r}"
+            )
+        if "role" in turn or "tool_calls" in turn:
+            msg = {"role": "assistant", "content": turn.get("content"), **turn}
+            msg["role"] = "assistant"
+            return msg
+        if "name" in turn:
+            calls = [turn]
+        elif "calls" in turn:
+            calls = list(turn["calls"])
+        else:
+            raise ConfigError(
+                f"replay turn {i}: a dict turn needs 'role'/'tool_calls' (a message), 'name' and "
+                f"'arguments' (one call) or 'calls' (several); got keys {sorted(turn)}"
+            )
+        tool_calls = []
+        for j, call in enumerate(calls):
+            if not isinstance(call, dict) or "name" not in call:
+                raise ConfigError(
+                    f"replay turn {i}, call {j}: expected {{name, arguments}}, got {call!r}"
+                )
+            tool_calls.append(tool_call(call["name"], call.get("arguments", {}), f"call_{i}_{j}"))
+        return {"role": "assistant", "content": turn.get("content"), "tool_calls": tool_calls}
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """The next scripted turn (a copy), or a text turn saying the script has ended."""
+        i = _assistant_turns(messages)
+        if i < len(self.turns):
+            return json.loads(json.dumps(self.turns[i]))  # a copy: envs may annotate messages
+        return {
+            "role": "assistant",
+            "content": f"(replay finished: the script has {len(self.turns)} turns and no more)",
+        }
+
+    def __repr__(self) -> str:
+        return f"ReplayPolicy({len(self.turns)} turns, name={self.name!r})"
+
+
+# -- random ------------------------------------------------------------------------------------
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-./]{0,39}")
+
+
+class RandomPolicy:
+    """Random tool calls with arguments built from the tool schemas; sometimes junk.
+
+    String arguments are drawn from the words and values already in the chat (ids in the
+    prompt, names in tool results), so a random agent sometimes hits a real record; enums,
+    numbers, booleans, arrays and objects follow the schema. With probability ``junk_rate`` a
+    turn is junk instead: plain text, an unknown tool, malformed JSON or wrongly typed arguments.
+
+    Deterministic: the turn depends only on ``seed``, the episode key (see ``for_episode``; by
+    default the opening messages) and the turn number, never on scheduling.
+
+    Args:
+        seed: Seed.
+        junk_rate: Probability of a junk turn.
+        name: Name recorded in trajectories.
+    """
+
+    def __init__(
+        self, seed: int = 0, junk_rate: float = 0.1, name: str = "random", _key: str | None = None
+    ) -> None:
+        if not 0.0 <= junk_rate <= 1.0:
+            raise ConfigError(f"junk_rate must be in [0, 1], got {junk_rate}")
+        self.seed = seed
+        self.junk_rate = junk_rate
+        self.name = name
+        self._key = _key
+
+    def for_episode(self, key: str) -> RandomPolicy:
+        """A copy whose randomness is keyed by ``key`` (distinct episodes of one case differ)."""
+        return RandomPolicy(self.seed, self.junk_rate, self.name, _key=key)
+
+    def _rng(self, messages: Sequence[Message]) -> random.Random:
+        key = self._key
+        if key is None:
+            key = json.dumps(
+                [m.get("content") for m in messages[:2]],
+                sort_keys=True,
+                ensure_ascii=False,
+                default=str,
+            )
+        return random.Random(
+            stable_seed("RandomPolicy", self.seed, key, _assistant_turns(messages))
+        )
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """A random tool call (or, rarely, junk)."""
+        return self.turn(messages, tools)
+
+    def turn(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> Message:
+        """The synchronous body of :meth:`act`."""
+        rng = self._rng(messages)
+        turn = _assistant_turns(messages)
+        call_id = f"call_{turn}_0"
+        if not tools:
+            return {"role": "assistant", "content": "I have no tools to call."}
+        words = _candidate_words(messages)
+        if rng.random() < self.junk_rate:
+            return _junk(rng, tools, words, call_id)
+        fn = rng.choice(list(tools))["function"]
+        params = fn.get("parameters") or {}
+        args = _sample_object(rng, params, params.get("$defs", {}), words, depth=0)
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [tool_call(fn["name"], args, call_id)],
+        }
+
+    def __repr__(self) -> str:
+        return f"RandomPolicy(seed={self.seed}, junk_rate={self.junk_rate})"
+
+
+def _candidate_words(messages: Sequence[Message]) -> list[str]:
+    """Strings seen in the chat (prompt words, tool-result values), in order, deduplicated."""
+    seen: dict[str, None] = {}
+
+    def add_json(value: Any) -> None:
+        if isinstance(value, str):
+            if 0 < len(value) <= 60:
+                seen.setdefault(value, None)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                add_json(k)
+                add_json(v)
+        elif isinstance(value, list):
+            for v in value:
+                add_json(v)
+
+    for m in messages:
+        content = m.get("content")
+        if not isinstance(content, str):
+            continue
+        if m.get("role") == "tool":
+            try:
+                add_json(json.loads(content))
+                continue
+            except (json.JSONDecodeError, ValueError):
+                pass
+        if m.get("role") in ("user", "tool"):
+            for w in _WORD.findall(content):
+                seen.setdefault(w.rstrip(".,"), None)
+        if len(seen) > 400:
+            break
+    return list(seen) or ["x"]
+
+
+def _sample_value(
+    rng: random.Random, schema: dict[str, Any], defs: dict[str, Any], words: list[str], depth: int
+) -> Any:
+    if "$ref" in schema:
+        target = defs.get(schema["$ref"].rsplit("/", 1)[-1], {})
+        return _sample_value(rng, target, defs, words, depth + 1)
+    if "enum" in schema:
+        return rng.choice(schema["enum"])
+    if "const" in schema:
+        return schema["const"]
+    for union in ("anyOf", "oneOf"):
+        if union in schema:
+            options = [s for s in schema[union] if s.get("type") != "null"] or schema[union]
+            return _sample_value(rng, rng.choice(options), defs, words, depth + 1)
+    kind = schema.get("type", "string")
+    if isinstance(kind, list):
+        kind = rng.choice([k for k in kind if k != "null"] or kind)
+    if kind == "string":
+        return rng.choice(words)
+    if kind == "integer":
+        low = int(schema.get("minimum", schema.get("exclusiveMinimum", -1) + 1))
+        high = int(schema.get("maximum", schema.get("exclusiveMaximum", low + 11) - 1))
+        return rng.randint(low, max(low, high))
+    if kind == "number":
+        low = float(schema.get("minimum", 0.0))
+        high = float(schema.get("maximum", low + 100.0))
+        return round(rng.uniform(low, high), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "array":
+        if depth > 4:
+            return []
+        n = rng.randint(int(schema.get("minItems", 0)), int(schema.get("maxItems", 3)))
+        return [
+            _sample_value(rng, schema.get("items", {}), defs, words, depth + 1) for _ in range(n)
+        ]
+    if kind == "object":
+        return _sample_object(rng, schema, defs, words, depth + 1)
+    return rng.choice(words)
+
+
+def _sample_object(
+    rng: random.Random, schema: dict[str, Any], defs: dict[str, Any], words: list[str], depth: int
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if depth > 4:
+        return out
+    required = set(schema.get("required", []))
+    for pname, prop in (schema.get("properties") or {}).items():
+        if pname in required or rng.random() < 0.5:
+            out[pname] = _sample_value(rng, prop, defs, words, depth)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict) and not schema.get("properties"):
+        for _ in range(rng.randint(0, 3)):
+            out[rng.choice(words)] = _sample_value(rng, extra, defs, words, depth)
+    return out
+
+
+def _junk(
+    rng: random.Random, tools: Sequence[dict[str, Any]], words: list[str], call_id: str
+) -> Message:
+    name = rng.choice(list(tools))["function"]["name"]
+    kind = rng.randrange(4)
+    if kind == 0:
+        return {"role": "assistant", "content": f"I think the answer is {rng.choice(words)}."}
+    if kind == 1:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [tool_call(name + "_x", {}, call_id)],
+        }
+    if kind == 2:
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [tool_call(name, '{"oops": ', call_id)],
+        }
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [tool_call(name, {"_": [1, 2]}, call_id)],
+    }
+
+
+# -- OpenAI-compatible chat ----------------------------------------------------------------------
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+_RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class OpenAIChatPolicy:
+    """Any OpenAI-compatible ``/chat/completions`` server (OpenAI, vLLM, llama.cpp, ...).
+
+    One ``httpx.AsyncClient`` carries every concurrent episode. Retries transport errors, 429 and
+    5xx with exponential backoff (honouring ``Retry-After``); other errors raise
+    :class:`PolicyError` with the status, the URL and the start of the body.
+
+    Args:
+        base_url: Server root including ``/v1`` (default ``$OPENAI_BASE_URL``, else OpenAI's).
+        model: Model name the server knows.
+        api_key: Bearer token (default ``$OPENAI_API_KEY``; none is sent when neither is set).
+        temperature: Sampling temperature.
+        max_tokens: Most tokens per turn.
+        transport: An httpx transport, e.g. ``httpx.MockTransport(handler)`` in tests.
+        timeout: Seconds per request.
+        retries: Extra attempts after a retryable failure.
+        extra_body: Merged into each request body (e.g. ``{"top_p": 0.9}``).
+        name: Name recorded in trajectories (default ``openai:<model>``).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        model: str = "gpt-4o-mini",
+        api_key: str | None = None,
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 1024,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 120.0,
+        retries: int = 3,
+        extra_body: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.base_url = (
+            base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        ).rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        self.model = model
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.transport = transport
+        self.timeout = timeout
+        self.retries = retries
+        self.extra_body = dict(extra_body or {})
+        self.name = name or f"openai:{model}"
+        self.usage = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
+        self._http: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _client(self) -> httpx.AsyncClient:
+        # An AsyncClient's connection pool belongs to the event loop that opened it, and each
+        # `run_episodes` call runs its own loop: keep the client of the current loop only.
+        # Holding the loop object (not its id) rules out a new loop reusing a stale client.
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._loop is not loop:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            self._http = httpx.AsyncClient(
+                transport=self.transport,
+                timeout=self.timeout,
+                headers=headers,
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            )
+            self._loop = loop
+        return self._http
+
+    def request_body(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The JSON body sent for one turn."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{k: m[k] for k in _MESSAGE_KEYS if k in m} for m in messages],
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        if tools:
+            body["tools"] = list(tools)
+        body.update(self.extra_body)
+        return body
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """POST the chat and return the assistant message (``tool_calls`` kept).
+
+        Raises:
+            PolicyError: an HTTP error, an unreachable server after the retries, or a reply
+                without ``choices[0].message``.
+        """
+        body = self.request_body(messages, tools)
+        response = await self._post(body)
+        try:
+            data = response.json()
+            message = data["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise PolicyError(
+                f"POST {self.url}: expected a chat completion with choices[0].message, got "
+                f"{_excerpt(response.text)}"
+            ) from None
+        usage = data.get("usage") or {}
+        self.usage["requests"] += 1
+        self.usage["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+        self.usage["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+        out: Message = {"role": "assistant", "content": message.get("content")}
+        if message.get("tool_calls"):
+            out["tool_calls"] = [
+                {
+                    "id": c.get("id") or f"call_{i}",
+                    "type": c.get("type", "function"),
+                    "function": dict(c.get("function") or {}),
+                }
+                for i, c in enumerate(message["tool_calls"])
+            ]
+        return out
+
+    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+        client = self._client()
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = await client.post(self.url, json=body)
+            except httpx.TransportError as exc:
+                if last:
+                    raise PolicyError(
+                        f"POST {self.url} failed after {self.retries + 1} attempts: "
+                        f"{type(exc).__name__}: {exc}. Is the server running? (base URL: "
+                        f"--base-url or $OPENAI_BASE_URL)"
+                    ) from exc
+            else:
+                if response.status_code < 400:
+                    return response
+                if last or response.status_code not in _RETRY_STATUS:
+                    raise PolicyError(_http_message(self.url, response, self.model))
+                retry_after = response.headers.get("retry-after", "")
+                if retry_after.replace(".", "", 1).isdigit():
+                    delay = min(float(retry_after), 30.0)
+            self.usage["retries"] += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (call from the loop that used it)."""
+        if self._http is not None:
+            await self._http.aclose()
+        self._http, self._loop = None, None
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatPolicy(base_url={self.base_url!r}, model={self.model!r})"
+
+
+def _excerpt(text: str, limit: int = 500) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _http_message(url: str, response: httpx.Response, model: str) -> str:
+    hint = {
+        401: "check the API key ($OPENAI_API_KEY)",
+        403: "the key is not allowed to use this model",
+        404: f"check the base URL (it usually ends in /v1) and that the server has model {model!r}",
+        400: "the server rejected the request; see its message",
+    }.get(response.status_code, "see the server's message")
+    return f"POST {url} -> HTTP {response.status_code}: {_excerpt(response.text)}; {hint}"
+
+
+# -- specs -------------------------------------------------------------------------------------
+POLICY_FORMS = (
+    "random[:SEED]",
+    "replay:FILE (YAML/JSON list of turns)",
+    "openai:MODEL (base URL from --base-url or $OPENAI_BASE_URL, key from $OPENAI_API_KEY)",
+    "hf:PATH|smollm2 (a local model through the trainer)",
+)
+
+
+def make_policy(
+    spec: str,
+    twin: Any = None,
+    *,
+    seed: int = 0,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    **options: Any,
+) -> Policy:
+    """A policy from a command-line spec.
+
+    Specs: ``random`` / ``random:SEED``, ``replay:FILE``, ``openai:MODEL``, a baseline of the
+    twin (``Twin.baselines() -> {name: factory(twin) -> policy}``, e.g. ``heuristic``, ``oracle``)
+    and ``hf:PATH`` / ``hf:smollm2`` (``trainer.policy.HFPolicy.from_spec(spec, twin)``).
+
+    Args:
+        spec: The spec.
+        twin: The twin the policy will act in (baselines and ``hf:`` need it).
+        seed: Seed of ``random``.
+        base_url: Base URL of ``openai:`` (default ``$OPENAI_BASE_URL``).
+        api_key: API key of ``openai:`` (default ``$OPENAI_API_KEY``).
+        **options: Passed to :class:`OpenAIChatPolicy` (``temperature``, ``max_tokens``, ...).
+
+    Raises:
+        ConfigError: an unknown spec; the message lists every allowed form.
+    """
+    kind, _, arg = spec.partition(":")
+    baselines = _baselines(twin)
+    if spec in baselines:
+        return baselines[spec](twin)
+    if kind == "random":
+        try:
+            return RandomPolicy(seed=int(arg) if arg else seed, name=spec)
+        except ValueError:
+            raise ConfigError(
+                f"policy {spec!r}: the seed after 'random:' must be an integer"
+            ) from None
+    if kind == "replay" and arg:
+        return ReplayPolicy.from_file(arg)
+    if kind == "openai" and arg:
+        return OpenAIChatPolicy(base_url=base_url, model=arg, api_key=api_key, **options)
+    if kind == "hf" and arg:
+        try:
+            module = importlib.import_module("trainer.policy")
+        except ImportError as exc:
+            raise ConfigError(
+                f"policy {spec!r} needs trainer/policy.py (the trainer), which could not be "
+                f"imported ({exc})"
+            ) from None
+        return module.HFPolicy.from_spec(spec, twin)
+    forms = list(POLICY_FORMS) + [f"{name} (a baseline of this twin)" for name in baselines]
+    raise ConfigError(f"unknown policy spec {spec!r}; allowed: " + "; ".join(forms))
+
+
+def _baselines(twin: Any) -> dict[str, Any]:
+    fn = getattr(twin, "baselines", None)
+    if not callable(fn):
+        return {}
+    found = fn()
+    return dict(found) if found else {}

@@ -1,0 +1,386 @@
+"""Rollouts: run policies against a twin concurrently, and measure them.
+
+One process runs thousands of episodes at once: every episode is a coroutine that awaits its
+policy (an HTTP model server, a local sampler, a script) and steps its own :class:`TwinEnv`;
+a semaphore bounds how many are live. Tools that block (``Twin.blocking_tools``) run in a
+thread pool so the event loop never waits on them::
+
+    cases = [("test", i) for i in range(50)]
+    groups = run_episodes(twin, RandomPolicy(seed=0), cases, group_size=4)
+    print(summarize(groups, success=success_fn(twin)))
+
+Metrics: :func:`pass_at_k` (the unbiased estimator of Chen et al., 2021: the chance that at
+least one of k samples succeeds) and :func:`pass_hat_k` (tau-bench's pass^k: the chance that all
+k succeed), both from n samples of which c succeeded; :func:`summarize` reports them beside the
+mean reward, every reward component and per-case-kind figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from twin.policies import Policy, policy_for_episode
+from twin.trajectory import Group, Trajectory
+
+__all__ = [
+    "Group",
+    "Trajectory",
+    "arun_episodes",
+    "max_reward",
+    "pass_at_k",
+    "pass_hat_k",
+    "run_episodes",
+    "success_fn",
+    "summarize",
+]
+
+CaseRef = tuple[str, int]
+OnGroup = Callable[[Group], Any]
+
+#: Extra turns allowed past ``max_turns`` before the runner gives up on an env that never ends.
+_TURN_SLACK = 4
+
+
+# -- runner ------------------------------------------------------------------------------------
+async def arun_episodes(
+    twin: Any,
+    policy: Policy,
+    cases: Sequence[CaseRef],
+    *,
+    group_size: int = 1,
+    concurrency: int = 64,
+    progress: bool = True,
+    on_group: OnGroup | None = None,
+) -> list[Group]:
+    """Run ``group_size`` episodes of ``policy`` on every case, at most ``concurrency`` at once.
+
+    Args:
+        twin: The :class:`twin.core.Twin` (one instance; its world is shared by all episodes).
+        policy: The policy; if it has ``for_episode(key)``, each episode acts through
+            ``policy.for_episode("<case id>#<k>")``.
+        cases: ``(split, index)`` pairs.
+        group_size: Episodes per case (a GRPO group; k of pass@k goes up to it).
+        concurrency: Most episodes in flight.
+        progress: Show a progress bar on stderr.
+        on_group: Called with each :class:`Group` as soon as its episodes are done (a plain
+            function or a coroutine function), e.g. to write it to the run store.
+
+    Returns:
+        One group per case, in the order of ``cases``; trajectories in episode order. An episode
+        whose policy (or env) raised keeps its partial trajectory, unscored (``reward`` None),
+        with the error in ``info["error"]``; the other episodes are not affected.
+    """
+    from twin.env import TwinEnv  # the env imports the registry; keep `import twin.rollout` light
+
+    if group_size < 1 or concurrency < 1:
+        raise ValueError(
+            f"group_size and concurrency must be >= 1, got {group_size} and {concurrency}"
+        )
+    cases = [(str(split), int(index)) for split, index in cases]
+    for split, index in cases:
+        twin.case(split, index)  # fail fast (CaseError) before any episode starts
+    blocking = bool(getattr(twin, "blocking_tools", False))
+    max_turns = int(getattr(getattr(twin, "config", None), "max_turns", 64)) + _TURN_SLACK
+    semaphore = asyncio.Semaphore(concurrency)
+    pool: list[Any] = []
+    results: list[list[Trajectory | None]] = [[None] * group_size for _ in cases]
+    remaining = [group_size] * len(cases)
+    bar = _progress_bar(
+        len(cases) * group_size, enabled=progress, desc=f"{twin.name} x {policy.name}"
+    )
+    errors = 0
+
+    async def episode(ci: int, k: int) -> None:
+        nonlocal errors
+        split, index = cases[ci]
+        async with semaphore:
+            # Envs are reused (reset gives each episode a fresh Trajectory): at most
+            # `concurrency` of them are ever built.
+            env = pool.pop() if pool else TwinEnv(twin)
+            try:
+                traj = await _run_one(env, policy, split, index, k, blocking, max_turns)
+            finally:
+                pool.append(env)
+        if "error" in traj.info:
+            errors += 1
+            if bar is not None:
+                bar.set_postfix(errors=errors)
+        results[ci][k] = traj
+        if bar is not None:
+            bar.update(1)
+        remaining[ci] -= 1
+        if remaining[ci] == 0 and on_group is not None:
+            outcome = on_group(_group(results[ci]))
+            if inspect.isawaitable(outcome):
+                await outcome
+
+    try:
+        await asyncio.gather(
+            *(episode(ci, k) for ci in range(len(cases)) for k in range(group_size))
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return [_group(trajs) for trajs in results]
+
+
+def run_episodes(
+    twin: Any,
+    policy: Policy,
+    cases: Sequence[CaseRef],
+    *,
+    group_size: int = 1,
+    concurrency: int = 64,
+    progress: bool = True,
+    on_group: OnGroup | None = None,
+) -> list[Group]:
+    """Synchronous :func:`arun_episodes` (runs its own event loop; not from inside one)."""
+    return asyncio.run(
+        arun_episodes(
+            twin,
+            policy,
+            cases,
+            group_size=group_size,
+            concurrency=concurrency,
+            progress=progress,
+            on_group=on_group,
+        )
+    )
+
+
+async def _run_one(
+    env: Any, policy: Policy, split: str, index: int, k: int, blocking: bool, max_turns: int
+) -> Trajectory:
+    start = time.perf_counter()
+    policy_s = env_s = 0.0
+    actor = policy
+    info: dict[str, Any] = {}
+    error: str | None = None
+    try:
+        t0 = time.perf_counter()
+        _, info = env.reset(options={"split": split, "index": index})
+        env_s += time.perf_counter() - t0
+        tools = info["tools"]
+        actor = policy_for_episode(policy, f"{info['case_id']}#{k}")
+        for _ in range(max_turns):
+            t0 = time.perf_counter()
+            message = await actor.act(env.messages, tools)
+            t1 = time.perf_counter()
+            if blocking:
+                _, _, terminated, truncated, info = await asyncio.to_thread(env.step, message)
+            else:
+                _, _, terminated, truncated, info = env.step(message)
+            policy_s += t1 - t0
+            env_s += time.perf_counter() - t1
+            if terminated or truncated:
+                break
+        else:
+            error = f"RuntimeError: the env did not end the episode within {max_turns} turns"
+    except Exception as exc:  # one failing episode must not take the others down
+        error = f"{type(exc).__name__}: {exc}"
+    traj: Trajectory | None = info.get("trajectory") if error is None else None
+    if traj is None:
+        traj = _partial_trajectory(env, split, index)
+        traj.reward = None
+    if error is not None:
+        traj.info["error"] = error
+    traj.policy = getattr(actor, "name", "") or policy.name
+    traj.timings.update({"policy": policy_s, "env": env_s, "total": time.perf_counter() - start})
+    return traj
+
+
+def _partial_trajectory(env: Any, split: str, index: int) -> Trajectory:
+    try:
+        traj = env.trajectory
+        if isinstance(traj, Trajectory):
+            return traj.model_copy(deep=True)
+    except Exception:  # the env may not have reset
+        pass
+    return Trajectory(
+        twin=env.twin.name, case_id=f"{env.twin.name}/{split}/{index}", split=split, index=index
+    )
+
+
+def _group(trajs: Sequence[Trajectory | None]) -> Group:
+    done = [t for t in trajs if t is not None]
+    return Group(case_id=done[0].case_id if done else "", trajectories=done)
+
+
+def _progress_bar(total: int, *, enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="ep", dynamic_ncols=True, leave=False)
+
+
+# -- metrics -----------------------------------------------------------------------------------
+def _check_nck(n: int, c: int, k: int) -> None:
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c successes: ``1 - C(n-c, k) / C(n, k)``.
+
+    The chance that at least one of k samples drawn without replacement succeeds (Chen et al.,
+    2021, "Evaluating Large Language Models Trained on Code").
+
+    Raises:
+        ValueError: unless ``0 <= c <= n`` and ``1 <= k <= n``.
+    """
+    _check_nck(n, c, k)
+    total = math.comb(n, k)
+    # One division of exact integers: correctly rounded (1 - a/b would lose the last bit).
+    return (total - math.comb(n - c, k)) / total
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """tau-bench's pass^k from n samples with c successes: ``C(c, k) / C(n, k)``.
+
+    The chance that all of k samples drawn without replacement succeed: reliability, where
+    pass@k measures capability.
+
+    Raises:
+        ValueError: unless ``0 <= c <= n`` and ``1 <= k <= n``.
+    """
+    _check_nck(n, c, k)
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def max_reward(twin: Any) -> float:
+    """The most an episode of ``twin`` can score: the reward's upper bound, else 1.0.
+
+    Reads ``reward.bounds`` (``rewards.Reward``: term bounds within the clip), then
+    ``reward.clip``, then a ``max_reward`` attribute of the reward or the twin.
+    """
+    reward = inspect.getattr_static(twin, "reward", None)
+    for attr in ("bounds", "clip"):
+        pair = getattr(reward, attr, None)
+        if isinstance(pair, (tuple, list)) and len(pair) == 2 and _is_number(pair[1]):
+            return float(pair[1])
+    for owner in (reward, twin):
+        value = getattr(owner, "max_reward", None)
+        if _is_number(value):
+            return float(value)
+    return 1.0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def success_fn(twin: Any, threshold: float | None = None) -> Callable[[Trajectory], bool]:
+    """How ``twin`` decides success: its ``success(trajectory)`` if defined, else a threshold.
+
+    Args:
+        twin: The twin.
+        threshold: Success when ``reward >= threshold``; default ``max_reward(twin) - 1e-6``.
+    """
+    own = getattr(twin, "success", None)
+    if callable(own) and threshold is None:
+        return lambda t: t.reward is not None and bool(own(t))
+    limit = max_reward(twin) - 1e-6 if threshold is None else threshold
+    return lambda t: t.reward is not None and t.reward >= limit
+
+
+def summarize(
+    groups: Iterable[Group],
+    *,
+    success: Callable[[Trajectory], bool] | None = None,
+    success_threshold: float | None = None,
+) -> dict[str, Any]:
+    """Figures for a set of groups.
+
+    Episodes whose policy raised (``info["error"]``) are counted under ``errors`` and left out
+    of every other figure.
+
+    Args:
+        groups: Groups from :func:`run_episodes`.
+        success: Decides a successful episode (see :func:`success_fn`); default
+            ``reward >= success_threshold``.
+        success_threshold: Used when ``success`` is None; default ``1.0 - 1e-6``.
+
+    Returns:
+        ``episodes``, ``errors``, ``groups``, ``group_size`` (smallest group), ``reward_mean``,
+        ``reward_std`` (population), ``success_rate``, ``components`` (mean of each),
+        ``pass@k`` and ``pass^k`` (``{"1": .., ..., str(group_size): ..}``, averaged over groups),
+        ``mean_turns``, ``invalid_calls`` (mean per episode), ``invalid_calls_total``,
+        ``terminated_rate``, ``truncated_rate``, ``by_kind`` (``{kind: {episodes, reward_mean,
+        success_rate}}``) and ``timings`` (mean seconds per episode of policy, env, total).
+    """
+    if success is None:
+        limit = 1.0 - 1e-6 if success_threshold is None else success_threshold
+        success = lambda t: t.reward is not None and t.reward >= limit  # noqa: E731
+    groups = list(groups)
+    all_trajs = [t for g in groups for t in g.trajectories]
+    trajs = [t for t in all_trajs if "error" not in t.info]
+    rewards = [t.reward if t.reward is not None else 0.0 for t in trajs]
+    ok = [bool(success(t)) for t in trajs]
+    oks = {id(t): o for t, o in zip(trajs, ok, strict=True)}
+    sizes = [sum(1 for t in g.trajectories if "error" not in t.info) for g in groups]
+    sizes = [n for n in sizes if n > 0]
+    kmax = min(sizes) if sizes else 0
+
+    comp_values: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        for name, value in t.components.items():
+            comp_values[name].append(float(value))
+
+    pass_at: dict[str, float] = {}
+    pass_hat: dict[str, float] = {}
+    counts = []
+    for g in groups:
+        valid = [t for t in g.trajectories if "error" not in t.info]
+        if valid:
+            counts.append((len(valid), sum(oks[id(t)] for t in valid)))
+    for k in range(1, kmax + 1):
+        pass_at[str(k)] = _mean([pass_at_k(n, c, k) for n, c in counts])
+        pass_hat[str(k)] = _mean([pass_hat_k(n, c, k) for n, c in counts])
+
+    by_kind: dict[str, dict[str, Any]] = {}
+    kinds: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajs):
+        kinds[t.case_kind].append(i)
+    for kind in sorted(kinds):
+        idx = kinds[kind]
+        by_kind[kind] = {
+            "episodes": len(idx),
+            "reward_mean": _mean([rewards[i] for i in idx]),
+            "success_rate": _mean([float(ok[i]) for i in idx]),
+        }
+
+    n = len(trajs)
+    return {
+        "episodes": n,
+        "errors": len(all_trajs) - n,
+        "groups": len(groups),
+        "group_size": kmax,
+        "reward_mean": _mean(rewards),
+        "reward_std": statistics.pstdev(rewards) if n > 1 else 0.0,
+        "success_rate": _mean([float(o) for o in ok]),
+        "components": {name: _mean(v) for name, v in sorted(comp_values.items())},
+        "pass@k": pass_at,
+        "pass^k": pass_hat,
+        "mean_turns": _mean([float(t.num_turns) for t in trajs]),
+        "invalid_calls": _mean([float(t.invalid_calls) for t in trajs]),
+        "invalid_calls_total": sum(t.invalid_calls for t in trajs),
+        "terminated_rate": _mean([float(t.terminated) for t in trajs]),
+        "truncated_rate": _mean([float(t.truncated) for t in trajs]),
+        "by_kind": by_kind,
+        "timings": {
+            key: _mean([float(t.timings.get(key, 0.0)) for t in trajs])
+            for key in ("policy", "env", "total")
+        },
+    }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else 0.0
