@@ -66,7 +66,7 @@ def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
 
     Args:
         rewards: Rewards, one row per group.  # [N, G]
-        eps: Added to the std so that constant groups give 0, not NaN.
+        eps: Added to the std (keeps nearly constant groups finite; constant ones give 0).
 
     Returns:
         Advantages.  # [N, G]
@@ -128,7 +128,7 @@ def _as_groups(rewards: Tensor) -> Tensor:
 
 def _zero_constant_groups(adv: Tensor, r: Tensor) -> Tensor:
     constant = (r == r[:, :1]).all(dim=-1, keepdim=True)  # [N, 1]
-    return torch.where(constant, torch.zeros((), dtype=adv.dtype), adv).float()
+    return torch.where(constant, adv.new_zeros(()), adv).float()
 
 
 # ==================================================================== group filters and shaping
@@ -328,7 +328,7 @@ def token_mean(
     Returns:
         Scalar.
     """
-    denom = mask.sum() if num_tokens is None else torch.as_tensor(float(num_tokens))
+    denom = mask.sum() if num_tokens is None else values.new_tensor(float(num_tokens))
     return _masked(values, mask).sum() / denom.to(values.dtype).clamp(min=1.0)
 
 
@@ -391,7 +391,7 @@ def constant_normalizer(
 def _masked(values: Tensor, mask: Tensor) -> Tensor:
     # where, not multiply: a non-finite value at a padded position must not turn the sum NaN
     # (the values there must still be finite for backward, as for any torch.where)
-    return torch.where(mask > 0, values, torch.zeros((), dtype=values.dtype))
+    return torch.where(mask > 0, values, values.new_zeros(()))
 
 
 #: Config name -> aggregation (``algorithm.loss_aggregation``).
@@ -560,9 +560,9 @@ def policy_loss(
             clip_frac_low=mean(surr.clipped_low),
             clip_frac_high=mean(surr.clipped_high),
             ratio_mean=mean(surr.ratio.detach()),
-            ratio_max=surr.ratio.detach()[on].max() if on.any() else torch.ones(()),
+            ratio_max=surr.ratio.detach()[on].max() if on.any() else mask_f.new_ones(()),
             tis_mean=mean(w),
-            tis_capped_frac=mean(w >= tis_cap) if tis_cap is not None else torch.zeros(()),
+            tis_capped_frac=mean(w >= tis_cap) if tis_cap is not None else mask_f.new_zeros(()),
             num_tokens=mask_f.sum(),
         )
     return loss, stats

@@ -170,6 +170,7 @@ class Learner:
             self.params, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
         )
         self.version = 0  # optimizer steps taken (the policy version)
+        self._split: tuple[Any, Any] | tuple[()] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -218,17 +219,51 @@ class Learner:
             "advantages": adv.to(dev),  # [B]
         }
 
-    def _forward(self, mb: dict[str, torch.Tensor], *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Token logprobs of ``logits / T`` (and the entropy when asked).  # [B, T-1]"""
-        out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
-        logits = out.logits[:, :-1].float() / self.temperature  # [B, T-1, V]
-        targets = mb["input_ids"][:, 1:]
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    def _parts(self) -> tuple[Any, Any] | None:
+        """``(decoder, lm_head)`` when logits can be computed on selected positions only."""
+        if self._split is None:
+            base = self.model.get_base_model() if self.is_peft else self.model
+            cfg = getattr(base, "config", None)
+            special = any(getattr(cfg, k, None) for k in ("final_logit_softcapping", "logit_scale"))
+            try:
+                decoder, head = base.get_decoder(), base.get_output_embeddings()
+            except (AttributeError, NotImplementedError):
+                decoder = head = None
+            ok = decoder is not None and isinstance(head, torch.nn.Linear) and not special
+            self._split = (decoder, head) if ok else ()
+        return self._split or None
+
+    def _forward(
+        self, mb: dict[str, torch.Tensor], *, entropy: bool = False, every_position: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprobs of ``logits / T`` for each next token, 0 where not computed.  # [B, T-1]
+
+        Only positions with loss (``mb["mask"]``) go through the output layer unless
+        ``every_position``: on a multi-turn episode most tokens are prompt and tool results,
+        and the vocabulary projection is the largest matmul of a small model.
+        """
+        targets = mb["input_ids"][:, 1:]  # [B, T-1]
+        select = torch.ones_like(mb["mask"], dtype=torch.bool) if every_position else mb["mask"] > 0
+        parts = self._parts()
+        if parts is None:
+            out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
+            logits = out.logits[:, :-1][select]  # [M, V]
+        else:
+            decoder, head = parts
+            hidden = decoder(
+                input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False
+            ).last_hidden_state  # [B, T, H]
+            logits = head(hidden[:, :-1][select])  # [M, V]
+        logits = logits.float() / self.temperature
+        logp_sel = algo.token_logprobs(logits, targets[select])  # [M]
+        logp = torch.zeros(select.shape, dtype=logp_sel.dtype, device=logp_sel.device)
+        logp = logp.masked_scatter(select, logp_sel)
         ent = None
         if entropy:
             with torch.no_grad():
-                ent = -(logp_all.exp() * logp_all).sum(-1)
+                ent_sel = algo.entropy_from_logits(logits)
+                ent = torch.zeros(select.shape, dtype=ent_sel.dtype, device=ent_sel.device)
+                ent = ent.masked_scatter(select, ent_sel)
         return logp, ent
 
     @torch.no_grad()
@@ -243,14 +278,16 @@ class Learner:
             One list per sequence, aligned with ``input_ids`` (the first entry is 0.0).
         """
         out: list[list[float]] = [[] for _ in range(len(batch))]
-        for rows, logp in self._no_grad_logprobs(batch, list(range(len(batch))), reference=reference):
+        for rows, logp in self._no_grad_logprobs(
+            batch, list(range(len(batch))), reference=reference, every_position=True
+        ):
             for r, i in enumerate(rows):
                 length = len(batch.input_ids[i])
                 out[i] = [0.0] + logp[r, : length - 1].tolist()
         return out
 
     def _no_grad_logprobs(
-        self, batch: TrainBatch, rows: list[int], *, reference: bool
+        self, batch: TrainBatch, rows: list[int], *, reference: bool, every_position: bool = False
     ) -> Iterator[tuple[list[int], torch.Tensor]]:
         ctx = self.model.disable_adapter() if reference and self.is_peft else contextlib.nullcontext()
         was_training = self.model.training
@@ -258,7 +295,7 @@ class Learner:
         try:
             with torch.no_grad(), ctx:
                 for mrows in self._micro_batches(rows, batch):
-                    logp, _ = self._forward(self._pad(mrows, batch))
+                    logp, _ = self._forward(self._pad(mrows, batch), every_position=every_position)
                     yield mrows, logp
         finally:
             self.model.train(was_training)

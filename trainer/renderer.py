@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +160,8 @@ class Renderer:
         tokenizer: A transformers tokenizer with a chat template.
         tools: The twin's OpenAI function schemas (may be empty).
         stop_ids: Ids that end an assistant turn (default: the tokenizer's eos id).
+        template_kwargs: Extra variables for the chat template on every render, e.g.
+            ``{"enable_thinking": False}`` for Qwen3.
 
     Attributes:
         stats: Counters: ``turns``, ``prefix_breaks``, ``unterminated``, ``unparsed_turns``.
@@ -174,6 +176,7 @@ class Renderer:
         tools: Sequence[dict[str, Any]] | None = None,
         *,
         stop_ids: Sequence[int] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ConfigError(
@@ -181,6 +184,7 @@ class Renderer:
                 "load a chat/instruct model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self.tools: list[dict[str, Any]] = list(tools or [])
         if stop_ids is None:
             if tokenizer.eos_token_id is None:
@@ -189,6 +193,8 @@ class Renderer:
                 )
             stop_ids = [tokenizer.eos_token_id]
         self.stop_ids: frozenset[int] = frozenset(int(i) for i in stop_ids)
+        if not self.stop_ids:
+            raise ConfigError("Renderer: stop_ids is empty; pass the end-of-turn id(s)")
         # the token that closes a cut-off turn, and whose text marks a turn's end in the template
         end_id = tokenizer.eos_token_id if tokenizer.eos_token_id in self.stop_ids else min(
             self.stop_ids
@@ -215,7 +221,7 @@ class Renderer:
             The rendered text (not tokenized).
         """
         msgs = [dict(m) for m in messages]
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(self.template_kwargs)
         if self.tools and self.tools_in_template:
             kwargs["tools"] = self.tools
         elif not self.tools_in_template:

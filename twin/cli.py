@@ -455,6 +455,12 @@ def eval_(
             )
         try:
             groups = asyncio.run(go())
+        except KeyboardInterrupt:
+            if run_store is not None:
+                run_store.finish_run(run_id, None, status="failed")
+                kept = run_store.count_episodes(run_id)
+                err_console.print(f"[yellow]interrupted: run {run_id} keeps {kept} episodes[/]")
+            raise typer.Exit(130) from None
         except BaseException:
             if run_store is not None:
                 run_store.finish_run(run_id, None, status="failed")

@@ -34,6 +34,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import operator
 import time
 from typing import Any
 
@@ -155,6 +156,8 @@ class TwinEnv(gym.Env[list, Any]):
             index = options.get("index")
         if index is None:
             index = int(self.np_random.integers(twin.num_cases(split)))
+        elif not isinstance(index, (int, bool)) and hasattr(index, "__index__"):
+            index = operator.index(index)  # numpy integers from vector envs and samplers
         case = twin.case(split, index)
         prompt = twin.prompt(case)
         self._case = case

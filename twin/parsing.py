@@ -148,18 +148,18 @@ def _parse_tagged(text: str, turn: int, first: int) -> ParsedTurn:
         pieces.append(text[pos:start])
         body = text[start + 11 : end].strip()  # 11 == len("<tool_call>")
         pos = end + 12  # 12 == len("</tool_call>")
-        where = f"tool call #{k + 1}"
+        call_id = f"call_{turn}_{first + k}"
         if _OPEN in body:
             call = ParsedCall(
-                _call_id(turn, first + k),
+                call_id,
                 "",
                 None,
                 body,
-                f"{where}: <tool_call> opened twice before </tool_call>; close each call before "
-                f"the next: {CALL_FORMAT}",
+                f"tool call #{k + 1}: <tool_call> opened twice before </tool_call>; close each "
+                f"call before the next: {CALL_FORMAT}",
             )
         else:
-            call = _call_from_json(body, _call_id(turn, first + k), where)
+            call = _call_from_json(body, call_id, k)
         calls.append(call)
         k += 1
     if pos == 0 and not calls and not errors:
@@ -175,14 +175,16 @@ def _parse_tagged(text: str, turn: int, first: int) -> ParsedTurn:
     return ParsedTurn(content.strip(), calls, errors)
 
 
-def _call_from_json(body: str, call_id: str, where: str) -> ParsedCall:
+def _call_from_json(body: str, call_id: str, where: str | int) -> ParsedCall:
     if not body:
+        where = _label(where)
         return ParsedCall(call_id, "", None, body, f"{where} is empty; expected {CALL_FORMAT}")
     try:
         obj = _loads(body)
     except (ValueError, RecursionError) as exc:
-        return ParsedCall(call_id, "", None, body, f"{where} {_json_error(exc)}")
+        return ParsedCall(call_id, "", None, body, f"{_label(where)} {_json_error(exc)}")
     if not isinstance(obj, dict):
+        where = _label(where)
         return ParsedCall(
             call_id,
             "",
@@ -198,9 +200,14 @@ def _call_from_json(body: str, call_id: str, where: str) -> ParsedCall:
 
 
 def _call_from_fields(
-    obj: dict[str, Any], call_id: str, raw: str, where: str, from_message: bool = False
+    obj: dict[str, Any], call_id: str, raw: str, where: str | int, from_message: bool = False
 ) -> ParsedCall:
     name = obj.get("name")
+    if type(name) is str and name.strip():
+        args = obj.get("arguments", _MISSING)
+        if type(args) is dict and not from_message:  # the common case: nothing to check
+            return ParsedCall(call_id, name, args, raw)
+    where = _label(where)
     if name is None:
         return ParsedCall(call_id, "", None, raw, f'{where}: missing "name"; expected {CALL_FORMAT}')
     if not isinstance(name, str):
@@ -301,6 +308,14 @@ def _parse_message(msg: dict[str, Any], turn: int) -> ParsedTurn:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+_MISSING = object()
+
+
+def _label(where: str | int) -> str:
+    """``"tool call #k"`` for the k-th tagged call (0-based int), else the label as given."""
+    return f"tool call #{where + 1}" if isinstance(where, int) else where
+
+
 def _call_id(turn: int, k: int) -> str:
     return f"call_{turn}_{k}"
 

@@ -251,17 +251,32 @@ class RandomPolicy:
         return f"RandomPolicy(seed={self.seed}, junk_rate={self.junk_rate})"
 
 
-def _candidate_words(messages: Sequence[Message]) -> list[str]:
-    """Strings seen in the chat (prompt words, tool-result values), in order, deduplicated."""
-    seen: dict[str, None] = {}
+class _Words:
+    """Strings an argument may take: values from tool results (ids, names) and prompt words."""
+
+    def __init__(self, values: list[str], words: _Words) -> None:
+        self.values = values
+        self.words = words or values or ["x"]
+
+    def pick(self, rng: random.Random) -> str:
+        # Half the time a value a tool returned: ids found by search are the plausible ones.
+        if self.values and rng.random() < 0.5:
+            return rng.choice(self.values)
+        return rng.choice(self.words)
+
+
+def _candidate_words(messages: Sequence[Message]) -> _Words:
+    """Strings seen in the chat: tool-result values; prompt words and keys. In order, unique."""
+    values: dict[str, None] = {}
+    words: dict[str, None] = {}
 
     def add_json(value: Any) -> None:
         if isinstance(value, str):
             if 0 < len(value) <= 60:
-                seen.setdefault(value, None)
+                values.setdefault(value, None)
         elif isinstance(value, dict):
             for k, v in value.items():
-                add_json(k)
+                words.setdefault(str(k), None)
                 add_json(v)
         elif isinstance(value, list):
             for v in value:
@@ -279,14 +294,14 @@ def _candidate_words(messages: Sequence[Message]) -> list[str]:
                 pass
         if m.get("role") in ("user", "tool"):
             for w in _WORD.findall(content):
-                seen.setdefault(w.rstrip(".,"), None)
-        if len(seen) > 400:
+                words.setdefault(w.rstrip(".,"), None)
+        if len(values) + len(words) > 400:
             break
-    return list(seen) or ["x"]
+    return _Words(list(values), list(words))
 
 
 def _sample_value(
-    rng: random.Random, schema: dict[str, Any], defs: dict[str, Any], words: list[str], depth: int
+    rng: random.Random, schema: dict[str, Any], defs: dict[str, Any], words: _Words, depth: int
 ) -> Any:
     if "$ref" in schema:
         target = defs.get(schema["$ref"].rsplit("/", 1)[-1], {})
@@ -303,7 +318,7 @@ def _sample_value(
     if isinstance(kind, list):
         kind = rng.choice([k for k in kind if k != "null"] or kind)
     if kind == "string":
-        return rng.choice(words)
+        return words.pick(rng)
     if kind == "integer":
         low = int(schema.get("minimum", schema.get("exclusiveMinimum", -1) + 1))
         high = int(schema.get("maximum", schema.get("exclusiveMaximum", low + 11) - 1))
@@ -325,11 +340,11 @@ def _sample_value(
         ]
     if kind == "object":
         return _sample_object(rng, schema, defs, words, depth + 1)
-    return rng.choice(words)
+    return words.pick(rng)
 
 
 def _sample_object(
-    rng: random.Random, schema: dict[str, Any], defs: dict[str, Any], words: list[str], depth: int
+    rng: random.Random, schema: dict[str, Any], defs: dict[str, Any], words: _Words, depth: int
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if depth > 4:
@@ -341,17 +356,17 @@ def _sample_object(
     extra = schema.get("additionalProperties")
     if isinstance(extra, dict) and not schema.get("properties"):
         for _ in range(rng.randint(0, 3)):
-            out[rng.choice(words)] = _sample_value(rng, extra, defs, words, depth)
+            out[words.pick(rng)] = _sample_value(rng, extra, defs, words, depth)
     return out
 
 
 def _junk(
-    rng: random.Random, tools: Sequence[dict[str, Any]], words: list[str], call_id: str
+    rng: random.Random, tools: Sequence[dict[str, Any]], words: _Words, call_id: str
 ) -> Message:
     name = rng.choice(list(tools))["function"]["name"]
     kind = rng.randrange(4)
     if kind == 0:
-        return {"role": "assistant", "content": f"I think the answer is {rng.choice(words)}."}
+        return {"role": "assistant", "content": f"I think the answer is {words.pick(rng)}."}
     if kind == 1:
         return {
             "role": "assistant",
@@ -449,7 +464,7 @@ class OpenAIChatPolicy:
         """The JSON body sent for one turn."""
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": [{k: m[k] for k in _MESSAGE_KEYS if k in m} for m in messages],
+            "messages": _wire_messages(messages),
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
@@ -526,6 +541,30 @@ class OpenAIChatPolicy:
 
     def __repr__(self) -> str:
         return f"OpenAIChatPolicy(base_url={self.base_url!r}, model={self.model!r})"
+
+
+def _wire_messages(messages: Sequence[Message]) -> list[Message]:
+    """The chat as OpenAI's API accepts it.
+
+    Only the standard keys are sent. A ``tool`` message must answer a ``tool_calls`` entry of the
+    assistant message before it; when the assistant wrote its calls as text (Hermes
+    ``<tool_call>`` in ``content``) there is none, so such results go back as user messages.
+    """
+    out: list[Message] = []
+    call_ids: set[Any] = set()
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant":
+            call_ids = {c.get("id") for c in m.get("tool_calls") or [] if isinstance(c, dict)}
+        elif role == "tool":
+            if m.get("tool_call_id") in call_ids:
+                out.append({k: m[k] for k in ("role", "tool_call_id", "content") if k in m})
+            else:
+                name = m.get("name") or "tool"
+                out.append({"role": "user", "content": f"[{name} result] {m.get('content')}"})
+            continue
+        out.append({k: m[k] for k in _MESSAGE_KEYS if k in m})
+    return out
 
 
 def _excerpt(text: str, limit: int = 500) -> str:

@@ -163,9 +163,11 @@ async def _run_one(
     actor = policy
     info: dict[str, Any] = {}
     error: str | None = None
+    was_reset = False
     try:
         t0 = time.perf_counter()
         _, info = env.reset(options={"split": split, "index": index})
+        was_reset = True
         env_s += time.perf_counter() - t0
         tools = info["tools"]
         actor = policy_for_episode(policy, f"{info['case_id']}#{k}")
@@ -187,7 +189,8 @@ async def _run_one(
         error = f"{type(exc).__name__}: {exc}"
     traj: Trajectory | None = info.get("trajectory") if error is None else None
     if traj is None:
-        traj = _partial_trajectory(env, split, index)
+        # A pooled env still holds its previous episode until a reset succeeds.
+        traj = _partial_trajectory(env if was_reset else None, _twin_name(env), split, index)
         traj.reward = None
     if error is not None:
         traj.info["error"] = error
@@ -196,16 +199,15 @@ async def _run_one(
     return traj
 
 
-def _partial_trajectory(env: Any, split: str, index: int) -> Trajectory:
-    try:
-        traj = env.trajectory
-        if isinstance(traj, Trajectory):
-            return traj.model_copy(deep=True)
-    except Exception:  # the env may not have reset
-        pass
-    return Trajectory(
-        twin=env.twin.name, case_id=f"{env.twin.name}/{split}/{index}", split=split, index=index
-    )
+def _twin_name(env: Any) -> str:
+    return str(getattr(env.twin, "name", "?"))
+
+
+def _partial_trajectory(env: Any, name: str, split: str, index: int) -> Trajectory:
+    traj = getattr(env, "trajectory", None) if env is not None else None
+    if isinstance(traj, Trajectory):
+        return traj.model_copy(deep=True)
+    return Trajectory(twin=name, case_id=f"{name}/{split}/{index}", split=split, index=index)
 
 
 def _group(trajs: Sequence[Trajectory | None]) -> Group:

@@ -17,10 +17,10 @@ from rich.console import Console
 
 from envs.catalog.listings import KINDS
 
-__all__ = ["DEFAULT_PER_KIND", "main", "select_cases"]
+__all__ = ["DEFAULT_EPISODES", "main", "select_cases"]
 
-#: Test cases per case kind in the default demo (14 kinds: 112 cases, x group size episodes).
-DEFAULT_PER_KIND = 8
+#: Cases in the default demo: None runs the whole split (200 test cases x group size).
+DEFAULT_EPISODES: int | None = None
 
 
 def select_cases(twin: Any, split: str, episodes: int | None) -> list[tuple[str, int]]:
@@ -29,15 +29,15 @@ def select_cases(twin: Any, split: str, episodes: int | None) -> list[tuple[str,
     Args:
         twin: The catalog twin.
         split: Split to draw from.
-        episodes: Number of cases; None for :data:`DEFAULT_PER_KIND` per kind. Cases are taken
-            round-robin over the kinds, in index order within each kind.
+        episodes: Number of cases; None for the whole split. Cases are taken round-robin over
+            the kinds, in index order within each kind.
     """
     total = twin.num_cases(split)
     by_kind: dict[str, list[int]] = {}
     for i in range(total):
         by_kind.setdefault(twin.kind_of(split, i), []).append(i)
     kinds = [k for k in KINDS if k in by_kind]
-    want = len(kinds) * DEFAULT_PER_KIND if episodes is None else max(1, int(episodes))
+    want = total if episodes is None else max(1, int(episodes))
     want = min(want, total)
     picked: list[int] = []
     depth = 0
@@ -50,7 +50,7 @@ def select_cases(twin: Any, split: str, episodes: int | None) -> list[tuple[str,
 
 
 def main(
-    episodes: int | None = None,
+    episodes: int | None = DEFAULT_EPISODES,
     group_size: int = 4,
     split: str = "test",
     taxonomy: str | None = None,
@@ -64,7 +64,7 @@ def main(
     """Run the demo; return 0 (the CLI's exit status).
 
     Args:
-        episodes: Test cases to run (each ``group_size`` times); None: 8 per case kind.
+        episodes: Test cases to run (each ``group_size`` times); None: the whole split.
         group_size: Episodes per case (k of pass@k and pass^k).
         split: Split to run on.
         taxonomy: A Shopify taxonomy checkout to use instead of the generated world.
@@ -81,6 +81,8 @@ def main(
     from envs.catalog.twin import CatalogTwin
 
     console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
+        console = Console(width=160)
     names = [p.strip() for p in policies.split(",")] if isinstance(policies, str) else list(policies)
     started = time.perf_counter()
     twin = CatalogTwin(seed=seed, taxonomy_path=taxonomy, progress=progress)

@@ -681,7 +681,10 @@ class _Gen:
         leaf = recall.category_id
         lo, hi = self.msrp(brand, leaf)
         d = self.draft(leaf, brand, self.honest_seller(brand), rng.uniform(lo, hi))
-        d.title_parts.insert(0, recall.product)
+        product = recall.product
+        if product.lower().startswith(brand.name.lower()):  # the notice names the brand too
+            product = product[len(brand.name):].strip()
+        d.title_parts.insert(0, product)
         d.desc.append(rng.choice(self.p["recall_phrases"]).format(model=recall.model_number,
                                                                  batch=recall.batch))
         if rng.random() < 0.5:

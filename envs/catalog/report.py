@@ -140,7 +140,8 @@ def print_tables(console: Console, policy: str, summary: dict[str, Any], metrics
     console.print(top)
 
     kinds = Table(title=f"{policy}: per case type (verdict: true -> submitted counts)")
-    for col, just in (("case type", "left"), ("n", "right"), ("reward", "right"), ("acc", "right"),
+    kinds.add_column("case type", no_wrap=True, min_width=max(map(len, KINDS)))
+    for col, just in (("n", "right"), ("reward", "right"), ("acc", "right"),
                       ("cat=", "right"), ("true", "left"), ("ok", "right"), ("counterfeit", "right"),
                       ("prohibited", "right"), ("none", "right")):
         kinds.add_column(col, justify=just)  # type: ignore[arg-type]
@@ -247,7 +248,7 @@ def _plots(folder: Path, results: dict[str, dict[str, Any]]) -> dict[str, str]:
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_ylabel("mean reward")
     ax.set_title("Reward by case type")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(folder / "by_kind.png", dpi=110)
     plt.close(fig)

@@ -16,8 +16,9 @@ right call earns more):
 | term        | weight | value                                                             |
 | ----------- | ------ | ----------------------------------------------------------------- |
 | closeness   | 0.3    | character similarity of the first turn to the ideal call, 0..1    |
-| tool_call   | 0.2    | 1 when the first turn holds a readable tool call                  |
-| submitted   | 0.2    | 1 when ``submit`` succeeded                                        |
+| prefix      | 0.2    | fraction of the ideal call the first turn starts with, 0..1       |
+| tool_call   | 0.1    | 1 when the first turn holds a readable tool call                  |
+| submitted   | 0.1    | 1 when ``submit`` succeeded                                        |
 | correct     | 0.3    | 1 when the submitted answer is the named word                      |
 
 **Episode end.** ``submit`` succeeds, or ``max_turns`` turns (default 1) pass.
@@ -64,6 +65,18 @@ def closeness(trajectory: Trajectory, case: Case) -> float:
 
 
 @term(low=0.0, high=1.0)
+def prefix(trajectory: Trajectory, case: Case) -> float:
+    """Fraction of the ideal submit call that the first assistant turn starts with (by character)."""
+    text, ideal = _first_turn(trajectory), ideal_call(case.truth["answer"])
+    n = 0
+    for a, b in zip(text, ideal):
+        if a != b:
+            break
+        n += 1
+    return n / len(ideal)
+
+
+@term(low=0.0, high=1.0)
 def tool_call(trajectory: Trajectory, case: Case) -> float:
     """1 when the first assistant turn holds a readable tool call (any name)."""
     return float(any(c.turn == 0 and c.name for c in trajectory.calls))
@@ -83,7 +96,7 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {closeness: 0.3, tool_call: 0.2, submitted: 0.2, correct: 0.3},
+    {closeness: 0.3, prefix: 0.2, tool_call: 0.1, submitted: 0.1, correct: 0.3},
     clip=(0.0, 1.0),
     name="toy",
 )

@@ -171,10 +171,10 @@ def _run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_pytest_plugin_collects_rollout_files(tmp_path):
     write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"), "good.rollouts.yaml")
     write(tmp_path, WRONG.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"), "wrong.rollouts.yaml")
-    done = _run_pytest(tmp_path, "good.rollouts.yaml")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 passed" in done.stdout
-    done = _run_pytest(tmp_path, "good.rollouts.yaml", "wrong.rollouts.yaml")
-    assert done.returncode == 1
+    # one subprocess (pytest start-up is the slow part): every case is an item, one fails
+    done = _run_pytest(tmp_path, "-rA", "good.rollouts.yaml", "wrong.rollouts.yaml")
+    assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed, 4 passed" in done.stdout
+    assert "PASSED good.rollouts.yaml::gold" in done.stdout
+    assert "FAILED wrong.rollouts.yaml::wrongly expects a false alarm to be free" in done.stdout
     assert "total: expected 1, got 0.885714" in done.stdout

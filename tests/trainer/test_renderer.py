@@ -210,6 +210,37 @@ def test_malformed_call_reaches_the_template_as_raw_text(tok) -> None:
     assert r.check_prefix().ok
 
 
+def test_given_message_and_no_tools(tok) -> None:
+    r = Renderer(tok, None)
+    ids = r.start(OPENING)
+    assert tok.decode(ids) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nFind the color.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    env_msg = {"role": "assistant", "content": "red"}
+    assert r.add_completion(enc(tok, "red") + [tok.eos_token_id], message=env_msg) is env_msg
+    assert r.messages[-1] is env_msg
+    obs = r.add_messages([{"role": "user", "content": "Use a tool."}])
+    assert tok.decode(obs) == "\n<|im_start|>user\nUse a tool.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_template_kwargs_reach_every_render(tiny_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    tok.chat_template = THINK_STRIPPING.replace(
+        "<|im_start|>assistant\n{% endif %}",
+        "<|im_start|>assistant\n{% if not thinking %}<think></think>{% endif %}{% endif %}",
+    )
+    r = Renderer(tok, TOOLS, template_kwargs={"thinking": False})
+    assert tok.decode(r.start(OPENING)).endswith("<|im_start|>assistant\n<think></think>")
+    r.add_completion(enc(tok, "red") + [tok.eos_token_id])
+    obs = r.add_messages([{"role": "user", "content": "ok"}])
+    assert tok.decode(obs).endswith("<|im_start|>assistant\n<think></think>")
+    r = Renderer(tok, TOOLS, template_kwargs={"thinking": True})
+    assert tok.decode(r.start(OPENING)).endswith("<|im_start|>assistant\n")
+
+
 def test_token_turns_rebuild_the_sequence(tok) -> None:
     r, prompt, c1, obs, c2 = two_turn_episode(tok)
     turns = r.token_turns()
@@ -312,7 +343,38 @@ def test_template_that_cannot_be_rendered_incrementally_is_an_error(tiny_dir: Pa
 
 
 # ------------------------------------------------------------------ SmolLM2 (GGUF) template
-def test_smollm2_template_without_tools_uses_the_preamble(smol_tok) -> None:
+#: The chat template inside SmolLM2-135M-Instruct.Q4_1.gguf (no tools support); the slow test
+#: checks that it is still what the GGUF holds.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_with_smol_template(tiny_dir: Path):
+    """The tiny tokenizer (same ChatML special tokens) with SmolLM2's chat template: fast."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
+    tok.chat_template = SMOLLM2_TEMPLATE
+    return tok
+
+
+def test_smollm2_template_on_the_tiny_tokenizer(tiny_with_smol_template) -> None:
+    check_smollm2_episode(tiny_with_smol_template)
+
+
+@pytest.mark.slow  # the GGUF tokenizer takes 7-20 s to load on 2 cores
+def test_smollm2_gguf_tokenizer(smol_tok) -> None:
+    assert smol_tok.chat_template == SMOLLM2_TEMPLATE
+    check_smollm2_episode(smol_tok)
+
+
+def check_smollm2_episode(smol_tok) -> None:
     r, prompt, c1, obs, c2 = two_turn_episode(smol_tok)
     assert not r.tools_in_template
     system = "Be brief." + tools_preamble(TOOLS)

@@ -119,6 +119,10 @@ def test_help_in_process_and_as_module():
         timeout=120,
     )
     assert proc.returncode == 0 and "eval" in proc.stdout
+    script = Path(sys.executable).with_name("twin")  # the console script of an install
+    if script.exists():
+        proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "eval" in proc.stdout
 
 
 def test_list_shows_registered_twins_and_tools(cli_twin):

@@ -243,6 +243,14 @@ def test_tool_bugs_are_logged(env, caplog):
     assert "tool boom raised RuntimeError" in caplog.text
 
 
+def test_reset_accepts_numpy_indices():
+    import numpy as np
+
+    e = TwinEnv(ToyTwin())
+    assert e.reset(options={"index": np.int64(3)})[1]["index"] == 3
+    assert type(e.trajectory.index) is int
+
+
 def test_reset_draws_an_index_from_the_seed():
     e = TwinEnv(ToyTwin())
     a = e.reset(seed=5)[1]["index"]

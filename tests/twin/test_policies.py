@@ -330,7 +330,10 @@ def test_openai_request_and_response():
         extra_body={"top_p": 0.9},
     )
     chat = PROMPT + [
-        {"role": "tool", "tool_call_id": "c", "name": "lookup", "content": "{}", "extra": 1}
+        CALL,
+        {"role": "tool", "tool_call_id": "call_9", "name": "lookup", "content": "{}", "extra": 1},
+        {"role": "assistant", "content": '<tool_call>{"name": "lookup"}</tool_call>'},
+        {"role": "tool", "tool_call_id": "call_1_0", "name": "lookup", "content": "{}"},
     ]
     msg = asyncio.run(policy.act(chat, SCHEMAS))
     assert msg == CALL
@@ -345,12 +348,13 @@ def test_openai_request_and_response():
         and body["top_p"] == 0.9
     )
     assert body["tools"] == SCHEMAS
-    assert body["messages"][-1] == {
-        "role": "tool",
-        "tool_call_id": "c",
-        "name": "lookup",
-        "content": "{}",
-    }
+    # standard keys only; a tool result with no matching tool_calls id goes back as user text
+    assert body["messages"][2:] == [
+        CALL,
+        {"role": "tool", "tool_call_id": "call_9", "content": "{}"},
+        {"role": "assistant", "content": '<tool_call>{"name": "lookup"}</tool_call>'},
+        {"role": "user", "content": "[lookup result] {}"},
+    ]
     assert policy.usage == {
         "requests": 1,
         "prompt_tokens": 10,

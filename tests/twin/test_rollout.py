@@ -464,3 +464,24 @@ def test_summarize_pass_k_up_to_group_size_and_threshold():
     lenient = summarize(groups, success_threshold=0.5)
     assert lenient["pass^k"]["4"] == pytest.approx(1 / 3)
     assert summarize([])["episodes"] == 0
+
+
+def test_a_failing_reset_is_recorded_for_its_own_case():
+    class BadPrompt(KeyTwin):
+        def prompt(self, case):
+            if case.index == 1:
+                raise KeyError("template field missing")
+            return super().prompt(case)
+
+    # concurrency=1: one env is reused, so a stale trajectory would show up here
+    groups = run_episodes(
+        BadPrompt(),
+        SolverPolicy(),
+        [("test", 0), ("test", 1), ("test", 2)],
+        concurrency=1,
+        progress=False,
+    )
+    bad = groups[1].trajectories[0]
+    assert bad.case_id == "KeyTest/test/1" and bad.messages == [] and bad.reward is None
+    assert bad.info["error"] == "KeyError: 'template field missing'"
+    assert groups[0].trajectories[0].reward == 1.0 and groups[2].trajectories[0].reward == 1.0

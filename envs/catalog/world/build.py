@@ -44,7 +44,7 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 def _source_fingerprint(taxonomy_path: Path | None) -> str:
     """What the world is made from: our vocabularies, or the loaded files' names, sizes and mtimes."""
     if taxonomy_path is None:
-        return "generated:" + vocab_digest()
+        return "generated"
     from envs.catalog.world.shopify import shopify_files  # local: the loader is optional
 
     h = hashlib.sha256()
@@ -54,13 +54,20 @@ def _source_fingerprint(taxonomy_path: Path | None) -> str:
     return f"shopify:{taxonomy_path}:{h.hexdigest()}"
 
 
-def world_key(seed: int, taxonomy_path: Path | None, config: dict[str, Any] | None = None) -> str:
-    """The cache key: world version, seed, source (with a content fingerprint) and config."""
-    from envs.catalog.world.vocab import vocab_digest as _vd  # registry vocab shapes both worlds
+def _code_digest() -> str:
+    """SHA-256 of this package's source: a changed generator never serves a stale cache."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
+
+def world_key(seed: int, taxonomy_path: Path | None, config: dict[str, Any] | None = None) -> str:
+    """The cache key: world version, code, vocabularies, seed, source and config."""
     payload = json.dumps(
-        {"version": WORLD_VERSION, "seed": seed, "source": _source_fingerprint(taxonomy_path),
-         "registry": _vd(), "config": config or {}},
+        {"version": WORLD_VERSION, "code": _code_digest(), "vocab": vocab_digest(), "seed": seed,
+         "source": _source_fingerprint(taxonomy_path), "config": config or {}},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]

@@ -36,11 +36,12 @@ _FACET_LABEL = {
 class GeneratorConfig(dict):
     """Knobs of the generated world (defaults give ~13,000 categories).
 
-    Keys: ``scale`` (multiplies every split probability; 1.0 by default).
+    Keys: ``scale`` (multiplies every split probability; 1.0 by default); ``verticals`` (a
+    list of vertical codes to keep, e.g. ``["aa", "el"]`` for a small test world; all by default).
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__({"scale": 1.0})
+        super().__init__({"scale": 1.0, "verticals": None})
         self.update(kwargs)
 
 
@@ -65,7 +66,10 @@ def generate_taxonomy(
 
     roots: list[Node] = []
     bands: dict[str, tuple[float, float]] = {}
+    keep = cfg["verticals"]
     for vert in vocab["taxonomy"]["verticals"]:
+        if keep is not None and vert["code"] not in keep:
+            continue
         rng = _rng(seed, "taxonomy", vert["code"])
         name, syns = split_name(vert["name"])
         root = Node(id=vert["code"], name=name, parent=None, synonyms=list(syns))
@@ -143,7 +147,10 @@ def _expand(
     if len(values) < 2:
         return
     k = rng.randint(lo, min(hi, len(values)))
-    picked = sorted(rng.sample(range(len(values)), k))
+    # vocabularies list facet values most common first ("Women's" before "Maternity"): draw
+    # without replacement with weights falling along the list (Efraimidis-Spirakis keys)
+    keys = sorted(range(len(values)), key=lambda i: -(rng.random() ** (1.0 + 0.6 * i)))
+    picked = sorted(keys[:k])
     if rng.random() < 0.5:
         # the parent whose children differ by this facet knows the attribute
         node.links.setdefault(facet_attr[group], False)

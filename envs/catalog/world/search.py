@@ -21,14 +21,19 @@ __all__ = ["TaxonomyIndex", "build_index", "query_words"]
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _FIELDS = ["name", "synonyms", "full_name"]
 # a hit on the node's own name matters most, then a synonym, then an ancestor's name
-_BOOSTS = {"name": 3.0, "synonyms": 2.0, "full_name": 1.0}
+_BOOSTS = {"name": 3.0, "synonyms": 3.0, "full_name": 1.0}
+# words that carry no meaning in a category search (and would match every "X and Y" name)
+_STOP = frozenset("a an and or not the for of with in on to by from at as is it its".split())
+_MAX_WORD = 40
 _MAX_WORDS = 32
 MAX_LIMIT = 100
 
 
 def query_words(query: str) -> list[str]:
     """The lower-cased words of ``query`` that the index is asked for (at most 32)."""
-    return _WORD.findall(str(query).lower())[:_MAX_WORDS]
+    words = [w[:_MAX_WORD] for w in _WORD.findall(str(query).lower())]
+    kept = [w for w in words if w not in _STOP]
+    return (kept or words)[:_MAX_WORDS]
 
 
 def _schema() -> tantivy.Schema:
@@ -97,11 +102,14 @@ class TaxonomyIndex:
         # fetch a few extra so that an exact name match just below the cut can move up
         hits = self._searcher.search(parsed, limit + 5).hits
         if not hits:
-            fuzzy = self._index.parse_query(
-                text, _FIELDS, field_boosts=_BOOSTS,
-                fuzzy_fields={"name": (True, 1, True), "synonyms": (True, 1, True)},
-            )
-            hits = self._searcher.search(fuzzy, limit).hits
+            # nothing matched exactly: forgive one typo in the longer words ("headphnes")
+            long_words = [w for w in words if len(w) >= 5]
+            if long_words:
+                fuzzy = self._index.parse_query(
+                    " ".join(long_words), ["name", "synonyms"], field_boosts=_BOOSTS,
+                    fuzzy_fields={"name": (False, 1, True), "synonyms": (False, 1, True)},
+                )
+                hits = self._searcher.search(fuzzy, limit).hits
         wanted = " ".join(str(query).lower().split())
         out = []
         for score, address in hits:

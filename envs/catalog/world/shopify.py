@@ -76,15 +76,16 @@ def _attributes(data: Path) -> tuple[dict[str, Attribute], dict[str, str]]:
     spec = _load(data / "attributes.yml")
     base = spec.get("base_attributes", [])
     extended = spec.get("extended_attributes", [])
-    handles: dict[str, str] = {}
-    taken: set[str] = set()
-    for entry in [*base, *extended]:
-        fid = entry["friendly_id"]
-        handle = slug(fid) or fid
-        if handle in taken:
-            handle = fid
-        taken.add(handle)
-        handles[fid] = handle
+    # our handles are [a-z0-9_] slugs of the friendly ids; ids that are already slugs keep
+    # theirs, and a slug that would collide ("door/frame_application") keeps its friendly id
+    fids = [e["friendly_id"] for e in [*base, *extended]]
+    taken = {f for f in fids if slug(f) == f}
+    handles: dict[str, str] = {f: f for f in taken}
+    for fid in fids:
+        if fid not in handles:
+            handle = slug(fid)
+            handles[fid] = fid if not handle or handle in taken else handle
+            taken.add(handles[fid])
     values: dict[str, tuple[str, ...]] = {}
     for entry in base:
         values[entry["friendly_id"]] = tuple(names.get(v, v) for v in entry.get("values", []))

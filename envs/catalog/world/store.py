@@ -24,7 +24,7 @@ _SEP = "\x1f"  # joins list cells (synonyms, verticals); no name contains it
 _SCHEMA = {
     "meta": "key VARCHAR, value VARCHAR",
     "categories": "ord INTEGER, id VARCHAR, name VARCHAR, full_name VARCHAR, parent_id VARCHAR, "
-    "depth INTEGER, vertical VARCHAR, is_leaf BOOLEAN, synonyms VARCHAR, policy VARCHAR",
+    "depth INTEGER, vertical VARCHAR, is_leaf BOOLEAN, synonyms VARCHAR, policy VARCHAR, links VARCHAR",
     "attributes": "ord INTEGER, handle VARCHAR, name VARCHAR",
     "attribute_values": "handle VARCHAR, pos INTEGER, value VARCHAR",
     "category_attributes": "category_id VARCHAR, pos INTEGER, handle VARCHAR, required BOOLEAN",
@@ -67,7 +67,7 @@ def write_world(
         _insert(con, "meta", [("source", source), *sorted(meta.items())])
         _insert(con, "categories", [
             (i, c.id, c.name, c.full_name, c.parent_id, c.depth, c.vertical, c.is_leaf,
-             _SEP.join(c.synonyms), c.policy)
+             _SEP.join(c.synonyms), c.policy, _SEP.join(f"{int(a.required)}{a.handle}" for a in c.attributes))
             for i, c in enumerate(categories.values())
         ])
         _insert(con, "attributes", [(i, a.handle, a.name) for i, a in enumerate(attributes.values())])
@@ -113,22 +113,26 @@ def read_world(path: Path) -> dict[str, Any]:
             handle: Attribute(handle, name, tuple(values.get(handle, ())))
             for _, handle, name in q("SELECT ord, handle, name FROM attributes ORDER BY ord")
         }
-        links: dict[str, list] = {}
-        for cid, _, handle, required in q(
-            "SELECT category_id, pos, handle, required FROM category_attributes ORDER BY category_id, pos"
-        ):
-            links.setdefault(cid, []).append(link(handle, required))
-        rows = q("SELECT id, name, full_name, parent_id, depth, vertical, is_leaf, synonyms, policy "
-                 "FROM categories ORDER BY ord")
+        # the links also live in category_attributes (for SQL users); a warm load reads the
+        # denormalised copy on the category row, one row per category instead of four
+        interned = {}
+        for handle in attributes:
+            interned["0" + handle] = link(handle, False)
+            interned["1" + handle] = link(handle, True)
+        rows = q("SELECT id, name, parent_id, is_leaf, synonyms, policy, links FROM categories ORDER BY ord")
         children: dict[str, list[str]] = {}
         for row in rows:
-            if row[3] is not None:
-                children.setdefault(row[3], []).append(row[0])
-        categories = {
-            cid: Category(cid, name, full_name, parent, depth, vertical, is_leaf,
-                          tuple(children.get(cid, ())), tuple(links.get(cid, ())), _split(syn), policy)
-            for cid, name, full_name, parent, depth, vertical, is_leaf, syn, policy in rows
-        }
+            if row[2] is not None:
+                children.setdefault(row[2], []).append(row[0])
+        categories: dict[str, Category] = {}
+        for cid, name, parent, is_leaf, syn, policy, links in rows:
+            # rows are in depth-first order: a parent is always read before its children
+            up = categories[parent] if parent is not None else None
+            categories[cid] = Category(
+                cid, name, f"{up.full_name} > {name}" if up else name, parent, cid.count("-") + 1,
+                up.vertical if up else cid, is_leaf, tuple(children.get(cid, ())),
+                tuple(interned[x] for x in links.split(_SEP)) if links else (), _split(syn), policy,
+            )
         auth: dict[str, list[str]] = {}
         for brand, _, seller in q("SELECT brand, pos, seller FROM brand_sellers ORDER BY brand, pos"):
             auth.setdefault(brand, []).append(seller)

@@ -1,0 +1,108 @@
+"""``twin train RECIPE [--set key=value ...] [--resume]``: run a recipe with a progress display.
+
+``twin/cli.py`` calls :func:`train`; it can also be called directly (tests do)::
+
+    from trainer.cli import train
+    exit_code = train("data/recipes/toy-cpu.yaml", ["train.steps=20"], resume=False)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from twin.errors import TwinError
+
+__all__ = ["train"]
+
+
+def _fmt(record: dict[str, Any], key: str, spec: str = ".3f") -> str:
+    value = record.get(key)
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def train(recipe: str, overrides: list[str] | None = None, resume: bool = False, *, console: Console | None = None) -> int:
+    """Load a recipe, train, and print a rising reward; return a process exit code.
+
+    Args:
+        recipe: A recipe YAML path or the name of a shipped recipe (``toy-cpu``).
+        overrides: ``section.key=value`` overrides.
+        resume: Continue from the newest checkpoint of the run's output folder.
+        console: Where to print (default: stderr-aware rich console on stdout).
+
+    Returns:
+        0 on success, 2 for a bad recipe or setup error, 130 when interrupted.
+    """
+    from trainer.config import load_recipe
+    from trainer.recipe import GRPORecipe
+
+    console = console or Console()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_recipe(recipe, list(overrides or []))
+    except TwinError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    console.print(
+        f"[bold]twin train[/bold] {recipe}: twin {cfg.twin.name}, model {cfg.model.path}, "
+        f"{cfg.algorithm.groups_per_step} groups x {cfg.algorithm.group_size} per step, "
+        f"{cfg.train.steps} steps -> {cfg.train.output_dir}"
+    )
+    started = time.perf_counter()
+    first: dict[str, Any] = {}
+    with Progress(
+        TextColumn("[bold]step[/bold]"),
+        MofNCompleteColumn(),
+        BarColumn(bar_width=24),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("train", total=cfg.train.steps, info="setting up")
+
+        def on_step(record: dict[str, Any]) -> None:
+            if not first:
+                first.update(record)
+            info = (
+                f"reward {_fmt(record, 'rewards/total')}  kl {_fmt(record, 'losses/kl', '.4f')}  "
+                f"entropy {_fmt(record, 'policy/entropy', '.2f')}  "
+                f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}"
+            )
+            progress.update(task, completed=record["step"] + 1, info=info)
+            # A line per step too, so the curve survives in logs that drop the live display.
+            progress.console.print(
+                f"step {record['step']:>4}  reward {_fmt(record, 'rewards/total')}  "
+                f"kl {_fmt(record, 'losses/kl', '.4f')}  clip {_fmt(record, 'losses/clipfrac')}  "
+                f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}  {_fmt(record, 'perf/step_s', '.2f')}s",
+                highlight=False,
+            )
+
+        runner = GRPORecipe(cfg, resume=resume, on_step=on_step)
+        try:
+            runner.setup()
+            progress.update(task, completed=runner.step, info="sampling")
+            history = runner.train()
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/yellow]; continue with --resume from the last checkpoint")
+            runner.cleanup()
+            return 130
+        except TwinError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+        plot = runner.cleanup()
+    elapsed = time.perf_counter() - started
+    if history:
+        last = history[-1]
+        console.print(
+            f"reward {_fmt(first or history[0], 'rewards/total')} -> {_fmt(last, 'rewards/total')} "
+            f"in {len(history)} steps, {elapsed:.0f} s ({len(history) / max(elapsed, 1e-9):.2f} steps/s)"
+        )
+    console.print(f"metrics: {runner.output_dir / 'metrics.jsonl'}")
+    if plot is not None:
+        console.print(f"reward curve: {plot}")
+    return 0
