@@ -411,6 +411,7 @@ class CompletionServer:
     def _response(self, body: dict[str, Any], request: _Request, name: str) -> dict[str, Any]:
         as_ids = bool(body.get("return_tokens_as_token_ids"))
         with_ids = bool(body.get("return_token_ids"))
+        skip_special = bool(body.get("skip_special_tokens", True))
         choices = []
         prompt_tokens = completion_tokens = 0
         for index, row in enumerate(request.result or []):
@@ -435,7 +436,7 @@ class CompletionServer:
                 }  # fmt: skip
             choices.append({
                 "index": index,
-                "text": self.tokenizer.decode(row["ids"], skip_special_tokens=True),
+                "text": self.tokenizer.decode(row["ids"], skip_special_tokens=skip_special),
                 "logprobs": lp,
                 "finish_reason": row["finish_reason"],
                 "stop_reason": row["stop_reason"],

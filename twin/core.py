@@ -194,11 +194,17 @@ class Twin:
     def score(self, trajectory: Trajectory, case: Case) -> RewardResultLike:
         """Score an episode with the twin's reward."""
         # A plain function stored as a class attribute would bind as a method; call it unbound.
-        reward = inspect.getattr_static(self, "reward", None)
+        # Instance attributes (set in __init__) win, as with normal attribute look-up.
+        reward = self.__dict__.get("reward")
         if reward is None:
-            raise NotImplementedError(f"{type(self).__name__} sets no `reward`")
-        if isinstance(reward, staticmethod):
-            reward = reward.__func__
+            reward = type(self).__dict__.get("_reward_fn_cache")
+            if reward is None:
+                reward = inspect.getattr_static(type(self), "reward", None)
+                if reward is None:
+                    raise NotImplementedError(f"{type(self).__name__} sets no `reward`")
+                if isinstance(reward, staticmethod):
+                    reward = reward.__func__
+                type.__setattr__(type(self), "_reward_fn_cache", reward)
         return reward(trajectory, case)
 
     # -- tools ---------------------------------------------------------------------------------

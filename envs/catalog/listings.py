@@ -235,6 +235,7 @@ class WorldIndex:
     _brands_by_node: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     _leaf_brands: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     _ancestors: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    _wanted: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def brands_for(self, world: Any, leaf: str) -> tuple[str, ...]:
         """Brands with an MSRP range on ``leaf``'s path, sorted."""
@@ -245,6 +246,23 @@ class WorldIndex:
                 names.update(self._brands_by_node.get(node, ()))
             found = tuple(sorted(names))
             self._leaf_brands[leaf] = found
+        return found
+
+    def brands_wanted(self, world: Any, leaf: str, want: str) -> tuple[str, ...]:
+        """Brands of :meth:`brands_for` filtered by ``want``: any, protected (with authorized
+        sellers), registered or unprotected; memoised."""
+        key = (leaf, want)
+        found = self._wanted.get(key)
+        if found is None:
+            brands = [world.brands[n] for n in self.brands_for(world, leaf)]
+            keep = {
+                "any": lambda b: True,
+                "protected": lambda b: b.protected and bool(b.authorized_sellers),
+                "registered": lambda b: b.registered,
+                "unprotected": lambda b: not b.protected,
+            }[want]
+            found = tuple(b.name for b in brands if keep(b))
+            self._wanted[key] = found
         return found
 
     def ancestors(self, world: Any, cid: str) -> tuple[str, ...]:
@@ -485,16 +503,9 @@ class _Gen:
         rng, w = self.rng, self.world
         for _ in range(50):
             leaf = rng.choice(leaves)
-            names = self.index.brands_for(w, leaf)
-            brands = [w.brands[n] for n in names]
-            if want == "protected":
-                brands = [b for b in brands if b.protected and b.authorized_sellers]
-            elif want == "registered":
-                brands = [b for b in brands if b.registered]
-            elif want == "unprotected":
-                brands = [b for b in brands if not b.protected]
-            if brands:
-                return leaf, rng.choice(brands)
+            names = self.index.brands_wanted(w, leaf, want)
+            if names:
+                return leaf, w.brands[rng.choice(names)]
         raise ConfigError(f"catalog world has no leaf with a {want} brand among {len(leaves)} leaves")
 
     def honest_seller(self, brand: Any) -> str:

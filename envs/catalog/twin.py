@@ -354,7 +354,7 @@ class CatalogTwin(Twin):
             for r in self.world.recalls:
                 table.setdefault(r.brand, []).append({
                     "recall_id": r.recall_id, "product": r.product, "model_number": r.model_number,
-                    "batch": r.batch, "category_id": r.category_id, "reason": r.reason,
+                    "batch": r.batch, "reason": r.reason,
                 })
             self._recalls = table
         return self._recalls.get(brand, [])

@@ -15,8 +15,8 @@ right call earns more):
 
 | term        | weight | value                                                             |
 | ----------- | ------ | ----------------------------------------------------------------- |
-| closeness   | 0.3    | character similarity of the first turn to the ideal call, 0..1    |
-| prefix      | 0.2    | fraction of the ideal call the first turn starts with, 0..1       |
+| closeness   | 0.2    | character similarity of the first turn to the ideal call, 0..1    |
+| prefix      | 0.3    | fraction of the ideal call the first turn starts with, 0..1       |
 | tool_call   | 0.1    | 1 when the first turn holds a readable tool call                  |
 | submitted   | 0.1    | 1 when ``submit`` succeeded                                        |
 | correct     | 0.3    | 1 when the submitted answer is the named word                      |
@@ -57,17 +57,23 @@ def _first_turn(trajectory: Trajectory) -> str:
     return ""
 
 
+def _squeeze(text: str) -> str:
+    # Whitespace never matters to the parser, so the shaping terms ignore it: the call written
+    # on one line or on three earns the same.
+    return "".join(text.split())
+
+
 # -- reward ------------------------------------------------------------------------------------
 @term(low=0.0, high=1.0)
 def closeness(trajectory: Trajectory, case: Case) -> float:
-    """Character similarity (0..1) of the first assistant turn to the ideal submit call."""
-    return fuzz.ratio(_first_turn(trajectory), ideal_call(case.truth["answer"])) / 100.0
+    """Character similarity (0..1) of the first assistant turn to the ideal call (whitespace ignored)."""
+    return fuzz.ratio(_squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"]))) / 100.0
 
 
 @term(low=0.0, high=1.0)
 def prefix(trajectory: Trajectory, case: Case) -> float:
-    """Fraction of the ideal submit call that the first assistant turn starts with (by character)."""
-    text, ideal = _first_turn(trajectory), ideal_call(case.truth["answer"])
+    """Fraction of the ideal call the first assistant turn starts with (characters, whitespace ignored)."""
+    text, ideal = _squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"]))
     n = 0
     for a, b in zip(text, ideal):
         if a != b:
@@ -96,7 +102,7 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {closeness: 0.3, prefix: 0.2, tool_call: 0.1, submitted: 0.1, correct: 0.3},
+    {closeness: 0.2, prefix: 0.3, tool_call: 0.1, submitted: 0.1, correct: 0.3},
     clip=(0.0, 1.0),
     name="toy",
 )

@@ -157,14 +157,14 @@ def test_registry_makes_the_twin(twin):
 
 
 def test_shopify_world_tools(shopify_twin):
+    from twin.rollout import run_episodes
+
     world = shopify_twin.world
     assert len(world.categories) >= 10_000
     res = shopify_twin.tool("search_taxonomy").call({"query": "running shoes"})
     assert res["results"]
-    env = _env(shopify_twin)
-    env.reset(options={"split": "test", "index": 0})
-    truth = env.case.truth
-    _, reward, term, _, _ = env.step(_call("submit", {
-        "category_id": truth["category_id"], "attributes": truth["attributes"],
-        "verdict": truth["verdict"], "reason": "r"}))
-    assert term and reward == pytest.approx(1.0)
+    oracle = shopify_twin.baselines()["oracle"](shopify_twin)
+    cases = [("test", i) for i in range(shopify_twin.num_cases("test"))]
+    for g in run_episodes(shopify_twin, oracle, cases, progress=False):
+        t = g.trajectories[0]
+        assert t.terminated and t.reward == pytest.approx(1.0), (t.case_id, t.reward_notes)

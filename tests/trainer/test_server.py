@@ -265,3 +265,15 @@ def test_server_process_reports_log_tail_on_failure(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="exited with code") as info:
         proc.start()
     assert "missing-model" in str(info.value)
+
+
+def test_the_trainer_server_sampler_reads_our_responses(server: httpx.Client, base) -> None:
+    """trainer.samplers.ServerSampler (written for vLLM) works against twin serve unchanged."""
+    samplers = pytest.importorskip("trainer.samplers")
+    model, _ = base
+    sampler = samplers.ServerSampler(str(server.base_url), "tiny")
+    samples = sampler.sample([PROMPT, PROMPT[:4]], max_new_tokens=6, temperature=1.0, seed=11)
+    assert len(samples) == 2
+    for prompt, s in zip([PROMPT, PROMPT[:4]], samples, strict=True):
+        assert 1 <= len(s.ids) <= 6 and len(s.logprobs) == len(s.ids)
+        assert s.logprobs == pytest.approx(_teacher_forced(model, prompt, s.ids), abs=1e-5)

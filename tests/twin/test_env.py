@@ -297,6 +297,15 @@ def test_sync_vector_env():
     envs.close()
 
 
+def test_make_vec_by_id():
+    envs = gymnasium.make_vec("twin/Returns-v0", num_envs=2, vectorization_mode="sync")
+    obs, infos = envs.reset(seed=3)
+    assert len(obs) == 2 and list(infos["split"]) == ["train", "train"]
+    _, rewards, *_ = envs.step(["no call", "still none"])
+    assert list(rewards) == [0.0, 0.0]
+    envs.close()
+
+
 def test_async_vector_env():
     envs = gymnasium.vector.AsyncVectorEnv([_toy] * 2, shared_memory=False)
     try:

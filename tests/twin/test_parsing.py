@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from twin.parsing import CALL_FORMAT, ParsedTurn, parse_tool_calls
@@ -263,6 +263,8 @@ def test_any_dict_never_raises(msg):
 )
 def test_roundtrip_of_well_formed_calls(name, args, prose):
     body = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+    # The Hermes format cannot carry its own tags inside a call (a model would not write them).
+    assume("<tool_call>" not in body and "</tool_call>" not in body)
     turn = parse_tool_calls(f"{prose}<tool_call>{body}</tool_call>")
     assert turn.errors == []
     assert [(c.name, c.arguments, c.error) for c in turn.calls] == [(name, args, None)]

@@ -1,0 +1,630 @@
+"""The async trainer: rollout and learning in separate processes, bounded staleness, LoRA hot-swap.
+
+::
+
+    trainer = AsyncTrainer(load_recipe("toy-cpu", ["lora.enabled=true", "async.max_staleness=1"]))
+    trainer.setup()           # learner here; sampler server + rollout worker started
+    history = trainer.train() # one metrics dict per step
+    trainer.cleanup()
+
+Three processes (see ``docs/async.md``)::
+
+     sampler server (twin serve | vLLM)         rollout worker (trainer.workers)
+     rollout device, adapters policy@<v>  <---  envs + renderer + ServerSampler(policy@<v>)
+              ^                                       |  Lot(version=v, groups)
+              |  POST /v1/load_lora_adapter           v  bounded queue (async.queue_size)
+     learner (this process, learner device): take lot -> drop if step - v > k -> Learner.step
+              -> save adapter policy@<step+1> -> load it in the sampler -> publish step+1
+              -> probe: learner vs sampler logprobs on the same tokens (async/logprob_mismatch)
+
+One step of :meth:`AsyncTrainer.train`, the loop in plain view::
+
+    lot       = next lot off the queue (learner idle while waiting; the sampler is watched)
+    staleness = step - lot.version; > max_staleness -> drop it (counted), take the next
+    metrics   = learner.step(batch(lot.kept groups))      # TIS against the sampler's logprobs
+    sync      = save adapter + POST /v1/load_lora_adapter policy@<step+1>; publish step+1
+    mismatch  = probe the new adapter: |learner logprob - sampler logprob| on sampled tokens
+    log, store the episodes, checkpoint every N steps
+
+``max_staleness: 0`` is the synchronous loop run by the same code: the worker samples a lot only
+after the adapter of the step before it is loaded. With ``k >= 1`` the worker samples the next lot
+with the newest published adapter while the learner trains on the previous one.
+
+Faults: when the sampler server dies the learner says so, restarts it on the same port, reloads
+the current adapter, and the worker samples its lot again; a killed learner (this process)
+continues with ``twin train RECIPE --resume`` from the last checkpoint; an adapter that does not
+load, or a response from another model than the one asked for, raises :class:`AdapterSyncError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import shutil
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from trainer import algorithms as algo
+from trainer.config import Recipe
+from trainer.workers import (
+    AdapterSyncError,
+    Lot,
+    ModelCheckTransport,
+    SharedState,
+    WorkerSpec,
+    adapter_name,
+    rollout_worker,
+)
+from twin.cases import stable_seed
+from twin.errors import ConfigError, TwinError
+from twin.trajectory import Group
+
+__all__ = ["AdapterClient", "AdapterSyncError", "AsyncTrainer", "SamplerDiedError", "guarded_command"]
+
+log = logging.getLogger("twinrl.trainer.async")
+
+#: Tokens sampled by the after-sync probe (the mismatch metric).
+PROBE_TOKENS = 8
+
+
+class SamplerDiedError(TwinError):
+    """The sampler server died and could not be restarted (or did not come back)."""
+
+
+# -- adapter loading --------------------------------------------------------------------------------
+class AdapterClient:
+    """Loads and unloads named LoRA adapters in a vLLM-compatible server.
+
+    Args:
+        base_url: Server root or OpenAI base URL (``/v1`` is handled either way).
+        transport: An httpx transport (tests pass ``httpx.MockTransport``).
+        timeout: Seconds per request.
+    """
+
+    def __init__(self, base_url: str, *, transport: httpx.BaseTransport | None = None, timeout: float = 120.0) -> None:
+        self.root = base_url.rstrip("/").removesuffix("/v1")
+        self.transport = transport
+        self.timeout = timeout
+
+    def _post(self, route: str, body: dict[str, Any]) -> httpx.Response:
+        with httpx.Client(transport=self.transport, timeout=self.timeout) as client:
+            return client.post(f"{self.root}{route}", json=body)
+
+    def load(self, name: str, path: str | Path) -> float:
+        """Load the adapter folder ``path`` as ``name``; return the seconds it took.
+
+        Raises:
+            AdapterSyncError: the server refused it or could not be reached (never ignored: a
+                sampler left on an older adapter would train on the wrong policy).
+        """
+        started = time.perf_counter()
+        try:
+            response = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        except httpx.HTTPError as exc:
+            raise AdapterSyncError(
+                f"could not load adapter {name} from {path}: the sampler at {self.root} is unreachable "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        if response.status_code != 200:
+            raise AdapterSyncError(
+                f"the sampler at {self.root} refused adapter {name} from {path}: HTTP "
+                f"{response.status_code} {response.text[:300]}. Is the server started with LoRA "
+                "enabled (vLLM: --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and a "
+                "--max-lora-rank >= lora.rank?"
+            )
+        return time.perf_counter() - started
+
+    def unload(self, name: str) -> None:
+        """Unload ``name`` (a failure is logged only: an extra resident adapter is harmless)."""
+        try:
+            response = self._post("/v1/unload_lora_adapter", {"lora_name": name})
+            if response.status_code != 200:
+                log.debug("unload %s: HTTP %d %s", name, response.status_code, response.text[:200])
+        except httpx.HTTPError as exc:
+            log.debug("unload %s failed: %s", name, exc)
+
+
+# -- starting the sampler -------------------------------------------------------------------------
+def guarded_command(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``).
+
+    A killed learner must not leave its sampler server running forever; on other systems the
+    command is returned unchanged.
+    """
+    if not sys.platform.startswith("linux"):
+        return argv
+    code = (
+        "import ctypes,os,signal,sys;"
+        "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM);"
+        "os.getppid()!=int(sys.argv[1]) and sys.exit(1);"
+        "os.execv(sys.argv[2],sys.argv[2:])"
+    )
+    exe = argv[0] if os.path.isabs(argv[0]) else (shutil.which(argv[0]) or argv[0])
+    return [sys.executable, "-c", code, str(os.getpid()), exe, *argv[1:]]
+
+
+def _make_server(cfg: Recipe, output_dir: Path) -> Any:
+    """The managed sampler server of a recipe, or None for ``sampler.kind: server`` (external)."""
+    kind = cfg.sampler.kind
+    device = cfg.devices.rollout
+    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
+    if kind == "server":
+        return None
+    if kind == "hf":
+        from trainer.server import ServerProcess
+
+        class _Server(ServerProcess):
+            def command(self) -> list[str]:
+                return guarded_command(super().command())
+
+        return _Server(
+            cfg.model.path, dtype=dtype, max_loras=cfg.async_.max_staleness + 3, served_model_name="base",
+            device=device, threads=cfg.devices.cpu_threads, seed=cfg.seed, log_path=output_dir / "sampler.log",
+        )  # fmt: skip
+    from trainer.models import resolve_model_path
+    from trainer.vllm import VLLMServer
+
+    class _VLLM(VLLMServer):
+        def command(self) -> list[str]:
+            return guarded_command(super().command())
+
+    return _VLLM.from_recipe(
+        cfg, model=resolve_model_path(cfg.model.path), python=os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"),
+        served_model_name="base", max_loras=cfg.async_.max_staleness + 2, log_path=output_dir / "vllm.log",
+    )  # fmt: skip
+
+
+# -- the trainer ------------------------------------------------------------------------------------
+class AsyncTrainer:
+    """GRPO with the rollout worker and the learner in separate processes.
+
+    Same interface as :class:`trainer.recipe.GRPORecipe` (``setup`` / ``train`` / ``cleanup``),
+    the same metrics plus ``async/*``, the same checkpoints and ``--resume``.
+
+    Args:
+        cfg: The validated recipe (``lora.enabled: true``: new weights travel as adapters).
+        resume: Continue from the newest checkpoint of ``cfg.train.output_dir``.
+        on_step: Called with each step's metrics record.
+    """
+
+    def __init__(
+        self, cfg: Recipe, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        if not cfg.lora.enabled:
+            raise ConfigError(
+                "the async trainer sends new weights to the sampler as LoRA adapters; set "
+                "lora.enabled: true (or async.max_staleness: 0 with sampler.kind: hf for full fine-tuning)"
+            )
+        self.cfg = cfg
+        self.resume = resume
+        self.on_step = on_step
+        self.output_dir = Path(cfg.train.output_dir)
+        self.k = cfg.async_.max_staleness
+        self.step = 0
+        self.cursor = 0
+        self.lots_used = 0  # lots taken off the queue (used or dropped) over the whole run
+        self.run_id: int | None = None
+        self.store: Any = None
+        self.server: Any = None
+        self.worker: Any = None
+        self.restarts = 0
+        self.dropped = 0
+        self.staleness_hist: Counter[int] = Counter()
+        self._loaded: list[int] = []  # adapter versions resident in the sampler, oldest first
+        self._epoch = 0
+
+    # ------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Learner, checkpoint, metrics, store; then the worker process and the sampler server."""
+        import multiprocessing
+
+        from trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
+        from trainer.learner import Learner, build_lora_model
+        from trainer.metrics import MetricsLogger
+        from trainer.models import load_model
+        from trainer.recipe import seed_everything
+        from twin.registry import make_twin
+
+        cfg = self.cfg
+        # TRY NOT TO MODIFY: seeding, threads, the twin
+        seed_everything(cfg.seed)
+        if cfg.devices.cpu_threads:
+            torch.set_num_threads(cfg.devices.cpu_threads)
+        self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
+        self.twin.num_cases(cfg.twin.split)
+
+        # the learner, on its device
+        model, self.tokenizer = load_model(cfg.model.path, cfg.model.dtype, device=cfg.devices.learner)
+        model = build_lora_model(
+            model, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+        )  # fmt: skip
+        self.learner = Learner(
+            model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=cfg.sampler.temperature,
+            max_tokens=cfg.sampler.max_episode_tokens,
+        )  # fmt: skip
+
+        checkpoint = latest_checkpoint(self.output_dir) if self.resume else None
+        if self.resume and checkpoint is None:
+            log.warning("--resume: no checkpoint in %s; starting a fresh run", self.output_dir)
+        if checkpoint is None:
+            for stale in ("checkpoints", "adapters"):
+                shutil.rmtree(self.output_dir / stale, ignore_errors=True)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "recipe.yaml").write_text(cfg.to_yaml())
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint)
+            self.learner.load_state_dict(state["learner"])
+            self.step = int(state["step"])
+            self.cursor = int(state["cursor"])
+            self.lots_used = int(state.get("lots_used", self.step))
+            self.run_id = state.get("run_id")
+            self.restarts = int(state.get("sampler_restarts", 0))
+            self.dropped = int(state.get("dropped_stale", 0))
+            self.staleness_hist = Counter({int(k): v for k, v in state.get("staleness_hist", {}).items()})
+            restore_rng(state["rng"])
+            log.info("resumed from %s (step %d)", checkpoint, self.step)
+        self.metrics = MetricsLogger(self.output_dir, resume_step=self.step if checkpoint else None)
+        self._setup_store()
+
+        # the rollout worker (spawned first: its imports overlap the server's start-up)
+        ctx = multiprocessing.get_context("spawn")
+        self.shared = SharedState(ctx)
+        self.shared.update(published=-1, claimed=self.step, consumed=self.lots_used)
+        self.lots: Any = ctx.Queue(maxsize=cfg.async_.queue_size)
+        self.events: Any = ctx.Queue()
+        self.server = _make_server(cfg, self.output_dir)
+        base_url = self.server.url if self.server is not None else str(cfg.sampler.base_url)
+        self.adapters = AdapterClient(base_url)
+        spec = WorkerSpec(
+            recipe=cfg.model_dump(mode="json", by_alias=True), base_url=base_url,
+            start_lot=self.lots_used, start_cursor=self.cursor, cpu_threads=1,
+        )  # fmt: skip
+        self.worker = ctx.Process(
+            target=rollout_worker, args=(spec, self.shared, self.lots, self.events), name="twin-rollout", daemon=True
+        )
+        self.worker.start()
+
+        # the sampler, with the current policy loaded
+        if self.server is not None:
+            self.server.start()
+        elif not self._healthy(base_url):
+            raise ConfigError(f"sampler server {base_url} does not answer /health; is it running?")
+        self.probe_sampler = self._make_probe_sampler(base_url)
+        self._push(self.step)
+        self.shared.update(published=self.step)
+
+    def _make_probe_sampler(self, base_url: str) -> Any:
+        from trainer.samplers import ServerSampler
+
+        return ServerSampler(base_url, adapter_name(self.step), transport=ModelCheckTransport())
+
+    def _setup_store(self) -> None:
+        if not self.cfg.train.store:
+            return
+        try:
+            from twin.store import RunStore
+
+            self.store = RunStore()
+            if self.run_id is None:
+                self.run_id = self.store.start_run(
+                    "train", twin=self.twin.name, policy=self.cfg.model.path,
+                    config=self.cfg.model_dump(mode="json", by_alias=True),
+                )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the store is a record, not needed to train
+            log.warning("run store unavailable (%s); episodes are not stored", exc)
+            self.store = None
+
+    @staticmethod
+    def _healthy(base_url: str) -> bool:
+        root = base_url.rstrip("/").removesuffix("/v1")
+        try:
+            return httpx.get(f"{root}/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # -- weight sync -----------------------------------------------------------------------------
+    def _adapter_dir(self, version: int) -> Path:
+        return (self.output_dir / "adapters" / adapter_name(version)).resolve()
+
+    def _push(self, version: int) -> float:
+        """Save the learner's adapter as ``policy@<version>`` and load it in the sampler."""
+        started = time.perf_counter()
+        if version in self._loaded:
+            return 0.0  # already there (a restart reloaded it)
+        path = self._adapter_dir(version)
+        if not (path / "adapter_config.json").exists():
+            self.learner.save_adapter(path)
+        self.adapters.load(adapter_name(version), path)
+        self._loaded.append(version)
+        # Keep the versions a lot in progress may still ask for (k + 1 of them); drop older ones.
+        while len(self._loaded) > self.k + 2:
+            old = self._loaded.pop(0)
+            self.adapters.unload(adapter_name(old))
+            shutil.rmtree(self._adapter_dir(old), ignore_errors=True)
+        return time.perf_counter() - started
+
+    def _probe(self, groups: list[Group]) -> float:
+        """Mean |learner - sampler| logprob of tokens the sampler just sampled with the new adapter."""
+        from trainer.learner import TrainBatch
+
+        first = next((t for g in groups for t in g.trajectories if t.token_turns), None)
+        if first is None:
+            return float("nan")
+        prompt = list(first.token_turns[0].prompt_ids)
+        self.probe_sampler.model_name = adapter_name(self.step)
+        (sample,) = self.probe_sampler.sample(
+            [prompt], max_new_tokens=PROBE_TOKENS, temperature=self.cfg.sampler.temperature,
+            top_p=self.cfg.sampler.top_p, seed=stable_seed("probe", self.cfg.seed, self.step),
+        )  # fmt: skip
+        if not sample.ids:
+            return float("nan")
+        ids = prompt + sample.ids
+        batch = TrainBatch([ids], [[0] * len(prompt) + [1] * len(sample.ids)], [[0.0] * len(ids)], [0.0])
+        mine = self.learner.logprobs(batch)[0][len(prompt) :]
+        return statistics.fmean(abs(a - b) for a, b in zip(mine, sample.logprobs))
+
+    # -- faults ----------------------------------------------------------------------------------
+    def _restart_sampler(self, why: str) -> None:
+        """Bring the sampler back with the current adapter, then let the worker resample its lot."""
+        where = self.server.url if self.server is not None else self.adapters.root
+        log.error("step %d: the sampler server %s failed (%s); restarting it and reloading %s",
+                  self.step, where, why, adapter_name(self.step))  # fmt: skip
+        if self.server is not None:
+            self.server.stop()
+            try:
+                self.server.start()
+            except TwinError as exc:
+                raise SamplerDiedError(f"the sampler server died ({why}) and did not restart: {exc}") from exc
+        else:
+            deadline = time.monotonic() + 300
+            while not self._healthy(where):
+                if time.monotonic() > deadline:
+                    raise SamplerDiedError(f"the sampler server {where} died ({why}) and did not come back in 300 s")
+                time.sleep(1.0)
+        for old in self._loaded:
+            if old != self.step:
+                shutil.rmtree(self._adapter_dir(old), ignore_errors=True)
+        self._loaded.clear()
+        self._push(self.step)
+        self.restarts += 1
+        self._epoch += 1
+        self.shared.update(epoch=self._epoch)
+        log.warning("step %d: sampler back on %s with %s (restart %d)", self.step, where, adapter_name(self.step),
+                    self.restarts)  # fmt: skip
+
+    def _guarded(self, fn: Callable[[], float]) -> float:
+        """Run a sampler call of the learner; when the sampler died meanwhile, restart it and retry once."""
+        from trainer.samplers import SamplerError
+
+        try:
+            return fn()
+        except (AdapterSyncError, SamplerError) as exc:
+            dead = self.server is not None and not self.server.alive()
+            if not dead and self._healthy(self.adapters.root):
+                raise
+            self._restart_sampler(str(exc).splitlines()[0])
+            return fn()
+
+    def _check_processes(self) -> None:
+        if self.server is not None and not self.server.alive():
+            code = self.server.process.returncode if self.server.process is not None else None
+            self._restart_sampler(f"process exited with code {code}; log {self.server.log_path}")
+        if self.worker is not None and not self.worker.is_alive():
+            self._drain_events()
+            raise TwinError(f"the rollout worker process exited with code {self.worker.exitcode}")
+
+    def _drain_events(self) -> None:
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+            kind = event[0]
+            if kind == "fatal":
+                raise TwinError(event[1])
+            if kind == "sampler_error":
+                epoch, message = event[1], event[2]
+                if epoch != self._epoch:
+                    continue  # an error from before the last restart; the worker already retries
+                server_dead = self.server is not None and not self.server.alive()
+                if server_dead or not self._healthy(self.adapters.root):
+                    self._restart_sampler(message)
+                else:
+                    # The server is up and still refused: a real error (unknown adapter, bad
+                    # request), never something to paper over with the base model.
+                    raise AdapterSyncError(f"the rollout worker's sampler failed while the server is up: {message}")
+
+    def _next_lot(self) -> tuple[Lot, float]:
+        """The next lot off the queue, watching the sampler and the worker while waiting."""
+        started = time.perf_counter()
+        while True:
+            self._drain_events()
+            try:
+                lot = self.lots.get(timeout=0.05)
+                return lot, time.perf_counter() - started
+            except queue.Empty:
+                self._check_processes()
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def make_batch(self, groups: list[Group]) -> Any:
+        """Advantages per group (on the shaped rewards), then one row per episode."""
+        from trainer.learner import TrainBatch
+        from trainer.rollouts import episode_tokens
+
+        shaped = torch.tensor([[t.info["shaped_reward"] for t in g.trajectories] for g in groups])  # [N, G]
+        advantages = algo.ADVANTAGES[self.cfg.algorithm.advantage](shaped)  # [N, G]
+        ids, masks, lps, adv = [], [], [], []
+        for g, row in zip(groups, advantages.tolist()):
+            for t, a in zip(g.trajectories, row):
+                i, m, lp = episode_tokens(t)
+                ids.append(i)
+                masks.append(m)
+                lps.append(lp)
+                adv.append(float(a))
+        return TrainBatch(ids, masks, lps, adv)
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run the remaining steps; return the metrics history (earlier steps included)."""
+        from trainer.recipe import GRPORecipe
+
+        cfg = self.cfg
+        started = time.perf_counter()
+        learner_idle = 0.0
+        t_last = started
+        while self.step < cfg.train.steps:
+            step = self.step
+
+            # ROLLOUT: the worker's next lot; stale ones are dropped and counted
+            lot, waited = self._next_lot()
+            learner_idle += waited
+            depth = self._qsize()
+            self.lots_used += 1
+            staleness = step - lot.version
+            if staleness > self.k:
+                self.dropped += 1
+                self.shared.update(consumed=self.lots_used)
+                log.warning("step %d: dropped lot %d sampled by version %d (%d versions old > max_staleness %d)",
+                            step, lot.index, lot.version, staleness, self.k)  # fmt: skip
+                continue
+            self.shared.update(claimed=step + 1, consumed=self.lots_used)
+            self.cursor = lot.cursor
+            self.staleness_hist[staleness] += 1
+            every = [Group.model_validate_json(g) for g in lot.groups]
+            kept = [every[i] for i in lot.kept]
+
+            # ALGO LOGIC: advantages and one update (TIS against the sampler's logprobs)
+            learn: dict[str, float] = {}
+            if kept:
+                learn = self.learner.step(self.make_batch(kept))
+            else:
+                log.warning("step %d: every group had equal rewards; no update", step)
+
+            # SYNC: the new adapter to the sampler, then the worker may sample with it
+            self.step = step + 1
+            sync_s = self._guarded(lambda: self._push(self.step))
+            self.shared.update(published=self.step)
+            mismatch = self._guarded(lambda: self._probe(kept or every))
+
+            # TRY NOT TO MODIFY: record
+            now = time.perf_counter()
+            step_s, t_last = now - t_last, now
+            wall = now - started
+            tokens = lot.stats.get("sampled_tokens", 0.0)
+            worker_wall = lot.stats.get("worker_wall_s", 0.0)
+            record = {
+                **GRPORecipe.episode_metrics(every),
+                **{k: v for k, v in lot.stats.items() if k.startswith("batch/")},
+                **learn,
+                "batch/skipped": float(not kept),
+                "policy/version": float(self.step),
+                "async/staleness": float(staleness),
+                "async/staleness_hist": {str(s): n for s, n in sorted(self.staleness_hist.items())},
+                "async/dropped_stale": float(self.dropped),
+                "async/queue_depth": float(depth),
+                "async/rollout_idle_frac": lot.stats.get("worker_idle_s", 0.0) / worker_wall if worker_wall else 0.0,
+                "async/learner_idle_frac": learner_idle / wall if wall > 0 else 0.0,
+                "async/learner_wait_s": waited,
+                "async/sync_s": sync_s,
+                "async/logprob_mismatch": mismatch,
+                "async/sampler_restarts": float(self.restarts),
+                "perf/rollout_s": lot.stats.get("rollout_s", 0.0),
+                "perf/sample_tokens_per_s": tokens / lot.stats["rollout_s"] if lot.stats.get("rollout_s") else 0.0,
+                "perf/sync_s": sync_s,
+                "perf/step_s": step_s,
+                "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+                "data/cursor": float(self.cursor),
+            }
+            record = self.metrics.log(step, record)
+            if self.store is not None and self.run_id is not None:
+                try:
+                    self.store.add_episodes(self.run_id, [t for g in every for t in g.trajectories], step=step)
+                    self.store.log_metrics(
+                        self.run_id, step, {k: v for k, v in record.items() if k != "step" and _finite(v)}
+                    )
+                except Exception as exc:  # noqa: BLE001 - keep training; say why episodes are missing
+                    log.warning("run store write failed at step %d: %s", step, exc)
+            if self.on_step is not None:
+                self.on_step(record)
+            every_n = cfg.train.checkpoint_every
+            if (every_n and self.step % every_n == 0) or self.step == cfg.train.steps:
+                self.save()
+        return list(self.metrics.history)
+
+    def _qsize(self) -> int:
+        try:
+            return int(self.lots.qsize())
+        except NotImplementedError:  # macOS
+            return -1
+
+    def save(self) -> Path:
+        """Write a checkpoint of the current state (the same layout as the sync recipe's)."""
+        from trainer.checkpoint import save_checkpoint
+
+        return save_checkpoint(
+            self.output_dir,
+            self.step,
+            learner=self.learner,
+            state={
+                "cursor": self.cursor,
+                "lots_used": self.lots_used,
+                "run_id": self.run_id,
+                "metrics": list(self.metrics.history),
+                "sampler_restarts": self.restarts,
+                "dropped_stale": self.dropped,
+                "staleness_hist": dict(self.staleness_hist),
+            },
+            recipe_yaml=self.cfg.to_yaml(),
+        )
+
+    def stop_workers(self) -> None:
+        """Stop the rollout worker and the sampler server (idempotent)."""
+        if self.worker is not None:
+            self.shared.update(stop=1)
+            self.worker.join(timeout=10)
+            if self.worker.is_alive():
+                self.worker.terminate()
+                self.worker.join(timeout=5)
+            self.worker = None
+            for q in (self.lots, self.events):
+                q.cancel_join_thread()
+                q.close()
+        if self.server is not None:
+            self.server.stop()
+
+    def cleanup(self) -> Path | None:
+        """Stop the processes, plot the reward curve, close the store; return the plot's path."""
+        from trainer.metrics import plot_rewards
+
+        plot = None
+        try:
+            self.stop_workers()
+            plot = plot_rewards(
+                self.metrics.history, self.output_dir / "rewards.png",
+                title=f"{self.twin.name}: {self.cfg.model.path} (async, k={self.k})",
+            )  # fmt: skip
+        finally:
+            self.metrics.close()
+            if self.store is not None:
+                if self.run_id is not None and self.step >= self.cfg.train.steps:
+                    last = self.metrics.history[-1] if self.metrics.history else {}
+                    try:
+                        self.store.finish_run(self.run_id, metrics={k: v for k, v in last.items() if _finite(v)})
+                    except Exception as exc:  # noqa: BLE001
+                        log.warning("run store: could not finish run %s: %s", self.run_id, exc)
+                self.store.close()
+        return plot
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)

@@ -1,0 +1,374 @@
+"""The rollout worker process and the queue protocol between it and the learner.
+
+The async trainer (:mod:`trainer.orchestrator`) runs three processes::
+
+    learner (the trainer's own process)     rollout worker (this module)       sampler server
+    -----------------------------------     -----------------------------      -----------------
+    Learner.step(lot) -> save adapter   --- POST /v1/load_lora_adapter ----->  policy@<v+1>
+    publish v+1 in SharedState  ----------> reads v, asks for policy@<v>  ---> /v1/completions
+    lots.get()  <------------------------- Lot(version=v, groups) <---------   ids + logprobs
+
+The worker runs the twin's envs with :func:`trainer.rollouts.collect_groups` through a
+:class:`trainer.samplers.ServerSampler`, applies dynamic sampling, and puts one :class:`Lot`
+(the groups of one learner step, tagged with the policy version that sampled them) on a bounded
+queue. It starts a lot only when the lot cannot be more than ``max_staleness`` versions old when
+the learner takes it (:meth:`SharedState.may_sample`); ``max_staleness: 0`` is the synchronous
+loop. When the sampler fails it reports on the events queue and waits for the learner process to
+restart the server (a new ``epoch``), then samples the same lot again.
+
+Every response's ``model`` field is checked against the adapter name asked for
+(:class:`ModelCheckTransport`): a server that answered with another model is an error, never a
+silent fallback to the base model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from twin.errors import TwinError
+
+__all__ = [
+    "AdapterSyncError",
+    "Lot",
+    "ModelCheckTransport",
+    "SharedState",
+    "WorkerSpec",
+    "adapter_name",
+    "rollout_worker",
+]
+
+#: Adapter name of policy version ``v`` on the sampler server.
+ADAPTER_PREFIX = "policy@"
+
+
+def adapter_name(version: int) -> str:
+    """The sampler-side name of policy version ``version`` (``policy@<version>``)."""
+    return f"{ADAPTER_PREFIX}{int(version)}"
+
+
+class AdapterSyncError(TwinError):
+    """The sampler did not take an adapter, or answered with another model than the one asked for."""
+
+
+# -- the model-name check ------------------------------------------------------------------------
+class ModelCheckTransport(httpx.AsyncBaseTransport):
+    """An httpx transport that checks ``model`` in every ``/completions`` answer.
+
+    vLLM and ``twin serve`` echo the requested model (adapter) name in the response body. A
+    different name means the request was served by another adapter or by the base model, which
+    would train on samples of the wrong policy: :class:`AdapterSyncError` is raised.
+
+    The inner connection pool is made per event loop (``ServerSampler.sample`` runs each call in
+    its own ``asyncio.run``), so the transport can be reused across calls.
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport | None = None) -> None:
+        self._given = inner
+        self._inner: httpx.AsyncBaseTransport | None = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._inner is None:
+            self._inner = httpx.AsyncHTTPTransport()
+        response = await self._inner.handle_async_request(request)
+        if request.method == "POST" and request.url.path.endswith("/completions") and response.status_code == 200:
+            body = await response.aread()
+            try:
+                wanted = json.loads(request.content or b"{}").get("model")
+                got = json.loads(body).get("model")
+            except (ValueError, AttributeError):
+                return response  # a malformed body is the sampler's error to report
+            if wanted is not None and got != wanted:
+                raise AdapterSyncError(
+                    f"the sampler at {request.url.host}:{request.url.port} answered a request for model "
+                    f"{wanted!r} with model {got!r}: the adapter did not reach the sampler (or it "
+                    "fell back to another model). Check the server log; reload the adapter."
+                )
+        return response
+
+    async def aclose(self) -> None:
+        if self._inner is not None:
+            await self._inner.aclose()
+        self._inner = self._given
+
+
+# -- shared state ---------------------------------------------------------------------------------
+_PUBLISHED, _CLAIMED, _CONSUMED, _EPOCH, _STOP = range(5)
+
+
+class SharedState:
+    """Counters shared by the learner and the rollout worker (one lock, five integers).
+
+    - ``published``: the newest policy version loaded in the sampler (-1 before the first).
+    - ``claimed``: learner steps that took a fresh lot (the step a queued lot will train is
+      ``claimed + its place in the queue``).
+    - ``consumed``: lots the learner took off the queue, used or dropped as stale.
+    - ``epoch``: bumped each time the sampler server was restarted and its adapter reloaded.
+    - ``stop``: 1 asks the worker to finish.
+
+    Args:
+        ctx: A multiprocessing context (``spawn``).
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self._values = ctx.Array("q", [-1, 0, 0, 0, 0])
+
+    def get(self) -> tuple[int, int, int, int, int]:
+        """``(published, claimed, consumed, epoch, stop)`` read under the lock."""
+        with self._values.get_lock():
+            return tuple(self._values[:])  # type: ignore[return-value]
+
+    def update(self, **changes: int) -> None:
+        """Set several counters at once (``published=``, ``claimed=``, ``consumed=``, ``epoch=``, ``stop=``)."""
+        index = {"published": _PUBLISHED, "claimed": _CLAIMED, "consumed": _CONSUMED, "epoch": _EPOCH, "stop": _STOP}
+        with self._values.get_lock():
+            for key, value in changes.items():
+                self._values[index[key]] = int(value)
+
+    def may_sample(self, produced: int, max_staleness: int) -> bool:
+        """True when a lot sampled now is at most ``max_staleness`` versions old when trained.
+
+        The next lot trains at step ``claimed + (produced - consumed)`` (the lots ahead of it in
+        the queue each take a step) and is sampled by version ``published``.
+        """
+        published, claimed, consumed, _epoch, stop = self.get()
+        if stop or published < 0:
+            return False
+        return claimed + (produced - consumed) - published <= max_staleness
+
+
+# -- the protocol ---------------------------------------------------------------------------------
+@dataclass
+class Lot:
+    """The groups of one learner step, as the rollout worker sends them.
+
+    Attributes:
+        index: Lot number, in the order the worker produced them (0-based over the run).
+        version: The policy version that sampled every group of the lot.
+        cursor: The data cursor after this lot's cases (the learner checkpoints it).
+        groups: Every group sampled for the lot, as ``Group`` JSON (dynamic sampling included).
+        kept: Indexes into ``groups`` of the groups to train on.
+        stats: ``batch/*`` counts, ``rollout_s`` (time to sample the lot), ``sampled_tokens``,
+            and the worker's cumulative ``worker_idle_s`` / ``worker_wall_s``.
+    """
+
+    index: int
+    version: int
+    cursor: int
+    groups: list[str]
+    kept: list[int]
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class WorkerSpec:
+    """What the rollout worker needs to start (picklable: crosses the spawn boundary).
+
+    Attributes:
+        recipe: The recipe as a JSON dict (``Recipe.model_dump(mode="json", by_alias=True)``).
+        base_url: The sampler server's URL.
+        start_lot: Index of the first lot to produce (lots already used before a resume).
+        start_cursor: Data cursor to continue from.
+        cpu_threads: torch threads in the worker (it only renders and runs envs).
+    """
+
+    recipe: dict[str, Any]
+    base_url: str
+    start_lot: int = 0
+    start_cursor: int = 0
+    cpu_threads: int = 1
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _parent_alive() -> bool:
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    return parent is None or parent.is_alive()
+
+
+def rollout_worker(spec: WorkerSpec, shared: SharedState, lots: Any, events: Any) -> None:
+    """The rollout worker process: sample lots until told to stop (a ``multiprocessing`` target).
+
+    Events it sends (tuples on ``events``): ``("ready",)`` after setup;
+    ``("sampler_error", epoch, message)`` when the sampler failed (it then waits for a new epoch
+    and samples the lot again); ``("fatal", message)`` on any other error (it then exits).
+
+    Args:
+        spec: Recipe, server URL, where to start.
+        shared: The counters shared with the learner.
+        lots: Bounded queue the :class:`Lot` objects go to.
+        events: Queue for the messages above.
+    """
+    # The worker renders tokens and runs envs; it never needs a GPU (the sampler server has one).
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        _RolloutLoop(spec, shared, lots, events).run()
+    except _Stopped:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the learner
+        events.put(("fatal", f"rollout worker failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+class _RolloutLoop:
+    """The worker's state and loop (kept in a class so that each piece reads on its own)."""
+
+    def __init__(self, spec: WorkerSpec, shared: SharedState, lots: Any, events: Any) -> None:
+        import torch
+
+        from trainer.config import load_recipe
+        from trainer.models import resolve_model_path
+        from trainer.renderer import Renderer
+        from trainer.rollouts import RolloutSettings
+        from trainer.samplers import ServerSampler
+        from twin.registry import make_twin
+
+        torch.set_num_threads(max(1, spec.cpu_threads))
+        self.spec, self.shared, self.lots, self.events = spec, shared, lots, events
+        self.cfg = cfg = load_recipe(spec.recipe)
+        self.k = cfg.async_.max_staleness
+        self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path), local_files_only=True)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.renderer_factory = lambda tools: Renderer(tokenizer, tools)
+        self.settings = RolloutSettings(
+            max_new_tokens=cfg.sampler.max_new_tokens,
+            max_episode_tokens=cfg.sampler.max_episode_tokens,
+            temperature=cfg.sampler.temperature,
+            top_p=cfg.sampler.top_p,
+        )
+        self.sampler = ServerSampler(spec.base_url, adapter_name(0), transport=ModelCheckTransport())
+        self.produced = spec.start_lot
+        self.cursor = spec.start_cursor
+        self.started = time.perf_counter()
+        self.idle_s = 0.0
+
+    # -- waiting ---------------------------------------------------------------------------------
+    def _wait(self, ready: Any) -> None:
+        """Sleep until ``ready()``; the time counts as idle. Raises _Stopped on stop/parent death."""
+        t0 = time.perf_counter()
+        try:
+            while not ready():
+                if self.shared.get()[_STOP] or not _parent_alive():
+                    raise _Stopped
+                time.sleep(0.002)
+        finally:
+            self.idle_s += time.perf_counter() - t0
+
+    def _put(self, lot: Lot) -> None:
+        import queue
+
+        t0 = time.perf_counter()
+        try:
+            while True:
+                if self.shared.get()[_STOP] or not _parent_alive():
+                    raise _Stopped
+                try:
+                    self.lots.put(lot, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+        finally:
+            self.idle_s += time.perf_counter() - t0
+
+    # -- sampling --------------------------------------------------------------------------------
+    def _cases(self, n: int) -> list[tuple[str, int]]:
+        from twin.cases import stable_seed
+
+        split = self.cfg.twin.split
+        total = self.twin.num_cases(split)
+        cases = [(split, stable_seed("cases", self.cfg.seed, c) % total) for c in range(self.cursor, self.cursor + n)]
+        self.cursor += n
+        return cases
+
+    def _collect(self, version: int) -> Lot:
+        """One lot: ``groups_per_step`` informative groups (dynamic sampling, bounded refills)."""
+        import torch
+
+        from trainer import algorithms as algo
+        from trainer.rollouts import RolloutSettings, collect_groups
+        from twin.cases import stable_seed
+
+        cfg = self.cfg
+        n = cfg.algorithm.groups_per_step
+        name = adapter_name(version)
+        self.sampler.model_name = name
+        settings = RolloutSettings(**{**self.settings.__dict__, "policy_name": name})
+        start_cursor = self.cursor
+        t0 = time.perf_counter()
+        every: list[Any] = []
+        kept: list[int] = []
+        rounds = 0
+        try:
+            while True:
+                groups = collect_groups(
+                    self.twin, self._cases(n - len(kept)), self.sampler, self.renderer_factory,
+                    group_size=cfg.algorithm.group_size, settings=settings,
+                    seed=stable_seed("lot", cfg.seed, self.produced, rounds), policy_version=version,
+                )  # fmt: skip
+                for g in groups:
+                    rewards = torch.tensor(g.rewards, dtype=torch.float32)
+                    lengths = torch.tensor([t.info.get("episode_tokens", 0) for t in g.trajectories])
+                    shaped = rewards + algo.overlong_penalty(
+                        lengths, cfg.sampler.max_episode_tokens, cfg.algorithm.overlong_buffer,
+                        cfg.algorithm.overlong_penalty,
+                    )  # fmt: skip
+                    for t, r in zip(g.trajectories, shaped.tolist()):
+                        t.info["shaped_reward"] = r
+                    informative = bool(algo.keep_informative_groups(shaped[None, :])[0])
+                    if (informative or not cfg.algorithm.dynamic_sampling) and len(kept) < n:
+                        kept.append(len(every))
+                    every.append(g)
+                if len(kept) >= n or not cfg.algorithm.dynamic_sampling or rounds >= cfg.algorithm.max_refill_rounds:
+                    break
+                rounds += 1
+        except BaseException:
+            self.cursor = start_cursor  # the same lot is sampled again after a sampler restart
+            raise
+        rollout_s = time.perf_counter() - t0
+        tokens = sum(t.completion_tokens for g in every for t in g.trajectories)
+        return Lot(
+            index=self.produced,
+            version=version,
+            cursor=self.cursor,
+            groups=[g.model_dump_json() for g in every],
+            kept=kept,
+            stats={
+                "batch/groups": float(len(kept)),
+                "batch/groups_sampled": float(len(every)),
+                "batch/refill_rounds": float(rounds),
+                "rollout_s": rollout_s,
+                "sampled_tokens": float(tokens),
+            },
+        )
+
+    def run(self) -> None:
+        from trainer.samplers import SamplerError
+
+        self.events.put(("ready",))
+        while True:
+            self._wait(lambda: self.shared.may_sample(self.produced, self.k))
+            published, _claimed, _consumed, epoch, _stop = self.shared.get()
+            try:
+                lot = self._collect(published)
+            except SamplerError as exc:
+                self.events.put(("sampler_error", epoch, str(exc)))
+                self._wait(lambda: self.shared.get()[_EPOCH] != epoch)
+                continue
+            wall = time.perf_counter() - self.started
+            lot.stats["worker_idle_s"] = self.idle_s
+            lot.stats["worker_wall_s"] = wall
+            self._put(lot)
+            self.produced += 1
