@@ -63,6 +63,7 @@ from trainer.workers import (
     SharedState,
     WorkerSpec,
     adapter_name,
+    guarded_command,
     rollout_worker,
 )
 from twin.cases import stable_seed
@@ -135,22 +136,11 @@ class AdapterClient:
 
 
 # -- starting the sampler -------------------------------------------------------------------------
-def guarded_command(argv: list[str]) -> list[str]:
-    """``argv`` run so that it gets SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``).
-
-    A killed learner must not leave its sampler server running forever; on other systems the
-    command is returned unchanged.
-    """
-    if not sys.platform.startswith("linux"):
-        return argv
-    code = (
-        "import ctypes,os,signal,sys;"
-        "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM);"
-        "os.getppid()!=int(sys.argv[1]) and sys.exit(1);"
-        "os.execv(sys.argv[2],sys.argv[2:])"
-    )
-    exe = argv[0] if os.path.isabs(argv[0]) else (shutil.which(argv[0]) or argv[0])
-    return [sys.executable, "-c", code, str(os.getpid()), exe, *argv[1:]]
+_SERVE_CODE = (
+    "import sys, trainer.server as s;"
+    "s._HTTPServer.request_queue_size = max(getattr(s._HTTPServer, 'request_queue_size', 5), 1024);"
+    "s._cli(sys.argv[1:])"
+)
 
 
 def _make_server(cfg: Recipe, output_dir: Path) -> Any:
@@ -165,7 +155,12 @@ def _make_server(cfg: Recipe, output_dir: Path) -> Any:
 
         class _Server(ServerProcess):
             def command(self) -> list[str]:
-                return guarded_command(super().command())
+                argv = super().command()
+                if argv[1:3] == ["-m", "trainer.server"]:
+                    # The stdlib HTTP server's listen backlog is 5; a rollout lot sends one
+                    # request per episode at once, and an overflowing backlog resets connections.
+                    argv[1:3] = ["-c", _SERVE_CODE]
+                return guarded_command(argv)
 
         return _Server(
             cfg.model.path, dtype=dtype, max_loras=cfg.async_.max_staleness + 3, served_model_name="base",
@@ -535,12 +530,17 @@ class AsyncTrainer:
                 "async/rollout_idle_frac": lot.stats.get("worker_idle_s", 0.0) / worker_wall if worker_wall else 0.0,
                 "async/learner_idle_frac": learner_idle / wall if wall > 0 else 0.0,
                 "async/learner_wait_s": waited,
+                "async/learner_idle_s": learner_idle,
+                "async/learner_wall_s": wall,
+                "async/rollout_idle_s": lot.stats.get("worker_idle_s", 0.0),
+                "async/rollout_wall_s": worker_wall,
                 "async/sync_s": sync_s,
                 "async/logprob_mismatch": mismatch,
                 "async/sampler_restarts": float(self.restarts),
                 "perf/rollout_s": lot.stats.get("rollout_s", 0.0),
                 "perf/sample_tokens_per_s": tokens / lot.stats["rollout_s"] if lot.stats.get("rollout_s") else 0.0,
                 "perf/sync_s": sync_s,
+                "perf/sampled_tokens": tokens,
                 "perf/step_s": step_s,
                 "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                 "data/cursor": float(self.cursor),

@@ -713,6 +713,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog is 5: a trainer opening 64+ connections at once would see
+    # refused connections. Requests wait in the batching queue instead.
+    request_queue_size = 1024
     core: CompletionServer
 
 
@@ -757,6 +760,8 @@ def main(
         max_batch_rows: Most sequences sampled together.
         seed: Seed for requests without their own ``seed``.
     """
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     net, tokenizer = _load(model, dtype, device)
     core = CompletionServer(
         net, tokenizer, model_name=served_model_name or model, max_loras=max_loras,
@@ -972,7 +977,6 @@ def _cli(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-batch-rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     main(
         args.model, args.host, args.port, args.dtype, args.max_loras,
         served_model_name=args.served_model_name, device=args.device, logprobs_mode=args.logprobs_mode,

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ __all__ = [
     "SharedState",
     "WorkerSpec",
     "adapter_name",
+    "guarded_command",
     "rollout_worker",
 ]
 
@@ -183,6 +186,24 @@ class WorkerSpec:
     start_lot: int = 0
     start_cursor: int = 0
     cpu_threads: int = 1
+
+
+def guarded_command(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``).
+
+    A killed learner must not leave its sampler server running forever; on other systems the
+    command is returned unchanged.
+    """
+    if not sys.platform.startswith("linux"):
+        return argv
+    code = (
+        "import ctypes,os,signal,sys;"
+        "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM);"
+        "os.getppid()!=int(sys.argv[1]) and sys.exit(1);"
+        "os.execv(sys.argv[2],sys.argv[2:])"
+    )
+    exe = argv[0] if os.path.isabs(argv[0]) else (shutil.which(argv[0]) or argv[0])
+    return [sys.executable, "-c", code, str(os.getpid()), exe, *argv[1:]]
 
 
 class _Stopped(Exception):
@@ -358,6 +379,12 @@ class _RolloutLoop:
         from trainer.samplers import SamplerError
 
         self.events.put(("ready",))
+        # Idle time counts from the first published adapter (not the server's start-up).
+        while self.shared.get()[_PUBLISHED] < 0:
+            if self.shared.get()[_STOP] or not _parent_alive():
+                raise _Stopped
+            time.sleep(0.01)
+        self.started = time.perf_counter()
         while True:
             self._wait(lambda: self.shared.may_sample(self.produced, self.k))
             published, _claimed, _consumed, epoch, _stop = self.shared.get()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -55,7 +54,7 @@ def main(
     split: str = "test",
     taxonomy: str | None = None,
     out: str = "reports/demo",
-    store: str | None = None,
+    store: str | bool | None = None,
     policies: Sequence[str] | str = ("random", "heuristic", "oracle"),
     seed: int = 0,
     progress: bool = True,
@@ -70,7 +69,7 @@ def main(
         taxonomy: A Shopify taxonomy checkout to use instead of the generated world.
         out: Folder for ``report.md`` and the plots.
         store: Run store URL or file (default ``$TWINRL_STORE`` or ``runs/twinrl.db``);
-            ``"none"`` to skip.
+            ``"none"`` or False (``--no-store``) to skip.
         policies: Baselines to run (names or one comma-separated string).
         seed: World and case seed.
         progress: Show progress bars.
@@ -98,7 +97,7 @@ def main(
         return 2
     cases = select_cases(twin, split, episodes)
     run_store = None
-    if store is None or str(store).lower() != "none":
+    if store is not False and str(store).lower() not in ("none", "false"):  # --no-store: False
         from twin.store import RunStore
 
         run_store = RunStore(store)

@@ -551,6 +551,8 @@ class _Gen:
         lo, hi = self.msrp(brand, leaf)
         d = self.draft(leaf, brand, self.honest_seller(brand), self.rng.uniform(lo, hi),
                        drop_required=drop_required)
+        if self.rng.random() < 0.15:  # bargain talk on genuine listings too: no phrase decides
+            d.desc.append(self.rng.choice(self.p["cheap_phrases"]))
         if drop_required:
             d.signals.append("missing_required_attributes")
         return d, "ok"
@@ -619,9 +621,14 @@ class _Gen:
     def counterfeit_price(self) -> tuple[_Draft, str]:
         leaf, brand = self.leaf_brand(self.index.branded_leaves)
         lo, _ = self.msrp(brand, leaf)
-        d = self.draft(leaf, brand, self.honest_seller(brand), lo * self.rng.uniform(0.08, 0.3))
-        if self.rng.random() < 0.6:
+        frac = self.rng.uniform(0.08, 0.3)
+        d = self.draft(leaf, brand, self.honest_seller(brand), lo * frac)
+        roll = self.rng.random()
+        if roll < 0.4:
             d.desc.append(self.rng.choice(self.p["cheap_phrases"]))
+        elif roll < 0.7:  # dressed up as an ordinary sale, as the hard negatives are
+            d.desc.insert(0, self.rng.choice(self.p["sale_phrases"]).format(
+                percent=int(round((1 - frac) * 100))))
         d.signals.append("price_far_below_msrp")
         return d, "counterfeit"
 

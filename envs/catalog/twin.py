@@ -37,7 +37,7 @@ from twin.errors import ToolError
 from twin.tools import tool
 from twin.trajectory import Trajectory
 
-from envs.catalog.listings import DEFAULT_MIX, KINDS, kind_for, listing_id, make_listing, validate_mix
+from envs.catalog.listings import DEFAULT_MIX, kind_for, listing_id, make_listing, validate_mix
 
 __all__ = ["CatalogConfig", "CatalogTwin", "SYSTEM_PROMPT"]
 
@@ -138,6 +138,7 @@ class CatalogTwin(Twin):
         self._schema_cache: dict[str, dict[str, Any]] = {}
         self._brand_cache: OrderedDict[tuple[str, str | None], dict[str, Any]] = OrderedDict()
         self._recalls: dict[str, list[dict[str, Any]]] | None = None
+        self._allowed: dict[str, frozenset[str]] = {}
 
     # -- world ---------------------------------------------------------------------------------
     def world_key(self) -> str:
@@ -146,14 +147,18 @@ class CatalogTwin(Twin):
         return json.dumps({"seed": cfg.seed, "taxonomy_path": cfg.taxonomy_path}, sort_keys=True)
 
     def build_world(self) -> Any:
-        """Build (or load from the on-disk cache) the catalog world of this config."""
+        """Build (or load from the on-disk cache) the catalog world of this config.
+
+        The world keys its own cache folder (generator version, seed, taxonomy) under
+        ``$TWINRL_CACHE/catalog``, so every config with the same seed and taxonomy shares it.
+        """
         from envs.catalog.world import build_world
 
         cfg: CatalogConfig = self.config  # type: ignore[assignment]
         return build_world(
             seed=cfg.seed,
             taxonomy_path=cfg.taxonomy_path,
-            cache_dir=self.cache_dir(),
+            cache_dir=None,
             progress=cfg.progress,
         )
 
@@ -322,8 +327,10 @@ class CatalogTwin(Twin):
                     f"{', '.join(schema) or 'none'}"
                 )
                 continue
-            wanted = str(value).strip().lower()
-            if not any(wanted == v.lower() for v in attr.values):
+            allowed = self._allowed.get(handle)
+            if allowed is None:  # lower-cased once per attribute, not per submit
+                allowed = self._allowed[handle] = frozenset(v.lower() for v in attr.values)
+            if str(value).strip().lower() not in allowed:
                 close = difflib.get_close_matches(str(value), list(attr.values), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 shown = ", ".join(attr.values[:25]) + (" ..." if len(attr.values) > 25 else "")

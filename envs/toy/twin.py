@@ -13,13 +13,17 @@ them), drawn from the case's own seeded generator; ``truth = {"answer": word}``.
 **Reward** (shaped so that random text already earns a little and every step towards the
 right call earns more):
 
-| term        | weight | value                                                             |
-| ----------- | ------ | ----------------------------------------------------------------- |
-| closeness   | 0.2    | character similarity of the first turn to the ideal call, 0..1    |
-| prefix      | 0.3    | fraction of the ideal call the first turn starts with, 0..1       |
-| tool_call   | 0.1    | 1 when the first turn holds a readable tool call                  |
-| submitted   | 0.1    | 1 when ``submit`` succeeded                                        |
-| correct     | 0.3    | 1 when the submitted answer is the named word                      |
+| term        | weight | value                                                              |
+| ----------- | ------ | ------------------------------------------------------------------ |
+| prefix      | 0.5    | fraction of the ideal call the first turn starts with (characters) |
+| tool_call   | 0.1    | 1 when the first turn holds a readable tool call                   |
+| submitted   | 0.1    | 1 when ``submit`` succeeded                                         |
+| correct     | 0.3    | 1 when the submitted answer is the named word                       |
+| closeness   | 0 (log)| character similarity of the first turn to the ideal call           |
+| aligned     | 0 (log)| share of the ideal call's characters matched at the same position  |
+
+Whitespace is ignored by the shaping terms. ``prefix`` is a curriculum: each next character of
+the call earns more, so a policy that has found ``<tool_call>`` is pushed towards ``{"name"``.
 
 **Episode end.** ``submit`` succeeds, or ``max_turns`` turns (default 1) pass.
 
@@ -83,6 +87,13 @@ def prefix(trajectory: Trajectory, case: Case) -> float:
 
 
 @term(low=0.0, high=1.0)
+def aligned(trajectory: Trajectory, case: Case) -> float:
+    """Fraction of the ideal call's characters matched at the same position (whitespace ignored)."""
+    text, ideal = _squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"]))
+    return sum(a == b for a, b in zip(text, ideal)) / len(ideal)
+
+
+@term(low=0.0, high=1.0)
 def tool_call(trajectory: Trajectory, case: Case) -> float:
     """1 when the first assistant turn holds a readable tool call (any name)."""
     return float(any(c.turn == 0 and c.name for c in trajectory.calls))
@@ -102,7 +113,7 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {closeness: 0.2, prefix: 0.3, tool_call: 0.1, submitted: 0.1, correct: 0.3},
+    {prefix: 0.5, tool_call: 0.1, submitted: 0.1, correct: 0.3, closeness: 0.0, aligned: 0.0},
     clip=(0.0, 1.0),
     name="toy",
 )

@@ -260,11 +260,13 @@ def test_server_process_starts_and_stops(tiny_dir: Path) -> None:
     assert not proc.alive()
 
 
+@pytest.mark.slow
 def test_server_process_reports_log_tail_on_failure(tmp_path: Path) -> None:
     proc = ServerProcess(str(tmp_path / "missing-model"), threads=1, startup_timeout=60)
     with pytest.raises(Exception, match="exited with code") as info:
         proc.start()
     assert "missing-model" in str(info.value)
+    assert "config.json" in str(info.value)  # the loader's ConfigError reached the log tail
 
 
 def test_the_trainer_server_sampler_reads_our_responses(server: httpx.Client, base) -> None:
@@ -277,3 +279,27 @@ def test_the_trainer_server_sampler_reads_our_responses(server: httpx.Client, ba
     for prompt, s in zip([PROMPT, PROMPT[:4]], samples, strict=True):
         assert 1 <= len(s.ids) <= 6 and len(s.logprobs) == len(s.ids)
         assert s.logprobs == pytest.approx(_teacher_forced(model, prompt, s.ids), abs=1e-5)
+
+
+def test_top_p_keeps_the_smallest_top_set_reaching_p() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from trainer.server import _top_p_filter
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.floats(-20, 20), min_size=1, max_size=30), st.floats(0.01, 1.0))
+    def check(values: list[float], top_p: float) -> None:
+        logits = torch.tensor(values, dtype=torch.float64)
+        kept = torch.isfinite(_top_p_filter(logits, top_p))
+        probs = torch.softmax(logits, -1)
+        assert kept.any()
+        assert float(probs[kept].sum()) >= min(top_p, 1.0) - 1e-9
+        # every kept token is at least as likely as every dropped one
+        if (~kept).any():
+            assert float(probs[kept].min()) >= float(probs[~kept].max()) - 1e-12
+        # minimal: dropping the least likely kept token would fall below top_p
+        if kept.sum() > 1:
+            assert float(probs[kept].sum() - probs[kept].min()) < top_p + 1e-9
+
+    check()

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from rapidfuzz import fuzz, process, utils
 
 from twin.errors import ToolError
@@ -26,6 +27,15 @@ __all__ = [
     "Category",
     "Recall",
 ]
+
+
+_CANDIDATES = 64  # brands scored per fuzzy look-up, picked by shared trigrams
+_CACHE_SIZE = 65_536  # look-ups remembered (GRPO groups repeat the same case's queries)
+
+
+def _trigrams(norm: str) -> set[str]:
+    padded = f"  {norm} "
+    return {padded[i : i + 3] for i in range(len(padded) - 2)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +158,10 @@ class CatalogWorld:
         "recalls",
         "_index",
         "_brand_lower",
-        "_brand_choices",
+        "_brand_names",
+        "_brand_norm",
+        "_brand_grams",
+        "_brand_cache",
         "_digest",
     )
 
@@ -172,8 +185,16 @@ class CatalogWorld:
         self.recalls = recalls
         self._index = index
         self._brand_lower = {name.lower(): b for name, b in brands.items()}
-        # rapidfuzz scores against pre-normalised choices; build them once, not per call
-        self._brand_choices = {name: utils.default_process(name) for name in brands}
+        # fuzzy look-up: names normalised once, and a trigram index that narrows 2,000+ brands
+        # to a few dozen candidates before rapidfuzz scores them
+        self._brand_names = sorted(brands)
+        self._brand_norm = [utils.default_process(n) for n in self._brand_names]
+        grams: dict[str, list[int]] = {}
+        for i, norm in enumerate(self._brand_norm):
+            for g in _trigrams(norm):
+                grams.setdefault(g, []).append(i)
+        self._brand_grams = {g: np.asarray(ix, dtype=np.int32) for g, ix in grams.items()}
+        self._brand_cache: dict[tuple[str, int], tuple[tuple[Brand, float], ...]] = {}
         self._digest: str | None = None
 
     def __repr__(self) -> str:
@@ -250,21 +271,39 @@ class CatalogWorld:
         """
         text = str(name).strip()
         exact = self._brand_lower.get(text.lower())
-        matches: list[tuple[Brand, float]] = []
+        key = (text.lower(), int(limit))
+        matches = self._brand_cache.get(key)
+        if matches is None:
+            matches = self._fuzzy_brands(text, int(limit))
+            if len(self._brand_cache) >= _CACHE_SIZE:
+                self._brand_cache.clear()
+            self._brand_cache[key] = matches
+        return {"exact": exact, "matches": list(matches)}
+
+    def _fuzzy_brands(self, text: str, limit: int) -> tuple[tuple[Brand, float], ...]:
         query = utils.default_process(text)
-        if query and limit > 0:
-            found = process.extract(
-                query,
-                self._brand_choices,
-                scorer=fuzz.WRatio,
-                processor=None,
-                limit=limit,
-                score_cutoff=60,
-            )
-            # ties are broken by name so results do not depend on dict order
-            found.sort(key=lambda hit: (-hit[1], hit[2]))
-            matches = [(self.brands[key], round(float(score), 1)) for _, score, key in found]
-        return {"exact": exact, "matches": matches}
+        if not query or limit <= 0:
+            return ()
+        hits = [self._brand_grams[g] for g in _trigrams(query) if g in self._brand_grams]
+        if hits and len(self._brand_norm) > _CANDIDATES:
+            counts = np.bincount(np.concatenate(hits), minlength=len(self._brand_norm))
+            top = np.argpartition(counts, -_CANDIDATES)[-_CANDIDATES:]
+            candidates = [int(i) for i in top if counts[i] > 0]
+        else:
+            candidates = range(len(self._brand_norm))
+        found = process.extract(
+            query,
+            {i: self._brand_norm[i] for i in candidates},
+            scorer=fuzz.WRatio,
+            processor=None,
+            limit=None,
+            score_cutoff=60,
+        )
+        # ties are broken by name so results do not depend on candidate order
+        found.sort(key=lambda hit: (-hit[1], self._brand_names[hit[2]]))
+        return tuple(
+            (self.brands[self._brand_names[i]], round(float(score), 1)) for _, score, i in found[:limit]
+        )
 
     def msrp(self, brand_name: str, category_id: str) -> tuple[float, float] | None:
         """The brand's list price range for ``category_id``: the deepest range on its path.

@@ -76,6 +76,7 @@ def generate_registry(
             registered, protected = True, bool(anchor["protected"])
         else:
             k = 1 if rng.random() < 0.6 else (2 if rng.random() < 0.75 else 3)
+            k = min(k, len(sellable))
             verts = list(anchor_verts)
             while len(verts) < k:
                 v = rng.choices(sellable, weights=[weights[s] for s in sellable])[0]

@@ -1,0 +1,106 @@
+"""Recipes: every shipped recipe validates; unknown keys fail with a suggestion; overrides are typed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainer.config import Recipe, apply_overrides, load_recipe
+from twin.errors import ConfigError
+from twin.resources import data_path
+
+RECIPES = sorted(data_path("recipes").glob("*.yaml"))
+BASE = {"twin": {"name": "Toy"}}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_shipped_recipes_validate(path: Path) -> None:
+    recipe = load_recipe(path)
+    assert isinstance(recipe, Recipe)
+    header = path.read_text().splitlines()[0]
+    assert header.startswith("#"), "recipes start with a header comment"
+    assert "twin train" in path.read_text(), "the header shows the exact command"
+
+
+def test_expected_recipes_are_shipped() -> None:
+    names = {p.name for p in RECIPES}
+    assert {"toy-cpu.yaml", "catalog-tiny-cpu.yaml", "catalog-smollm2-cpu.yaml", "catalog-9b-2x96gb.yaml"} <= names
+
+
+def test_load_by_name_equals_by_path() -> None:
+    assert load_recipe("toy-cpu") == load_recipe(data_path("recipes", "toy-cpu.yaml"))
+
+
+def test_unknown_key_names_the_nearest() -> None:
+    with pytest.raises(ConfigError, match=r"optim\.lrr.*Did you mean 'optim\.lr'"):
+        load_recipe({**BASE, "optim": {"lrr": 1.0}})
+    with pytest.raises(ConfigError, match=r"Did you mean 'algorithm'"):
+        load_recipe({**BASE, "algorithim": {}})
+
+
+def test_unknown_override_key_fails() -> None:
+    with pytest.raises(ConfigError, match="sampler.max_new_token"):
+        load_recipe(BASE, ["sampler.max_new_token=3"])
+
+
+def test_overrides_are_yaml_typed() -> None:
+    r = load_recipe(
+        BASE,
+        [
+            "optim.lr=1e-4",
+            "train.steps=7",
+            "algorithm.dynamic_sampling=false",
+            "lora.target_modules=[q_proj, v_proj]",
+            "algorithm.tis_cap=null",
+            "async.max_staleness=1",
+            "twin.config.num_words=2",
+        ],
+    )
+    assert r.optim.lr == pytest.approx(1e-4) and isinstance(r.optim.lr, float)
+    assert r.train.steps == 7
+    assert r.algorithm.dynamic_sampling is False
+    assert r.lora.target_modules == ["q_proj", "v_proj"]
+    assert r.algorithm.tis_cap is None
+    assert r.async_.max_staleness == 1
+    assert r.twin.config == {"num_words": 2}
+
+
+def test_bad_value_says_where_and_what() -> None:
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage"):
+        load_recipe(BASE, ["algorithm.advantage=ppo"])
+    with pytest.raises(ConfigError, match="key.path=value"):
+        apply_overrides({}, ["optim.lr"])
+
+
+def test_kl_needs_lora() -> None:
+    with pytest.raises(ConfigError, match="kl_coef"):
+        load_recipe(BASE, ["algorithm.kl_coef=0.1", "lora.enabled=false"])
+
+
+def test_server_sampler_needs_url() -> None:
+    with pytest.raises(ConfigError, match="base_url"):
+        load_recipe(BASE, ["sampler.kind=server"])
+
+
+def test_round_trip_yaml() -> None:
+    r = load_recipe("toy-cpu", ["optim.lr=2e-3"])
+    again = load_recipe(yaml.safe_load(r.to_yaml()))
+    assert again == r
+
+
+def test_every_field_is_documented() -> None:
+    def walk(model: type) -> None:
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann)
+
+    walk(Recipe)
+
+
+def test_missing_recipe_file() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_recipe("no-such-recipe")

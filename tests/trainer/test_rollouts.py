@@ -1,0 +1,100 @@
+"""Rollouts: real TwinEnv episodes, token-exact records, batched sampler calls, budgets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from envs.toy.twin import ideal_call
+from trainer.models import load_model
+from trainer.renderer import Renderer
+from trainer.rollouts import RolloutSettings, collect_groups, episode_tokens
+from trainer.samplers import HFSampler, Sample
+from twin.registry import make_twin
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return load_model("tiny")
+
+
+class ScriptedSampler:
+    """Answers each prompt with the ids of a fixed text (then eos); counts calls."""
+
+    def __init__(self, tok, texts: list[str]) -> None:
+        self.tok, self.texts, self.calls = tok, texts, []
+
+    def sample(self, prompts, *, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=None, seed=None):
+        self.calls.append(len(prompts))
+        out = []
+        for i, _ in enumerate(prompts):
+            text = self.texts[(len(self.calls) - 1) % len(self.texts)]
+            ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
+            ids = ids[:max_new_tokens]
+            out.append(Sample(ids, [-1.0] * len(ids), "stop"))
+        return out
+
+
+def test_groups_are_scored_and_token_exact(tiny) -> None:
+    model, tok = tiny
+    twin = make_twin("Toy", max_turns=2)
+    groups = collect_groups(
+        twin, [("train", 0), ("train", 1)], HFSampler(model, tok), lambda tools: Renderer(tok, tools),
+        group_size=3, settings=RolloutSettings(max_new_tokens=8, max_episode_tokens=600), seed=0,
+    )
+    assert [g.case_id for g in groups] == ["Toy/train/0", "Toy/train/1"]
+    for g in groups:
+        assert len(g.trajectories) == 3
+        for t in g.trajectories:
+            assert t.reward is not None and t.token_turns
+            ids, mask, lps = episode_tokens(t)
+            assert len(ids) == len(mask) == len(lps) == t.info["episode_tokens"]
+            assert sum(mask) == t.completion_tokens == sum(len(x.completion_ids) for x in t.token_turns)
+            assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
+            assert all(lp < 0.0 for lp, m in zip(lps, mask) if m)
+            # the first assistant turn in the chat is exactly the decoded sampled ids (minus eos)
+            first = t.token_turns[0].completion_ids
+            body = first[:-1] if first and first[-1] == tok.eos_token_id else first
+            assert t.messages[2]["content"] == tok.decode(body, skip_special_tokens=False)
+
+
+def test_multi_turn_loss_mask_excludes_tool_results(tiny) -> None:
+    _, tok = tiny
+    twin = make_twin("Toy", max_turns=3)
+    wrong = '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+    case = twin.case("train", 0)
+    sampler = ScriptedSampler(tok, [wrong, ideal_call(case.truth["answer"])])
+    (group,) = collect_groups(
+        twin, [("train", 0)], sampler, lambda tools: Renderer(tok, tools),
+        group_size=2, settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=2000), seed=0,
+    )
+    assert sampler.calls == [2, 2], "both episodes' turns go to the sampler together"
+    for t in group.trajectories:
+        assert t.num_turns == 2 and t.terminated and t.reward == pytest.approx(1.0 - 0.5, abs=0.5)
+        ids, mask, _ = episode_tokens(t)
+        text_masked = tok.decode([i for i, m in zip(ids, mask) if not m], skip_special_tokens=False)
+        text_sampled = tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+        assert "unknown tool" in text_masked and "unknown tool" not in text_sampled
+        assert "lookup" in text_sampled and "submit" in text_sampled
+        assert t.calls[0].ok is False and t.calls[1].ok is True
+
+
+def test_episode_token_budget_cuts_and_scores(tiny) -> None:
+    _, tok = tiny
+    twin = make_twin("Toy", max_turns=5)
+    sampler = ScriptedSampler(tok, ["no call here at all"])
+    (group,) = collect_groups(
+        twin, [("train", 0)], sampler, lambda tools: Renderer(tok, tools),
+        group_size=1, settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=330), seed=0,
+    )
+    (t,) = group.trajectories
+    assert t.info["overlong"] and t.truncated and t.reward is not None
+    assert t.info["episode_tokens"] <= 330 + 64
+
+
+def test_episode_tokens_requires_token_turns() -> None:
+    from twin.trajectory import Trajectory
+
+    with pytest.raises(ValueError, match="token_turns"):
+        episode_tokens(Trajectory(twin="Toy", case_id="Toy/train/0"))

@@ -1,0 +1,142 @@
+"""Samplers: HFSampler logprobs equal a teacher-forced forward pass; seeds; ServerSampler over MockTransport."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import torch
+
+from trainer.models import load_model
+from trainer.samplers import HFSampler, Sample, Sampler, SamplerError, ServerSampler
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return load_model("tiny")
+
+
+def _prompt(tok, text: str) -> list[int]:
+    return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hf_logprobs_match_teacher_forcing(tiny, temperature: float) -> None:
+    model, tok = tiny
+    prompts = [_prompt(tok, "Say red."), _prompt(tok, "The word is a dog, a long prompt here.")]
+    samples = HFSampler(model, tok).sample(prompts, max_new_tokens=12, temperature=temperature, seed=3)
+    assert len(samples) == 2
+    for prompt, s in zip(prompts, samples):
+        assert len(s.ids) == len(s.logprobs) > 0
+        ids = torch.tensor([prompt + s.ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        expected = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(s.ids)[:, None])[:, 0]
+        assert torch.allclose(expected, torch.tensor(s.logprobs), atol=1e-5), (expected, s.logprobs)
+
+
+def test_hf_seeded_and_leaves_global_rng(tiny) -> None:
+    model, tok = tiny
+    sampler = HFSampler(model, tok)
+    prompts = [_prompt(tok, "Say red.")] * 4
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a = sampler.sample(prompts, max_new_tokens=8, seed=5)
+    assert torch.equal(before, torch.get_rng_state())
+    b = sampler.sample(prompts, max_new_tokens=8, seed=5)
+    c = sampler.sample(prompts, max_new_tokens=8, seed=6)
+    assert [s.ids for s in a] == [s.ids for s in b]
+    assert [s.ids for s in a] != [s.ids for s in c]
+    assert len({tuple(s.ids) for s in a}) > 1, "rows of one batch must differ"
+
+
+def test_hf_stops_at_stop_id_and_keeps_it(tiny) -> None:
+    model, tok = tiny
+    prompt = _prompt(tok, "Say red.")
+    # make every token a stop token: each sample is one token long and ends with its stop id
+    stop = list(range(len(tok)))
+    (s,) = HFSampler(model, tok).sample([prompt], max_new_tokens=8, stop_ids=stop, seed=0)
+    assert len(s.ids) == 1 and s.finish_reason == "stop"
+    (s,) = HFSampler(model, tok).sample([prompt], max_new_tokens=5, stop_ids=[10**6], seed=0)
+    assert len(s.ids) == 5 and s.finish_reason == "length"
+
+
+def test_samplers_satisfy_protocol(tiny) -> None:
+    model, tok = tiny
+    assert isinstance(HFSampler(model, tok), Sampler)
+    assert isinstance(ServerSampler("http://x", "m"), Sampler)
+
+
+def _vllm_handler(seen: list[dict]):
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/completions"
+        body = json.loads(request.content)
+        seen.append(body)
+        choices = []
+        for i, prompt in enumerate(body["prompt"]):
+            ids = [prompt[-1] + 1, prompt[-1] + 2, 99]
+            choices.append(
+                {
+                    "index": i,
+                    "text": "",
+                    "token_ids": ids,
+                    "prompt_token_ids": prompt,
+                    "logprobs": {"token_logprobs": [-0.5, -0.25, -0.125], "tokens": [f"token_id:{t}" for t in ids]},
+                    "finish_reason": "stop",
+                }
+            )
+        return httpx.Response(200, json={"id": "c", "object": "text_completion", "choices": choices})
+
+    return handler
+
+
+def test_server_sampler_batched_request() -> None:
+    seen: list[dict] = []
+    sampler = ServerSampler("http://sampler:8000", "policy@3", transport=httpx.MockTransport(_vllm_handler(seen)))
+    out = sampler.sample([[1, 2], [5]], max_new_tokens=7, temperature=0.9, stop_ids=[99])
+    assert out == [Sample([3, 4, 99], [-0.5, -0.25, -0.125], "stop"), Sample([6, 7, 99], [-0.5, -0.25, -0.125], "stop")]
+    (body,) = seen
+    assert body["model"] == "policy@3" and body["prompt"] == [[1, 2], [5]]
+    assert body["max_tokens"] == 7 and body["temperature"] == 0.9 and body["stop_token_ids"] == [99]
+    assert body["logprobs"] == 1 and body["return_token_ids"] and body["return_tokens_as_token_ids"]
+
+
+def test_server_sampler_seed_gives_each_prompt_its_own_request() -> None:
+    seen: list[dict] = []
+    sampler = ServerSampler("http://sampler:8000/v1", "m", transport=httpx.MockTransport(_vllm_handler(seen)))
+    out = sampler.sample([[1], [1], [1]], max_new_tokens=3, seed=4)
+    assert [s.ids for s in out] == [[2, 3, 99]] * 3
+    assert len(seen) == 3 and len({b["seed"] for b in seen}) == 3
+    again: list[dict] = []
+    ServerSampler("http://sampler:8000", "m", transport=httpx.MockTransport(_vllm_handler(again))).sample(
+        [[1], [1], [1]], max_new_tokens=3, seed=4
+    )
+    assert sorted(b["seed"] for b in again) == sorted(b["seed"] for b in seen)
+
+
+def test_server_sampler_cuts_after_stop_id() -> None:
+    sampler = ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler([])))
+    (s,) = sampler.sample([[10]], max_new_tokens=3, stop_ids=[12])
+    assert s.ids == [11, 12] and s.logprobs == [-0.5, -0.25] and s.finish_reason == "stop"
+
+
+def test_server_sampler_errors_are_clear() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(SamplerError, match="unreachable"):
+        ServerSampler("http://s", "m", transport=httpx.MockTransport(down)).sample([[1]], max_new_tokens=2)
+
+    def not_found(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"error": "adapter policy@9 not found"})
+
+    with pytest.raises(SamplerError, match="HTTP 404.*policy@9"):
+        ServerSampler("http://s", "policy@9", transport=httpx.MockTransport(not_found)).sample([[1]], max_new_tokens=2)
+
+    def no_ids(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "hi", "logprobs": None}]})
+
+    with pytest.raises(SamplerError, match="return_token_ids"):
+        ServerSampler("http://s", "m", transport=httpx.MockTransport(no_ids)).sample([[1]], max_new_tokens=2)

@@ -1,0 +1,74 @@
+"""The toy twin: registered, built on the public API, reward shaped from random text to 1.0."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+import twin
+from envs.toy import ToyTwin
+from envs.toy.twin import WORDS, ideal_call
+from twin.registry import make, make_twin
+
+
+def test_registered_by_name_and_id() -> None:
+    assert isinstance(make_twin("Toy"), ToyTwin)
+    assert isinstance(make("twin/Toy-v0").twin, ToyTwin)
+
+
+def test_cases_are_deterministic_and_hide_the_truth() -> None:
+    t = make_twin("Toy")
+    assert t.case("train", 5).canonical_json() == make_twin("Toy").case("train", 5).canonical_json()
+    words = {t.case("train", i).truth["answer"] for i in range(200)}
+    assert words == set(WORDS[:4])
+    assert {make_twin("Toy", num_words=2).case("train", i).truth["answer"] for i in range(50)} == set(WORDS[:2])
+
+
+@pytest.mark.parametrize("action, expected", [
+    (None, 1.0),
+    ("<tool_call>{\"name\": \"submit\", \"arguments\": {\"answer\": \"red\"}}</tool_call>", 1.0),
+    ("<tool_call>\n{\"name\": \"submit\", \"arguments\": {\"answer\": \"blue\"}}\n</tool_call>", None),
+    ("hello there", None),
+])
+def test_reward_levels(action, expected) -> None:
+    env = make("Toy")
+    obs, info = env.reset(options={"split": "train", "index": 0})
+    answer = env.case.truth["answer"]
+    if action is None:
+        action = ideal_call(answer)
+    elif "red" in action and answer != "red":
+        action = action.replace("red", answer)
+    _, reward, terminated, truncated, info = env.step(action)
+    assert terminated or truncated
+    if expected is not None:
+        assert reward == pytest.approx(expected)
+    elif "submit" in action:  # wrong word: a valid call, not correct
+        assert 0.5 < reward < 0.8 and info["reward"]["components"]["correct"] == 0.0
+    else:
+        assert reward < 0.1
+
+
+def test_random_text_scores_low_but_not_zero() -> None:
+    import random
+
+    rng = random.Random(0)
+    env = make("Toy")
+    rewards = []
+    for i in range(50):
+        env.reset(options={"split": "train", "index": i})
+        text = "".join(rng.choice('<>{}":, abcdefghijklmnopqrstuvwxyz_') for _ in range(40))
+        rewards.append(env.step(text)[1])
+    assert 0.0 < statistics.mean(rewards) < 0.1
+
+
+def test_built_only_on_public_api() -> None:
+    import ast
+    import inspect
+
+    import envs.toy.twin as mod
+
+    tree = ast.parse(inspect.getsource(mod))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= {"__future__", "typing", "pydantic", "rapidfuzz", "rewards", "twin"}, imported
+    assert twin.Twin in ToyTwin.__mro__
