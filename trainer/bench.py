@@ -52,7 +52,7 @@ def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, float
         "steps_per_s": len(rows) / wall if wall > 0 else 0.0,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "rollout_s": mean("perf/rollout_s"),
-        "learner_s": mean("perf/learner_s"),
+        "learner_s": mean("perf/learn_s"),
         "sync_s": mean("async/sync_s"),
         "sync_s_max": max(r.get("async/sync_s", 0.0) for r in rows),
         "rollout_idle_frac": window("async/rollout_idle_s", "async/rollout_wall_s"),
@@ -63,7 +63,10 @@ def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, float
     }
 
 
-def _run(overrides: list[str], k: int, steps: int, output_dir: Path) -> list[dict[str, Any]]:
+def _run(
+    overrides: list[str], k: int, steps: int, output_dir: Path, *, epochs: int | None, warmup: int
+) -> tuple[list[dict[str, Any]], int]:
+    """One run; with ``epochs=None`` the update passes are calibrated on the warm-up steps."""
     from trainer.config import load_recipe
     from trainer.orchestrator import AsyncTrainer
 
@@ -71,6 +74,7 @@ def _run(overrides: list[str], k: int, steps: int, output_dir: Path) -> list[dic
         "toy-cpu",
         [
             "lora.enabled=true",
+            "algorithm.dynamic_sampling=false",  # every step trains: equal work per step
             "train.store=false",
             "train.checkpoint_every=0",
             f"train.steps={steps}",
@@ -79,20 +83,30 @@ def _run(overrides: list[str], k: int, steps: int, output_dir: Path) -> list[dic
             f"async.max_staleness={k}",
         ],
     )
-    trainer = AsyncTrainer(cfg)
+    def calibrate(record: dict[str, Any]) -> None:
+        # Make learn + sync take as long as the rollout of the step: R = E * L1 + S.
+        if epochs is None and record["step"] < warmup:
+            per_epoch = record.get("perf/learner_s", 0.0)
+            spare = record["perf/rollout_s"] - record["async/sync_s"]
+            if per_epoch > 0:
+                trainer.update_epochs = max(1, min(200, round(spare / per_epoch)))
+
+    trainer = AsyncTrainer(cfg, on_step=calibrate)
+    trainer.update_epochs = epochs or 1
     try:
         trainer.setup()
-        return trainer.train()
+        return trainer.train(), trainer.update_epochs
     finally:
         trainer.cleanup()
 
 
 def main(
     steps: int = 6,
-    warmup: int = 1,
+    warmup: int = 2,
     set: str | list[str] | None = None,  # noqa: A002 - the CLI option is --set, like `twin train`
     json: str | None = None,  # noqa: A002 - the CLI option is --json
     output_dir: str | None = None,
+    epochs: int | None = None,
 ) -> int:
     """Run k = 0 and k = 1 on the same recipe and print throughput, ratio and idle fractions.
 
@@ -103,6 +117,9 @@ def main(
             LoRA, e.g. ``optim.mini_batches=2`` to lengthen learning.
         json: Also write the figures as JSON here.
         output_dir: Where the runs write (default: a temporary folder).
+        epochs: Update passes per lot. Default: chosen on the k = 0 warm-up steps so that
+            learning + sync takes as long as rollout (on CPU the built-in server samples a tiny
+            model ~20x slower than the learner updates it), then used for both runs.
 
     Returns:
         0 (the figures are printed beside the targets; they are not pass/fail here).
@@ -111,17 +128,20 @@ def main(
     root = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="twin-bench-trainer-"))
     cores = os.cpu_count() or 1
     print("twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)")
-    print(f"  recipe toy-cpu + LoRA {' '.join(overrides)}; {steps} measured steps per run after {warmup} warm-up")
+    print(f"  recipe toy-cpu + LoRA, dynamic sampling off {' '.join(overrides)}; {steps} measured steps per run "
+          f"after {warmup} warm-up")  # fmt: skip
     print(
         f"  note: this machine has {cores} CPU core(s); the sampler server, the rollout worker and the "
         "learner share them here, so overlap is limited by cores, not by the loop"
     )
     results: dict[str, dict[str, float]] = {}
+    chosen = epochs
     for k in (0, 1):
         t0 = time.perf_counter()
-        history = _run(overrides, k, steps + warmup, root)
+        history, chosen = _run(overrides, k, steps + warmup, root, epochs=chosen, warmup=max(1, warmup))
         results[f"k{k}"] = summarize_run(history, warmup)
-        print(f"  k={k}: {len(history)} steps in {time.perf_counter() - t0:.0f} s (start-up included)", flush=True)
+        print(f"  k={k}: {len(history)} steps in {time.perf_counter() - t0:.0f} s (start-up included), "
+              f"{chosen} update pass(es) per step", flush=True)  # fmt: skip
 
     header = f"{'':12}{'steps/s':>9}{'tok/s':>9}{'rollout':>9}{'learn':>8}{'sync':>7}{'roll idle':>11}{'learn idle':>11}{'mismatch':>10}"
     print(header)
@@ -151,7 +171,7 @@ def main(
         f"logprob mismatch after sync (max): k=0 {sync['logprob_mismatch']:.1e}, k=1 {overlap['logprob_mismatch']:.1e} "
         "(~1e-6 = the sampler runs the adapter just trained; 0.1-0.5 = it does not)"
     )
-    summary = {"ratio": ratio, "bound": bound, "cores": cores, "runs": results, "overrides": overrides}
+    summary = {"ratio": ratio, "update_epochs": chosen, "bound": bound, "cores": cores, "runs": results, "overrides": overrides}
     if json:
         Path(json).write_text(_json.dumps(summary, indent=2))
         print(f"figures: {json}")

@@ -48,6 +48,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,11 @@ class AsyncTrainer:
         self.dropped = 0
         self.staleness_hist: Counter[int] = Counter()
         self._loaded: list[int] = []  # adapter versions resident in the sampler, oldest first
+        self.last_save_s = self.last_load_s = 0.0
+        self._housekeeping = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-adapter-retire")
+        #: Update passes over each lot (1 = GRPO as configured). ``twin bench trainer`` raises it to
+        #: make learning take as long as rollout on CPU, where the built-in server is slow.
+        self.update_epochs = 1
         self._epoch = 0
 
     # ------------------------------------------------------------------------------------------
@@ -340,14 +346,20 @@ class AsyncTrainer:
         path = self._adapter_dir(version)
         if not (path / "adapter_config.json").exists():
             self.learner.save_adapter(path)
-        self.adapters.load(adapter_name(version), path)
+        self.last_save_s = time.perf_counter() - started
+        self.last_load_s = self.adapters.load(adapter_name(version), path)
         self._loaded.append(version)
-        # Keep the versions a lot in progress may still ask for (k + 1 of them); drop older ones.
+        synced = time.perf_counter() - started
+        # Keep the versions a lot in progress may still ask for (k + 1 of them); drop older ones
+        # in the background (an unload waits for the server's batch in flight).
         while len(self._loaded) > self.k + 2:
             old = self._loaded.pop(0)
-            self.adapters.unload(adapter_name(old))
-            shutil.rmtree(self._adapter_dir(old), ignore_errors=True)
-        return time.perf_counter() - started
+            self._housekeeping.submit(self._retire, old)
+        return synced
+
+    def _retire(self, version: int) -> None:
+        self.adapters.unload(adapter_name(version))
+        shutil.rmtree(self._adapter_dir(version), ignore_errors=True)
 
     def _probe(self, groups: list[Group]) -> float:
         """Mean |learner - sampler| logprob of tokens the sampler just sampled with the new adapter."""
@@ -500,10 +512,15 @@ class AsyncTrainer:
 
             # ALGO LOGIC: advantages and one update (TIS against the sampler's logprobs)
             learn: dict[str, float] = {}
+            t_learn = time.perf_counter()
             if kept:
-                learn = self.learner.step(self.make_batch(kept))
+                batch = self.make_batch(kept)
+                for _ in range(self.update_epochs):
+                    learn = self.learner.step(batch)
             else:
                 log.warning("step %d: every group had equal rewards; no update", step)
+
+            learn_s = time.perf_counter() - t_learn
 
             # SYNC: the new adapter to the sampler, then the worker may sample with it
             self.step = step + 1
@@ -535,10 +552,13 @@ class AsyncTrainer:
                 "async/rollout_idle_s": lot.stats.get("worker_idle_s", 0.0),
                 "async/rollout_wall_s": worker_wall,
                 "async/sync_s": sync_s,
+                "async/save_s": self.last_save_s,
+                "async/load_s": self.last_load_s,
                 "async/logprob_mismatch": mismatch,
                 "async/sampler_restarts": float(self.restarts),
                 "perf/rollout_s": lot.stats.get("rollout_s", 0.0),
                 "perf/sample_tokens_per_s": tokens / lot.stats["rollout_s"] if lot.stats.get("rollout_s") else 0.0,
+                "perf/learn_s": learn_s,
                 "perf/sync_s": sync_s,
                 "perf/sampled_tokens": tokens,
                 "perf/step_s": step_s,
@@ -589,6 +609,7 @@ class AsyncTrainer:
 
     def stop_workers(self) -> None:
         """Stop the rollout worker and the sampler server (idempotent)."""
+        self._housekeeping.shutdown(wait=True)
         if self.worker is not None:
             self.shared.update(stop=1)
             self.worker.join(timeout=10)

@@ -111,13 +111,21 @@ KNOWN_MODELS: dict[str, ModelDims] = {
     "qwen3-4b": ModelDims("Qwen3-4B", 2560, 36, 32, 8, 128, 9728, 151936, True, qk_norm=True),
     "qwen3-1.7b": ModelDims("Qwen3-1.7B", 2048, 28, 16, 8, 128, 6144, 151936, True, qk_norm=True),
     "qwen3-14b": ModelDims("Qwen3-14B", 5120, 40, 40, 8, 128, 17408, 151936, False, qk_norm=True),
-    "qwen2.5-7b": ModelDims("Qwen2.5-7B", 3584, 28, 28, 4, 128, 18944, 152064, False, qkv_bias=True),
-    "qwen2.5-1.5b": ModelDims("Qwen2.5-1.5B", 1536, 28, 12, 2, 128, 8960, 151936, True, qkv_bias=True),
-    "qwen2.5-0.5b": ModelDims("Qwen2.5-0.5B", 896, 24, 14, 2, 64, 4864, 151936, True, qkv_bias=True),
+    "qwen2.5-7b": ModelDims(
+        "Qwen2.5-7B", 3584, 28, 28, 4, 128, 18944, 152064, False, qkv_bias=True
+    ),
+    "qwen2.5-1.5b": ModelDims(
+        "Qwen2.5-1.5B", 1536, 28, 12, 2, 128, 8960, 151936, True, qkv_bias=True
+    ),
+    "qwen2.5-0.5b": ModelDims(
+        "Qwen2.5-0.5B", 896, 24, 14, 2, 64, 4864, 151936, True, qkv_bias=True
+    ),
     "llama-3.1-8b": ModelDims("Llama-3.1-8B", 4096, 32, 32, 8, 128, 14336, 128256, False),
     "llama-3.2-1b": ModelDims("Llama-3.2-1B", 2048, 16, 32, 8, 64, 8192, 128256, True),
     "llama-3.2-3b": ModelDims("Llama-3.2-3B", 3072, 28, 24, 8, 128, 8192, 128256, True),
-    "gemma-2-9b": ModelDims("Gemma-2-9B", 3584, 42, 16, 8, 256, 14336, 256000, True, norms_per_layer=4),
+    "gemma-2-9b": ModelDims(
+        "Gemma-2-9B", 3584, 42, 16, 8, 256, 14336, 256000, True, norms_per_layer=4
+    ),
     "smollm2-135m": ModelDims("SmolLM2-135M", 576, 30, 9, 3, 64, 1536, 49152, True),
     "smollm2-360m": ModelDims("SmolLM2-360M", 960, 32, 15, 5, 64, 2560, 49152, True),
     "smollm2-1.7b": ModelDims("SmolLM2-1.7B", 2048, 24, 32, 32, 64, 8192, 49152, True),
@@ -145,10 +153,12 @@ def _from_config(path: Path) -> ModelDims:
             tied=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
             qk_norm=model_type.startswith("qwen3"),
-            norms_per_layer=4 if model_type.startswith("gemma2") or model_type.startswith("gemma3") else 2,
+            norms_per_layer=4 if model_type.startswith(("gemma2", "gemma3")) else 2,
         )
     except KeyError as exc:
-        raise ConfigError(f"{path}: config.json lacks {exc.args[0]!r}; twin plan needs a decoder-only LM config") from None
+        raise ConfigError(
+            f"{path}: config.json lacks {exc.args[0]!r}; twin plan needs a decoder-only LM config"
+        ) from None
 
 
 def model_dims(spec: str) -> ModelDims:
@@ -184,7 +194,9 @@ def lora_parameters(dims: ModelDims, rank: int, target_modules: list[str]) -> in
     targets = list(shapes) if target_modules in (["all-linear"], ["all_linear"]) else target_modules
     unknown = [t for t in targets if t not in shapes]
     if unknown:
-        raise ConfigError(f"lora.target_modules {unknown} are not projections of {dims.name}; use {list(shapes)}")
+        raise ConfigError(
+            f"lora.target_modules {unknown} are not projections of {dims.name}; use {list(shapes)}"
+        )
     return dims.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
 
 
@@ -233,7 +245,9 @@ _FRAGMENTATION = 0.05  # the caching allocator's slack on the learner
 def _capacity(device: str, gpu_memory_gb: float) -> tuple[float, str]:
     if device == "cpu":
         try:
-            return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "this machine's RAM"
+            return float(
+                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            ), "this machine's RAM"
         except (ValueError, OSError, AttributeError):
             return 16 * GIB, "assumed 16 GiB RAM"
     try:
@@ -242,7 +256,9 @@ def _capacity(device: str, gpu_memory_gb: float) -> tuple[float, str]:
         if torch.cuda.is_available():
             index = torch.device(device).index or 0
             if index < torch.cuda.device_count():
-                return float(torch.cuda.get_device_properties(index).total_memory), "reported by CUDA"
+                return float(
+                    torch.cuda.get_device_properties(index).total_memory
+                ), "reported by CUDA"
     except (ImportError, RuntimeError):
         pass
     return gpu_memory_gb * 1e9, f"--gpu-memory-gb {gpu_memory_gb:g} (no such GPU visible here)"
@@ -259,7 +275,9 @@ def _kv_bytes_per_token(dims: ModelDims, b: int) -> int:
     return dims.layers * dims.kv_heads * dims.head_dim * 2 * b
 
 
-def _rollout(recipe: Any, dims: ModelDims, device: str, capacity: float, utilization: float) -> tuple[list[Component], list[str]]:
+def _rollout(
+    recipe: Any, dims: ModelDims, device: str, capacity: float, utilization: float
+) -> tuple[list[Component], list[str]]:
     """The sampler's components, and notes. vLLM's KV pool is what its memory fraction leaves."""
     dtype = _dtype(recipe, device)
     b = _BYTES[dtype]
@@ -269,16 +287,32 @@ def _rollout(recipe: Any, dims: ModelDims, device: str, capacity: float, utiliza
     per_seq = seq_len * _kv_bytes_per_token(dims, b)
     batch_kv = seqs * per_seq
     notes: list[str] = []
-    parts = [Component("weights", dims.parameters * b, f"{dims.parameters / 1e9:.2f} B params x {b} B ({dtype})")]
+    parts = [
+        Component(
+            "weights",
+            dims.parameters * b,
+            f"{dims.parameters / 1e9:.2f} B params x {b} B ({dtype})",
+        )
+    ]
     if recipe.lora.enabled:
         loras = 2  # the adapter in use and the next one being loaded
         lp = lora_parameters(dims, recipe.lora.rank, recipe.lora.target_modules)
-        parts.append(Component("LoRA adapters", loras * lp * b, f"{loras} resident x {lp / 1e6:.1f} M params, rank {recipe.lora.rank}"))
+        parts.append(
+            Component(
+                "LoRA adapters",
+                loras * lp * b,
+                f"{loras} resident x {lp / 1e6:.1f} M params, rank {recipe.lora.rank}",
+            )
+        )
     vllm_gpu = kind == "vllm" and device != "cpu"
     if vllm_gpu:
-        parts.append(Component("sampler workspace", _VLLM_WORKSPACE, "vLLM profile peak + CUDA graphs"))
+        parts.append(
+            Component("sampler workspace", _VLLM_WORKSPACE, "vLLM profile peak + CUDA graphs")
+        )
     elif device != "cpu":
-        parts.append(Component("sampler workspace", seqs * dims.vocab * 4 * 2, f"{seqs} rows of fp32 logits"))
+        parts.append(
+            Component("sampler workspace", seqs * dims.vocab * 4 * 2, f"{seqs} rows of fp32 logits")
+        )
     if device != "cpu":
         parts.append(Component("runtime", _CUDA_CONTEXT, "CUDA context and library workspaces"))
     formula = (
@@ -289,17 +323,33 @@ def _rollout(recipe: Any, dims: ModelDims, device: str, capacity: float, utiliza
         # vLLM takes `utilization x capacity` up front and pages the KV cache inside what is left;
         # it needs room for one full-length sequence and runs as many at once as fit.
         pool = utilization * capacity - sum(c.bytes for c in parts)
-        parts.append(Component("KV cache (vLLM pool)", max(pool, 0.0), f"--gpu-memory-utilization {utilization:g}; {formula}"))
+        parts.append(
+            Component(
+                "KV cache (vLLM pool)",
+                max(pool, 0.0),
+                f"--gpu-memory-utilization {utilization:g}; {formula}",
+            )
+        )
         parallel = int(max(pool, 0.0) // per_seq)
         notes.append(
             f"the KV pool holds {parallel} of the batch's {seqs} episodes at full length ({seq_len} tok) at once; "
             f"all {seqs} need {batch_kv / GIB:.1f} GiB (vLLM queues the rest)"
         )
         if parallel < 1:
-            parts.append(Component("KV shortfall", per_seq - max(pool, 0.0), "one full-length episode does not fit"))
+            parts.append(
+                Component(
+                    "KV shortfall", per_seq - max(pool, 0.0), "one full-length episode does not fit"
+                )
+            )
         else:
             # vLLM's claim is a fixed fraction; what is beyond it is not ours to plan.
-            parts.append(Component("left to others", capacity * (1 - utilization), f"1 - {utilization:g} of the device"))
+            parts.append(
+                Component(
+                    "left to others",
+                    capacity * (1 - utilization),
+                    f"1 - {utilization:g} of the device",
+                )
+            )
     else:
         parts.append(Component("KV cache", batch_kv, f"{seqs} seqs x {seq_len} tok x {formula}"))
     return parts, notes
@@ -309,14 +359,28 @@ def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> 
     dtype = _dtype(recipe, device)
     b = _BYTES[dtype]
     tokens = recipe.optim.micro_batch_tokens
-    parts = [Component("weights", dims.parameters * b, f"{dims.parameters / 1e9:.2f} B params x {b} B ({dtype})")]
+    parts = [
+        Component(
+            "weights",
+            dims.parameters * b,
+            f"{dims.parameters / 1e9:.2f} B params x {b} B ({dtype})",
+        )
+    ]
     if recipe.lora.enabled:
         trainable = lora_parameters(dims, recipe.lora.rank, recipe.lora.target_modules)
         trainable_bytes = 4  # peft keeps adapter weights in fp32
-        parts.append(Component("LoRA weights", trainable * 4, f"{trainable / 1e6:.1f} M params, rank {recipe.lora.rank}, fp32"))
+        parts.append(
+            Component(
+                "LoRA weights",
+                trainable * 4,
+                f"{trainable / 1e6:.1f} M params, rank {recipe.lora.rank}, fp32",
+            )
+        )
     else:
         trainable, trainable_bytes = dims.parameters, b
-    parts.append(Component("gradients", trainable * trainable_bytes, f"{trainable / 1e6:.1f} M trainable"))
+    parts.append(
+        Component("gradients", trainable * trainable_bytes, f"{trainable / 1e6:.1f} M trainable")
+    )
     parts.append(Component("AdamW state", trainable * 8, "2 fp32 moments per trainable param"))
     q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     # Saved for backward per token and layer: the two norm inputs and outputs, q, k, v, the
@@ -330,7 +394,13 @@ def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> 
         how = f"{tokens} tok x {dims.layers} layers x {per_token_layer / 1024:.0f} KiB/tok"
     parts.append(Component("activations", layers, how))
     # logits in the model dtype, then fp32 log-softmax and its gradient
-    parts.append(Component("logits", tokens * dims.vocab * (b + 4 + 4), f"{tokens} tok x {dims.vocab} vocab, fp32 log-softmax"))
+    parts.append(
+        Component(
+            "logits",
+            tokens * dims.vocab * (b + 4 + 4),
+            f"{tokens} tok x {dims.vocab} vocab, fp32 log-softmax",
+        )
+    )
     if device != "cpu":
         parts.append(Component("runtime", _CUDA_CONTEXT, "CUDA context and library workspaces"))
     return parts
@@ -378,31 +448,49 @@ def plan_recipe(
                 continue  # the in-process sampler generates with the learner's model
             if c.name == "left to others":
                 continue
-            p.components.append(replace(c, name=f"sampler {c.name}" if rollout == learner else c.name))
+            p.components.append(
+                replace(c, name=f"sampler {c.name}" if rollout == learner else c.name)
+            )
         p.notes.extend(notes)
     p = device_plan(learner, "learner")
-    for c in _learner(recipe, dims, learner, gradient_checkpointing):
-        if c.name == "runtime" and any(x.name.endswith("runtime") for x in p.components):
-            continue
-        p.components.append(replace(c, name=f"learner {c.name}" if rollout == learner and not external else c.name))
+    learner_parts = _learner(recipe, dims, learner, gradient_checkpointing)
     if learner != "cpu":
-        slack = sum(c.bytes for c in p.components if c.name.startswith(("learner", "weights", "LoRA", "gradients",
-                    "AdamW", "activations", "logits"))) * _FRAGMENTATION  # fmt: skip
-        p.components.append(Component("allocator slack", slack, f"{_FRAGMENTATION:.0%} of the learner's tensors"))
+        tensors = sum(c.bytes for c in learner_parts if c.name != "runtime")
+        learner_parts.append(
+            Component(
+                "allocator slack",
+                tensors * _FRAGMENTATION,
+                f"{_FRAGMENTATION:.0%} of the learner's tensors",
+            )
+        )
+    for c in learner_parts:
+        if c.name == "runtime" and any(x.name.endswith("runtime") for x in p.components):
+            continue  # one CUDA context per device
+        p.components.append(
+            replace(c, name=f"learner {c.name}" if rollout == learner and not external else c.name)
+        )
     if not gradient_checkpointing:
         alt = _learner(recipe, dims, learner, True)
         act = next(c for c in alt if c.name == "activations").bytes
-        p.notes.append(f"with gradient checkpointing the learner's activations would be {act / GIB:.2f} GiB")
+        p.notes.append(
+            f"with gradient checkpointing the learner's activations would be {act / GIB:.2f} GiB"
+        )
     if not p.fits:
         # Activations and logits grow linearly with the micro-batch: find the budget that fits.
         per_token = sum(c.bytes for c in p.components if c.name.endswith(("activations", "logits")))
-        per_token *= (1 + _FRAGMENTATION if learner != "cpu" else 1) / recipe.optim.micro_batch_tokens
+        per_token *= (
+            1 + _FRAGMENTATION if learner != "cpu" else 1
+        ) / recipe.optim.micro_batch_tokens
         fixed = p.total - per_token * recipe.optim.micro_batch_tokens
         best = int((p.capacity - fixed) // per_token) if per_token else 0
         if best >= 1:
-            p.notes.append(f"optim.micro_batch_tokens <= {best} would fit (now {recipe.optim.micro_batch_tokens})")
+            p.notes.append(
+                f"optim.micro_batch_tokens <= {best} would fit (now {recipe.optim.micro_batch_tokens})"
+            )
     if external:
-        p.notes.append(f"the sampler is an external server at {recipe.sampler.base_url}: not planned here")
+        p.notes.append(
+            f"the sampler is an external server at {recipe.sampler.base_url}: not planned here"
+        )
     return list(plans.values())
 
 
@@ -441,9 +529,11 @@ def main(
 
     loaded = _load(recipe)
     plans = plan_recipe(
-        loaded, gpu_memory_gb=gpu_memory_gb, gradient_checkpointing=gradient_checkpointing,
+        loaded,
+        gpu_memory_gb=gpu_memory_gb,
+        gradient_checkpointing=gradient_checkpointing,
         vllm_utilization=vllm_utilization,
-    )  # fmt: skip
+    )
     dims = model_dims(loaded.model.path)
     console = Console()
     console.print(
@@ -465,9 +555,13 @@ def main(
         for note in p.notes:
             console.print(f"  note: {note}")
         if p.fits:
-            console.print(f"  [bold green]FITS[/] on {p.device}: headroom {p.headroom / GIB:.2f} GiB "
-                          f"({p.headroom / p.capacity:.0%})")  # fmt: skip
+            console.print(
+                f"  [bold green]FITS[/] on {p.device}: headroom {p.headroom / GIB:.2f} GiB "
+                f"({p.headroom / p.capacity:.0%})"
+            )
         else:
             ok = False
-            console.print(f"  [bold red]DOES NOT FIT[/] on {p.device}: short by {-p.headroom / GIB:.2f} GiB")
+            console.print(
+                f"  [bold red]DOES NOT FIT[/] on {p.device}: short by {-p.headroom / GIB:.2f} GiB"
+            )
     return 0 if ok else 1

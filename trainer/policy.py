@@ -49,7 +49,9 @@ def parse_hf_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """
     kind, _, rest = spec.partition(":")
     if kind != "hf" or not rest:
-        raise ConfigError(f"expected a policy spec like 'hf:smollm2' or 'hf:PATH,temperature=0.2', got {spec!r}")
+        raise ConfigError(
+            f"expected a policy spec like 'hf:smollm2' or 'hf:PATH,temperature=0.2', got {spec!r}"
+        )
     model, *parts = rest.split(",")
     options: dict[str, Any] = {}
     for part in parts:
@@ -62,7 +64,9 @@ def parse_hf_spec(spec: str) -> tuple[str, dict[str, Any]]:
         try:
             options[key] = _OPTION_TYPES[key](raw.strip())
         except ValueError:
-            raise ConfigError(f"policy {spec!r}: {key} must be {_OPTION_TYPES[key].__name__}, got {raw!r}") from None
+            raise ConfigError(
+                f"policy {spec!r}: {key} must be {_OPTION_TYPES[key].__name__}, got {raw!r}"
+            ) from None
     return model, options
 
 
@@ -97,7 +101,9 @@ class _Batcher:
                 batch = self.pending[: self.policy.max_batch]
                 del self.pending[: len(batch)]
                 try:
-                    samples = await asyncio.to_thread(self.policy.sample_batch, [p.ids for p in batch])
+                    samples = await asyncio.to_thread(
+                        self.policy.sample_batch, [p.ids for p in batch]
+                    )
                 except Exception as exc:  # noqa: BLE001 - every waiting episode gets the error
                     for p in batch:
                         if not p.future.done():

@@ -265,7 +265,11 @@ class GRPORecipe:
         cfg = self.cfg
         n = cfg.algorithm.groups_per_step
         version = self.learner.version
-        settings = RolloutSettings(**{**self.settings.__dict__, "policy_name": f"{cfg.model.path}@{version}"})
+        settings = RolloutSettings(**{
+            **self.settings.__dict__,
+            "policy_name": f"{cfg.model.path}@{version}",
+            "max_new_tokens": self.max_new_tokens(step),
+        })
         kept: list[Group] = []
         every: list[Group] = []
         rounds = 0
@@ -288,11 +292,19 @@ class GRPORecipe:
                 break
             rounds += 1
         stats = {
+            "batch/max_new_tokens": float(settings.max_new_tokens),
             "batch/groups": float(len(kept[:n])),
             "batch/groups_sampled": float(len(every)),
             "batch/refill_rounds": float(rounds),
         }
         return kept[:n], every, stats
+
+    def max_new_tokens(self, step: int) -> int:
+        """The per-turn token limit at ``step`` (the length curriculum, when configured)."""
+        limit, ramp = self.cfg.sampler.max_new_tokens, self.cfg.sampler.max_new_tokens_ramp
+        if ramp <= 0:
+            return limit
+        return max(1, min(limit, 1 + (step * limit) // ramp))
 
     def make_batch(self, groups: list[Group]) -> TrainBatch:
         """Advantages per group, then one row per episode."""

@@ -41,7 +41,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
@@ -83,7 +82,14 @@ class ServerError(TwinError):
 
     def body(self) -> dict[str, Any]:
         """The JSON error body, as vLLM answers it."""
-        return {"error": {"message": str(self), "type": self.error_type, "param": None, "code": self.code}}
+        return {
+            "error": {
+                "message": str(self),
+                "type": self.error_type,
+                "param": None,
+                "code": self.code,
+            }
+        }
 
 
 # -- adapters -------------------------------------------------------------------------------------
@@ -119,7 +125,9 @@ class _Request:
 
 
 def _is_id_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
 
 
 class CompletionServer:
@@ -152,7 +160,9 @@ class CompletionServer:
         if max_loras < 1:
             raise ConfigError(f"max_loras must be >= 1, got {max_loras}")
         if logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
-            raise ConfigError(f"logprobs_mode must be processed_logprobs or raw_logprobs, got {logprobs_mode!r}")
+            raise ConfigError(
+                f"logprobs_mode must be processed_logprobs or raw_logprobs, got {logprobs_mode!r}"
+            )
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -160,7 +170,9 @@ class CompletionServer:
         self.max_batch_rows = max_batch_rows
         self.logprobs_mode = logprobs_mode
         cfg = getattr(model, "config", None)
-        self.max_model_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 0) or 1 << 30)
+        self.max_model_len = max_model_len or int(
+            getattr(cfg, "max_position_embeddings", 0) or 1 << 30
+        )
         self.vocab_size = int(getattr(cfg, "vocab_size", 0) or len(tokenizer))
         self.eos_ids = self._eos_ids()
         pad = getattr(tokenizer, "pad_token_id", None)
@@ -172,7 +184,9 @@ class CompletionServer:
         self.created = int(time.time())
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
         self._adapters: dict[str, _Adapter] = {}  # public name -> current version
-        self._resident: collections.OrderedDict[str, _Adapter] = collections.OrderedDict()  # key -> version (LRU)
+        self._resident: collections.OrderedDict[str, _Adapter] = (
+            collections.OrderedDict()
+        )  # key -> version (LRU)
         self._loaded_keys = 0
         self._peft: Any = None  # peft.PeftModel around self.model, made on the first adapter load
         self._lock = threading.Lock()  # guards the adapter tables and the queue's grouping
@@ -185,7 +199,10 @@ class CompletionServer:
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
-        for source in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None)):
+        for source in (
+            getattr(self.model, "generation_config", None),
+            getattr(self.model, "config", None),
+        ):
             eos = getattr(source, "eos_token_id", None)
             if isinstance(eos, int):
                 ids.add(eos)
@@ -206,10 +223,26 @@ class CompletionServer:
     def models(self) -> dict[str, Any]:
         """The ``GET /v1/models`` body: the base model, then the adapters in load order."""
         card = {"object": "model", "owned_by": "twinrl", "max_model_len": self.max_model_len}
-        data = [{"id": self.model_name, "created": self.created, "root": self.model_name, "parent": None, **card}]
+        data = [
+            {
+                "id": self.model_name,
+                "created": self.created,
+                "root": self.model_name,
+                "parent": None,
+                **card,
+            }
+        ]
         with self._lock:
             for a in self._adapters.values():
-                data.append({"id": a.name, "created": a.created, "root": a.path, "parent": self.model_name, **card})
+                data.append(
+                    {
+                        "id": a.name,
+                        "created": a.created,
+                        "root": a.path,
+                        "parent": self.model_name,
+                        **card,
+                    }
+                )
         return {"object": "list", "data": data}
 
     def load_lora_adapter(self, body: dict[str, Any]) -> str:
@@ -221,15 +254,20 @@ class CompletionServer:
         """
         name, path = body.get("lora_name"), body.get("lora_path")
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ServerError(f"load_lora_adapter expects non-empty 'lora_name' and 'lora_path', got {body!r}", 400)
+            raise ServerError(
+                f"load_lora_adapter expects non-empty 'lora_name' and 'lora_path', got {body!r}",
+                400,
+            )
         inplace = bool(body.get("load_inplace", False))
         if name == self.model_name:
-            raise ServerError(f"The lora adapter name '{name}' is the base model's name; choose another.", 400)
+            raise ServerError(
+                f"The lora adapter name '{name}' is the base model's name; choose another.", 400
+            )
         with self._lock:
             if name in self._adapters and not inplace:
                 raise ServerError(
                     f"The lora adapter '{name}' has already been loaded. "
-                    "Pass \"load_inplace\": true to replace it, or load it under a new name.",
+                    'Pass "load_inplace": true to replace it, or load it under a new name.',
                     400,
                 )
         if not (Path(path) / "adapter_config.json").is_file():
@@ -242,7 +280,9 @@ class CompletionServer:
             try:
                 self._make_resident(version)
             except Exception as exc:
-                raise ServerError(f"Loading lora {name} from {path} failed: {type(exc).__name__}: {exc}", 500) from exc
+                raise ServerError(
+                    f"Loading lora {name} from {path} failed: {type(exc).__name__}: {exc}", 500
+                ) from exc
             with self._lock:
                 old = self._adapters.get(name)
                 if old is not None:
@@ -260,7 +300,9 @@ class CompletionServer:
         """
         name = body.get("lora_name")
         if not isinstance(name, str) or not name:
-            raise ServerError(f"unload_lora_adapter expects a non-empty 'lora_name', got {body!r}", 400)
+            raise ServerError(
+                f"unload_lora_adapter expects a non-empty 'lora_name', got {body!r}", 400
+            )
         with self._lock:
             version = self._adapters.pop(name, None)
             if version is None:
@@ -281,7 +323,9 @@ class CompletionServer:
         if self._peft is None:
             # Wraps (and injects LoRA layers into) self.model in place; generation keeps calling
             # self.model, whose LoRA layers follow the PeftModel's active adapter.
-            self._peft = PeftModel.from_pretrained(self.model, version.path, adapter_name=version.key)
+            self._peft = PeftModel.from_pretrained(
+                self.model, version.path, adapter_name=version.key
+            )
         else:
             self._peft.load_adapter(version.path, adapter_name=version.key)
         self._resident[version.key] = version
@@ -321,7 +365,9 @@ class CompletionServer:
         if request.error is not None:
             if isinstance(request.error, ServerError):
                 raise request.error
-            raise ServerError(f"generation failed: {type(request.error).__name__}: {request.error}", 500)
+            raise ServerError(
+                f"generation failed: {type(request.error).__name__}: {request.error}", 500
+            )
         return self._response(body, request, name)
 
     def _parse(self, body: dict[str, Any]) -> tuple[_Request, str]:
@@ -347,13 +393,19 @@ class CompletionServer:
         logprobs = body.get("logprobs")
         prompt_logprobs = body.get("prompt_logprobs")
         for key, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-                raise ServerError(f"{key} must be a non-negative integer or null, got {value!r}", 400)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
+                raise ServerError(
+                    f"{key} must be a non-negative integer or null, got {value!r}", 400
+                )
         stop_ids = body.get("stop_token_ids") or []
         if not _is_id_list(stop_ids):
             raise ServerError(f"stop_token_ids must be a list of token ids, got {stop_ids!r}", 400)
         if body.get("stop"):
-            raise ServerError("'stop' strings are not supported by twin serve; pass 'stop_token_ids'", 400)
+            raise ServerError(
+                "'stop' strings are not supported by twin serve; pass 'stop_token_ids'", 400
+            )
         stops = frozenset(stop_ids) | (frozenset() if body.get("ignore_eos") else self.eos_ids)
         for ids in prompts:
             if len(ids) + max_tokens > self.max_model_len:
@@ -364,9 +416,17 @@ class CompletionServer:
                     400,
                 )
         request = _Request(
-            adapter=adapter, prompts=prompts, n=n, max_tokens=max_tokens, temperature=temperature,
-            top_p=top_p, seed=seed, stop_ids=stops, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-        )  # fmt: skip
+            adapter=adapter,
+            prompts=prompts,
+            n=n,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop_ids=stops,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
         return request, name
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
@@ -374,7 +434,11 @@ class CompletionServer:
             prompt = [prompt]
         if _is_id_list(prompt) and prompt:
             prompts = [prompt]
-        elif isinstance(prompt, list) and prompt and all(_is_id_list(p) or isinstance(p, str) for p in prompt):
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(_is_id_list(p) or isinstance(p, str) for p in prompt)
+        ):
             prompts = [self.tokenizer(p)["input_ids"] if isinstance(p, str) else p for p in prompt]
         else:
             raise ServerError(
@@ -432,18 +496,22 @@ class CompletionServer:
                     "tokens": tokens,
                     "top_logprobs": [
                         {self._token(t, as_ids): v for t, v in top} for top in row["top"]
-                    ] if request.logprobs > 0 else None,
-                }  # fmt: skip
-            choices.append({
-                "index": index,
-                "text": self.tokenizer.decode(row["ids"], skip_special_tokens=skip_special),
-                "logprobs": lp,
-                "finish_reason": row["finish_reason"],
-                "stop_reason": row["stop_reason"],
-                "prompt_logprobs": row.get("prompt_logprobs"),
-                "prompt_token_ids": prompt if with_ids else None,
-                "token_ids": row["ids"] if with_ids else None,
-            })  # fmt: skip
+                    ]
+                    if request.logprobs > 0
+                    else None,
+                }
+            choices.append(
+                {
+                    "index": index,
+                    "text": self.tokenizer.decode(row["ids"], skip_special_tokens=skip_special),
+                    "logprobs": lp,
+                    "finish_reason": row["finish_reason"],
+                    "stop_reason": row["stop_reason"],
+                    "prompt_logprobs": row.get("prompt_logprobs"),
+                    "prompt_token_ids": prompt if with_ids else None,
+                    "token_ids": row["ids"] if with_ids else None,
+                }
+            )
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -498,7 +566,7 @@ class CompletionServer:
                 with self._model_lock:
                     self._activate(batch[0].adapter)
                     self._run(batch)
-            except BaseException as exc:  # noqa: BLE001 - every failure goes back to its caller
+            except BaseException as exc:
                 log.exception("generation failed")
                 for r in batch:
                     r.error = exc
@@ -532,9 +600,19 @@ class CompletionServer:
                     if r.seed is not None:
                         # Each row gets its own stream: the same request gives the same bytes
                         # whatever else shares its batch.
-                        gen = torch.Generator(device="cpu").manual_seed(r.seed + 1_000_003 * (p_index * r.n + k))
-                    row = {"request": r, "prompt": prompt, "gen": gen or self._generator, "ids": [], "logprobs": [],
-                           "top": [], "finish_reason": None, "stop_reason": None}  # fmt: skip
+                        gen = torch.Generator(device="cpu").manual_seed(
+                            r.seed + 1_000_003 * (p_index * r.n + k)
+                        )
+                    row = {
+                        "request": r,
+                        "prompt": prompt,
+                        "gen": gen or self._generator,
+                        "ids": [],
+                        "logprobs": [],
+                        "top": [],
+                        "finish_reason": None,
+                        "stop_reason": None,
+                    }
                     r.result.append(row)
                     rows.append(row)
         self._decode(rows)
@@ -557,16 +635,22 @@ class CompletionServer:
         want_prompt_lp = [row["request"].prompt_logprobs for row in rows]
         need_full = any(v is not None for v in want_prompt_lp)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-            **{self._cache_kw: DynamicCache()}, **({} if need_full else {"logits_to_keep": 1}),
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kw: DynamicCache()},
+            **({} if need_full else {"logits_to_keep": 1}),
+        )
         if need_full:
             for i, (row, k) in enumerate(zip(rows, want_prompt_lp, strict=True)):
                 if k is not None:
                     start = width - len(row["prompt"])
-                    row["prompt_logprobs"] = self._prompt_logprobs(out.logits[i, start:].float(), row["prompt"], k)
+                    row["prompt_logprobs"] = self._prompt_logprobs(
+                        out.logits[i, start:].float(), row["prompt"], k
+                    )
         logits = out.logits[:, -1].float()
-        cache = out[self._cache_kw] if self._cache_kw in out else out.past_key_values
+        cache = getattr(out, self._cache_kw)
         active = [row["request"].max_tokens > 0 for row in rows]
         for i, row in enumerate(rows):
             if not active[i]:
@@ -590,13 +674,18 @@ class CompletionServer:
             step += 1
             if not any(active):
                 break
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=self.device)], dim=1)
+            mask = torch.cat(
+                [mask, torch.ones((len(rows), 1), dtype=torch.long, device=self.device)], dim=1
+            )
             positions = positions[:, -1:] + 1
             out = self.model(
-                input_ids=next_ids[:, None].to(self.device), attention_mask=mask, position_ids=positions,
-                use_cache=True, **{self._cache_kw: cache},
-            )  # fmt: skip
-            cache = out[self._cache_kw] if self._cache_kw in out else out.past_key_values
+                input_ids=next_ids[:, None].to(self.device),
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            cache = getattr(out, self._cache_kw)
             logits = out.logits[:, -1].float()
 
     def _sample(self, row: dict[str, Any], logits: torch.Tensor) -> int:
@@ -622,7 +711,9 @@ class CompletionServer:
             row["top"].append(top)
         return token
 
-    def _prompt_logprobs(self, logits: torch.Tensor, prompt: list[int], k: int) -> list[dict[str, Any] | None]:
+    def _prompt_logprobs(
+        self, logits: torch.Tensor, prompt: list[int], k: int
+    ) -> list[dict[str, Any] | None]:
         """vLLM's ``prompt_logprobs``: None for the first token, then ``{id: {logprob, rank, decoded_token}}``."""
         lps = torch.log_softmax(logits[:-1], dim=-1)
         result: list[dict[str, Any] | None] = [None]
@@ -631,11 +722,20 @@ class CompletionServer:
             entry: dict[str, Any] = {}
             value = float(row[token])
             rank = int((row > row[token]).sum()) + 1
-            entry[str(token)] = {"logprob": value, "rank": rank, "decoded_token": self.tokenizer.decode([token])}
+            entry[str(token)] = {
+                "logprob": value,
+                "rank": rank,
+                "decoded_token": self.tokenizer.decode([token]),
+            }
             if k > 0:
                 values, indices = torch.topk(row, k)
-                for r_i, (t, v) in enumerate(zip(indices.tolist(), values.tolist(), strict=True), start=1):
-                    entry.setdefault(str(t), {"logprob": v, "rank": r_i, "decoded_token": self.tokenizer.decode([t])})
+                for r_i, (t, v) in enumerate(
+                    zip(indices.tolist(), values.tolist(), strict=True), start=1
+                ):
+                    entry.setdefault(
+                        str(t),
+                        {"logprob": v, "rank": r_i, "decoded_token": self.tokenizer.decode([t])},
+                    )
             result.append(entry)
         return result
 
@@ -654,7 +754,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
     def _send(self, code: int, payload: Any) -> None:
@@ -676,10 +776,12 @@ class _Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError as exc:
             raise ServerError(f"the request body is not valid JSON: {exc}", 400) from None
         if not isinstance(body, dict):
-            raise ServerError(f"the request body must be a JSON object, got {type(body).__name__}", 400)
+            raise ServerError(
+                f"the request body must be a JSON object, got {type(body).__name__}", 400
+            )
         return body
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:
         core = self.server.core
         path = self.path.split("?", 1)[0]
         if path in ("/health", "/ping"):
@@ -691,7 +793,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, ServerError(f"no route GET {path}", 404).body())
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+    def do_POST(self) -> None:
         core = self.server.core
         path = self.path.split("?", 1)[0]
         routes = {
@@ -706,7 +808,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, handler(self._body()))
         except ServerError as exc:
             self._send(exc.code, exc.body())
-        except Exception as exc:  # noqa: BLE001 - the client gets a 500 with the reason
+        except Exception as exc:
             log.exception("request failed")
             self._send(500, ServerError(f"{type(exc).__name__}: {exc}", 500).body())
 
@@ -719,7 +821,9 @@ class _HTTPServer(ThreadingHTTPServer):
     core: CompletionServer
 
 
-def make_http_server(core: CompletionServer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
+def make_http_server(
+    core: CompletionServer, host: str = "127.0.0.1", port: int = 8000
+) -> ThreadingHTTPServer:
     """A threading HTTP server answering vLLM's routes with ``core`` (call ``serve_forever``)."""
     httpd = _HTTPServer((host, port), _Handler)
     httpd.core = core
@@ -761,14 +865,24 @@ def main(
         seed: Seed for requests without their own ``seed``.
     """
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        )
     net, tokenizer = _load(model, dtype, device)
     core = CompletionServer(
-        net, tokenizer, model_name=served_model_name or model, max_loras=max_loras,
-        max_batch_rows=max_batch_rows, logprobs_mode=logprobs_mode, seed=seed,
-    )  # fmt: skip
+        net,
+        tokenizer,
+        model_name=served_model_name or model,
+        max_loras=max_loras,
+        max_batch_rows=max_batch_rows,
+        logprobs_mode=logprobs_mode,
+        seed=seed,
+    )
     httpd = make_http_server(core, host, port)
-    print(f"twin serve: {served_model_name or model} on http://{host}:{httpd.server_address[1]}/v1", flush=True)
+    print(
+        f"twin serve: {served_model_name or model} on http://{host}:{httpd.server_address[1]}/v1",
+        flush=True,
+    )
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
@@ -794,8 +908,14 @@ class ManagedServer:
 
     name = "server"
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, log_path: str | Path | None = None,
-                 startup_timeout: float = 120.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_path: str | Path | None = None,
+        startup_timeout: float = 120.0,
+    ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.log_path = Path(log_path) if log_path else None
@@ -837,9 +957,12 @@ class ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            self.command(), stdout=self._log_file, stderr=subprocess.STDOUT, env=self.environment(),
+            self.command(),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=self.environment(),
             start_new_session=True,
-        )  # fmt: skip
+        )
         self.wait_healthy(self.startup_timeout)
         return self
 
@@ -928,10 +1051,20 @@ class ServerProcess(ManagedServer):
 
     name = "twin serve"
 
-    def __init__(self, model: str, *, dtype: str = "float32", max_loras: int = 4,
-                 served_model_name: str | None = None, device: str = "cpu",
-                 logprobs_mode: LogprobsMode = "processed_logprobs", python: str | None = None,
-                 threads: int | None = None, seed: int = 0, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "float32",
+        max_loras: int = 4,
+        served_model_name: str | None = None,
+        device: str = "cpu",
+        logprobs_mode: LogprobsMode = "processed_logprobs",
+        python: str | None = None,
+        threads: int | None = None,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.model = model
         self.dtype = dtype
@@ -946,11 +1079,27 @@ class ServerProcess(ManagedServer):
     def command(self) -> list[str]:
         """``python -m trainer.server MODEL --host .. --port .. ...``."""
         return [
-            self.python, "-m", "trainer.server", self.model, "--host", self.host, "--port", str(self.port),
-            "--dtype", self.dtype, "--max-loras", str(self.max_loras),
-            "--served-model-name", self.served_model_name, "--device", self.device,
-            "--logprobs-mode", self.logprobs_mode, "--seed", str(self.seed),
-        ]  # fmt: skip
+            self.python,
+            "-m",
+            "trainer.server",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            self.dtype,
+            "--max-loras",
+            str(self.max_loras),
+            "--served-model-name",
+            self.served_model_name,
+            "--device",
+            self.device,
+            "--logprobs-mode",
+            self.logprobs_mode,
+            "--seed",
+            str(self.seed),
+        ]
 
     def environment(self) -> dict[str, str]:
         """This process's environment, offline, with the repository importable."""
@@ -965,7 +1114,9 @@ class ServerProcess(ManagedServer):
 
 
 def _cli(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainer.server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.server", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -973,15 +1124,26 @@ def _cli(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-loras", type=int, default=4)
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--logprobs-mode", default="processed_logprobs", choices=["processed_logprobs", "raw_logprobs"])
+    parser.add_argument(
+        "--logprobs-mode",
+        default="processed_logprobs",
+        choices=["processed_logprobs", "raw_logprobs"],
+    )
     parser.add_argument("--max-batch-rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     main(
-        args.model, args.host, args.port, args.dtype, args.max_loras,
-        served_model_name=args.served_model_name, device=args.device, logprobs_mode=args.logprobs_mode,
-        max_batch_rows=args.max_batch_rows, seed=args.seed,
-    )  # fmt: skip
+        args.model,
+        args.host,
+        args.port,
+        args.dtype,
+        args.max_loras,
+        served_model_name=args.served_model_name,
+        device=args.device,
+        logprobs_mode=args.logprobs_mode,
+        max_batch_rows=args.max_batch_rows,
+        seed=args.seed,
+    )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def vllm_lora_rank(rank: int) -> int:
     for allowed in VLLM_LORA_RANKS:
         if rank <= allowed:
             return allowed
-    raise ConfigError(f"LoRA rank {rank} is above vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}")
+    raise ConfigError(
+        f"LoRA rank {rank} is above vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}"
+    )
 
 
 def _python_of(python: str | os.PathLike[str] | None) -> Path:
@@ -128,9 +130,13 @@ class VLLMServer(ManagedServer):
         self.max_lora_rank = vllm_lora_rank(max_lora_rank)
         self.max_loras = max_loras
         processed = temperature != 1.0 or top_p < 1.0
-        self.logprobs_mode = logprobs_mode or ("processed_logprobs" if processed else "raw_logprobs")
+        self.logprobs_mode = logprobs_mode or (
+            "processed_logprobs" if processed else "raw_logprobs"
+        )
         if gpu_memory_utilization is not None and not 0.0 < gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
+            )
         self.gpu_memory_utilization = gpu_memory_utilization
         self.cpu_kv_cache_gib = cpu_kv_cache_gib
         self.seed = seed
@@ -141,8 +147,15 @@ class VLLMServer(ManagedServer):
         self.extra_env = dict(extra_env or {})
 
     @classmethod
-    def from_recipe(cls, recipe: Any, *, model: str | os.PathLike[str], python: str | os.PathLike[str] | None,
-                    served_model_name: str = "policy", **kwargs: Any) -> VLLMServer:  # fmt: skip
+    def from_recipe(
+        cls,
+        recipe: Any,
+        *,
+        model: str | os.PathLike[str],
+        python: str | os.PathLike[str] | None,
+        served_model_name: str = "policy",
+        **kwargs: Any,
+    ) -> VLLMServer:
         """Flags from a recipe: rollout device, dtype, LoRA rank, episode length, temperature.
 
         Args:
@@ -177,20 +190,34 @@ class VLLMServer(ManagedServer):
     def command(self) -> list[str]:
         """The argv that starts the server."""
         if self._use_module():
-            argv = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
+            argv = [
+                str(self.python),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                self.model,
+            ]
         else:
             argv = [str(self.python.parent / "vllm"), "serve", self.model]
         argv += [
-            "--host", self.host,
-            "--port", str(self.port),
-            "--served-model-name", self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            self.served_model_name,
             "--enable-lora",
-            "--max-lora-rank", str(self.max_lora_rank),
-            "--max-loras", str(self.max_loras),
-            "--dtype", self.dtype,
-            "--max-model-len", str(self.max_model_len),
-            "--seed", str(self.seed),
-        ]  # fmt: skip
+            "--max-lora-rank",
+            str(self.max_lora_rank),
+            "--max-loras",
+            str(self.max_loras),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--seed",
+            str(self.seed),
+        ]
         if self.logprobs_mode != "raw_logprobs":  # vLLM's default
             argv += ["--logprobs-mode", self.logprobs_mode]
         if self.gpu_memory_utilization is not None and self.device != "cpu":

@@ -206,6 +206,42 @@ def guarded_command(argv: list[str]) -> list[str]:
     return [sys.executable, "-c", code, str(os.getpid()), exe, *argv[1:]]
 
 
+def _batched_sampler(base_url: str) -> Any:
+    """A ``ServerSampler`` that sends each call as ONE request with one seed (``twin serve`` only).
+
+    ``ServerSampler`` sends one request per prompt when seeded, because vLLM would give every row
+    of a batch the same seed (and so the same sample for a group's identical prompts). ``twin
+    serve`` derives a seed per row itself, so one request keeps the samples distinct and lets the
+    server batch the whole lot at once (about 1.5x faster on CPU).
+    """
+    from trainer.samplers import ServerSampler
+
+    class _OneRequest(ServerSampler):
+        async def asample(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
+                          top_p: float = 1.0, stop_ids: Any = None, seed: int | None = None) -> list[Any]:  # fmt: skip
+            request = getattr(self, "_request", None)
+            if seed is None or not prompts or request is None:
+                return await super().asample(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                             top_p=top_p, stop_ids=stop_ids, seed=seed)  # fmt: skip
+            from twin.cases import stable_seed
+
+            body: dict[str, Any] = {
+                "model": self.model_name, "prompt": [list(p) for p in prompts], "max_tokens": int(max_new_tokens),
+                "temperature": float(temperature), "top_p": float(top_p), "logprobs": 1,
+                "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
+                "seed": stable_seed("server-sampler-batch", seed) % (2**31),
+            }  # fmt: skip
+            if stop_ids:
+                body["stop_token_ids"] = [int(t) for t in stop_ids]
+            stop_set = {int(t) for t in stop_ids or ()}
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, transport=self.transport,
+                                         headers=headers) as client:  # fmt: skip
+                return list(await request(client, body, len(prompts), stop_set))
+
+    return _OneRequest(base_url, adapter_name(0), transport=ModelCheckTransport())
+
+
 class _Stopped(Exception):
     pass
 
@@ -270,7 +306,10 @@ class _RolloutLoop:
             temperature=cfg.sampler.temperature,
             top_p=cfg.sampler.top_p,
         )
-        self.sampler = ServerSampler(spec.base_url, adapter_name(0), transport=ModelCheckTransport())
+        if cfg.sampler.kind == "hf":  # the trainer started `twin serve`
+            self.sampler = _batched_sampler(spec.base_url)
+        else:
+            self.sampler = ServerSampler(spec.base_url, adapter_name(0), transport=ModelCheckTransport())
         self.produced = spec.start_lot
         self.cursor = spec.start_cursor
         self.started = time.perf_counter()
@@ -314,6 +353,12 @@ class _RolloutLoop:
         self.cursor += n
         return cases
 
+    def _max_new_tokens(self, step: int) -> int:
+        """The per-turn limit of the lot trained at ``step`` (the recipe's length curriculum)."""
+        limit = self.cfg.sampler.max_new_tokens
+        ramp = getattr(self.cfg.sampler, "max_new_tokens_ramp", 0)
+        return limit if ramp <= 0 else max(1, min(limit, 1 + (step * limit) // ramp))
+
     def _collect(self, version: int) -> Lot:
         """One lot: ``groups_per_step`` informative groups (dynamic sampling, bounded refills)."""
         import torch
@@ -326,7 +371,9 @@ class _RolloutLoop:
         n = cfg.algorithm.groups_per_step
         name = adapter_name(version)
         self.sampler.model_name = name
-        settings = RolloutSettings(**{**self.settings.__dict__, "policy_name": name})
+        settings = RolloutSettings(**{
+            **self.settings.__dict__, "policy_name": name, "max_new_tokens": self._max_new_tokens(self.produced),
+        })  # fmt: skip
         start_cursor = self.cursor
         t0 = time.perf_counter()
         every: list[Any] = []
@@ -367,6 +414,7 @@ class _RolloutLoop:
             groups=[g.model_dump_json() for g in every],
             kept=kept,
             stats={
+                "batch/max_new_tokens": float(settings.max_new_tokens),
                 "batch/groups": float(len(kept)),
                 "batch/groups_sampled": float(len(every)),
                 "batch/refill_rounds": float(rounds),

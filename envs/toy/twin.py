@@ -15,15 +15,17 @@ right call earns more):
 
 | term        | weight | value                                                              |
 | ----------- | ------ | ------------------------------------------------------------------ |
-| prefix      | 0.5    | fraction of the ideal call the first turn starts with (characters) |
+| prefix      | 0.5    | share of the ideal call's pieces the first turn starts with        |
 | tool_call   | 0.1    | 1 when the first turn holds a readable tool call                   |
 | submitted   | 0.1    | 1 when ``submit`` succeeded                                         |
 | correct     | 0.3    | 1 when the submitted answer is the named word                       |
 | closeness   | 0 (log)| character similarity of the first turn to the ideal call           |
 | aligned     | 0 (log)| share of the ideal call's characters matched at the same position  |
 
-Whitespace is ignored by the shaping terms. ``prefix`` is a curriculum: each next character of
-the call earns more, so a policy that has found ``<tool_call>`` is pushed towards ``{"name"``.
+Whitespace is ignored by the shaping terms. ``prefix`` is a curriculum: each next piece of the
+call (``<tool_call>``, ``{"name":"``, ``submit``, ...) earns more. Credit comes in whole pieces,
+not characters: partial credit for a first character lets a random policy lock onto the wrong
+token (``</tool_call>`` starts like ``<tool_call>``) and stop exploring.
 
 **Episode end.** ``submit`` succeeds, or ``max_turns`` turns (default 1) pass.
 
@@ -74,16 +76,23 @@ def closeness(trajectory: Trajectory, case: Case) -> float:
     return fuzz.ratio(_squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"]))) / 100.0
 
 
+def ideal_pieces(answer: str) -> list[str]:
+    """The ideal call cut into the pieces a tokenizer writes as single tokens (whitespace dropped)."""
+    return ["<tool_call>", '{"name":"', "submit", '","arguments":{"answer":"', answer, '"}}', "</tool_call>"]
+
+
 @term(low=0.0, high=1.0)
 def prefix(trajectory: Trajectory, case: Case) -> float:
-    """Fraction of the ideal call the first assistant turn starts with (characters, whitespace ignored)."""
-    text, ideal = _squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"]))
-    n = 0
-    for a, b in zip(text, ideal):
-        if a != b:
+    """Fraction of the ideal call's pieces the first assistant turn starts with, in order."""
+    text = _squeeze(_first_turn(trajectory))
+    pieces = ideal_pieces(case.truth["answer"])
+    done = 0
+    for piece in pieces:
+        if not text.startswith(piece):
             break
-        n += 1
-    return n / len(ideal)
+        text = text[len(piece):]
+        done += 1
+    return done / len(pieces)
 
 
 @term(low=0.0, high=1.0)

@@ -19,10 +19,15 @@ needs_shopify = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> CatalogWorld:
+def shopify_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shopify-cache")
+
+
+@pytest.fixture(scope="module")
+def world(shopify_cache: Path) -> CatalogWorld:
     if not (SHOPIFY / "data" / "categories").is_dir():
         pytest.skip(f"Shopify's taxonomy is not at {SHOPIFY}")
-    return build_world(seed=0, taxonomy_path=SHOPIFY, cache_dir=tmp_path_factory.mktemp("shopify-cache"))
+    return build_world(seed=0, taxonomy_path=SHOPIFY, cache_dir=shopify_cache)
 
 
 @needs_shopify
@@ -38,6 +43,13 @@ def test_counts_match_the_release(world: CatalogWorld) -> None:
     assert 40_000 <= links <= 41_000
     assert len(world.attributes["color"].values) >= 15
     assert "Black" in world.attributes["color"].values
+
+
+@needs_shopify
+def test_warm_load_equals_cold_build(world: CatalogWorld, shopify_cache: Path) -> None:
+    again = build_world(seed=0, taxonomy_path=SHOPIFY, cache_dir=shopify_cache)
+    assert again.digest() == world.digest()
+    assert again.categories == world.categories
 
 
 @needs_shopify
@@ -108,7 +120,6 @@ def test_registry_over_shopify(world: CatalogWorld) -> None:
     assert world.msrp(brand.name, leaf) is not None
 
 
-@pytest.mark.slow
 @needs_shopify
 def test_load_shopify_directly() -> None:
     cats, attrs, bands = load_shopify(SHOPIFY)
@@ -121,3 +132,41 @@ def test_not_a_checkout_says_what_is_missing(tmp_path: Path) -> None:
         load_shopify(tmp_path)
     with pytest.raises(ConfigError, match="data/categories"):
         build_world(taxonomy_path=tmp_path, cache_dir=tmp_path / "cache")
+
+
+def test_fast_parser_matches_yaml_and_falls_back() -> None:
+    import yaml
+
+    from envs.catalog.world.shopify import _NotSimple, _fast_load
+
+    text = """---
+base_attributes:
+- id: 1
+  name: Color
+  friendly_id: color
+  values:
+  - color__black
+  - 'quoted: value'
+extended_attributes:
+- name: "Frame: material"
+  friendly_id: frame_material
+  values_from: color
+  children: []
+"""
+    assert _fast_load(text) == yaml.safe_load(text) | {
+        "base_attributes": [{"id": "1", "name": "Color", "friendly_id": "color",
+                             "values": ["color__black", "quoted: value"]}]
+    }
+    with pytest.raises(_NotSimple):
+        _fast_load("- id: a\n  nested:\n    deeper: 1\n")
+
+
+def test_unusual_yaml_is_read_by_pyyaml(tmp_path: Path) -> None:
+    from envs.catalog.world.shopify import _load
+
+    f = tmp_path / "x.yml"
+    f.write_text("- {id: aa, name: Flow Style, children: [], attributes: []}\n")
+    assert _load(f) == [{"id": "aa", "name": "Flow Style", "children": [], "attributes": []}]
+    f.write_text("- id: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        _load(f)

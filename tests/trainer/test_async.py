@@ -209,6 +209,7 @@ def test_train_loop_drops_stale_lots_syncs_and_logs(tmp_path: Path) -> None:
         assert r["async/sync_s"] >= 0.0 and math.isfinite(r["rewards/total"])
     assert trainer.shared.get()[:3] == (4, 4, 5)  # published, claimed, consumed
     # only the newest k + 2 adapters stay loaded and on disk
+    trainer._housekeeping.shutdown(wait=True)
     unloads = [b["lora_name"] for path, b in calls if path.endswith("unload_lora_adapter")]
     assert unloads == ["policy@1"]
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["policy@2", "policy@3", "policy@4"]

@@ -104,3 +104,12 @@ def test_every_field_is_documented() -> None:
 def test_missing_recipe_file() -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_recipe("no-such-recipe")
+
+
+def test_length_curriculum() -> None:
+    from trainer.recipe import GRPORecipe
+
+    r = GRPORecipe(load_recipe(BASE, ["sampler.max_new_tokens=10", "sampler.max_new_tokens_ramp=100"]))
+    limits = [r.max_new_tokens(s) for s in range(0, 130, 10)]
+    assert limits[0] == 1 and limits[-1] == 10 and limits == sorted(limits)
+    assert GRPORecipe(load_recipe(BASE, ["sampler.max_new_tokens=10"])).max_new_tokens(0) == 10

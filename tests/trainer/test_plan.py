@@ -13,18 +13,34 @@ from trainer.plan import KNOWN_MODELS, lora_parameters, main, model_dims, plan_r
 from twin.errors import ConfigError
 
 TOY_CONFIG = {
-    "model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "head_dim": 4, "intermediate_size": 16, "vocab_size": 32,
+    "model_type": "llama",
+    "hidden_size": 8,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 4,
+    "intermediate_size": 16,
+    "vocab_size": 32,
     "tie_word_embeddings": False,
-}  # fmt: skip
+}
 
 # The layout of COMMON.md with the workstation's model; used when the shipped recipe is absent.
 CATALOG_9B = {
     "seed": 0,
     "twin": {"name": "Catalog", "config": {}, "split": "train"},
     "model": {"path": "Qwen/Qwen3-8B", "dtype": "bfloat16"},
-    "lora": {"enabled": True, "rank": 64, "alpha": 128, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
-    "sampler": {"kind": "vllm", "temperature": 1.0, "max_new_tokens": 512, "max_episode_tokens": 8192},
+    "lora": {
+        "enabled": True,
+        "rank": 64,
+        "alpha": 128,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    },
+    "sampler": {
+        "kind": "vllm",
+        "temperature": 1.0,
+        "max_new_tokens": 512,
+        "max_episode_tokens": 8192,
+    },
     "algorithm": {"group_size": 8, "groups_per_step": 16},
     "optim": {"lr": 1e-5, "micro_batch_tokens": 4096},
     "train": {"steps": 200, "output_dir": "runs/catalog-9b"},
@@ -35,15 +51,17 @@ CATALOG_9B = {
 
 def _toy_recipe(tmp_path: Path, **devices: str) -> object:
     (tmp_path / "config.json").write_text(json.dumps(TOY_CONFIG))
-    return load_recipe({
-        "twin": {"name": "Toy"},
-        "model": {"path": str(tmp_path), "dtype": "float32"},
-        "lora": {"rank": 2, "target_modules": ["q_proj", "v_proj"]},
-        "sampler": {"kind": "hf", "max_episode_tokens": 16},
-        "algorithm": {"group_size": 2, "groups_per_step": 1},
-        "optim": {"micro_batch_tokens": 10},
-        "devices": devices or {"rollout": "cpu", "learner": "cpu"},
-    })  # fmt: skip
+    return load_recipe(
+        {
+            "twin": {"name": "Toy"},
+            "model": {"path": str(tmp_path), "dtype": "float32"},
+            "lora": {"rank": 2, "target_modules": ["q_proj", "v_proj"]},
+            "sampler": {"kind": "hf", "max_episode_tokens": 16},
+            "algorithm": {"group_size": 2, "groups_per_step": 1},
+            "optim": {"micro_batch_tokens": 10},
+            "devices": devices or {"rollout": "cpu", "learner": "cpu"},
+        }
+    )
 
 
 def test_toy_figures_computed_by_hand(tmp_path: Path) -> None:
@@ -57,7 +75,9 @@ def test_toy_figures_computed_by_hand(tmp_path: Path) -> None:
     assert cpu.roles == ["rollout", "learner"]
     parts = {c.name: c.bytes for c in cpu.components}
     assert parts == {
-        "sampler KV cache": 2 * 16 * (2 * 1 * 4 * 2 * 4),  # seqs x tokens x (layers x kv x hd x 2 x fp32)
+        "sampler KV cache": 2
+        * 16
+        * (2 * 1 * 4 * 2 * 4),  # seqs x tokens x (layers x kv x hd x 2 x fp32)
         "learner weights": 1704 * 4,
         "learner LoRA weights": 112 * 4,
         "learner gradients": 112 * 4,
@@ -91,8 +111,15 @@ def test_two_devices_get_two_tables_with_runtime(tmp_path: Path) -> None:
 def test_parameter_count_matches_transformers(tmp_path: Path, model_type: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kwargs = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=48, vocab_size=100, tie_word_embeddings=model_type != "llama")  # fmt: skip
+    kwargs = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 48,
+        "vocab_size": 100,
+        "tie_word_embeddings": model_type != "llama",
+    }
     if model_type == "qwen3":
         kwargs["head_dim"] = 16
     config = AutoConfig.for_model(model_type, **kwargs)
@@ -117,7 +144,9 @@ def test_known_models_match_published_sizes() -> None:
 def test_unknown_lora_target_is_an_error() -> None:
     with pytest.raises(ConfigError, match="q_proj"):
         lora_parameters(KNOWN_MODELS["tiny"], 8, ["query"])
-    assert lora_parameters(KNOWN_MODELS["tiny"], 1, ["all-linear"]) > lora_parameters(KNOWN_MODELS["tiny"], 1, ["q_proj"])
+    assert lora_parameters(KNOWN_MODELS["tiny"], 1, ["all-linear"]) > lora_parameters(
+        KNOWN_MODELS["tiny"], 1, ["q_proj"]
+    )
 
 
 def _catalog_9b(tmp_path: Path) -> Path:
@@ -129,19 +158,25 @@ def _catalog_9b(tmp_path: Path) -> Path:
     return path
 
 
-def test_catalog_9b_recipe_fits_two_96gb_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_catalog_9b_recipe_fits_two_96gb_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _catalog_9b(tmp_path)
     plans = plan_recipe(load_recipe(path), gpu_memory_gb=96)
     assert [p.device for p in plans] == ["cuda:0", "cuda:1"]
     for p in plans:
-        assert p.total > 20 * 1024**3  # an 8-9 B model in bf16 and its KV cache / optimizer: not trivial
+        assert (
+            p.total > 20 * 1024**3
+        )  # an 8-9 B model in bf16 and its KV cache / optimizer: not trivial
         assert p.fits, [(c.name, round(c.bytes / 1024**3, 2)) for c in p.components]
     assert main(str(path), gpu_memory_gb=96) == 0
     out = capsys.readouterr().out
     assert out.count("FITS") == 2 and "DOES NOT FIT" not in out
 
 
-def test_a_recipe_that_does_not_fit_exits_1_and_suggests_a_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_recipe_that_does_not_fit_exits_1_and_suggests_a_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = {**CATALOG_9B, "optim": {"micro_batch_tokens": 65536}}
     assert main(data, gpu_memory_gb=96) == 1
     out = capsys.readouterr().out

@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("peft")
 
-from trainer.server import CompletionServer, ServerProcess, make_http_server  # noqa: E402
-from trainer.tiny import build_tiny  # noqa: E402
+from trainer.server import CompletionServer, ServerProcess, make_http_server
+from trainer.tiny import build_tiny
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,9 @@ def _make_adapter(tiny_dir: Path, out: Path, seed: int) -> Path:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False
+    )
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
@@ -57,7 +59,9 @@ def server(tiny_dir: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    core = CompletionServer(model, AutoTokenizer.from_pretrained(tiny_dir), model_name="tiny", max_loras=2)
+    core = CompletionServer(
+        model, AutoTokenizer.from_pretrained(tiny_dir), model_name="tiny", max_loras=2
+    )
     httpd = make_http_server(core, "127.0.0.1", 0)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -73,7 +77,14 @@ PROMPT = [1, 447, 201, 361, 223, 404, 223, 67, 2, 201, 1, 399, 201]
 
 
 def _complete(client: httpx.Client, **body) -> dict:
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "logprobs": 0, "return_token_ids": True, **body}
+    body = {
+        "model": "tiny",
+        "prompt": PROMPT,
+        "max_tokens": 8,
+        "logprobs": 0,
+        "return_token_ids": True,
+        **body,
+    }
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -101,8 +112,12 @@ def test_token_ids_in_and_out_in_vllm_format(server: httpx.Client) -> None:
     assert len(choice["token_ids"]) == 8
     assert choice["finish_reason"] == "length"
     assert len(choice["logprobs"]["token_logprobs"]) == 8
-    assert out["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 8, "total_tokens": len(PROMPT) + 8,
-                            "prompt_tokens_details": None}  # fmt: skip
+    assert out["usage"] == {
+        "prompt_tokens": len(PROMPT),
+        "completion_tokens": 8,
+        "total_tokens": len(PROMPT) + 8,
+        "prompt_tokens_details": None,
+    }
     # Same seed -> same ids.
     again = _complete(server, ignore_eos=True, seed=3)
     assert again["choices"][0]["token_ids"] == choice["token_ids"]
@@ -125,13 +140,20 @@ def test_temperature_logprobs_are_processed(server: httpx.Client, base) -> None:
     ids = torch.tensor([PROMPT + choice["token_ids"]])
     with torch.no_grad():
         logits = model(ids).logits[0, len(PROMPT) - 1 : -1] / 0.5
-    expected = [float(v) for v in torch.log_softmax(logits, -1).gather(1, torch.tensor(choice["token_ids"])[:, None])[:, 0]]
+    expected = [
+        float(v)
+        for v in torch.log_softmax(logits, -1).gather(
+            1, torch.tensor(choice["token_ids"])[:, None]
+        )[:, 0]
+    ]
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-5)
 
 
 def test_greedy_text_prompt_and_n(server: httpx.Client, base) -> None:
     _, tok = base
-    out = _complete(server, prompt="the answer is", temperature=0.0, n=2, max_tokens=4, ignore_eos=True)
+    out = _complete(
+        server, prompt="the answer is", temperature=0.0, n=2, max_tokens=4, ignore_eos=True
+    )
     first, second = out["choices"]
     assert first["prompt_token_ids"] == tok("the answer is")["input_ids"]
     assert first["token_ids"] == second["token_ids"]  # greedy is deterministic
@@ -141,73 +163,124 @@ def test_greedy_text_prompt_and_n(server: httpx.Client, base) -> None:
 def test_stop_token_ids_end_with_stop(server: httpx.Client) -> None:
     free = _complete(server, ignore_eos=True, seed=5, max_tokens=6)["choices"][0]["token_ids"]
     stop = free[2]
-    out = _complete(server, ignore_eos=True, seed=5, max_tokens=6, stop_token_ids=[stop])["choices"][0]
+    out = _complete(server, ignore_eos=True, seed=5, max_tokens=6, stop_token_ids=[stop])[
+        "choices"
+    ][0]
     assert out["token_ids"] == free[: free.index(stop) + 1]
     assert out["finish_reason"] == "stop"
     assert out["stop_reason"] == stop
 
 
-def test_adapter_load_use_unload(server: httpx.Client, adapters: list[Path], tiny_dir: Path) -> None:
+def test_adapter_load_use_unload(
+    server: httpx.Client, adapters: list[Path], tiny_dir: Path
+) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    r = server.post("/v1/load_lora_adapter", json={"lora_name": "policy@1", "lora_path": str(adapters[0])})
+    r = server.post(
+        "/v1/load_lora_adapter", json={"lora_name": "policy@1", "lora_path": str(adapters[0])}
+    )
     assert r.status_code == 200, r.text
     assert [m["id"] for m in server.get("/v1/models").json()["data"]] == ["tiny", "policy@1"]
     base_out = _complete(server, ignore_eos=True, seed=7)["choices"][0]
     lora_out = _complete(server, model="policy@1", ignore_eos=True, seed=7)["choices"][0]
-    assert lora_out["logprobs"]["token_logprobs"] != pytest.approx(base_out["logprobs"]["token_logprobs"], abs=1e-3)
+    assert lora_out["logprobs"]["token_logprobs"] != pytest.approx(
+        base_out["logprobs"]["token_logprobs"], abs=1e-3
+    )
     # The server's logprobs on the adapter equal peft's teacher-forced ones.
-    ref = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), adapters[0])
+    ref = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), adapters[0]
+    )
     expected = _teacher_forced(ref.eval(), PROMPT, lora_out["token_ids"])
     assert lora_out["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-5)
     # And the base model is untouched after serving the adapter.
-    assert _complete(server, ignore_eos=True, seed=7)["choices"][0]["token_ids"] == base_out["token_ids"]
+    assert (
+        _complete(server, ignore_eos=True, seed=7)["choices"][0]["token_ids"]
+        == base_out["token_ids"]
+    )
 
     r = server.post("/v1/unload_lora_adapter", json={"lora_name": "policy@1"})
     assert r.status_code == 200, r.text
-    r = server.post("/v1/completions", json={"model": "policy@1", "prompt": PROMPT, "max_tokens": 2})
+    r = server.post(
+        "/v1/completions", json={"model": "policy@1", "prompt": PROMPT, "max_tokens": 2}
+    )
     assert r.status_code == 404
     assert r.json()["error"]["type"] == "NotFoundError"
 
 
 def test_vllm_status_codes(server: httpx.Client, adapters: list[Path], tmp_path: Path) -> None:
     load = "/v1/load_lora_adapter"
-    assert server.post(load, json={"lora_name": "codes@1", "lora_path": str(adapters[1])}).status_code == 200
-    assert server.post(load, json={"lora_name": "codes@1", "lora_path": str(adapters[1])}).status_code == 400
+    assert (
+        server.post(load, json={"lora_name": "codes@1", "lora_path": str(adapters[1])}).status_code
+        == 200
+    )
+    assert (
+        server.post(load, json={"lora_name": "codes@1", "lora_path": str(adapters[1])}).status_code
+        == 400
+    )
     inplace = {"lora_name": "codes@1", "lora_path": str(adapters[2]), "load_inplace": True}
     assert server.post(load, json=inplace).status_code == 200
-    assert server.post(load, json={"lora_name": "codes@2", "lora_path": str(tmp_path)}).status_code == 404
+    assert (
+        server.post(load, json={"lora_name": "codes@2", "lora_path": str(tmp_path)}).status_code
+        == 404
+    )
     assert server.post(load, json={"lora_name": "codes@3"}).status_code == 400
     assert server.post("/v1/unload_lora_adapter", json={"lora_name": "nope"}).status_code == 404
-    assert server.post("/v1/completions", json={"model": "nope", "prompt": PROMPT}).status_code == 404
-    assert server.post("/v1/completions", json={"model": "tiny", "prompt": {"a": 1}}).status_code == 400
-    assert server.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "stream": True}).status_code == 400
+    assert (
+        server.post("/v1/completions", json={"model": "nope", "prompt": PROMPT}).status_code == 404
+    )
+    assert (
+        server.post("/v1/completions", json={"model": "tiny", "prompt": {"a": 1}}).status_code
+        == 400
+    )
+    assert (
+        server.post(
+            "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "stream": True}
+        ).status_code
+        == 400
+    )
     assert server.post("/v1/completions", content=b"{not json").status_code == 400
     assert server.post("/v1/unload_lora_adapter", json={"lora_name": "codes@1"}).status_code == 200
 
 
-def test_inplace_reload_changes_outputs_and_more_adapters_than_max_loras(server: httpx.Client, adapters: list[Path]) -> None:
+def test_inplace_reload_changes_outputs_and_more_adapters_than_max_loras(
+    server: httpx.Client, adapters: list[Path]
+) -> None:
     load = "/v1/load_lora_adapter"
     outs = {}
-    for i, path in enumerate(adapters):  # 3 adapters, max_loras=2: the oldest is evicted and reloaded
-        assert server.post(load, json={"lora_name": f"many@{i}", "lora_path": str(path)}).status_code == 200
+    for i, path in enumerate(
+        adapters
+    ):  # 3 adapters, max_loras=2: the oldest is evicted and reloaded
+        assert (
+            server.post(load, json={"lora_name": f"many@{i}", "lora_path": str(path)}).status_code
+            == 200
+        )
     for i in range(3):
-        outs[i] = _complete(server, model=f"many@{i}", ignore_eos=True, seed=2)["choices"][0]["logprobs"]["token_logprobs"]
-    again = _complete(server, model="many@0", ignore_eos=True, seed=2)["choices"][0]["logprobs"]["token_logprobs"]
+        outs[i] = _complete(server, model=f"many@{i}", ignore_eos=True, seed=2)["choices"][0][
+            "logprobs"
+        ]["token_logprobs"]
+    again = _complete(server, model="many@0", ignore_eos=True, seed=2)["choices"][0]["logprobs"][
+        "token_logprobs"
+    ]
     assert again == pytest.approx(outs[0], abs=1e-6)
     assert outs[0] != pytest.approx(outs[1], abs=1e-3)
     # load_inplace swaps the weights behind the same name.
-    r = server.post(load, json={"lora_name": "many@0", "lora_path": str(adapters[1]), "load_inplace": True})
+    r = server.post(
+        load, json={"lora_name": "many@0", "lora_path": str(adapters[1]), "load_inplace": True}
+    )
     assert r.status_code == 200
-    swapped = _complete(server, model="many@0", ignore_eos=True, seed=2)["choices"][0]["logprobs"]["token_logprobs"]
+    swapped = _complete(server, model="many@0", ignore_eos=True, seed=2)["choices"][0]["logprobs"][
+        "token_logprobs"
+    ]
     assert swapped == pytest.approx(outs[1], abs=1e-6)
     for i in range(3):
         server.post("/v1/unload_lora_adapter", json={"lora_name": f"many@{i}"})
 
 
 def test_concurrent_requests_are_batched_and_match_serial(server: httpx.Client) -> None:
-    serial = [_complete(server, ignore_eos=True, seed=s)["choices"][0]["token_ids"] for s in range(4)]
+    serial = [
+        _complete(server, ignore_eos=True, seed=s)["choices"][0]["token_ids"] for s in range(4)
+    ]
     results: dict[int, list[int]] = {}
 
     def call(s: int) -> None:
@@ -221,23 +294,46 @@ def test_concurrent_requests_are_batched_and_match_serial(server: httpx.Client) 
     assert [results[s] for s in range(4)] == serial
 
 
-def test_request_finishes_on_its_adapter_when_unloaded_meanwhile(tiny_dir: Path, adapters: list[Path], base) -> None:
+def test_request_finishes_on_its_adapter_when_unloaded_meanwhile(
+    tiny_dir: Path, adapters: list[Path], base
+) -> None:
     """A queued request keeps the adapter version it resolved on arrival."""
     from transformers import AutoModelForCausalLM
 
-    model, tok = base
-    core = CompletionServer(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), tok, model_name="tiny")
+    _, tok = base
+    core = CompletionServer(
+        AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), tok, model_name="tiny"
+    )
     try:
         core.load_lora_adapter({"lora_name": "policy@1", "lora_path": str(adapters[0])})
-        expected = core.completions({"model": "policy@1", "prompt": PROMPT, "max_tokens": 4, "seed": 1,
-                                     "ignore_eos": True, "return_token_ids": True})["choices"][0]["token_ids"]  # fmt: skip
+        expected = core.completions(
+            {
+                "model": "policy@1",
+                "prompt": PROMPT,
+                "max_tokens": 4,
+                "seed": 1,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
+        )["choices"][0]["token_ids"]
         # Hold the model so the next request waits in the queue, unload meanwhile, release.
         version = core._adapters["policy@1"]
         core._model_lock.acquire()
         box: dict = {}
-        t = threading.Thread(target=lambda: box.update(core.completions(
-            {"model": "policy@1", "prompt": PROMPT, "max_tokens": 4, "seed": 1, "ignore_eos": True,
-             "return_token_ids": True})))  # fmt: skip
+        t = threading.Thread(
+            target=lambda: box.update(
+                core.completions(
+                    {
+                        "model": "policy@1",
+                        "prompt": PROMPT,
+                        "max_tokens": 4,
+                        "seed": 1,
+                        "ignore_eos": True,
+                        "return_token_ids": True,
+                    }
+                )
+            )
+        )
         t.start()
         while version.pending == 0:
             time.sleep(0.01)
@@ -251,10 +347,20 @@ def test_request_finishes_on_its_adapter_when_unloaded_meanwhile(tiny_dir: Path,
 
 
 def test_server_process_starts_and_stops(tiny_dir: Path) -> None:
-    with ServerProcess(str(tiny_dir), served_model_name="tiny", threads=1, startup_timeout=120) as proc:
+    with ServerProcess(
+        str(tiny_dir), served_model_name="tiny", threads=1, startup_timeout=120
+    ) as proc:
         assert proc.healthy()
-        r = httpx.post(f"{proc.base_url}/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3,
-                                                              "return_token_ids": True, "ignore_eos": True})  # fmt: skip
+        r = httpx.post(
+            f"{proc.base_url}/completions",
+            json={
+                "model": "tiny",
+                "prompt": PROMPT,
+                "max_tokens": 3,
+                "return_token_ids": True,
+                "ignore_eos": True,
+            },
+        )
         assert r.status_code == 200
         assert len(r.json()["choices"][0]["token_ids"]) == 3
     assert not proc.alive()
@@ -287,7 +393,7 @@ def test_top_p_keeps_the_smallest_top_set_reaching_p() -> None:
 
     from trainer.server import _top_p_filter
 
-    @settings(max_examples=200, deadline=None)
+    @settings(max_examples=60, deadline=None)
     @given(st.lists(st.floats(-20, 20), min_size=1, max_size=30), st.floats(0.01, 1.0))
     def check(values: list[float], top_p: float) -> None:
         logits = torch.tensor(values, dtype=torch.float64)

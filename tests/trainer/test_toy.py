@@ -44,12 +44,12 @@ def test_reward_levels(action, expected) -> None:
     if expected is not None:
         assert reward == pytest.approx(expected)
     elif "submit" in action:  # wrong word: a valid call, not correct
-        assert 0.5 < reward < 0.8 and info["reward"]["components"]["correct"] == 0.0
+        assert 0.4 < reward < 0.8 and info["reward"]["components"]["correct"] == 0.0
     else:
         assert reward < 0.1
 
 
-def test_random_text_scores_low_but_not_zero() -> None:
+def test_random_text_scores_low() -> None:
     import random
 
     rng = random.Random(0)
@@ -59,7 +59,19 @@ def test_random_text_scores_low_but_not_zero() -> None:
         env.reset(options={"split": "train", "index": i})
         text = "".join(rng.choice('<>{}":, abcdefghijklmnopqrstuvwxyz_') for _ in range(40))
         rewards.append(env.step(text)[1])
-    assert 0.0 < statistics.mean(rewards) < 0.1
+    assert 0.0 <= statistics.mean(rewards) < 0.05
+
+
+def test_prefix_counts_whole_pieces_in_order() -> None:
+    env = make("Toy")
+    env.reset(options={"split": "train", "index": 0})
+    word = env.case.truth["answer"]
+    levels = []
+    for text in ["</tool_call>", "<tool_call>", '<tool_call>\n{"name": "', '<tool_call>{"name": "submit"',
+                 f'<tool_call>{{"name": "submit", "arguments": {{"answer": "{word}'] :
+        env.reset(options={"split": "train", "index": 0})
+        levels.append(env.step(text)[4]["reward"]["components"]["prefix"])
+    assert levels == sorted(levels) and levels[0] == 0.0 and len(set(levels)) == 5
 
 
 def test_built_only_on_public_api() -> None:

@@ -29,7 +29,8 @@ def _fake_venv(tmp_path: Path, behaviour: str = "ok") -> Path:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     stub = tmp_path / "stub.py"
-    stub.write_text(textwrap.dedent(f"""
+    stub.write_text(
+        textwrap.dedent(f"""
         import json, os, sys, time
         from http.server import BaseHTTPRequestHandler, HTTPServer
         argv = sys.argv[1:]
@@ -47,9 +48,12 @@ def _fake_venv(tmp_path: Path, behaviour: str = "ok") -> Path:
             def log_message(self, *a):
                 pass
         HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), H).serve_forever()
-    """))
+    """)
+    )
     python = venv / "bin" / "python"
-    python.write_text(f"#!/bin/sh\n# ignore '-m module' and run the stub\nshift 2\nexec {sys.executable} {stub} \"$@\"\n")
+    python.write_text(
+        f"#!/bin/sh\n# ignore '-m module' and run the stub\nshift 2\nexec {sys.executable} {stub} \"$@\"\n"
+    )
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     return venv
 
@@ -64,12 +68,21 @@ def test_command_line_and_environment_from_a_recipe(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "vllm").write_text("")
-    server = VLLMServer.from_recipe(load_recipe(RECIPE), model="/models/qwen3-8b", python=venv, port=8123,
-                                    gpu_memory_utilization=0.85)  # fmt: skip
+    server = VLLMServer.from_recipe(
+        load_recipe(RECIPE),
+        model="/models/qwen3-8b",
+        python=venv,
+        port=8123,
+        gpu_memory_utilization=0.85,
+    )
     argv = server.command()
     assert argv[:3] == [str(venv / "bin" / "vllm"), "serve", "/models/qwen3-8b"]
     assert "--enable-lora" in argv
-    pairs = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--") and not argv[i + 1].startswith("--")}
+    pairs = {
+        a: argv[i + 1]
+        for i, a in enumerate(argv[:-1])
+        if a.startswith("--") and not argv[i + 1].startswith("--")
+    }
     assert pairs["--port"] == "8123"
     assert pairs["--served-model-name"] == "policy"
     assert pairs["--max-lora-rank"] == "64"
@@ -86,16 +99,30 @@ def test_command_line_and_environment_from_a_recipe(tmp_path: Path) -> None:
 
 
 def test_cpu_uses_the_module_entrypoint_and_raw_logprobs_at_t1(tmp_path: Path) -> None:
-    server = VLLMServer("/m", python=tmp_path / "py", device="cpu", dtype="float32", temperature=1.0,
-                        cpu_kv_cache_gib=2)  # fmt: skip
+    server = VLLMServer(
+        "/m",
+        python=tmp_path / "py",
+        device="cpu",
+        dtype="float32",
+        temperature=1.0,
+        cpu_kv_cache_gib=2,
+    )
     argv = server.command()
-    assert argv[:5] == [str(tmp_path / "py"), "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    assert argv[:5] == [
+        str(tmp_path / "py"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/m",
+    ]
     assert "--logprobs-mode" not in argv  # raw (vLLM's default) equals processed at T=1, top_p=1
     assert "--gpu-memory-utilization" not in argv
     env = server.environment()
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["CUDA_VISIBLE_DEVICES"] == ""
-    assert VLLMServer("/m", python="py", device="cuda:1").environment()["CUDA_VISIBLE_DEVICES"] == "1"
+    assert (
+        VLLMServer("/m", python="py", device="cuda:1").environment()["CUDA_VISIBLE_DEVICES"] == "1"
+    )
     assert "--logprobs-mode" in VLLMServer("/m", python="py", top_p=0.9).command()
 
 
@@ -110,8 +137,14 @@ def test_bad_arguments_say_how_to_fix() -> None:
 
 def test_start_waits_for_health_and_stop_ends_it(tmp_path: Path) -> None:
     venv = _fake_venv(tmp_path)
-    server = VLLMServer("/m", python=venv, device="cpu", entrypoint="module", startup_timeout=30,
-                        log_path=tmp_path / "vllm.log")  # fmt: skip
+    server = VLLMServer(
+        "/m",
+        python=venv,
+        device="cpu",
+        entrypoint="module",
+        startup_timeout=30,
+        log_path=tmp_path / "vllm.log",
+    )
     with server:
         assert server.healthy()
         seen = json.loads((tmp_path / "seen.json").read_text())
@@ -123,7 +156,9 @@ def test_start_waits_for_health_and_stop_ends_it(tmp_path: Path) -> None:
 
 
 def test_a_crash_at_start_raises_with_the_log_tail(tmp_path: Path) -> None:
-    server = VLLMServer("/m", python=_fake_venv(tmp_path, "crash"), device="cpu", startup_timeout=30)
+    server = VLLMServer(
+        "/m", python=_fake_venv(tmp_path, "crash"), device="cpu", startup_timeout=30
+    )
     with pytest.raises(TwinError, match="exited with code 3") as info:
         server.start()
     assert "max_lora_rank too small" in str(info.value)

@@ -23,7 +23,7 @@ from twin.cases import stable_seed
 __all__ = ["GeneratorConfig", "generate_taxonomy"]
 
 # probability that a node at depth d (key) splits further, and the child count range
-_SPLIT = {3: (0.80, 2, 5), 4: (0.30, 2, 4), 5: (0.16, 2, 3), 6: (0.14, 2, 3)}
+_SPLIT = {3: (0.80, 2, 5), 4: (0.28, 2, 4), 5: (0.20, 2, 3), 6: (0.40, 2, 3)}
 # facet groups whose words lead a name ("Women's Linen Dresses", not "Linen Women's Dresses")
 _LEADING = ("audience", "age")
 _MAX_DEPTH = 7
@@ -110,6 +110,15 @@ def _department(
         attributes[handle] = Attribute(handle, f"{name} {label}", tuple(v for v, _ in facets[group]))
         facet_attr[group] = handle
     for entry in dept["types"]:
+        # "Sofas|couches @style,upholstery": a type may split by its own facet groups
+        entry, _, own_groups = str(entry).partition("@")
+        tgroups = [g.strip() for g in own_groups.split(",") if g.strip()] or groups
+        for group in tgroups:
+            if group not in facet_attr:
+                handle = _unique(attributes, f"{slug(name)}_{group}", root.id)
+                label = _FACET_LABEL.get(group, group.replace("_", " "))
+                attributes[handle] = Attribute(handle, f"{name} {label}", tuple(v for v, _ in facets[group]))
+                facet_attr[group] = handle
         tname, tsyns = split_name(entry)
         tnode = node.child(tname, list(tsyns))
         if features and rng.random() < 0.7:
@@ -118,7 +127,7 @@ def _department(
             picked = sorted(rng.sample(range(len(features)), k))
             attributes[handle] = Attribute(handle, f"{tname} features", tuple(features[i] for i in picked))
             tnode.links[handle] = False
-        _expand(tnode, tname, tsyns, [], groups, 0, facets, facet_attr, branching, rng)
+        _expand(tnode, tname, tsyns, [], tgroups, 0, facets, facet_attr, branching, rng)
 
 
 def _expand(

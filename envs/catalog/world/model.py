@@ -30,7 +30,7 @@ __all__ = [
 
 
 _CANDIDATES = 64  # brands scored per fuzzy look-up, picked by shared trigrams
-_CACHE_SIZE = 65_536  # look-ups remembered (GRPO groups repeat the same case's queries)
+_CACHE_SIZE = 16_384  # look-ups remembered (GRPO groups repeat the same case's queries)
 
 
 def _trigrams(norm: str) -> set[str]:

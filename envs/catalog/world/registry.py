@@ -7,6 +7,7 @@ to luxury); some brands carry narrower ranges for departments or product types b
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from typing import Any
@@ -116,8 +117,6 @@ def generate_registry(
 
 def _range(rng: random.Random, lo: float, hi: float, tier: dict[str, float]) -> tuple[float, float]:
     """A (low, high) list-price range at the tier's position of the log-scaled band."""
-    import math
-
     llo, lhi = math.log(max(lo, 0.5)), math.log(max(hi, lo + 1))
     a = llo + (lhi - llo) * rng.uniform(tier["low"], (tier["low"] + tier["high"]) / 2)
     b = llo + (lhi - llo) * rng.uniform((tier["low"] + tier["high"]) / 2, tier["high"])
@@ -254,11 +253,12 @@ def _recalls(
 ) -> tuple[Recall, ...]:
     rng = _rng(seed, "recalls")
     leaves_by_vertical: dict[str, list[str]] = {}
+    exclude = set(vocab.get("recall_exclude", []))
     for c in categories.values():
-        if c.is_leaf and c.policy == "ok":
+        if c.is_leaf and c.policy == "ok" and c.vertical not in exclude:
             leaves_by_vertical.setdefault(c.vertical, []).append(c.id)
     candidates = [b for b in brands.values() if b.registered and any(v in leaves_by_vertical for v in b.verticals)]
-    reasons = vocab["recall_reasons"]["generic"]
+    reasons = vocab["recall_reasons"]
     out: list[Recall] = []
     used_models: set[str] = set()
     for i in range(n):
@@ -284,7 +284,7 @@ def _recalls(
             model_number=model,
             batch=f"L{year % 100:02d}{rng.randint(1, 52):02d}-{rng.randint(1, 999):03d}",
             category_id=cid,
-            reason=rng.choice(reasons),
+            reason=rng.choice(reasons[vert] if vert in reasons and rng.random() < 0.5 else reasons["generic"]),
         ))
     out.sort(key=lambda r: r.recall_id)
     return tuple(out)

@@ -27,6 +27,7 @@ _STOP = frozenset("a an and or not the for of with in on to by from at as is it 
 _MAX_WORD = 40
 _MAX_WORDS = 32
 MAX_LIMIT = 100
+_CACHE_SIZE = 16_384
 
 
 def query_words(query: str) -> list[str]:
@@ -69,7 +70,7 @@ class TaxonomyIndex:
         rows: The same ``(id, name, full_name)`` rows, in the same order, as were indexed.
     """
 
-    __slots__ = ("_index", "_searcher", "_rows", "_by_doc", "_name_lower")
+    __slots__ = ("_index", "_searcher", "_rows", "_by_doc", "_name_lower", "_cache", "_words")
 
     def __init__(self, path: Path, rows: list[tuple[str, str, str]]) -> None:
         self._index = tantivy.Index.open(str(path))
@@ -78,6 +79,11 @@ class TaxonomyIndex:
         # one segment: doc ids are insertion positions, no stored-field read per hit
         self._by_doc = self._searcher.num_segments == 1
         self._name_lower = [r[1].lower() for r in rows]
+        # GRPO groups replay one case many times: remember recent answers (bounded)
+        self._cache: dict[tuple[str, int], tuple[tuple[str, str, str, float], ...]] = {}
+        # one parsed (analysed, boosted, multi-field) query per word: the taxonomy's vocabulary
+        # is small, so a query is an OR of cached parts instead of a fresh parse
+        self._words: dict[str, tantivy.Query] = {}
         if self._searcher.num_docs != len(rows):
             raise ValueError(
                 f"taxonomy index at {path} has {self._searcher.num_docs} documents but the world "
@@ -94,11 +100,29 @@ class TaxonomyIndex:
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
             raise ToolError(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+        key = (str(query), limit)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._search(str(query), limit)
+            if len(self._cache) >= _CACHE_SIZE:
+                self._cache.clear()
+            self._cache[key] = found
+        return [{"id": i, "name": n, "full_name": f, "score": s} for i, n, f, s in found]
+
+    def _search(self, query: str, limit: int) -> tuple[tuple[str, str, str, float], ...]:
         words = query_words(query)
         if not words:
-            return []
+            return ()
         text = " ".join(words)
-        parsed = self._index.parse_query(text, _FIELDS, field_boosts=_BOOSTS)
+        parts = []
+        for word in dict.fromkeys(words):
+            part = self._words.get(word)
+            if part is None:
+                if len(self._words) >= _CACHE_SIZE:
+                    self._words.clear()
+                part = self._words[word] = self._index.parse_query(word, _FIELDS, field_boosts=_BOOSTS)
+            parts.append((tantivy.Occur.Should, part))
+        parsed = parts[0][1] if len(parts) == 1 else tantivy.Query.boolean_query(parts)
         # fetch a few extra so that an exact name match just below the cut can move up
         hits = self._searcher.search(parsed, limit + 5).hits
         if not hits:
@@ -118,7 +142,6 @@ class TaxonomyIndex:
             exact = self._name_lower[ord_] == wanted
             out.append((not exact, -score, cid, name, full_name, score))
         out.sort(key=lambda t: (t[0], t[1], t[2]))
-        return [
-            {"id": cid, "name": name, "full_name": full_name, "score": round(float(score), 4)}
-            for _, _, cid, name, full_name, score in out[:limit]
-        ]
+        return tuple(
+            (cid, name, full_name, round(float(score), 4)) for _, _, cid, name, full_name, score in out[:limit]
+        )

@@ -20,15 +20,17 @@ from envs.catalog.world.nodes import link
 __all__ = ["read_world", "write_world"]
 
 _SEP = "\x1f"  # joins list cells (synonyms, verticals); no name contains it
+_SUB = "\x1e"  # joins the parts of one cell (an MSRP's category, low and high)
 
 _SCHEMA = {
     "meta": "key VARCHAR, value VARCHAR",
     "categories": "ord INTEGER, id VARCHAR, name VARCHAR, full_name VARCHAR, parent_id VARCHAR, "
     "depth INTEGER, vertical VARCHAR, is_leaf BOOLEAN, synonyms VARCHAR, policy VARCHAR, links VARCHAR",
-    "attributes": "ord INTEGER, handle VARCHAR, name VARCHAR",
+    "attributes": "ord INTEGER, handle VARCHAR, name VARCHAR, packed_values VARCHAR",
     "attribute_values": "handle VARCHAR, pos INTEGER, value VARCHAR",
     "category_attributes": "category_id VARCHAR, pos INTEGER, handle VARCHAR, required BOOLEAN",
-    "brands": "ord INTEGER, name VARCHAR, registered BOOLEAN, protected BOOLEAN, verticals VARCHAR",
+    "brands": "ord INTEGER, name VARCHAR, registered BOOLEAN, protected BOOLEAN, verticals VARCHAR, "
+    "packed_sellers VARCHAR, packed_msrp VARCHAR",
     "brand_sellers": "brand VARCHAR, pos INTEGER, seller VARCHAR",
     "brand_msrp": "brand VARCHAR, pos INTEGER, category_id VARCHAR, low DOUBLE, high DOUBLE",
     "sellers": "ord INTEGER, handle VARCHAR",
@@ -70,7 +72,7 @@ def write_world(
              _SEP.join(c.synonyms), c.policy, _SEP.join(f"{int(a.required)}{a.handle}" for a in c.attributes))
             for i, c in enumerate(categories.values())
         ])
-        _insert(con, "attributes", [(i, a.handle, a.name) for i, a in enumerate(attributes.values())])
+        _insert(con, "attributes", [(i, a.handle, a.name, _SEP.join(a.values)) for i, a in enumerate(attributes.values())])
         _insert(con, "attribute_values", [
             (a.handle, j, v) for a in attributes.values() for j, v in enumerate(a.values)
         ])
@@ -78,7 +80,9 @@ def write_world(
             (c.id, j, a.handle, a.required) for c in categories.values() for j, a in enumerate(c.attributes)
         ])
         _insert(con, "brands", [
-            (i, b.name, b.registered, b.protected, _SEP.join(b.verticals)) for i, b in enumerate(brands.values())
+            (i, b.name, b.registered, b.protected, _SEP.join(b.verticals), _SEP.join(b.authorized_sellers),
+             _SEP.join(f"{cid}{_SUB}{lo!r}{_SUB}{hi!r}" for cid, (lo, hi) in b.msrp.items()))
+            for i, b in enumerate(brands.values())
         ])
         _insert(con, "brand_sellers", [
             (b.name, j, s) for b in brands.values() for j, s in enumerate(b.authorized_sellers)
@@ -106,15 +110,13 @@ def read_world(path: Path) -> dict[str, Any]:
     try:
         q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
         meta = dict(q("SELECT key, value FROM meta"))
-        values: dict[str, list[str]] = {}
-        for handle, _, value in q("SELECT handle, pos, value FROM attribute_values ORDER BY handle, pos"):
-            values.setdefault(handle, []).append(value)
+        # the normalised tables (attribute_values, category_attributes, brand_sellers, brand_msrp)
+        # are for SQL users; a warm load reads the packed copies on the parent rows: one row
+        # per attribute, category and brand instead of several
         attributes = {
-            handle: Attribute(handle, name, tuple(values.get(handle, ())))
-            for _, handle, name in q("SELECT ord, handle, name FROM attributes ORDER BY ord")
+            handle: Attribute(handle, name, _split(values))
+            for handle, name, values in q("SELECT handle, name, packed_values FROM attributes ORDER BY ord")
         }
-        # the links also live in category_attributes (for SQL users); a warm load reads the
-        # denormalised copy on the category row, one row per category instead of four
         interned = {}
         for handle in attributes:
             interned["0" + handle] = link(handle, False)
@@ -133,17 +135,15 @@ def read_world(path: Path) -> dict[str, Any]:
                 up.vertical if up else cid, is_leaf, tuple(children.get(cid, ())),
                 tuple(interned[x] for x in links.split(_SEP)) if links else (), _split(syn), policy,
             )
-        auth: dict[str, list[str]] = {}
-        for brand, _, seller in q("SELECT brand, pos, seller FROM brand_sellers ORDER BY brand, pos"):
-            auth.setdefault(brand, []).append(seller)
-        msrp: dict[str, dict[str, tuple[float, float]]] = {}
-        for brand, _, cid, lo, hi in q("SELECT brand, pos, category_id, low, high FROM brand_msrp ORDER BY brand, pos"):
-            msrp.setdefault(brand, {})[cid] = (lo, hi)
-        brands = {
-            name: Brand(name, registered, protected, tuple(auth.get(name, ())), _split(verts), msrp.get(name, {}))
-            for _, name, registered, protected, verts in q(
-                "SELECT ord, name, registered, protected, verticals FROM brands ORDER BY ord")
-        }
+        brands = {}
+        for name, registered, protected, verts, sellers_, msrp_ in q(
+            "SELECT name, registered, protected, verticals, packed_sellers, packed_msrp FROM brands ORDER BY ord"
+        ):
+            msrp = {}
+            for cell in _split(msrp_):
+                cid, lo, hi = cell.split(_SUB)
+                msrp[cid] = (float(lo), float(hi))
+            brands[name] = Brand(name, registered, protected, _split(sellers_), _split(verts), msrp)
         sellers = tuple(h for _, h in q("SELECT ord, handle FROM sellers ORDER BY ord"))
         recalls = tuple(
             Recall(*row[1:]) for row in q(

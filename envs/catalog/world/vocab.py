@@ -85,7 +85,12 @@ def _check_taxonomy(tax: dict[str, Any], attributes: dict[str, Any]) -> None:
         _check_names(dept_names, f"{where}: {code} departments")
         for dept in vert["departments"]:
             label = f"{where}: {code} / {split_name(dept['name'])[0]}"
-            _check_names(dept["types"], f"{label} types")
+            _check_names([str(t).partition("@")[0] for t in dept["types"]], f"{label} types")
+            for t in dept["types"]:
+                for group in (g.strip() for g in str(t).partition("@")[2].split(",") if g.strip()):
+                    if group not in vert["facets"]:
+                        raise ConfigError(f"{label}: type {t!r} splits by unknown facet group {group!r}; "
+                                          f"groups: {sorted(vert['facets'])}")
             for group in dept.get("facets", []):
                 if group not in vert["facets"]:
                     raise ConfigError(f"{label}: facet group {group!r} is not one of "
