@@ -89,11 +89,14 @@ class SamplerConfig(_Section):
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (logprobs use logits / T).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     max_new_tokens: int = Field(64, ge=1, description="Most tokens sampled per assistant turn.")
-    max_new_tokens_ramp: int = Field(
-        0, ge=0, description="Length curriculum: over the first N steps the per-turn limit grows "
-        "linearly from 1 token to max_new_tokens (0 = off). Lets a model that starts from random "
-        "text settle each position before the next one is sampled.",
+    length_curriculum: Literal["none", "linear", "plateau"] = Field(
+        "none",
+        description="Grow the per-turn limit from 1 token to max_new_tokens: 'linear' over "
+        "max_new_tokens_ramp steps; 'plateau' by one token whenever a step finds no informative "
+        "group and the mean reward is above its value at the last growth. Lets a policy that "
+        "starts from random text settle each position before the next one is sampled.",
     )
+    max_new_tokens_ramp: int = Field(0, ge=0, description="Steps of the 'linear' length curriculum.")
     max_episode_tokens: int = Field(
         1024, ge=8, description="Most tokens in a whole episode (prompt + all turns); the episode is cut there."
     )

@@ -82,6 +82,8 @@ class GRPORecipe:
         self.store: Any = None
         self.server: Any = None
         self._adapter_name: str | None = None
+        # length curriculum ('plateau'): current per-turn limit and the reward at its last growth
+        self.curriculum: dict[str, float] = {"limit": 1.0, "reward": 0.0}
 
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -140,6 +142,7 @@ class GRPORecipe:
             self.step = int(state["step"])
             self.cursor = int(state["cursor"])
             self.run_id = state.get("run_id")
+            self.curriculum = dict(state.get("curriculum", self.curriculum))
             restore_rng(state["rng"])
             log.info("resumed from %s (step %d)", checkpoint, self.step)
         self.metrics = MetricsLogger(self.output_dir, resume_step=self.step if checkpoint else None)
@@ -301,10 +304,20 @@ class GRPORecipe:
 
     def max_new_tokens(self, step: int) -> int:
         """The per-turn token limit at ``step`` (the length curriculum, when configured)."""
-        limit, ramp = self.cfg.sampler.max_new_tokens, self.cfg.sampler.max_new_tokens_ramp
-        if ramp <= 0:
-            return limit
-        return max(1, min(limit, 1 + (step * limit) // ramp))
+        sampler = self.cfg.sampler
+        limit = sampler.max_new_tokens
+        if sampler.length_curriculum == "linear" and sampler.max_new_tokens_ramp > 0:
+            return max(1, min(limit, 1 + (step * limit) // sampler.max_new_tokens_ramp))
+        if sampler.length_curriculum == "plateau":
+            return int(min(limit, self.curriculum["limit"]))
+        return limit
+
+    def _grow_length(self, kept: list[Group], mean_reward: float) -> None:
+        """'plateau' curriculum: one more token when this length is settled (see SamplerConfig)."""
+        cur = self.curriculum
+        if self.cfg.sampler.length_curriculum == "plateau" and not kept and mean_reward > cur["reward"] + 1e-6:
+            cur["limit"] = min(cur["limit"] + 1, float(self.cfg.sampler.max_new_tokens))
+            cur["reward"] = mean_reward
 
     def make_batch(self, groups: list[Group]) -> TrainBatch:
         """Advantages per group, then one row per episode."""
@@ -367,11 +380,14 @@ class GRPORecipe:
             else:
                 log.warning("step %d: every group had equal rewards; no update", step)
 
+            episodes = self.episode_metrics(every)
+            self._grow_length(kept, episodes["rewards/total"])
+
             # TRY NOT TO MODIFY: record
             self.step = step + 1
             step_s = time.perf_counter() - t_step
             record = {
-                **self.episode_metrics(every),
+                **episodes,
                 **batch_stats,
                 **learn,
                 "batch/skipped": float(not kept),
@@ -403,7 +419,12 @@ class GRPORecipe:
             self.output_dir,
             self.step,
             learner=self.learner,
-            state={"cursor": self.cursor, "run_id": self.run_id, "metrics": list(self.metrics.history)},
+            state={
+                "cursor": self.cursor,
+                "run_id": self.run_id,
+                "curriculum": dict(self.curriculum),
+                "metrics": list(self.metrics.history),
+            },
             recipe_yaml=self.cfg.to_yaml(),
         )
 

@@ -655,14 +655,13 @@ class CompletionServer:
         for i, row in enumerate(rows):
             if not active[i]:
                 row["finish_reason"] = "length"
-        step = 0
         while any(active):
+            live = [i for i, a in enumerate(active) if a]
+            tokens = self._sample_step([rows[i] for i in live], logits[live])
             next_ids = torch.full((len(rows),), self.pad_id, dtype=torch.long)
-            for i, row in enumerate(rows):
-                if not active[i]:
-                    continue
-                token = self._sample(row, logits[i])
+            for i, token in zip(live, tokens, strict=True):
                 next_ids[i] = token
+                row = rows[i]
                 r = row["request"]
                 if token in r.stop_ids:
                     row["finish_reason"] = "stop"
@@ -671,7 +670,6 @@ class CompletionServer:
                 elif len(row["ids"]) >= r.max_tokens:
                     row["finish_reason"] = "length"
                     active[i] = False
-            step += 1
             if not any(active):
                 break
             mask = torch.cat(
@@ -688,28 +686,40 @@ class CompletionServer:
             cache = getattr(out, self._cache_kw)
             logits = out.logits[:, -1].float()
 
-    def _sample(self, row: dict[str, Any], logits: torch.Tensor) -> int:
-        r: _Request = row["request"]
+    def _sample_step(self, rows: list[dict[str, Any]], logits: torch.Tensor) -> list[int]:
+        """Sample one token for each row (batched), append it and its logprob to the row."""
+        requests: list[_Request] = [row["request"] for row in rows]
+        logits = logits.cpu()
         raw = torch.log_softmax(logits, dim=-1)
-        if r.temperature == 0.0:
-            token = int(torch.argmax(logits))
-            processed = raw
-        else:
-            scaled = logits / r.temperature
-            if r.top_p < 1.0:
-                scaled = _top_p_filter(scaled, r.top_p)
-            processed = torch.log_softmax(scaled, dim=-1)
-            token = int(torch.multinomial(processed.exp().cpu(), 1, generator=row["gen"]))
-        lp = raw if self.logprobs_mode == "raw_logprobs" else processed
-        row["ids"].append(token)
-        row["logprobs"].append(float(lp[token]))
-        if r.logprobs:
-            values, indices = torch.topk(lp, min(r.logprobs, lp.numel()))
-            top = [(int(t), float(v)) for t, v in zip(indices, values, strict=True)]
-            if token not in {t for t, _ in top}:
-                top.insert(0, (token, float(lp[token])))
-            row["top"].append(top)
-        return token
+        temps = torch.tensor([r.temperature or 1.0 for r in requests]).unsqueeze(1)
+        scaled = logits / temps
+        top_p = torch.tensor([r.top_p for r in requests]).unsqueeze(1)
+        if bool((top_p < 1.0).any()):
+            scaled = torch.where(top_p < 1.0, _top_p_filter(scaled, top_p), scaled)
+        processed = torch.log_softmax(scaled, dim=-1)
+        # Inverse-CDF sampling with one uniform per row from the row's own generator: a seeded
+        # request draws the same numbers whatever else shares its batch.
+        cdf = processed.exp().cumsum(dim=-1)
+        u = torch.stack([torch.rand((), generator=row["gen"]) for row in rows])
+        sampled = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        sampled = sampled.clamp(max=logits.shape[-1] - 1)
+        greedy = torch.tensor([r.temperature == 0.0 for r in requests])
+        tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+        processed = torch.where(greedy.unsqueeze(1), raw, processed)
+        table = raw if self.logprobs_mode == "raw_logprobs" else processed
+        chosen = table.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        token_list = tokens.tolist()
+        for j, (row, r) in enumerate(zip(rows, requests, strict=True)):
+            token = token_list[j]
+            row["ids"].append(token)
+            row["logprobs"].append(chosen[j])
+            if r.logprobs:
+                values, indices = torch.topk(table[j], min(r.logprobs, table.shape[-1]))
+                top = list(zip(indices.tolist(), values.tolist(), strict=True))
+                if token not in {t for t, _ in top}:
+                    top.insert(0, (token, chosen[j]))
+                row["top"].append(top)
+        return token_list
 
     def _prompt_logprobs(
         self, logits: torch.Tensor, prompt: list[int], k: int
@@ -740,13 +750,16 @@ class CompletionServer:
         return result
 
 
-def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of tokens whose probability reaches ``top_p`` (always at least one)."""
-    sorted_logits, order = torch.sort(logits, descending=True)
-    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-    drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token
+def _top_p_filter(logits: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of top tokens whose probability reaches ``top_p`` (at least one).
+
+    Works on the last dimension; ``top_p`` may be a tensor that broadcasts against ``[..., 1]``.
+    """
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    drop = probs.cumsum(-1) - probs >= top_p  # the mass before this token already reaches top_p
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(0, order, sorted_logits)
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
 # -- HTTP ------------------------------------------------------------------------------------------

@@ -288,3 +288,38 @@ def test_canonical_rows_are_json(world: CatalogWorld) -> None:
     assert set(rows) == {"categories", "attributes", "brands", "sellers", "recalls"}
     json.dumps(rows)
     assert len(world.digest()) == 64
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), codes=st.sampled_from([["aa"], ["el", "hg"], ["ma", "sg"]]))
+def test_generator_invariants_hold_for_any_seed(seed: int, codes: list[str]) -> None:
+    from envs.catalog.world.generate import generate_taxonomy
+
+    cats, attrs, bands = generate_taxonomy(seed, {"verticals": codes})
+    assert sorted(bands) == sorted(codes)
+    again, _, _ = generate_taxonomy(seed, {"verticals": codes})
+    assert again == cats  # deterministic in-process too
+    for cid, c in cats.items():
+        assert c.depth == cid.count("-") + 1 <= 7
+        if c.parent_id:
+            assert cats[c.parent_id].full_name + " > " + c.name == c.full_name
+        names = [cats[k].name for k in c.children]
+        assert len(names) == len(set(names))
+        assert all(l.handle in attrs for l in c.attributes)
+        if c.is_leaf and c.attributes:
+            assert any(l.required for l in c.attributes)
+
+
+def test_cold_build_sweeps_stale_temp_folders(tmp_path: Path) -> None:
+    import os
+    import time
+
+    stale, fresh = tmp_path / ".deadbeef-killed", tmp_path / ".cafebabe-running"
+    for folder in (stale, fresh):
+        folder.mkdir()
+        (folder / "world.duckdb").write_text("half a world")
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    build_world(seed=0, cache_dir=tmp_path, config=SMALL)
+    assert not stale.exists()
+    assert fresh.exists()  # may belong to a build still running in another process

@@ -36,7 +36,7 @@ def _cfg(out, steps: int, lora: bool):
         [
             f"train.output_dir={out}",
             "twin.name=DenseToy",
-            "sampler.max_new_tokens_ramp=0",
+            "sampler.length_curriculum=none",
             f"train.steps={steps}",
             "train.checkpoint_every=2",
             "train.store=false",

@@ -138,6 +138,7 @@ def build_world(
     with _progress(progress, 4, "catalog world") as bar:
         parts = _generate(seed, path, config, bar)
         root.mkdir(parents=True, exist_ok=True)
+        _sweep(root)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
         try:
             write_world(tmp / _DB, meta={"version": WORLD_VERSION, "seed": str(seed),
@@ -162,6 +163,17 @@ def build_world(
                 shutil.rmtree(tmp, ignore_errors=True)
     index = TaxonomyIndex(folder / _INDEX, [(c.id, c.name, c.full_name) for c in parts["categories"].values()])
     return CatalogWorld(index=index, **parts)
+
+
+def _sweep(root: Path, max_age_s: float = 3600.0) -> None:
+    """Remove temporary folders that builds killed mid-way left behind (older than an hour)."""
+    now = time.time()
+    for tmp in root.glob(".*-*"):
+        try:
+            if tmp.is_dir() and now - tmp.stat().st_mtime > max_age_s:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass  # another process swept it first
 
 
 def _load(folder: Path) -> CatalogWorld:

@@ -124,7 +124,7 @@ class TaxonomyIndex:
             parts.append((tantivy.Occur.Should, part))
         parsed = parts[0][1] if len(parts) == 1 else tantivy.Query.boolean_query(parts)
         # fetch a few extra so that an exact name match just below the cut can move up
-        hits = self._searcher.search(parsed, limit + 5).hits
+        hits = self._searcher.search(parsed, limit + 5, count=False).hits
         if not hits:
             # nothing matched exactly: forgive one typo in the longer words ("headphnes")
             long_words = [w for w in words if len(w) >= 5]
@@ -133,7 +133,7 @@ class TaxonomyIndex:
                     " ".join(long_words), ["name", "synonyms"], field_boosts=_BOOSTS,
                     fuzzy_fields={"name": (False, 1, True), "synonyms": (False, 1, True)},
                 )
-                hits = self._searcher.search(fuzzy, limit).hits
+                hits = self._searcher.search(fuzzy, limit, count=False).hits
         wanted = " ".join(str(query).lower().split())
         out = []
         for score, address in hits:
