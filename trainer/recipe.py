@@ -83,7 +83,7 @@ class GRPORecipe:
         self.server: Any = None
         self._adapter_name: str | None = None
         # length curriculum ('plateau'): current per-turn limit and the reward at its last growth
-        self.curriculum: dict[str, float] = {"limit": 1.0, "reward": 0.0}
+        self.curriculum: dict[str, float | None] = {"limit": float(cfg.sampler.length_curriculum_start), "reward": None}
 
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -307,16 +307,21 @@ class GRPORecipe:
         sampler = self.cfg.sampler
         limit = sampler.max_new_tokens
         if sampler.length_curriculum == "linear" and sampler.max_new_tokens_ramp > 0:
-            return max(1, min(limit, 1 + (step * limit) // sampler.max_new_tokens_ramp))
+            start = sampler.length_curriculum_start
+            return max(1, min(limit, start + (step * (limit - start + 1)) // sampler.max_new_tokens_ramp))
         if sampler.length_curriculum == "plateau":
-            return int(min(limit, self.curriculum["limit"]))
+            return int(min(limit, self.curriculum["limit"] or 1))
         return limit
 
     def _grow_length(self, kept: list[Group], mean_reward: float) -> None:
         """'plateau' curriculum: one more token when this length is settled (see SamplerConfig)."""
         cur = self.curriculum
-        if self.cfg.sampler.length_curriculum == "plateau" and not kept and mean_reward > cur["reward"] + 1e-6:
-            cur["limit"] = min(cur["limit"] + 1, float(self.cfg.sampler.max_new_tokens))
+        if cur["reward"] is None:  # the level this length starts from
+            cur["reward"] = mean_reward
+            return
+        # 0.01: a settled length must have raised the reward by more than sampling noise
+        if self.cfg.sampler.length_curriculum == "plateau" and not kept and mean_reward > cur["reward"] + 0.01:
+            cur["limit"] = min((cur["limit"] or 1) + 1, float(self.cfg.sampler.max_new_tokens))
             cur["reward"] = mean_reward
 
     def make_batch(self, groups: list[Group]) -> TrainBatch:

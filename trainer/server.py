@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -336,7 +337,9 @@ class CompletionServer:
         # peft keeps at least one adapter; the last one stays (unreachable by name) until replaced.
         if len(self._resident) > 1:
             assert self._peft is not None
-            self._peft.delete_adapter(key)
+            with warnings.catch_warnings():  # "adapter X was active which is now deleted": expected
+                warnings.simplefilter("ignore", UserWarning)
+                self._peft.delete_adapter(key)
             del self._resident[key]
 
     def _collect(self) -> None:

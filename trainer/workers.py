@@ -102,11 +102,13 @@ class ModelCheckTransport(httpx.AsyncBaseTransport):
 
 
 # -- shared state ---------------------------------------------------------------------------------
-_PUBLISHED, _CLAIMED, _CONSUMED, _EPOCH, _STOP = range(5)
+_PUBLISHED, _CLAIMED, _CONSUMED, _EPOCH, _STOP, _LIMIT = range(6)
+_INDEX = {"published": _PUBLISHED, "claimed": _CLAIMED, "consumed": _CONSUMED, "epoch": _EPOCH, "stop": _STOP,
+          "max_new_tokens": _LIMIT}  # fmt: skip
 
 
 class SharedState:
-    """Counters shared by the learner and the rollout worker (one lock, five integers).
+    """Counters shared by the learner and the rollout worker (one lock, six integers).
 
     - ``published``: the newest policy version loaded in the sampler (-1 before the first).
     - ``claimed``: learner steps that took a fresh lot (the step a queued lot will train is
@@ -114,25 +116,32 @@ class SharedState:
     - ``consumed``: lots the learner took off the queue, used or dropped as stale.
     - ``epoch``: bumped each time the sampler server was restarted and its adapter reloaded.
     - ``stop``: 1 asks the worker to finish.
+    - ``max_new_tokens``: the per-turn token limit for new lots (the learner runs the recipe's
+      length curriculum; 0 = the recipe's ``sampler.max_new_tokens``).
 
     Args:
         ctx: A multiprocessing context (``spawn``).
     """
 
     def __init__(self, ctx: Any) -> None:
-        self._values = ctx.Array("q", [-1, 0, 0, 0, 0])
+        self._values = ctx.Array("q", [-1, 0, 0, 0, 0, 0])
 
     def get(self) -> tuple[int, int, int, int, int]:
         """``(published, claimed, consumed, epoch, stop)`` read under the lock."""
         with self._values.get_lock():
-            return tuple(self._values[:])  # type: ignore[return-value]
+            return tuple(self._values[:5])  # type: ignore[return-value]
+
+    def max_new_tokens(self) -> int:
+        """The per-turn token limit for new lots (0 = the recipe's)."""
+        with self._values.get_lock():
+            return int(self._values[_LIMIT])
 
     def update(self, **changes: int) -> None:
-        """Set several counters at once (``published=``, ``claimed=``, ``consumed=``, ``epoch=``, ``stop=``)."""
-        index = {"published": _PUBLISHED, "claimed": _CLAIMED, "consumed": _CONSUMED, "epoch": _EPOCH, "stop": _STOP}
+        """Set several counters at once (``published=``, ``claimed=``, ``consumed=``, ``epoch=``,
+        ``stop=``, ``max_new_tokens=``)."""
         with self._values.get_lock():
             for key, value in changes.items():
-                self._values[index[key]] = int(value)
+                self._values[_INDEX[key]] = int(value)
 
     def may_sample(self, produced: int, max_staleness: int) -> bool:
         """True when a lot sampled now is at most ``max_staleness`` versions old when trained.
@@ -353,12 +362,6 @@ class _RolloutLoop:
         self.cursor += n
         return cases
 
-    def _max_new_tokens(self, step: int) -> int:
-        """The per-turn limit of the lot trained at ``step`` (the recipe's length curriculum)."""
-        limit = self.cfg.sampler.max_new_tokens
-        ramp = getattr(self.cfg.sampler, "max_new_tokens_ramp", 0)
-        return limit if ramp <= 0 else max(1, min(limit, 1 + (step * limit) // ramp))
-
     def _collect(self, version: int) -> Lot:
         """One lot: ``groups_per_step`` informative groups (dynamic sampling, bounded refills)."""
         import torch
@@ -371,9 +374,9 @@ class _RolloutLoop:
         n = cfg.algorithm.groups_per_step
         name = adapter_name(version)
         self.sampler.model_name = name
-        settings = RolloutSettings(**{
-            **self.settings.__dict__, "policy_name": name, "max_new_tokens": self._max_new_tokens(self.produced),
-        })  # fmt: skip
+        # the per-turn limit the learner published (it runs the recipe's length curriculum)
+        limit = self.shared.max_new_tokens() or cfg.sampler.max_new_tokens
+        settings = RolloutSettings(**{**self.settings.__dict__, "policy_name": name, "max_new_tokens": limit})
         start_cursor = self.cursor
         t0 = time.perf_counter()
         every: list[Any] = []

@@ -16,6 +16,7 @@ right call earns more):
 | term        | weight | value                                                              |
 | ----------- | ------ | ------------------------------------------------------------------ |
 | prefix      | 0.5    | share of the ideal call's pieces the first turn starts with        |
+| no_repeat   | 0.1    | 1 when no piece of the call is written twice                       |
 | tool_call   | 0.1    | 1 when the first turn holds a readable tool call                   |
 | submitted   | 0.1    | 1 when ``submit`` succeeded                                         |
 | correct     | 0.3    | 1 when the submitted answer is the named word                       |
@@ -103,6 +104,14 @@ def aligned(trajectory: Trajectory, case: Case) -> float:
 
 
 @term(low=0.0, high=1.0)
+def no_repeat(trajectory: Trajectory, case: Case) -> float:
+    """1 when the first turn writes no piece of the call twice (a policy stuck repeating scores 0)."""
+    text = _squeeze(_first_turn(trajectory))
+    pieces = [p for p in ideal_pieces(case.truth["answer"]) if p != case.truth["answer"]]
+    return float(all(text.count(p) <= 1 for p in pieces))
+
+
+@term(low=0.0, high=1.0)
 def tool_call(trajectory: Trajectory, case: Case) -> float:
     """1 when the first assistant turn holds a readable tool call (any name)."""
     return float(any(c.turn == 0 and c.name for c in trajectory.calls))
@@ -122,7 +131,7 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {prefix: 0.5, tool_call: 0.1, submitted: 0.1, correct: 0.3, closeness: 0.0, aligned: 0.0},
+    {prefix: 0.5, no_repeat: 0.1, tool_call: 0.1, submitted: 0.1, correct: 0.3, closeness: 0.0, aligned: 0.0},
     clip=(0.0, 1.0),
     name="toy",
 )

@@ -133,6 +133,8 @@ def _lot(index: int, version: int) -> Lot:
 
 
 class _StubLearner:
+    temperature = 1.0
+
     def __init__(self) -> None:
         self.steps = 0
         self.saved: list[Path] = []
@@ -157,10 +159,11 @@ def _server(calls: list[tuple[str, dict[str, Any]]], *, answer_model: str | None
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content or b"{}")
         calls.append((request.url.path, body))
-        if request.url.path.endswith("/completions"):
-            n = len(body["prompt"]) if isinstance(body["prompt"][0], list) else 1
-            choice = {"index": 0, "token_ids": [7, 8], "logprobs": {"token_logprobs": [-0.5, -0.5]}, "finish_reason": "length"}
-            return httpx.Response(200, json={"model": answer_model or body["model"], "choices": [choice] * n})
+        if request.url.path.endswith("/completions"):  # the sync probe: prompt logprobs of 5 ids
+            ids = body["prompt"]
+            scored = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in ids[1:]]
+            choice = {"index": 0, "token_ids": [7], "prompt_logprobs": scored, "finish_reason": "length"}
+            return httpx.Response(200, json={"model": answer_model or body["model"], "choices": [choice]})
         return httpx.Response(200, text="Success")
 
     return httpx.MockTransport(handler)
@@ -168,8 +171,6 @@ def _server(calls: list[tuple[str, dict[str, Any]]], *, answer_model: str | None
 
 def _stub_trainer(tmp_path: Path, k: int, lots: list[Lot], steps: int) -> tuple[AsyncTrainer, list[Any]]:
     from trainer.metrics import MetricsLogger
-    from trainer.samplers import ServerSampler
-    from trainer.workers import ModelCheckTransport
 
     cfg = load_recipe("toy-cpu", [
         "lora.enabled=true", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",
@@ -185,7 +186,9 @@ def _stub_trainer(tmp_path: Path, k: int, lots: list[Lot], steps: int) -> tuple[
         trainer.lots.put(lot)
     trainer.events = queue.Queue()
     trainer.adapters = AdapterClient("http://sampler", transport=_server(calls))
-    trainer.probe_sampler = ServerSampler("http://sampler", "policy@0", transport=ModelCheckTransport(_server(calls)))
+    trainer._probe_transport = _server(calls)
+    trainer._probe_ids = [1, 2, 3, 4, 5]
+    trainer._launch_probe(0)
     trainer.save = lambda: tmp_path  # type: ignore[method-assign]
     return trainer, calls
 
@@ -201,13 +204,16 @@ def test_train_loop_drops_stale_lots_syncs_and_logs(tmp_path: Path) -> None:
     loads = [b["lora_name"] for path, b in calls if path.endswith("load_lora_adapter") and "lora_path" in b]
     assert loads == ["policy@1", "policy@2", "policy@3", "policy@4"]
     probes = [b["model"] for path, b in calls if path.endswith("/completions")]
-    assert probes == loads  # each probe asks for the adapter just loaded
+    assert probes == ["policy@0", *loads]  # each probe asks for the adapter just loaded
+    # each record checks the adapter its step started from; the last one also the final adapter
+    assert [r["async/probe_version"] for r in history] == [0.0, 1.0, 2.0, 4.0]
     for r in history:
         assert r["async/logprob_mismatch"] == pytest.approx(0.25)
         assert r["async/rollout_idle_frac"] == pytest.approx(0.25)
         assert 0.0 <= r["async/learner_idle_frac"] <= 1.0
         assert r["async/sync_s"] >= 0.0 and math.isfinite(r["rewards/total"])
     assert trainer.shared.get()[:3] == (4, 4, 5)  # published, claimed, consumed
+    assert trainer.shared.max_new_tokens() == trainer.max_new_tokens(4) >= 1  # the curriculum reaches the worker
     # only the newest k + 2 adapters stay loaded and on disk
     trainer._housekeeping.shutdown(wait=True)
     unloads = [b["lora_name"] for path, b in calls if path.endswith("unload_lora_adapter")]
@@ -231,6 +237,27 @@ def test_worker_fatal_error_is_raised(tmp_path: Path) -> None:
     trainer.events.put(("fatal", "rollout worker failed: KeyError: 'boom'"))
     with pytest.raises(TwinError, match="boom"):
         trainer.train()
+
+
+def test_placement_reaches_the_sampler_server(tmp_path: Path) -> None:
+    from trainer.orchestrator import _make_server
+
+    cfg = load_recipe("toy-cpu", [
+        "lora.enabled=true", "devices.rollout=cuda:1", "devices.learner=cuda:0", "model.dtype=auto",
+        f"train.output_dir={tmp_path}",
+    ])  # fmt: skip
+    argv = _make_server(cfg, tmp_path).command()
+    assert argv[argv.index("--device") + 1] == "cuda:1"
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    cpu = load_recipe("toy-cpu", ["lora.enabled=true", f"train.output_dir={tmp_path}"])
+    argv = _make_server(cpu, tmp_path).command()
+    assert argv[argv.index("--device") + 1] == "cpu" and argv[argv.index("--dtype") + 1] == "float32"
+    vllm = load_recipe("toy-cpu", [
+        "lora.enabled=true", "sampler.kind=vllm", "devices.rollout=cuda:1", f"train.output_dir={tmp_path}",
+    ])  # fmt: skip
+    server = _make_server(vllm, tmp_path)
+    assert server.environment()["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "--enable-lora" in server.command()
 
 
 def test_async_trainer_needs_lora() -> None:
@@ -260,19 +287,25 @@ def _run(tmp_path: Path, k: int, steps: int) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_k1_learns_the_toy_task_like_k0(tmp_path: Path) -> None:
-    # The toy recipe's length curriculum starts at one token per turn: within these steps the
-    # policy learns to open its turn with `<tool_call>` (reward 0 -> ~0.07); both runs must.
+    # Within these steps the policy learns to open its turn with `<tool_call>`: the `prefix`
+    # component goes from 0 to ~0.14 in both runs. The total also holds shaping terms that are
+    # not monotone this early (a policy that repeats `<tool_call>` loses `no_repeat`), so the
+    # runs are compared on what they learned, and the total only for a gross gap.
     steps = 24
     sync = _run(tmp_path, 0, steps)
     overlapped = _run(tmp_path, 1, steps)
 
-    def late(h: list[dict[str, Any]]) -> float:
-        return sum(r["rewards/total"] for r in h[-4:]) / 4
+    def late(h: list[dict[str, Any]], key: str) -> float:
+        return sum(r.get(key, r["rewards/total"]) for r in h[-4:]) / 4
 
-    curves = {k: [round(r["rewards/total"], 3) for r in h] for k, h in (("k0", sync), ("k1", overlapped))}
-    assert late(sync) > sync[0]["rewards/total"] + 0.03, curves
-    assert late(overlapped) > overlapped[0]["rewards/total"] + 0.03, curves
-    assert late(overlapped) >= late(sync) - 0.03, curves
+    curves = {
+        f"{k} {key}": [round(r.get(key, -1), 3) for r in h]
+        for k, h in (("k0", sync), ("k1", overlapped)) for key in ("rewards/prefix", "rewards/total")
+    }  # fmt: skip
+    for h in (sync, overlapped):
+        assert late(h, "rewards/prefix") > h[0].get("rewards/prefix", h[0]["rewards/total"]) + 0.05, curves
+    assert abs(late(overlapped, "rewards/prefix") - late(sync, "rewards/prefix")) <= 0.06, curves
+    assert late(overlapped, "rewards/total") >= late(sync, "rewards/total") - 0.12, curves
     assert {r["async/staleness"] for r in sync} == {0.0}
     assert max(r["async/staleness"] for r in overlapped) == 1.0
     for r in sync + overlapped:

@@ -116,7 +116,8 @@ def test_length_curriculum() -> None:
     assert GRPORecipe(load_recipe(BASE, ["sampler.max_new_tokens=10"])).max_new_tokens(0) == 10
     p = GRPORecipe(load_recipe(BASE, ["sampler.max_new_tokens=3", "sampler.length_curriculum=plateau"]))
     assert p.max_new_tokens(0) == 1
-    p._grow_length([], 0.0)  # nothing learned yet: stay
+    p._grow_length([], 0.0)  # the first step sets the level this length starts from
+    p._grow_length([], 0.005)  # nothing learned yet (noise): stay
     assert p.max_new_tokens(1) == 1
     p._grow_length(["informative group"], 0.2)  # still learning this length: stay
     assert p.max_new_tokens(2) == 1

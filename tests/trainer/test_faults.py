@@ -120,6 +120,41 @@ def test_real_server_unknown_adapter_is_an_error(live_server: str) -> None:
         sampler.sample([[1, 2, 3]], max_new_tokens=2, seed=0)
 
 
+def test_probe_tells_a_synced_adapter_from_one_that_never_arrived(live_server: str, tmp_path: Path) -> None:
+    import torch
+
+    from trainer.config import load_recipe
+    from trainer.learner import Learner, build_lora_model
+    from trainer.models import load_model
+    from twin.registry import make_twin
+
+    cfg = load_recipe("toy-cpu", ["lora.enabled=true", f"train.output_dir={tmp_path}"])
+    model, tokenizer = load_model("tiny", "float32")
+    model = build_lora_model(model, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():  # a trained-looking adapter (B = 0 would equal the base model)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    trainer = AsyncTrainer(cfg)
+    trainer.learner = Learner(model, algorithm=cfg.algorithm, optim=cfg.optim)
+    trainer.tokenizer = tokenizer
+    trainer.twin = make_twin("Toy")
+    trainer.adapters = AdapterClient(live_server)
+    trainer._probe_ids = trainer._probe_sequence()
+    trainer.adapters.load("policy@7", trainer.learner.save_adapter(tmp_path / "policy@7"))
+    trainer._launch_probe(7)
+    synced, version = trainer._probe_result()
+    assert version == 7 and synced < 1e-4
+    with torch.no_grad():  # the learner moves on; the sampler never gets the new weights
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(-1.0)
+    trainer._launch_probe(7)
+    stale, _ = trainer._probe_result()
+    assert stale > 100 * max(synced, 1e-6) and stale > 1e-3, (synced, stale)
+    print(f"probe mismatch: synced {synced:.2e}, adapter not synced {stale:.2e}")
+
+
 # -- a learner that dies takes its sampler with it -------------------------------------------------------
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_guarded_child_dies_with_its_parent(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def _stable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith(VOLATILE)}
 
 
-@pytest.mark.parametrize("lora", [pytest.param(False, marks=pytest.mark.slow), True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_resume_matches_uninterrupted(tmp_path, lora: bool) -> None:
     full = _run(_cfg(tmp_path / "a", 4, lora))
     assert len(full) == 4
