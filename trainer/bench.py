@@ -138,9 +138,11 @@ def main(
     print("twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)")
     print(f"  recipe toy-cpu + LoRA, dynamic sampling and length curriculum off {' '.join(overrides)}; {steps} measured steps per run "
           f"after {warmup} warm-up")  # fmt: skip
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"  note: this machine has {cores} CPU core(s); the sampler server, the rollout worker and the "
-        "learner share them here, so overlap is limited by cores, not by the loop"
+        f"  note: this machine has {cores} CPU core(s) (load average {load:.1f} before the runs); the sampler "
+        "server, the rollout worker and the learner compete for them here, so on a busy machine the overlap "
+        "is limited by cores, not by the loop (compare each side's time at k=1 with k=0)"
     )
     results: dict[str, dict[str, float]] = {}
     chosen = epochs
@@ -179,7 +181,10 @@ def main(
         f"logprob mismatch after sync (max): k=0 {sync['logprob_mismatch']:.1e}, k=1 {overlap['logprob_mismatch']:.1e} "
         "(~1e-6 = the sampler runs the adapter just trained; 0.1-0.5 = it does not)"
     )
-    summary = {"ratio": ratio, "update_epochs": chosen, "bound": bound, "cores": cores, "runs": results, "overrides": overrides}
+    summary = {
+        "ratio": ratio, "bound": bound, "update_epochs": chosen, "cores": cores, "load": load,
+        "runs": results, "overrides": overrides,
+    }  # fmt: skip
     if json:
         Path(json).write_text(_json.dumps(summary, indent=2))
         print(f"figures: {json}")

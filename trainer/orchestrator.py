@@ -477,8 +477,7 @@ class AsyncTrainer:
         self.restarts += 1
         self._epoch += 1
         self.shared.update(epoch=self._epoch)
-        if self._probe is not None and self._probe[0] == self.step:
-            self._launch_probe(self.step)  # the one in flight may have died with the server
+        self._launch_probe(self.step)  # the one in flight may have died with the server
         log.warning("step %d: sampler back on %s with %s (restart %d)", self.step, where, adapter_name(self.step),
                     self.restarts)  # fmt: skip
 

@@ -260,6 +260,22 @@ def test_placement_reaches_the_sampler_server(tmp_path: Path) -> None:
     assert "--enable-lora" in server.command()
 
 
+def test_bench_summary_measures_the_window_after_warmup() -> None:
+    from trainer.bench import summarize_run
+
+    history = [
+        {"perf/step_s": 10.0, "perf/sampled_tokens": 100.0, "async/rollout_idle_s": 5.0, "async/rollout_wall_s": 10.0,
+         "async/learner_idle_s": 8.0, "async/learner_wall_s": 10.0},
+        {"perf/step_s": 2.0, "perf/sampled_tokens": 100.0, "async/rollout_idle_s": 5.5, "async/rollout_wall_s": 12.0,
+         "async/learner_idle_s": 8.0, "async/learner_wall_s": 12.0},
+        {"perf/step_s": 2.0, "perf/sampled_tokens": 100.0, "async/rollout_idle_s": 6.0, "async/rollout_wall_s": 14.0,
+         "async/learner_idle_s": 9.0, "async/learner_wall_s": 14.0},
+    ]  # fmt: skip
+    s = summarize_run(history, warmup=1)
+    assert s["steps_per_s"] == pytest.approx(0.5) and s["tokens_per_s"] == pytest.approx(50.0)
+    assert s["rollout_idle_frac"] == pytest.approx(0.25) and s["learner_idle_frac"] == pytest.approx(0.25)
+
+
 def test_async_trainer_needs_lora() -> None:
     cfg = load_recipe("toy-cpu", ["async.max_staleness=1"])  # toy-cpu is full fine-tuning
     with pytest.raises(ConfigError, match="lora.enabled"):
