@@ -124,6 +124,9 @@ class AlgorithmConfig(_Section):
     eps_low: float = Field(0.2, ge=0.0, description="Lower clip: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.28, ge=0.0, description="Upper clip: ratio <= 1 + eps_high (clip-higher).")
     kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the base model (adapter off).")
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="Entropy bonus: loss -= entropy_coef x mean token entropy over the loss mask."
+    )
     dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and refill.")
     max_refill_rounds: int = Field(
         2, ge=0, description="Extra sampling rounds per step when dynamic sampling dropped groups."

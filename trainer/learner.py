@@ -8,6 +8,7 @@ sequences with loss masks, the sampler's logprobs and one advantage per sequence
     for each mini-batch (optim.mini_batches):
         for each micro-batch (<= micro_batch_tokens padded tokens):
             loss = policy_loss(logp, old, A, mask, eps_low, eps_high, TIS weights) + kl_coef * k3
+                   - entropy_coef * mean token entropy                 # only when entropy_coef > 0
             loss.backward()                                    # gradients accumulate
         clip_grad_norm_; optimizer.step()
 
@@ -234,7 +235,12 @@ class Learner:
         return self._split or None
 
     def _forward(
-        self, mb: dict[str, torch.Tensor], *, entropy: bool = False, every_position: bool = False
+        self,
+        mb: dict[str, torch.Tensor],
+        *,
+        entropy: bool = False,
+        every_position: bool = False,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprobs of ``logits / T`` for each next token, 0 where not computed.  # [B, T-1]
 
@@ -260,7 +266,8 @@ class Learner:
         logp = logp.masked_scatter(select, logp_sel)
         ent = None
         if entropy:
-            with torch.no_grad():
+            # With grad only when the entropy bonus needs it (it is logged either way).
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent_sel = algo.entropy_from_logits(logits)
                 ent = torch.zeros(select.shape, dtype=ent_sel.dtype, device=ent_sel.device)
                 ent = ent.masked_scatter(select, ent_sel)
@@ -349,7 +356,8 @@ class Learner:
             chunk_loss = 0.0
             for mrows in self._micro_batches(chunk, batch):
                 mb = self._pad(mrows, batch)
-                logp, ent = self._forward(mb, entropy=True)  # [B, T-1]
+                bonus = cfg.entropy_coef > 0
+                logp, ent = self._forward(mb, entropy=True, entropy_grad=bonus)  # [B, T-1]
                 width = logp.shape[1]
                 old_lp = torch.stack([_pad_to(old[i], width) for i in mrows]) if need_old else None
                 ref_lp = torch.stack([_pad_to(ref[i], width) for i in mrows]) if ref else None
@@ -369,6 +377,10 @@ class Learner:
                     num_seqs=len(chunk),
                     num_tokens=n_tokens,
                 )
+                if bonus and ent is not None:
+                    # Entropy bonus (CleanRL's ent_coef): this micro-batch's share of the chunk's
+                    # mean token entropy, so accumulation over micro-batches gives the chunk mean.
+                    loss = loss - cfg.entropy_coef * (ent * mb["mask"]).sum() / max(n_tokens, 1)
                 loss.backward()
                 chunk_loss += float(loss.detach())
                 tok = float(stats.num_tokens)
@@ -388,7 +400,7 @@ class Learner:
                 ):
                     add(name, float(value), tok)
                 if ent is not None and tok > 0:
-                    add("policy/entropy", float((ent * mask).sum() / tok), tok)
+                    add("policy/entropy", float((ent.detach() * mask).sum() / tok), tok)
             if self.optim_config.grad_clip is not None:
                 norm = torch.nn.utils.clip_grad_norm_(self.params, self.optim_config.grad_clip)
             else:

@@ -729,6 +729,13 @@ def bench_trainer(ctx: typer.Context) -> None:
     _call(fn, **_passthrough(list(ctx.args)))
 
 
+@bench_app.command("trl", context_settings=_EXTRA)
+def bench_trl(ctx: typer.Context) -> None:
+    """Our synchronous GRPO step vs TRL's GRPOTrainer: same tiny model, prompts and batch."""
+    fn = _target("trainer.bench_trl:main", "bench trl")
+    _call(fn, **_passthrough(list(ctx.args)))
+
+
 @reward_app.command("test")
 def reward_test(
     files: Annotated[list[str], typer.Argument(help="*.rollouts.yaml files.")],

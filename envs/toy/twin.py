@@ -10,27 +10,25 @@ few minutes on two CPU cores. It is built only from the public twin API (``twin.
 **Cases.** Case ``i`` of a split names one word from :data:`WORDS` (the first ``num_words`` of
 them), drawn from the case's own seeded generator; ``truth = {"answer": word}``.
 
-**Reward** (shaped so that random text already earns a little and every step towards the
-right call earns more):
+**Reward** (a few clear terms; random text earns 0.1, each step towards the right call more):
 
-| term        | weight | value                                                              |
-| ----------- | ------ | ------------------------------------------------------------------ |
-| prefix      | 0.5    | share of the ideal call's pieces the first turn starts with        |
-| no_repeat   | 0.1    | 1 when no piece of the call is written twice                       |
-| tool_call   | 0.1    | 1 when the first turn holds a readable tool call                   |
-| submitted   | 0.1    | 1 when ``submit`` succeeded                                         |
-| correct     | 0.3    | 1 when the submitted answer is the named word                       |
-| closeness   | 0 (log)| character similarity of the first turn to the ideal call           |
-| aligned     | 0 (log)| share of the ideal call's characters matched at the same position  |
+| term        | weight  | value                                                               |
+| ----------- | ------- | ------------------------------------------------------------------- |
+| no_repeat   | 0.1     | 1 when no piece of the call is written twice                        |
+| call        | 0.2     | 1 when the first turn starts with the call's fixed prefix           |
+| submitted   | 0.2     | 1 when ``submit`` succeeded                                          |
+| correct     | 0.5     | 1 when the submitted answer is the named word                        |
+| prefix      | 0 (log) | share of the ideal call's pieces the first turn starts with, in order |
+| closeness   | 0 (log) | character similarity of the first turn to the ideal call            |
 
-Whitespace is ignored by the shaping terms. ``prefix`` is a curriculum: each next piece of the
-call (``<tool_call>``, ``{"name":"``, ``submit``, ...) earns more. Credit comes in whole pieces,
-not characters: partial credit for a first character lets a random policy lock onto the wrong
-token (``</tool_call>`` starts like ``<tool_call>``) and stop exploring.
+Whitespace is ignored by the text terms. The call's fixed prefix is
+``<tool_call>{"name":"submit","arguments":{"answer":"`` (one token of the tiny tokenizer, see
+:data:`trainer.tiny.CALL_TOKENS`); a random model starts at 0.1 (``no_repeat``), a right prefix
+gives 0.3, a submitted wrong word 0.5, the right word 1.0.
 
 **Episode end.** ``submit`` succeeds, or ``max_turns`` turns (default 1) pass.
 
-**Version history.** v0: first version.
+**Version history.** v0: first version (reward reworked to the terms above, same cases).
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ from rapidfuzz import fuzz
 from rewards import Reward, term
 from twin import Case, Trajectory, Twin, TwinConfig, tool
 
-__all__ = ["WORDS", "ToyConfig", "ToyTwin", "ideal_call", "toy_reward"]
+__all__ = ["CALL_PREFIX", "WORDS", "ToyConfig", "ToyTwin", "ideal_call", "toy_reward"]
 
 #: The words cases name (single tokens of the tiny tokenizer).
 WORDS: tuple[str, ...] = ("red", "blue", "green", "yellow", "cat", "dog", "bird", "fish")
@@ -55,6 +53,10 @@ def ideal_call(answer: str) -> str:
     """The text of a perfect first turn for ``answer``."""
     body = json.dumps({"name": "submit", "arguments": {"answer": answer}})
     return f"<tool_call>\n{body}\n</tool_call>"
+
+
+#: The fixed start of every right call, whitespace dropped (everything before the word).
+CALL_PREFIX = "".join(ideal_call("").split('"}}')[0].split())
 
 
 def _first_turn(trajectory: Trajectory) -> str:
@@ -97,10 +99,9 @@ def prefix(trajectory: Trajectory, case: Case) -> float:
 
 
 @term(low=0.0, high=1.0)
-def aligned(trajectory: Trajectory, case: Case) -> float:
-    """Fraction of the ideal call's characters matched at the same position (whitespace ignored)."""
-    text, ideal = _squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"]))
-    return sum(a == b for a, b in zip(text, ideal)) / len(ideal)
+def call(trajectory: Trajectory, case: Case) -> float:
+    """1 when the first assistant turn starts with the call's fixed prefix (whitespace ignored)."""
+    return float(_squeeze(_first_turn(trajectory)).startswith(CALL_PREFIX))
 
 
 @term(low=0.0, high=1.0)
@@ -109,12 +110,6 @@ def no_repeat(trajectory: Trajectory, case: Case) -> float:
     text = _squeeze(_first_turn(trajectory))
     pieces = [p for p in ideal_pieces(case.truth["answer"]) if p != case.truth["answer"]]
     return float(all(text.count(p) <= 1 for p in pieces))
-
-
-@term(low=0.0, high=1.0)
-def tool_call(trajectory: Trajectory, case: Case) -> float:
-    """1 when the first assistant turn holds a readable tool call (any name)."""
-    return float(any(c.turn == 0 and c.name for c in trajectory.calls))
 
 
 @term(low=0.0, high=1.0)
@@ -131,7 +126,7 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {prefix: 0.5, no_repeat: 0.1, tool_call: 0.1, submitted: 0.1, correct: 0.3, closeness: 0.0, aligned: 0.0},
+    {no_repeat: 0.1, call: 0.2, submitted: 0.2, correct: 0.5, prefix: 0.0, closeness: 0.0},
     clip=(0.0, 1.0),
     name="toy",
 )
