@@ -82,7 +82,16 @@ def train(recipe: str, overrides: list[str] | None = None, resume: bool = False,
                 highlight=False,
             )
 
-        runner = GRPORecipe(cfg, resume=resume, on_step=on_step)
+        recipe_class: Any = GRPORecipe
+        if cfg.async_.max_staleness > 0 or (cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner):
+            from trainer.orchestrator import AsyncTrainer  # rollout and learner in separate processes
+
+            recipe_class = AsyncTrainer
+        try:
+            runner = recipe_class(cfg, resume=resume, on_step=on_step)
+        except TwinError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
         try:
             runner.setup()
             progress.update(task, completed=runner.step, info="sampling")

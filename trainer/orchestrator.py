@@ -136,13 +136,6 @@ class AdapterClient:
 
 
 # -- starting the sampler -------------------------------------------------------------------------
-_SERVE_CODE = (
-    "import sys, trainer.server as s;"
-    "s._HTTPServer.request_queue_size = max(getattr(s._HTTPServer, 'request_queue_size', 5), 1024);"
-    "s._cli(sys.argv[1:])"
-)
-
-
 def _make_server(cfg: Recipe, output_dir: Path) -> Any:
     """The managed sampler server of a recipe, or None for ``sampler.kind: server`` (external)."""
     kind = cfg.sampler.kind
@@ -155,12 +148,7 @@ def _make_server(cfg: Recipe, output_dir: Path) -> Any:
 
         class _Server(ServerProcess):
             def command(self) -> list[str]:
-                argv = super().command()
-                if argv[1:3] == ["-m", "trainer.server"]:
-                    # The stdlib HTTP server's listen backlog is 5; a rollout lot sends one
-                    # request per episode at once, and an overflowing backlog resets connections.
-                    argv[1:3] = ["-c", _SERVE_CODE]
-                return guarded_command(argv)
+                return guarded_command(super().command())
 
         return _Server(
             cfg.model.path, dtype=dtype, max_loras=cfg.async_.max_staleness + 3, served_model_name="base",

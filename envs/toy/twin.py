@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 from pydantic import Field
@@ -119,6 +120,16 @@ def submitted(trajectory: Trajectory, case: Case) -> float:
 
 
 @term(low=0.0, high=1.0)
+def word(trajectory: Trajectory, case: Case) -> float:
+    """1 when the call's fixed prefix is followed by the named word (closed or not)."""
+    text = _squeeze(_first_turn(trajectory))
+    if not text.startswith(CALL_PREFIX):
+        return 0.0
+    found = re.match(r"[A-Za-z]+", text[len(CALL_PREFIX):])
+    return float(found is not None and found.group(0).lower() == case.truth["answer"])
+
+
+@term(low=0.0, high=1.0)
 def correct(trajectory: Trajectory, case: Case) -> float:
     """1 when the submitted answer is the word the user named."""
     answer = (trajectory.submission or {}).get("answer")
@@ -126,7 +137,7 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {no_repeat: 0.1, call: 0.2, submitted: 0.2, correct: 0.5, prefix: 0.0, closeness: 0.0},
+    {no_repeat: 0.1, call: 0.2, word: 0.3, correct: 0.4, submitted: 0.0, prefix: 0.0, closeness: 0.0},
     clip=(0.0, 1.0),
     name="toy",
 )

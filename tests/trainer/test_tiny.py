@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.tiny import TINY_WORDS, build_tiny
+from trainer.tiny import CALL_TOKENS, TINY_WORDS, build_tiny
 from twin.errors import ConfigError
 
 TOOLS = [
@@ -104,17 +104,23 @@ def test_tool_call_is_cheap_in_tokens(tok) -> None:
     text = '<tool_call>\n{"name": "submit", "arguments": {"answer": "red"}}\n</tool_call><|im_end|>'
     ids = tok.encode(text, add_special_tokens=False)
     pieces = [tok.decode([i]) for i in ids]
-    assert pieces == [
-        "<tool_call>",
-        '\n{"name": "',
-        "submit",
-        '", "arguments": {"answer": "',
-        "red",
-        '"}}\n',
-        "</tool_call>",
-        "<|im_end|>",
-    ]
+    # A submit call is its fixed prefix, the word and its fixed suffix (CALL_TOKENS).
+    assert pieces == [CALL_TOKENS[0], "red", CALL_TOKENS[1], "<|im_end|>"]
     assert tok.decode(ids) == text
+    # Any other call still uses the boilerplate pieces the pre-tokenizer keeps together.
+    other = '<tool_call>\n{"name": "lookup", "arguments": {"key": "red"}}\n</tool_call>'
+    assert [tok.decode([i]) for i in tok.encode(other, add_special_tokens=False)] == [
+        "<tool_call>", '\n{"name": "', "lookup", '", "arguments": {"key": "', "red", '"}}\n', "</tool_call>",
+    ]
+
+
+def test_call_tokens_parse_as_a_submit_call(tok) -> None:
+    from twin.parsing import parse_tool_calls
+
+    for word in ("red", "fish"):
+        text = tok.decode(tok.encode(CALL_TOKENS[0] + word + CALL_TOKENS[1], add_special_tokens=False))
+        calls = parse_tool_calls(text).calls
+        assert [(c.name, c.arguments) for c in calls] == [("submit", {"answer": word})]
 
 
 def test_words_are_single_tokens_with_the_same_id_everywhere(tok) -> None:
