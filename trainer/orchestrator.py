@@ -76,6 +76,9 @@ log = logging.getLogger("twinrl.trainer.async")
 PROBE_POSITIONS = 16
 #: Longest probe sequence (the twin's first prompt, cut here).
 PROBE_MAX_TOKENS = 512
+#: Sampler restarts allowed before one training step succeeds (a server that cannot serve the
+#: recipe, e.g. an unsupported model, must fail the run, not restart forever).
+MAX_RESTARTS_WITHOUT_PROGRESS = 2
 
 
 class SamplerDiedError(TwinError):
@@ -214,6 +217,7 @@ class AsyncTrainer:
         #: make learning take as long as rollout on CPU, where the built-in server is slow.
         self.update_epochs = 1
         self._epoch = 0
+        self._failures_since_step = 0
         # the recipe's length curriculum, run here and published to the worker
         start = getattr(cfg.sampler, "length_curriculum_start", 1)
         self.curriculum: dict[str, float | None] = {"limit": float(start), "reward": None}
@@ -443,6 +447,14 @@ class AsyncTrainer:
     def _restart_sampler(self, why: str) -> None:
         """Bring the sampler back with the current adapter, then let the worker resample its lot."""
         where = self.server.url if self.server is not None else self.adapters.root
+        self._failures_since_step += 1
+        if self._failures_since_step > MAX_RESTARTS_WITHOUT_PROGRESS:
+            tail = self.server.log_tail(30) if self.server is not None else "(external server)"
+            raise SamplerDiedError(
+                f"the sampler server {where} failed {self._failures_since_step} times without a training step "
+                f"in between (last: {why}); it cannot serve this recipe. Its log "
+                f"{getattr(self.server, 'log_path', '')}:\n{tail}"
+            )
         log.error("step %d: the sampler server %s failed (%s); restarting it and reloading %s",
                   self.step, where, why, adapter_name(self.step))  # fmt: skip
         if self.server is not None:
@@ -594,6 +606,8 @@ class AsyncTrainer:
             self._launch_probe(self.step)
             if self.step == cfg.train.steps:  # nothing left to overlap with: report the last one too
                 mismatch, probed = self._probe_result()
+
+            self._failures_since_step = 0
 
             # TRY NOT TO MODIFY: record
             now = time.perf_counter()

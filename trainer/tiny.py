@@ -14,9 +14,10 @@
 
 The pre-tokenizer isolates words (``[A-Za-z]+``) so a word has the same token id in a prompt and
 in a tool call, and keeps the tool-call boilerplate together so that BPE merges it into a few
-tokens: ``<tool_call>\\n{"name": "submit", "arguments": {"answer": "red"}}\\n</tool_call>`` is
-``<tool_call>`` ``\\n{"name": "`` ``submit`` ``", "arguments": {"answer": "`` ``red`` ``"}}\\n``
-``</tool_call>``. This keeps what a random model must discover by RL short.
+tokens, and two added tokens (:data:`CALL_TOKENS`) hold the fixed text around a ``submit`` call's
+answer: ``<tool_call>\\n{"name": "submit", "arguments": {"answer": "red"}}\\n</tool_call>`` is
+``CALL_TOKENS[0]`` ``red`` ``CALL_TOKENS[1]``. This keeps what a random model must discover by RL
+short.
 
 Same ``seed`` and ``extra_corpus`` give the same bytes on every machine.
 """

@@ -12,19 +12,22 @@ them), drawn from the case's own seeded generator; ``truth = {"answer": word}``.
 
 **Reward** (a few clear terms; random text earns 0.1, each step towards the right call more):
 
-| term        | weight  | value                                                               |
-| ----------- | ------- | ------------------------------------------------------------------- |
-| no_repeat   | 0.1     | 1 when no piece of the call is written twice                        |
-| call        | 0.2     | 1 when the first turn starts with the call's fixed prefix           |
-| submitted   | 0.2     | 1 when ``submit`` succeeded                                          |
-| correct     | 0.5     | 1 when the submitted answer is the named word                        |
-| prefix      | 0 (log) | share of the ideal call's pieces the first turn starts with, in order |
-| closeness   | 0 (log) | character similarity of the first turn to the ideal call            |
+| term        | weight  | value                                                                  |
+| ----------- | ------- | ---------------------------------------------------------------------- |
+| no_repeat   | 0.1     | 1 when no piece of the call is written twice                           |
+| call        | 0.2     | 1 when the first turn starts with the call's fixed prefix              |
+| word        | 0.05    | 1 when one of :data:`WORDS` follows the prefix (right or not)          |
+| named       | 0.35    | 1 when the named word follows the prefix (closed or not)               |
+| correct     | 0.3     | 1 when ``submit`` succeeded with the named word                        |
+| submitted   | 0 (log) | 1 when ``submit`` succeeded                                             |
+| prefix      | 0 (log) | share of the ideal call's pieces the first turn starts with, in order  |
+| closeness   | 0 (log) | character similarity of the first turn to the ideal call               |
 
-Whitespace is ignored by the text terms. The call's fixed prefix is
+Whitespace is ignored by the text terms. The call's fixed prefix is :data:`CALL_PREFIX`,
 ``<tool_call>{"name":"submit","arguments":{"answer":"`` (one token of the tiny tokenizer, see
-:data:`trainer.tiny.CALL_TOKENS`); a random model starts at 0.1 (``no_repeat``), a right prefix
-gives 0.3, a submitted wrong word 0.5, the right word 1.0.
+``trainer.tiny.CALL_TOKENS``). Levels: random text 0.1, the prefix 0.3, then another word 0.35,
+the named word 0.65, the right call 1.0. A submitted wrong word earns nothing more than the prefix
+and the word: a policy that settles on any parseable call must still find the named word.
 
 **Episode end.** ``submit`` succeeds, or ``max_turns`` turns (default 1) pass.
 
@@ -119,14 +122,25 @@ def submitted(trajectory: Trajectory, case: Case) -> float:
     return float(trajectory.submission is not None)
 
 
-@term(low=0.0, high=1.0)
-def word(trajectory: Trajectory, case: Case) -> float:
-    """1 when the call's fixed prefix is followed by the named word (closed or not)."""
+def _word_after_prefix(trajectory: Trajectory) -> str | None:
+    # The word the first turn writes right after the call's fixed prefix (closed or not).
     text = _squeeze(_first_turn(trajectory))
     if not text.startswith(CALL_PREFIX):
-        return 0.0
+        return None
     found = re.match(r"[A-Za-z]+", text[len(CALL_PREFIX):])
-    return float(found is not None and found.group(0).lower() == case.truth["answer"])
+    return found.group(0).lower() if found else None
+
+
+@term(low=0.0, high=1.0)
+def word(trajectory: Trajectory, case: Case) -> float:
+    """1 when the call's fixed prefix is followed by one of :data:`WORDS` (right or not)."""
+    return float(_word_after_prefix(trajectory) in WORDS)
+
+
+@term(low=0.0, high=1.0)
+def named(trajectory: Trajectory, case: Case) -> float:
+    """1 when the call's fixed prefix is followed by the named word (closed or not)."""
+    return float(_word_after_prefix(trajectory) == case.truth["answer"])
 
 
 @term(low=0.0, high=1.0)
@@ -137,7 +151,7 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {no_repeat: 0.1, call: 0.2, word: 0.3, correct: 0.4, submitted: 0.0, prefix: 0.0, closeness: 0.0},
+    {no_repeat: 0.1, call: 0.2, word: 0.05, named: 0.35, correct: 0.3, submitted: 0.0, prefix: 0.0, closeness: 0.0},
     clip=(0.0, 1.0),
     name="toy",
 )

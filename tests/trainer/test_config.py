@@ -128,3 +128,14 @@ def test_length_curriculum() -> None:
     p._grow_length([], 0.5)
     p._grow_length([], 0.9)
     assert p.max_new_tokens(5) == 3, "capped at max_new_tokens"
+
+
+def test_entropy_coef_defaults_off_and_must_be_non_negative() -> None:
+    from pydantic import ValidationError
+
+    from trainer.config import AlgorithmConfig
+
+    assert AlgorithmConfig().entropy_coef == 0.0
+    assert AlgorithmConfig(entropy_coef=0.01).entropy_coef == 0.01
+    with pytest.raises(ValidationError):
+        AlgorithmConfig(entropy_coef=-0.1)

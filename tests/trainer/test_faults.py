@@ -91,6 +91,23 @@ def test_sampler_error_while_server_is_up_is_raised(tmp_path: Path) -> None:
         trainer._drain_events()
 
 
+def test_a_sampler_that_keeps_dying_fails_the_run(tmp_path: Path) -> None:
+    from trainer.config import load_recipe
+    from trainer.orchestrator import MAX_RESTARTS_WITHOUT_PROGRESS, SamplerDiedError
+
+    class _DeadServer:
+        url, log_path = "http://127.0.0.1:9", tmp_path / "vllm.log"
+
+        def log_tail(self, lines: int = 40) -> str:
+            return "RuntimeError: Unsupported CPU attention configuration: head_dim=16"
+
+    trainer = AsyncTrainer(load_recipe("toy-cpu", ["lora.enabled=true", f"train.output_dir={tmp_path}"]))
+    trainer.server = _DeadServer()
+    trainer._failures_since_step = MAX_RESTARTS_WITHOUT_PROGRESS
+    with pytest.raises(SamplerDiedError, match=r"(?s)without a training step.*head_dim=16"):
+        trainer._restart_sampler("process exited with code 1")
+
+
 # -- against the real built-in server (in-process thread) ----------------------------------------------
 @pytest.fixture(scope="module")
 def live_server() -> Iterator[str]:

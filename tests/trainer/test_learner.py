@@ -170,3 +170,30 @@ def test_batch_validation() -> None:
         TrainBatch([[1, 2]], [[1, 1]], [[0.0, 0.0]], [1.0])
     with pytest.raises(ValueError, match="2 ids"):
         TrainBatch([[1, 2]], [[0, 1, 1]], [[0.0, 0.0]], [1.0])
+
+
+def test_entropy_bonus_is_the_mean_token_entropy_over_the_loss_mask() -> None:
+    """With zero advantages the only gradient is -entropy_coef x d(mean masked-token entropy)."""
+    model, _ = _model(lora=False)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = _batch()
+    batch.advantages[:] = [0.0] * len(batch)
+    coef = 0.5
+    got = _grads(model, batch, algorithm={"entropy_coef": coef},
+                 optim={"grad_clip": None, "micro_batch_tokens": 20})
+    model.load_state_dict(state)
+    model.zero_grad(set_to_none=True)
+    total, count = torch.zeros(()), 0
+    for row, mask in zip(batch.input_ids, batch.loss_mask):
+        logits = model(input_ids=torch.tensor([row])).logits[0, :-1].float()  # [T-1, V]
+        logp = torch.log_softmax(logits, dim=-1)
+        ent = -(logp.exp() * logp).sum(-1)  # [T-1]
+        m = torch.tensor(mask[1:], dtype=torch.float32)
+        total = total + (ent * m).sum()
+        count += int(m.sum())
+    (-coef * total / count).backward()
+    want = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(got) == set(want)
+    for n in want:
+        assert torch.allclose(got[n], want[n], atol=1e-6, rtol=1e-3), n
+    assert any(float(g.abs().max()) > 0 for g in got.values())

@@ -107,10 +107,10 @@ def test_tool_call_is_cheap_in_tokens(tok) -> None:
     # A submit call is its fixed prefix, the word and its fixed suffix (CALL_TOKENS).
     assert pieces == [CALL_TOKENS[0], "red", CALL_TOKENS[1], "<|im_end|>"]
     assert tok.decode(ids) == text
-    # Any other call still uses the boilerplate pieces the pre-tokenizer keeps together.
+    # Any other call uses the boilerplate pieces the pre-tokenizer keeps together (and the suffix).
     other = '<tool_call>\n{"name": "lookup", "arguments": {"key": "red"}}\n</tool_call>'
     assert [tok.decode([i]) for i in tok.encode(other, add_special_tokens=False)] == [
-        "<tool_call>", '\n{"name": "', "lookup", '", "arguments": {"key": "', "red", '"}}\n', "</tool_call>",
+        "<tool_call>", '\n{"name": "', "lookup", '", "arguments": {"key": "', "red", CALL_TOKENS[1],
     ]
 
 

@@ -44,7 +44,7 @@ def test_reward_levels(action, expected) -> None:
     if expected is not None:
         assert reward == pytest.approx(expected)
     elif "submit" in action:  # wrong word: a valid call, not correct
-        assert 0.4 < reward < 0.8 and info["reward"]["components"]["correct"] == 0.0
+        assert 0.3 < reward < 0.8 and info["reward"]["components"]["correct"] == 0.0
     else:
         assert reward <= 0.1 + 1e-9
 
@@ -83,6 +83,28 @@ def test_prefix_counts_whole_pieces_in_order() -> None:
     assert levels == sorted(levels) and levels[0] == 0.0 and len(set(levels)) == 5
 
 
+def test_each_step_towards_the_call_earns_more() -> None:
+    env = make("Toy")
+    env.reset(options={"split": "train", "index": 0})
+    named = env.case.truth["answer"]
+    other = next(w for w in WORDS if w != named)
+    prefix = ideal_call(named).split(named)[0]
+    texts = [
+        "hello",                    # random text: no_repeat only
+        prefix,                     # the call's fixed prefix
+        prefix + "zebra",           # ... followed by a word that is not one of WORDS
+        prefix + other,             # ... by another of the toy's words
+        prefix + named,             # ... by the named word, not closed
+        ideal_call(named),          # the right call
+    ]
+    totals = []
+    for text in texts:
+        env.reset(options={"split": "train", "index": 0})
+        totals.append(env.step(text)[1])
+    assert totals[0] == pytest.approx(0.1) and totals[-1] == pytest.approx(1.0)
+    assert totals[1] == pytest.approx(totals[2]) and totals[2] < totals[3] < totals[4] < totals[5], totals
+
+
 def test_built_only_on_public_api() -> None:
     import ast
     import inspect
@@ -91,5 +113,5 @@ def test_built_only_on_public_api() -> None:
 
     tree = ast.parse(inspect.getsource(mod))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"__future__", "typing", "pydantic", "rapidfuzz", "rewards", "twin"}, imported
+    assert imported <= {"__future__", "typing", "pydantic", "rapidfuzz", "rewards", "twin", "re"}, imported
     assert twin.Twin in ToyTwin.__mro__
