@@ -39,6 +39,8 @@ from twin.errors import ConfigError
 
 __all__ = [
     "CALL_TOKENS",
+    "CALL_WORDS",
+    "WHOLE_CALL_TOKENS",
     "SPECIAL_TOKENS",
     "TINY_WORDS",
     "TOOL_TOKENS",
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 #: Bump when anything that changes the built files changes (part of the cache key).
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
 _MARKER = "twinrl_tiny.json"
 
 #: Special tokens (never split, skipped by ``decode(skip_special_tokens=True)``).
@@ -70,6 +72,14 @@ CALL_TOKENS: tuple[str, ...] = (
     '<tool_call>\n{"name": "submit", "arguments": {"answer": "',
     '"}}\n</tool_call>',
 )
+
+#: The toy twin's answer words. Each one's whole ``submit`` call is ONE added token too (added
+#: tokens match longest first), so for the toy task the right first token is the whole call: the
+#: learning proof then measures what RL must do here -- learn from reward which call the prompt
+#: asks for -- rather than a token-by-token search for JSON among ~750 ids, which a randomly
+#: initialised model cannot finish in a CI-sized run (measured: it stalls after the prefix).
+CALL_WORDS: tuple[str, ...] = ("red", "blue", "green", "yellow", "cat", "dog", "bird", "fish")
+WHOLE_CALL_TOKENS: tuple[str, ...] = tuple(CALL_TOKENS[0] + w + CALL_TOKENS[1] for w in CALL_WORDS)
 
 #: Common single words: every one becomes a single token of the tiny tokenizer.
 TINY_WORDS: tuple[str, ...] = tuple(
@@ -252,14 +262,17 @@ def _train_tokenizer(corpus: Sequence[str], vocab_size: int) -> Any:
     tok.add_tokens(list(TOOL_TOKENS))
     tok.train_from_iterator(list(corpus), trainer=trainer)
     # Added tokens match longest first, so the call tokens win over ``<tool_call>`` where they fit.
-    tok.add_tokens([AddedToken(t, normalized=False) for t in (*TOOL_TOKENS, *CALL_TOKENS)])
+    tok.add_tokens(
+        [AddedToken(t, normalized=False) for t in (*TOOL_TOKENS, *CALL_TOKENS, *WHOLE_CALL_TOKENS)]
+    )
     return tok
 
 
 def _cache_key(seed: int, extra_corpus: Sequence[str], vocab_size: int) -> str:
     blob = json.dumps(
         {"v": _FORMAT_VERSION, "seed": seed, "extra": list(extra_corpus), "vocab": vocab_size,
-         "template": chat_template(), "pattern": _PRETOKENIZE_PATTERN, "added": CALL_TOKENS},
+         "template": chat_template(), "pattern": _PRETOKENIZE_PATTERN, "added": CALL_TOKENS,
+         "whole": WHOLE_CALL_TOKENS},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
