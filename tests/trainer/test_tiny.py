@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.tiny import CALL_TOKENS, TINY_WORDS, build_tiny
+from trainer.tiny import CALL_TOKENS, CALL_WORDS, TINY_WORDS, WHOLE_CALL_TOKENS, build_tiny
 from twin.errors import ConfigError
 
 TOOLS = [
@@ -104,9 +104,15 @@ def test_tool_call_is_cheap_in_tokens(tok) -> None:
     text = '<tool_call>\n{"name": "submit", "arguments": {"answer": "red"}}\n</tool_call><|im_end|>'
     ids = tok.encode(text, add_special_tokens=False)
     pieces = [tok.decode([i]) for i in ids]
-    # A submit call is its fixed prefix, the word and its fixed suffix (CALL_TOKENS).
-    assert pieces == [CALL_TOKENS[0], "red", CALL_TOKENS[1], "<|im_end|>"]
+    # The toy's answer words: the whole submit call is one token (WHOLE_CALL_TOKENS).
+    assert pieces == [WHOLE_CALL_TOKENS[CALL_WORDS.index("red")], "<|im_end|>"]
     assert tok.decode(ids) == text
+    # Any other answer: the fixed prefix, the word and the fixed suffix (CALL_TOKENS).
+    other_answer = text.replace("red", "apple")
+    assert [tok.decode([i]) for i in tok.encode(other_answer, add_special_tokens=False)] == [
+        CALL_TOKENS[0], "apple", CALL_TOKENS[1], "<|im_end|>"
+    ]
+    assert tok.decode(tok.encode(other_answer, add_special_tokens=False)) == other_answer
     # Any other call uses the boilerplate pieces the pre-tokenizer keeps together (and the suffix).
     other = '<tool_call>\n{"name": "lookup", "arguments": {"key": "red"}}\n</tool_call>'
     assert [tok.decode([i]) for i in tok.encode(other, add_special_tokens=False)] == [
@@ -117,7 +123,7 @@ def test_tool_call_is_cheap_in_tokens(tok) -> None:
 def test_call_tokens_parse_as_a_submit_call(tok) -> None:
     from twin.parsing import parse_tool_calls
 
-    for word in ("red", "fish"):
+    for word in ("red", "fish", "apple"):
         text = tok.decode(tok.encode(CALL_TOKENS[0] + word + CALL_TOKENS[1], add_special_tokens=False))
         calls = parse_tool_calls(text).calls
         assert [(c.name, c.arguments) for c in calls] == [("submit", {"answer": word})]
