@@ -97,7 +97,8 @@ def main(
         return 2
     cases = select_cases(twin, split, episodes)
     run_store = None
-    if store is not False and str(store).lower() not in ("none", "false"):  # --no-store: False
+    # None means the default store; False, "none" or "false" (--no-store) mean no store.
+    if store is None or (store is not False and str(store).lower() not in ("none", "false")):
         from twin.store import RunStore
 
         run_store = RunStore(store)

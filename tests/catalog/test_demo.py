@@ -31,6 +31,17 @@ def test_demo_small(twin, tmp_path, capsys):
     assert {r.policy for r in runs} == {"random", "heuristic", "oracle"}
 
 
+def test_demo_writes_the_default_store(twin, tmp_path, monkeypatch):
+    # `make demo` passes no --store: the episodes must still land in the default run store.
+    from envs.catalog.demo import main
+    from twin.store import RunStore
+
+    monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "default.db"))
+    assert main(episodes=2, group_size=1, policies="oracle", out=str(tmp_path / "r"), progress=False) == 0
+    (run,) = RunStore(str(tmp_path / "default.db")).runs()
+    assert run.policy == "oracle"
+
+
 def test_demo_rejects_unknown_policy(twin, tmp_path):
     from envs.catalog.demo import main
 
