@@ -47,10 +47,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rewards._reward import Reward, RewardResult
-from rewards.properties import PropertyReport, catalog_mistakes, catalog_oracle, check_reward_properties
+from rewards.properties import (
+    PropertyReport,
+    catalog_mistakes,
+    catalog_oracle,
+    check_reward_properties,
+    submission_trajectory,
+)
 from twin.cases import Case
 from twin.errors import ConfigError, TwinError, UnknownTwinError
-from twin.trajectory import ToolCallRecord, Trajectory
+from twin.trajectory import Trajectory
 
 __all__ = [
     "CaseOutcome",
@@ -447,27 +453,6 @@ class CaseOutcome(BaseModel):
         return "\n".join(lines)
 
 
-def _shorthand_trajectory(f: RolloutFile, c: RolloutCase, case: Case) -> Trajectory:
-    calls = []
-    if c.submit is not None:
-        calls.append(ToolCallRecord(id="call_submit", name="submit", arguments=c.submit, ok=True, terminal=True))
-    num_turns = c.num_turns if c.num_turns is not None else c.invalid_calls + (1 if c.submit is not None else 0)
-    return Trajectory(
-        twin=f.twin,
-        case_id=case.id,
-        split=case.split,
-        index=case.index,
-        case_kind=c.kind,
-        policy="rollout-file",
-        calls=calls,
-        submission=c.submit,
-        invalid_calls=c.invalid_calls,
-        num_turns=num_turns,
-        terminated=c.submit is not None,
-        completion_tokens=c.completion_tokens,
-    )
-
-
 def _replay(f: RolloutFile, c: RolloutCase) -> tuple[Trajectory, Case]:
     from twin.env import TwinEnv
 
@@ -506,7 +491,10 @@ def score_case(f: RolloutFile, c: RolloutCase, *, file: str = "<memory>") -> Cas
                 case = _make_twin(f.twin, f.config).case(ref.split, ref.index)
             else:
                 case = Case(twin=f.twin, split=ref.split, index=ref.index, kind=c.kind, task=c.task, truth=c.truth)
-            trajectory = _shorthand_trajectory(f, c, case)
+            trajectory = submission_trajectory(
+                case, c.submit, invalid_calls=c.invalid_calls, num_turns=c.num_turns, policy="rollout-file",
+                twin=f.twin, case_kind=c.kind, completion_tokens=c.completion_tokens,
+            )
         raw = scorer(trajectory, case)
         result = raw if isinstance(raw, RewardResult) else RewardResult.model_validate(raw, from_attributes=True)
     except Exception as exc:  # report, do not crash the whole run

@@ -38,13 +38,21 @@ CALL_FORMAT = '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
 _OPEN = "<tool_call>"
 _CLOSE = "</tool_call>"
 _FENCE = re.compile(r"\A```(?:json|JSON)?[ \t]*\n?(.*?)\n?```\Z", re.DOTALL)
-_py_loads = json.JSONDecoder().decode
+
+
+def _no_constant(name: str) -> Any:
+    # Python's json reads NaN / Infinity, which JSON does not allow and which would not survive
+    # the trajectory's own JSON round trip (they come back as null).
+    raise ValueError(f"is not valid JSON: {name} is not a JSON value (use a finite number or a string)")
+
+
+_py_loads = json.JSONDecoder(parse_constant=_no_constant).decode
 
 
 def _loads(text: str) -> Any:
     """Parse JSON: pydantic-core's parser (2x faster), Python's on failure for exact messages."""
     try:
-        return from_json(text)
+        return from_json(text, allow_inf_nan=False)
     except Exception:  # also TypeError on lone surrogates, which Python's json accepts
         return _py_loads(text)
 
@@ -321,6 +329,8 @@ def _call_id(turn: int, k: int) -> str:
 
 
 def _json_error(exc: Exception) -> str:
+    if isinstance(exc, ValueError) and str(exc).startswith("is not valid JSON"):
+        return str(exc)
     if isinstance(exc, json.JSONDecodeError):
         if exc.msg == "Extra data":
             return (

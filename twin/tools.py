@@ -158,7 +158,8 @@ class Tool:
                 f"send a JSON object like {self.example_arguments()}"
             )
         try:
-            validated = self.args_model.model_validate(arguments)
+            # the model's validator itself: model_validate's wrapper costs ~1 us a call
+            validated = self.args_model.__pydantic_validator__.validate_python(arguments)
         except pydantic.ValidationError as exc:
             raise ToolArgumentError(self._explain(exc)) from None
         # extra="forbid": the instance dict holds exactly the declared fields (copy: callers add

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -56,6 +56,8 @@ __all__ = [
     "validate_mix",
     "world_index",
 ]
+
+_T = TypeVar("_T")
 
 VERDICTS: tuple[str, ...] = ("ok", "counterfeit", "prohibited")
 
@@ -508,6 +510,12 @@ class _Gen:
                 return leaf, w.brands[rng.choice(names)]
         raise ConfigError(f"catalog world has no leaf with a {want} brand among {len(leaves)} leaves")
 
+    def pick(self, pool: Sequence[_T], what: str, kind: str) -> _T:
+        """One of ``pool``; a world without any cannot plant ``kind``."""
+        if not pool:
+            raise ConfigError(f"catalog world has no {what}; cannot plant {kind}")
+        return self.rng.choice(pool)
+
     def honest_seller(self, brand: Any) -> str:
         if brand is not None and brand.protected and brand.authorized_sellers:
             return self.rng.choice(brand.authorized_sellers)
@@ -557,12 +565,21 @@ class _Gen:
             d.signals.append("missing_required_attributes")
         return d, "ok"
 
-    def hard_negative_sale(self) -> tuple[_Draft, str]:
+    def below_msrp(self, low: float, high: float) -> tuple[_Draft, float]:
+        """A branded listing by an honest seller priced at ``frac`` (drawn in [low, high]) of the
+        brand's lowest MSRP; returns the draft and ``frac``."""
         leaf, brand = self.leaf_brand(self.index.branded_leaves)
         lo, _ = self.msrp(brand, leaf)
-        frac = self.rng.uniform(0.6, 0.85)
-        d = self.draft(leaf, brand, self.honest_seller(brand), lo * frac)
+        frac = self.rng.uniform(low, high)
+        return self.draft(leaf, brand, self.honest_seller(brand), lo * frac), frac
+
+    def sale_phrase(self, d: _Draft, frac: float) -> None:
+        """Open the description with a sale phrase that states the discount."""
         d.desc.insert(0, self.rng.choice(self.p["sale_phrases"]).format(percent=int(round((1 - frac) * 100))))
+
+    def hard_negative_sale(self) -> tuple[_Draft, str]:
+        d, frac = self.below_msrp(0.6, 0.85)
+        self.sale_phrase(d, frac)
         d.signals.append("genuine_sale_price")
         return d, "ok"
 
@@ -619,16 +636,12 @@ class _Gen:
         return d, "ok"
 
     def counterfeit_price(self) -> tuple[_Draft, str]:
-        leaf, brand = self.leaf_brand(self.index.branded_leaves)
-        lo, _ = self.msrp(brand, leaf)
-        frac = self.rng.uniform(0.08, 0.3)
-        d = self.draft(leaf, brand, self.honest_seller(brand), lo * frac)
+        d, frac = self.below_msrp(0.08, 0.3)
         roll = self.rng.random()
         if roll < 0.4:
             d.desc.append(self.rng.choice(self.p["cheap_phrases"]))
         elif roll < 0.7:  # dressed up as an ordinary sale, as the hard negatives are
-            d.desc.insert(0, self.rng.choice(self.p["sale_phrases"]).format(
-                percent=int(round((1 - frac) * 100))))
+            self.sale_phrase(d, frac)
         d.signals.append("price_far_below_msrp")
         return d, "counterfeit"
 
@@ -678,9 +691,7 @@ class _Gen:
 
     def prohibited_category(self) -> tuple[_Draft, str]:
         rng, w = self.rng, self.world
-        if not self.index.prohibited_leaves:
-            raise ConfigError("catalog world has no prohibited leaves; cannot plant prohibited_category")
-        leaf = rng.choice(self.index.prohibited_leaves)
+        leaf = self.pick(self.index.prohibited_leaves, "prohibited leaves", "prohibited_category")
         names = self.index.brands_for(w, leaf)
         brand = w.brands[rng.choice(names)] if names and rng.random() < 0.6 else None
         brand_text = brand.name if brand else rng.choice(self.index.generic_brands)
@@ -692,9 +703,7 @@ class _Gen:
 
     def prohibited_recall(self) -> tuple[_Draft, str]:
         rng, w = self.rng, self.world
-        if not self.index.recalls:
-            raise ConfigError("catalog world has no recalls; cannot plant prohibited_recall")
-        recall = rng.choice(self.index.recalls)
+        recall = self.pick(self.index.recalls, "recalls", "prohibited_recall")
         brand = w.brands[recall.brand]
         leaf = recall.category_id
         lo, hi = self.msrp(brand, leaf)

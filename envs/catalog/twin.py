@@ -137,6 +137,7 @@ class CatalogTwin(Twin):
         self.reward = make_catalog_reward(lambda cid: self.world.exists(cid))
         self._schema_cache: dict[str, dict[str, Any]] = {}
         self._brand_cache: OrderedDict[tuple[str, str | None], dict[str, Any]] = OrderedDict()
+        self._search_cache: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
         self._recalls: dict[str, list[dict[str, Any]]] | None = None
         self._allowed: dict[str, frozenset[str]] = {}
 
@@ -144,7 +145,13 @@ class CatalogTwin(Twin):
     def world_key(self) -> str:
         """Only the seed and the taxonomy decide the world (not the case mix or split sizes)."""
         cfg: CatalogConfig = self.config  # type: ignore[assignment]
-        return json.dumps({"seed": cfg.seed, "taxonomy_path": cfg.taxonomy_path}, sort_keys=True)
+        # every `self.world` asks for the key: remember it while the config's fields stay put
+        ident = (cfg.seed, cfg.taxonomy_path)
+        memo = getattr(self, "_world_key", None)  # None also while Twin.__init__ runs
+        if memo is None or memo[0] != ident:
+            text = json.dumps({"seed": cfg.seed, "taxonomy_path": cfg.taxonomy_path}, sort_keys=True)
+            memo = self._world_key = (ident, text)
+        return memo[1]
 
     def build_world(self) -> Any:
         """Build (or load from the on-disk cache) the catalog world of this config.
@@ -215,14 +222,24 @@ class CatalogTwin(Twin):
         if not query.strip():
             raise ToolError("search_taxonomy: query is empty; give words that describe the item")
         limit = min(max(int(limit), 1), 50)
+        key = (query, limit)
+        cached = self._search_cache.get(key)
+        if cached is not None:
+            return cached
         hits = self.world.search(query, limit)
         results = [
             {"id": h["id"], "name": h["name"], "full_name": h["full_name"], "score": round(h["score"], 2)}
             for h in hits
         ]
-        if not results:
-            return {"results": [], "note": f"no category matches {query!r}; try fewer or more general words"}
-        return {"results": results}
+        if results:
+            found: dict[str, Any] = {"results": results}
+        else:
+            found = {"results": [], "note": f"no category matches {query!r}; try fewer or more general words"}
+        self._search_cache[key] = found
+        # bounded (a result is ~2 KB): group episodes repeat a search within a few steps
+        if len(self._search_cache) > 4096:
+            self._search_cache.popitem(last=False)
+        return found
 
     @tool
     def lookup_brand(self, name: str, category_id: str | None = None) -> dict[str, Any]:

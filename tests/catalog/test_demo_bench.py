@@ -20,6 +20,8 @@ def test_bench_prints_every_figure(twin, tmp_path, capsys):
         assert name in figures and figures[name]["value"] > 0
     for tool in ("get_attribute_schema", "lookup_brand", "search_taxonomy", "submit"):
         assert f"direct {tool}" in figures
+    assert figures["env.step search_taxonomy new queries"]["value"] > 0  # the uncached search
+    assert "load average" in printed
     assert "DESIGN.md targets:" in printed and ("met" in printed or "missed" in printed)
 
 

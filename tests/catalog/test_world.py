@@ -323,3 +323,26 @@ def test_cold_build_sweeps_stale_temp_folders(tmp_path: Path) -> None:
     build_world(seed=0, cache_dir=tmp_path, config=SMALL)
     assert not stale.exists()
     assert fresh.exists()  # may belong to a build still running in another process
+
+
+def test_snapshot_equals_the_duckdb_file(world: CatalogWorld, world_cache: Path, tmp_path: Path) -> None:
+    """Warm loads read ``world.snap``; it must hold exactly what ``world.duckdb`` holds."""
+    import shutil
+
+    from envs.catalog.world.build import world_key
+    from envs.catalog.world.store import read_snapshot, read_world
+
+    folder = world_cache / world_key(0, None, {})
+    from_db = read_world(folder / "world.duckdb")
+    from_db.pop("meta")
+    from_snap = read_snapshot(folder / "world.snap")
+    assert from_snap is not None and from_snap == from_db
+    assert list(from_snap["categories"]) == list(from_db["categories"])  # order too
+    # a missing or damaged snapshot falls back to the DuckDB file, with the same world
+    copy = tmp_path / "copy"
+    shutil.copytree(world_cache, copy)
+    (copy / folder.name / "world.snap").write_bytes(b"\x00not marshal")
+    assert read_snapshot(copy / folder.name / "world.snap") is None
+    assert build_world(seed=0, cache_dir=copy).digest() == world.digest()
+    (copy / folder.name / "world.snap").unlink()
+    assert build_world(seed=0, cache_dir=copy).digest() == world.digest()

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,69 +14,28 @@ from typer.testing import CliRunner
 
 import twin as twin_pkg
 from twin.cli import _passthrough, app, parse_overrides
-from twin.core import Twin
-from twin.errors import ConfigError, ToolError
+from twin.errors import ConfigError
 from twin.store import RunStore
-from twin.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
-@dataclass
-class Result:
-    total: float
-    components: dict[str, float] = field(default_factory=dict)
-    weighted: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def keyed_reward(trajectory, case) -> Result:
-    correct = float((trajectory.submission or {}).get("value") == case.truth["value"])
-    return Result(total=correct, components={"correct": correct}, notes=["checked"])
-
-
-class CliKeyTwin(Twin):
-    name = "CliKey"
-    description = "Find the value stored under a key and submit it."
-    splits = {"test": 10}
-    reward = keyed_reward
-
-    def build_world(self) -> dict[str, str]:
-        return {f"k{i}": f"v{i}" for i in range(10)}
-
-    def make_case(self, rng, split, index):
-        return "default", {"key": f"k{index}"}, {"value": f"v{index}"}
-
-    def prompt(self, case):
-        return [
-            {"role": "system", "content": "Use the tools."},
-            {"role": "user", "content": f"Find the value of key {case.task['key']} and submit it."},
-        ]
-
-    @tool
-    def lookup(self, key: str, world: Any) -> dict[str, str]:
-        """Look up the value stored under a key.
-
-        Args:
-            key: The key, e.g. "k1".
-        """
-        if key not in world:
-            raise ToolError(f"no key {key!r}")
-        return {"key": key, "value": world[key]}
-
-    @tool(terminal=True)
-    def submit(self, value: str) -> str:
-        """Submit the value.
-
-        Args:
-            value: The value found.
-        """
-        return "submitted"
-
-
 @pytest.fixture()
-def cli_twin(monkeypatch):
+def cli_twin(monkeypatch, key_twin_cls):
+    class CliKeyTwin(key_twin_cls):
+        """Ten cases; case i asks for key k<i>, whose value is v<i>."""
+
+        name = "CliKey"
+        splits = {"test": 10}
+        world_size = 10
+
+        def value_of(self, i: int) -> str:
+            return f"v{i}"
+
+        def key_for(self, rng, index: int) -> str:
+            return f"k{index}"
+
     spec = twin_pkg.register(CliKeyTwin)
     # pytest imports this file under a generated module name: point the spec at the class itself
     monkeypatch.setattr(spec, "load", lambda: CliKeyTwin)

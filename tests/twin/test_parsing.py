@@ -270,3 +270,16 @@ def test_roundtrip_of_well_formed_calls(name, args, prose):
     assert [(c.name, c.arguments, c.error) for c in turn.calls] == [(name, args, None)]
     msg = {"role": "assistant", "tool_calls": [{"function": {"name": name, "arguments": json.dumps(args)}}]}
     assert parse_tool_calls(msg).calls[0].arguments == args
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_json_constants_are_rejected_with_a_message(constant):
+    # Python's json reads these, but they are not JSON and would not survive the trajectory's
+    # JSON round trip: the call must be refused with a message, never recorded as a value.
+    tagged = parse_tool_calls(f'<tool_call>{{"name": "look", "arguments": {{"a": {constant}}}}}</tool_call>')
+    assert tagged.calls[0].arguments is None
+    assert f"{constant.lstrip('-')} is not a JSON value" in tagged.calls[0].error
+    message = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "i", "type": "function", "function": {"name": "look", "arguments": f'{{"": {constant}}}'}}]}
+    call = parse_tool_calls(message).calls[0]
+    assert call.arguments is None and "not a JSON value" in call.error

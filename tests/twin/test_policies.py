@@ -7,7 +7,6 @@ import json
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,8 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twin.core import Twin
-from twin.errors import ConfigError, ToolError
+from twin.errors import ConfigError
 from twin.policies import (
     OpenAIChatPolicy,
     Policy,
@@ -28,7 +26,6 @@ from twin.policies import (
 )
 from twin.rollout import run_episodes, summarize
 from twin.tools import tool
-from twin.trajectory import Trajectory
 
 PROMPT = [
     {"role": "system", "content": "Use the tools."},
@@ -36,70 +33,36 @@ PROMPT = [
 ]
 
 
-@dataclass
-class Result:
-    total: float
-    components: dict[str, float] = field(default_factory=dict)
-    weighted: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def keyed_reward(trajectory: Trajectory, case: Any) -> Result:
-    correct = float((trajectory.submission or {}).get("value") == case.truth["value"])
-    return Result(total=correct, components={"correct": correct})
-
-
-class KeyTwin(Twin):
-    name = "KeyPolicyTest"
-    description = "Find the value stored under a key and submit it."
-    splits = {"test": 100}
-    reward = keyed_reward
-
-    def build_world(self) -> dict[str, str]:
-        return {f"k{i}": f"v{i * 7 % 101}" for i in range(100)}
-
-    def make_case(self, rng, split, index):
-        key = f"k{rng.randrange(100)}"
-        return "default", {"key": key}, {"value": self.world[key]}
-
-    def prompt(self, case):
-        return [
-            PROMPT[0],
-            {"role": "user", "content": f"Find the value of key {case.task['key']} and submit it."},
-        ]
-
-    @tool
-    def lookup(self, key: str, world: Any) -> dict[str, str]:
-        """Look up the value stored under a key.
-
-        Args:
-            key: The key, e.g. "k12".
-        """
-        if key not in world:
-            raise ToolError(f"no key {key!r}")
-        return {"key": key, "value": world[key]}
-
-    @tool(terminal=True)
-    def submit(self, value: str, confidence: int = 3) -> str:
-        """Submit the value.
-
-        Args:
-            value: The value found.
-            confidence: 1 to 5.
-        """
-        return "submitted"
-
-    def baselines(self):
-        return {
-            "always-k0": lambda twin: ReplayPolicy(
-                [{"name": "submit", "arguments": {"value": "v0"}}], name="always-k0"
-            )
-        }
-
-
 @pytest.fixture(scope="module")
-def twin() -> KeyTwin:
-    return KeyTwin(max_turns=4)
+def twin(key_twin_cls):
+    class KeyPolicyTwin(key_twin_cls):
+        """100 keys; submit takes an optional confidence; one baseline."""
+
+        name = "KeyPolicyTest"
+        splits = {"test": 100}
+        world_size = 100
+
+        def kind_of(self, index: int) -> str:
+            return "default"
+
+        @tool(terminal=True)
+        def submit(self, value: str, confidence: int = 3) -> str:
+            """Submit the value.
+
+            Args:
+                value: The value found.
+                confidence: 1 to 5.
+            """
+            return "submitted"
+
+        def baselines(self):
+            return {
+                "always-k0": lambda twin: ReplayPolicy(
+                    [{"name": "submit", "arguments": {"value": "v0"}}], name="always-k0"
+                )
+            }
+
+    return KeyPolicyTwin(max_turns=4)
 
 
 # -- replay ------------------------------------------------------------------------------------

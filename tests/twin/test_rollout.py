@@ -8,14 +8,12 @@ import json
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twin.core import Twin
 from twin.errors import CaseError
 from twin.policies import RandomPolicy, ReplayPolicy
 from twin.rollout import (
@@ -32,63 +30,7 @@ from twin.rollout import (
 from twin.tools import tool
 
 
-# -- a tiny twin: look up the value of a key, submit it ------------------------------------------
-@dataclass
-class Result:
-    total: float
-    components: dict[str, float] = field(default_factory=dict)
-    weighted: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-
-def keyed_reward(trajectory: Trajectory, case: Any) -> Result:
-    got = (trajectory.submission or {}).get("value")
-    correct = float(got == case.truth["value"])
-    return Result(total=correct, components={"correct": correct}, weighted={"correct": correct})
-
-
-class KeyTwin(Twin):
-    name = "KeyTest"
-    description = "Find the value stored under a key and submit it."
-    splits = {"train": 50, "test": 500}
-    reward = keyed_reward
-
-    def build_world(self) -> dict[str, str]:
-        return {f"k{i}": f"v{i * 7 % 101}" for i in range(600)}
-
-    def make_case(self, rng, split, index):
-        key = f"k{rng.randrange(600)}"
-        return ("even" if index % 2 == 0 else "odd"), {"key": key}, {"value": self.world[key]}
-
-    def prompt(self, case):
-        return [
-            {"role": "system", "content": "Use the tools."},
-            {"role": "user", "content": f"Find the value of key {case.task['key']} and submit it."},
-        ]
-
-    @tool
-    def lookup(self, key: str, world: Any) -> dict[str, str]:
-        """Look up the value stored under a key.
-
-        Args:
-            key: The key, e.g. "k12".
-        """
-        from twin.errors import ToolError
-
-        if key not in world:
-            raise ToolError(f"no key {key!r}")
-        return {"key": key, "value": world[key]}
-
-    @tool(terminal=True)
-    def submit(self, value: str) -> str:
-        """Submit the value.
-
-        Args:
-            value: The value found.
-        """
-        return "submitted"
-
-
+# -- the twin: conftest's KeyTwin (look up the value of a key, submit it) -----------------------
 class SolverPolicy:
     """Looks the key up, then submits what the lookup returned."""
 
@@ -123,8 +65,8 @@ def _call(name: str, args: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def twin() -> KeyTwin:
-    return KeyTwin(max_turns=4)
+def twin(key_twin_cls):
+    return key_twin_cls(max_turns=4)
 
 
 # -- runner ------------------------------------------------------------------------------------
@@ -227,10 +169,10 @@ def test_a_raising_policy_does_not_kill_the_others(twin):
     assert summary["reward_mean"] == 1.0
 
 
-def test_blocking_tools_run_off_the_event_loop():
+def test_blocking_tools_run_off_the_event_loop(key_twin_cls):
     threads: set[str] = set()
 
-    class Blocking(KeyTwin):
+    class Blocking(key_twin_cls):
         blocking_tools = True
 
         @tool
@@ -303,13 +245,13 @@ def test_progress_bar_writes_to_stderr(twin, capsys):
     assert "KeyTest x solver" in captured.err
 
 
-def test_max_reward_and_success_fn(twin):
+def test_max_reward_and_success_fn(twin, key_twin_cls):
     assert max_reward(twin) == 1.0
 
     class Clipped:
         clip = (-0.4, 0.8)
 
-    class T(KeyTwin):
+    class T(key_twin_cls):
         reward = Clipped()
 
     assert max_reward(T()) == 0.8
@@ -318,7 +260,7 @@ def test_max_reward_and_success_fn(twin):
     assert not ok(Trajectory(twin="x", case_id="x", reward=0.7))
     assert not ok(Trajectory(twin="x", case_id="x", reward=None))
 
-    class Own(KeyTwin):
+    class Own(key_twin_cls):
         def success(self, trajectory):
             return trajectory.num_turns == 1
 
@@ -466,8 +408,8 @@ def test_summarize_pass_k_up_to_group_size_and_threshold():
     assert summarize([])["episodes"] == 0
 
 
-def test_a_failing_reset_is_recorded_for_its_own_case():
-    class BadPrompt(KeyTwin):
+def test_a_failing_reset_is_recorded_for_its_own_case(key_twin_cls):
+    class BadPrompt(key_twin_cls):
         def prompt(self, case):
             if case.index == 1:
                 raise KeyError("template field missing")

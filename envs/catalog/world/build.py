@@ -1,6 +1,7 @@
 """``build_world``: generate (or load) a catalog world, cache it on disk, serve it from memory.
 
-The first build of a given key writes ``world.duckdb`` and the tantivy index ``index/`` into a
+The first build of a given key writes ``world.duckdb``, its snapshot ``world.snap`` (what warm
+loads read) and the tantivy index ``index/`` into a
 private temporary folder and renames it into place, so two processes building the same cache
 never see half a world: the loser of the race drops its copy and reads the winner's.
 """
@@ -21,7 +22,7 @@ from envs.catalog.world.generate import generate_taxonomy
 from envs.catalog.world.model import CatalogWorld
 from envs.catalog.world.registry import generate_registry
 from envs.catalog.world.search import TaxonomyIndex, build_index
-from envs.catalog.world.store import read_world, write_world
+from envs.catalog.world.store import read_snapshot, read_world, write_snapshot, write_world
 from envs.catalog.world.vocab import vocab_digest
 
 __all__ = ["WORLD_VERSION", "build_world", "cache_root", "world_key"]
@@ -30,6 +31,7 @@ __all__ = ["WORLD_VERSION", "build_world", "cache_root", "world_key"]
 WORLD_VERSION = "1"
 
 _DB = "world.duckdb"
+_SNAP = "world.snap"
 _INDEX = "index"
 _DONE = "DONE"
 
@@ -143,6 +145,7 @@ def build_world(
         try:
             write_world(tmp / _DB, meta={"version": WORLD_VERSION, "seed": str(seed),
                                          "built_at": f"{time.time():.0f}"}, **parts)
+            write_snapshot(tmp / _SNAP, parts)
             if bar is not None:
                 bar.set_postfix_str("duckdb")
                 bar.update(1)
@@ -177,7 +180,9 @@ def _sweep(root: Path, max_age_s: float = 3600.0) -> None:
 
 
 def _load(folder: Path) -> CatalogWorld:
-    data = read_world(folder / _DB)
-    data.pop("meta")
+    data = read_snapshot(folder / _SNAP)
+    if data is None:  # no usable snapshot: read the storage of record
+        data = read_world(folder / _DB)
+        data.pop("meta")
     index = TaxonomyIndex(folder / _INDEX, [(c.id, c.name, c.full_name) for c in data["categories"].values()])
     return CatalogWorld(index=index, **data)

@@ -1,23 +1,32 @@
-"""The world's DuckDB file: write once after a cold build, read into dataclasses on warm loads.
+"""The world's DuckDB file, written once after a cold build, and its snapshot for warm loads.
 
 Tables: ``categories``, ``attributes``, ``attribute_values``, ``category_attributes``,
 ``brands``, ``brand_sellers``, ``brand_msrp``, ``sellers``, ``recalls`` and a one-row ``meta``.
 Rows are written from numpy columns (DuckDB scans them without a per-row round trip) and read
 back in their ``ord`` order, so a warm world equals the cold one field for field.
+
+Warm loads read ``world.snap`` instead when it is there: the same records as plain tuples in
+:mod:`marshal` format (no DuckDB import, no per-row conversion), written beside the DuckDB file by
+the cold build. The DuckDB file stays the world's storage of record (and SQL users' copy).
 """
 
 from __future__ import annotations
 
+import marshal
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import duckdb
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from envs.catalog.world.model import Attribute, Brand, Category, Recall
 from envs.catalog.world.nodes import link
 
-__all__ = ["read_world", "write_world"]
+if TYPE_CHECKING:
+    import duckdb
+
+__all__ = ["read_snapshot", "read_world", "write_snapshot", "write_world"]
+
+#: Bump when the snapshot's layout changes (an unknown format falls back to the DuckDB file).
+SNAPSHOT_FORMAT = 1
 
 _SEP = "\x1f"  # joins list cells (synonyms, verticals); no name contains it
 _SUB = "\x1e"  # joins the parts of one cell (an MSRP's category, low and high)
@@ -40,6 +49,8 @@ _SCHEMA = {
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[tuple[Any, ...]]) -> None:
+    import numpy as np
+
     names = [part.split()[0] for part in _SCHEMA[table].split(", ")]
     con.execute(f"CREATE TABLE {table} ({_SCHEMA[table]})")
     if not rows:
@@ -63,6 +74,8 @@ def write_world(
     meta: dict[str, str],
 ) -> None:
     """Write a world into a new DuckDB file at ``path``."""
+    import duckdb  # lazy: a warm load from the snapshot never needs it
+
     con = duckdb.connect(str(path))
     try:
         con.execute("BEGIN")
@@ -106,6 +119,8 @@ def _split(text: str | None) -> tuple[str, ...]:
 
 def read_world(path: Path) -> dict[str, Any]:
     """Read a world file into the keyword arguments of :class:`CatalogWorld` (no index)."""
+    import duckdb
+
     con = duckdb.connect(str(path), read_only=True)
     try:
         q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
@@ -160,4 +175,74 @@ def read_world(path: Path) -> dict[str, Any]:
         "sellers": sellers,
         "recalls": recalls,
         "meta": meta,
+    }
+
+
+def write_snapshot(path: Path, parts: Mapping[str, Any]) -> None:
+    """Write a world's records as plain tuples (:mod:`marshal`) for :func:`read_snapshot`.
+
+    Args:
+        path: The file to write.
+        parts: The keyword arguments of :class:`CatalogWorld` (``source``, ``categories``,
+            ``attributes``, ``brands``, ``sellers``, ``recalls``), as :func:`write_world` takes them.
+    """
+    source, categories, attributes = parts["source"], parts["categories"], parts["attributes"]
+    brands, sellers, recalls = parts["brands"], parts["sellers"], parts["recalls"]
+    # attribute links are shared objects (two per attribute): a table of them, referenced by position
+    links: dict[tuple[str, bool], int] = {}
+    for c in categories.values():
+        for a in c.attributes:
+            links.setdefault((a.handle, a.required), len(links))
+    data = {
+        "format": SNAPSHOT_FORMAT,
+        "source": source,
+        "attributes": [(a.handle, a.name, tuple(a.values)) for a in attributes.values()],
+        "links": list(links),
+        "categories": [
+            (c.id, c.name, c.full_name, c.parent_id, c.depth, c.vertical, c.is_leaf, tuple(c.children),
+             tuple(links[a.handle, a.required] for a in c.attributes), tuple(c.synonyms), c.policy)
+            for c in categories.values()
+        ],
+        "brands": [
+            (b.name, b.registered, b.protected, tuple(b.authorized_sellers), tuple(b.verticals),
+             tuple((cid, lo, hi) for cid, (lo, hi) in b.msrp.items()))
+            for b in brands.values()
+        ],
+        "sellers": tuple(sellers),
+        "recalls": [
+            (r.recall_id, r.brand, r.product, r.model_number, r.batch, r.category_id, r.reason)
+            for r in recalls
+        ],
+    }
+    path.write_bytes(marshal.dumps(data, 4))
+
+
+def read_snapshot(path: Path) -> dict[str, Any] | None:
+    """Read a snapshot into the keyword arguments of :class:`CatalogWorld` (no index).
+
+    Returns None when there is no snapshot or it is not one this code wrote (the caller then
+    reads the DuckDB file). The snapshot lives in our own cache folder, next to the DuckDB file,
+    and is trusted as much as that file is.
+    """
+    try:
+        data = marshal.loads(path.read_bytes())
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT:
+        return None
+    attributes = {row[0]: Attribute(*row) for row in data["attributes"]}
+    links = [link(h, r) for h, r in data["links"]].__getitem__
+    categories = {
+        row[0]: Category(*row[:8], tuple(map(links, row[8])), *row[9:]) for row in data["categories"]
+    }
+    brands = {
+        row[0]: Brand(*row[:5], {cid: (lo, hi) for cid, lo, hi in row[5]}) for row in data["brands"]
+    }
+    return {
+        "source": data["source"],
+        "categories": categories,
+        "attributes": attributes,
+        "brands": brands,
+        "sellers": data["sellers"],
+        "recalls": tuple(Recall(*row) for row in data["recalls"]),
     }
