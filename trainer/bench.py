@@ -1,39 +1,89 @@
 """``twin bench trainer``: the async two-worker loop against the same loop run synchronously.
 
-Runs the toy twin with the tiny model twice through :class:`trainer.orchestrator.AsyncTrainer`,
+Runs the toy twin with the tiny model through :class:`trainer.orchestrator.AsyncTrainer` with
 ``async.max_staleness: 0`` (synchronous: sample, then learn, then sync) and ``1`` (the worker
-samples the next lot while the learner trains), with the same recipe, and prints throughput
-(steps/s, sampled tokens/s), the ratio, each worker's idle fraction, the LoRA sync time and the
-learner/sampler logprob mismatch beside the targets of DESIGN.md::
+samples the next lot while the learner trains), on the same recipe, and prints throughput
+(steps/s, sampled tokens/s), the ratio, each worker's idle fraction, the per-step rollout,
+learner and weight-sync times, the queue depth and the staleness histogram::
 
-    twin bench trainer                                 # 6 measured steps per run (+1 warm-up)
-    twin bench trainer --steps 10 --set optim.mini_batches=2 --json bench.json
+    twin bench trainer                                 # 6 measured steps per run (+2 warm-up)
+    twin bench trainer --steps 10 --k0-threads 1 --json bench.json
 
-The ratio is bounded by ``(R + L + S) / max(R, L + S)`` for rollout time ``R``, learning time
-``L`` and sync time ``S``: 2x when rollout and learning take equal time. The bench prints that
-bound for the times it measured, so a low ratio can be told apart from an unbalanced config.
+Resources are given fairly. ``k = 1`` runs with ``devices.cpu_affinity: auto``: the sampling side
+(sampler server + rollout worker) and the learner each own half of the cores (one each on a
+2-core machine) with one thread per core and ``OMP_WAIT_POLICY=PASSIVE``. The synchronous loop
+cannot use both halves at once, so ``k = 0`` is measured twice, pinned the same way (1 thread
+per side) and unpinned with as many threads as cores, and the faster of the two is the baseline.
+
+Balance: the ratio is bounded by ``(R + L + S) / max(R, L + S)`` for rollout time ``R``,
+learning time ``L`` and sync time ``S`` per step, 2x when rollout and learning take equal time.
+The first run's warm-up steps measure ``R``, one update pass ``L1`` and ``S``, then set the update
+passes per lot (``E``) so that ``E * L1 + S ~= R`` (on CPU the built-in server samples the tiny
+model several times slower than the learner updates it); every run uses that ``E``. The bench
+prints the bound for the times it measured, so a low ratio can be told apart from an
+unbalanced config.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json as _json
 import os
 import statistics
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["main", "summarize_run"]
+__all__ = ["BenchRun", "balance_of", "calibrated_epochs", "main", "pick_baseline", "summarize_run"]
 
 #: Targets, from DESIGN.md and issue 6.
 TARGET_RATIO_DESIGN = 1.8
 TARGET_RATIO_ISSUE = 1.7
 TARGET_SYNC_S = 0.5
+#: Most update passes the calibration may choose.
+MAX_EPOCHS = 200
+#: The bench's workload, fixed here so that tuning the toy recipe for learning does not change it:
+#: 2 groups of 16 episodes per step, 4 sampled tokens per turn; every step trains (no dynamic
+#: sampling) on full-length turns (no length curriculum).
+WORKLOAD = [
+    "lora.enabled=true",
+    "algorithm.group_size=16",
+    "algorithm.groups_per_step=2",
+    "sampler.max_new_tokens=4",
+    "algorithm.dynamic_sampling=false",
+]
 
 
-def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, float]:
-    """Throughput and idle fractions of the steps after ``warmup`` (from the metrics records)."""
+@dataclass(frozen=True)
+class BenchRun:
+    """One measured configuration.
+
+    Attributes:
+        name: Key in the figures (``k0_pinned``, ``k1_pinned``, ``k0_shared``).
+        label: Row label of the table.
+        k: ``async.max_staleness``.
+        threads: ``devices.cpu_threads`` (every process of the run).
+        affinity: ``devices.cpu_affinity`` (``auto`` or ``off``).
+    """
+
+    name: str
+    label: str
+    k: int
+    threads: int
+    affinity: str
+
+    def overrides(self) -> list[str]:
+        """Recipe overrides of this configuration."""
+        return [f"devices.cpu_threads={self.threads}", f"devices.cpu_affinity={self.affinity}"]
+
+
+def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """Throughput, per-step times, idle fractions and queue figures of the steps after ``warmup``."""
     rows = history[warmup:] if len(history) > warmup else history
     first = history[warmup - 1] if 0 < warmup <= len(history) - 1 else None
     wall = sum(r["perf/step_s"] for r in rows)
@@ -41,26 +91,88 @@ def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, float
     last = rows[-1]
 
     def window(idle: str, total: str) -> float:
-        d_idle = last[idle] - (first[idle] if first else 0.0)
-        d_total = last[total] - (first[total] if first else 0.0)
+        d_idle = last.get(idle, 0.0) - (first.get(idle, 0.0) if first else 0.0)
+        d_total = last.get(total, 0.0) - (first.get(total, 0.0) if first else 0.0)
         return d_idle / d_total if d_total > 0 else 0.0
 
-    mean = lambda key: statistics.fmean(r.get(key, 0.0) for r in rows)  # noqa: E731
+    def mean(key: str) -> float:
+        return statistics.fmean(r.get(key, 0.0) for r in rows)
+
+    # the histogram is cumulative over the run: the measured window's part is last - first
+    hist = Counter({int(s): int(n) for s, n in (last.get("async/staleness_hist") or {}).items()})
+    if first is not None:
+        hist.subtract({int(s): int(n) for s, n in (first.get("async/staleness_hist") or {}).items()})
     return {
         "steps": float(len(rows)),
         "wall_s": wall,
         "steps_per_s": len(rows) / wall if wall > 0 else 0.0,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "step_s": wall / len(rows) if rows else 0.0,
         "rollout_s": mean("perf/rollout_s"),
         "learner_s": mean("perf/learn_s"),
+        "learner_pass_s": mean("perf/learner_s"),
         "sync_s": mean("async/sync_s"),
         "sync_s_max": max(r.get("async/sync_s", 0.0) for r in rows),
+        "save_s": mean("async/save_s"),
+        "load_s": mean("async/load_s"),
+        "learner_wait_s": mean("async/learner_wait_s"),
         "rollout_idle_frac": window("async/rollout_idle_s", "async/rollout_wall_s"),
         "learner_idle_frac": window("async/learner_idle_s", "async/learner_wall_s"),
-        "logprob_mismatch": max(r.get("async/logprob_mismatch", 0.0) for r in rows),
+        "queue_depth": mean("async/queue_depth"),
+        "queue_depth_max": max(r.get("async/queue_depth", 0.0) for r in rows),
         "staleness": mean("async/staleness"),
+        "staleness_hist": {str(s): n for s, n in sorted(hist.items()) if n},
+        "dropped_stale": last.get("async/dropped_stale", 0.0) - (first.get("async/dropped_stale", 0.0) if first else 0.0),
+        "logprob_mismatch": max(r.get("async/logprob_mismatch", 0.0) for r in rows),
         "reward": mean("rewards/total"),
+    }  # fmt: skip
+
+
+def calibrated_epochs(rollout_side_s: float, learner_other_s: float, pass_s: float) -> int:
+    """Update passes ``E`` with ``E * pass_s + learner_other_s`` closest to ``rollout_side_s``.
+
+    Args:
+        rollout_side_s: The rollout side's time per step: what the learner waited for the lot
+            at ``k = 0`` (sampling, the worker's envs and rendering, the queue) plus the adapter
+            load in the sampler (done on the rollout side, waited for by the learner).
+        learner_other_s: The learner's time per step besides the update passes (building the
+            batch, saving and loading the adapter, the sync check, metrics).
+        pass_s: One update pass over the lot.
+
+    Returns:
+        ``E`` in ``1..MAX_EPOCHS``.
+    """
+    if pass_s <= 0:
+        return 1
+    return max(1, min(MAX_EPOCHS, round((rollout_side_s - learner_other_s) / pass_s)))
+
+
+def balance_of(record: dict[str, Any], epochs: int) -> dict[str, float]:
+    """Each side's busy time in one ``k = 0`` step (a metrics record), split as the calibration needs.
+
+    At ``k = 0`` the learner waits exactly while the rollout side works, so ``learner_wait_s`` is
+    the rollout side's time and the rest of the step is the learner's.
+    """
+    step, wait = record.get("perf/step_s", 0.0), record.get("async/learner_wait_s", 0.0)
+    load, pass_s = record.get("async/load_s", 0.0), record.get("perf/learner_s", 0.0)
+    learner = max(0.0, step - wait)
+    return {
+        "rollout_s": record.get("perf/rollout_s", 0.0),
+        "rollout_side_s": wait + load,
+        "learner_side_s": learner,
+        "learner_other_s": max(0.0, learner - epochs * pass_s),
+        "pass_s": pass_s,
+        "sync_s": record.get("async/sync_s", 0.0),
+        "load_s": load,
     }
+
+
+def pick_baseline(results: dict[str, dict[str, Any]]) -> str:
+    """The name of the fastest synchronous (``k0_*``) run: the honest baseline."""
+    k0 = {name: r for name, r in results.items() if name.startswith("k0")}
+    if not k0:
+        raise ValueError(f"no k=0 run among {sorted(results)}")
+    return max(k0, key=lambda name: k0[name]["steps_per_s"])
 
 
 def _fixed_length() -> list[str]:
@@ -70,8 +182,35 @@ def _fixed_length() -> list[str]:
     return ["sampler.length_curriculum=none"] if "length_curriculum" in SamplerConfig.model_fields else []
 
 
+@contextlib.contextmanager
+def _restored_process() -> Iterator[None]:
+    """Undo what a run's placement did to this process: environment, torch threads, cores."""
+    import torch
+
+    from trainer.workers import pin_process
+
+    env = dict(os.environ)
+    threads = torch.get_num_threads()
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        torch.set_num_threads(threads)
+        if cpus is not None:
+            pin_process(cpus)
+
+
 def _run(
-    overrides: list[str], k: int, steps: int, output_dir: Path, *, epochs: int | None, warmup: int
+    overrides: list[str],
+    run: BenchRun,
+    steps: int,
+    output_dir: Path,
+    *,
+    epochs: int | None,
+    warmup: int,
+    on_calibrated: Callable[[dict[str, float]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """One run; with ``epochs=None`` the update passes are calibrated on the warm-up steps."""
     from trainer.config import load_recipe
@@ -80,32 +219,52 @@ def _run(
     cfg = load_recipe(
         "toy-cpu",
         [
-            "lora.enabled=true",
-            "algorithm.dynamic_sampling=false",  # every step trains: equal work per step
+            *WORKLOAD,
             *_fixed_length(),
             "train.store=false",
             "train.checkpoint_every=0",
             f"train.steps={steps}",
-            f"train.output_dir={output_dir / f'k{k}'}",
+            f"train.output_dir={output_dir / run.name}",
+            *run.overrides(),
             *overrides,
-            f"async.max_staleness={k}",
+            f"async.max_staleness={run.k}",
         ],
     )
-    def calibrate(record: dict[str, Any]) -> None:
-        # Make learn + sync take as long as the rollout of the step: R = E * L1 + S.
-        if epochs is None and record["step"] < warmup:
-            per_epoch = record.get("perf/learner_s", 0.0)
-            spare = record["perf/rollout_s"] - record["async/sync_s"]
-            if per_epoch > 0:
-                trainer.update_epochs = max(1, min(200, round(spare / per_epoch)))
 
-    trainer = AsyncTrainer(cfg, on_step=calibrate)
-    trainer.update_epochs = epochs or 1
-    try:
-        trainer.setup()
-        return trainer.train(), trainer.update_epochs
-    finally:
-        trainer.cleanup()
+    def calibrate(record: dict[str, Any]) -> None:
+        # Give the learner side as much work per step as the rollout side has. The last warm-up
+        # step decides (the first one pays for start-up: the first lot, the first LoRA request).
+        if epochs is None and record["step"] == warmup - 1:
+            measured = balance_of(record, trainer.update_epochs)
+            trainer.update_epochs = calibrated_epochs(
+                measured["rollout_side_s"], measured["learner_other_s"], measured["pass_s"]
+            )
+            if on_calibrated is not None:
+                on_calibrated({**measured, "epochs": float(trainer.update_epochs)})
+
+    with _restored_process():
+        trainer = AsyncTrainer(cfg, on_step=calibrate)
+        trainer.update_epochs = epochs or 1
+        try:
+            trainer.setup()
+            return trainer.train(), trainer.update_epochs
+        finally:
+            trainer.cleanup()
+
+
+def _runs(k0_threads: str, cores: int) -> list[BenchRun]:
+    pinned = [
+        BenchRun("k0_pinned", "k=0 1 thr/side, pinned", 0, 1, "auto"),
+        BenchRun("k1_pinned", "k=1 1 thr/side, pinned", 1, 1, "auto"),
+    ]
+    shared = BenchRun("k0_shared", f"k=0 {max(2, cores)} thr, shared", 0, max(2, cores), "off")
+    if k0_threads == "1" or cores < 2:
+        return pinned
+    if k0_threads == "all":
+        return [shared, pinned[1]]
+    if k0_threads == "best":
+        return [*pinned, shared]
+    raise ValueError(f"--k0-threads expects best, 1 or all, got {k0_threads!r}")
 
 
 def main(
@@ -115,77 +274,125 @@ def main(
     json: str | None = None,  # noqa: A002 - the CLI option is --json
     output_dir: str | None = None,
     epochs: int | None = None,
+    k0_threads: str = "best",
 ) -> int:
-    """Run k = 0 and k = 1 on the same recipe and print throughput, ratio and idle fractions.
+    """Run k = 0 and k = 1 on the same recipe and print throughput, ratio, idle fractions, sync.
 
     Args:
         steps: Measured steps per run.
-        warmup: Steps run first and left out of the figures (start-up, first LoRA request).
+        warmup: Steps run first and left out of the figures (start-up, first LoRA request); the
+            first run calibrates the update passes on them.
         set: Recipe overrides (``key=value``; one string or a list) on top of ``toy-cpu`` with
-            LoRA, e.g. ``optim.mini_batches=2`` to lengthen learning.
+            LoRA, e.g. ``algorithm.groups_per_step=4`` for longer steps.
         json: Also write the figures as JSON here.
         output_dir: Where the runs write (default: a temporary folder).
-        epochs: Update passes per lot. Default: chosen on the k = 0 warm-up steps so that
-            learning + sync takes as long as rollout (on CPU the built-in server samples a tiny
-            model ~20x slower than the learner updates it), then used for both runs.
+        epochs: Update passes per lot (default: calibrated so that learner + sync ~= rollout).
+        k0_threads: The synchronous baseline: ``best`` (measure it pinned with 1 thread per side
+            and unpinned with one thread per core; the faster one is the baseline), ``1``
+            (pinned only) or ``all`` (unpinned only).
 
     Returns:
         0 (the figures are printed beside the targets; they are not pass/fail here).
     """
+    from trainer.workers import plan_cpu_placement
+
     overrides = [set] if isinstance(set, str) else list(set or [])
     root = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="twin-bench-trainer-"))
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    runs = _runs(str(k0_threads), cores)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    placement = plan_cpu_placement(SimpleNamespace(cpu_affinity="auto", rollout="cpu", learner="cpu"))
     print("twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)")
-    print(f"  recipe toy-cpu + LoRA, dynamic sampling and length curriculum off {' '.join(overrides)}; {steps} measured steps per run "
-          f"after {warmup} warm-up")  # fmt: skip
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(
-        f"  note: this machine has {cores} CPU core(s) (load average {load:.1f} before the runs); the sampler "
-        "server, the rollout worker and the learner compete for them here, so on a busy machine the overlap "
-        "is limited by cores, not by the loop (compare each side's time at k=1 with k=0)"
-    )
-    results: dict[str, dict[str, float]] = {}
-    chosen = epochs
-    for k in (0, 1):
-        t0 = time.perf_counter()
-        history, chosen = _run(overrides, k, steps + warmup, root, epochs=chosen, warmup=max(1, warmup))
-        results[f"k{k}"] = summarize_run(history, warmup)
-        print(f"  k={k}: {len(history)} steps in {time.perf_counter() - t0:.0f} s (start-up included), "
-              f"{chosen} update pass(es) per step", flush=True)  # fmt: skip
+    print(f"  recipe toy-cpu + {' '.join(WORKLOAD[1:] + _fixed_length() + overrides)}; "
+          f"{steps} measured steps per run after {warmup} warm-up")  # fmt: skip
+    print(f"  {cores} core(s) allowed; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the runs "
+          "(other jobs on these cores distort every figure)")  # fmt: skip
+    if placement is not None:
+        print(f"  pinned runs: sampler server + rollout worker on core(s) {','.join(map(str, placement.rollout))}, "
+              f"learner on core(s) {','.join(map(str, placement.learner))}, 1 thread each, OMP_WAIT_POLICY=PASSIVE")  # fmt: skip
+    else:
+        print("  cpu pinning is not available here (needs Linux and >= 2 cores): the 'pinned' runs share the cores")
 
-    header = f"{'':12}{'steps/s':>9}{'tok/s':>9}{'rollout':>9}{'learn':>8}{'sync':>7}{'roll idle':>11}{'learn idle':>11}{'mismatch':>10}"
-    print(header)
-    for k, label in ((0, "k=0 (sync)"), (1, "k=1 (async)")):
-        r = results[f"k{k}"]
-        print(
-            f"{label:12}{r['steps_per_s']:>9.3f}{r['tokens_per_s']:>9.0f}{r['rollout_s']:>8.2f}s"
-            f"{r['learner_s']:>7.2f}s{r['sync_s']:>6.2f}s{r['rollout_idle_frac']:>11.0%}"
-            f"{r['learner_idle_frac']:>11.0%}{r['logprob_mismatch']:>10.1e}"
-        )
-    sync, overlap = results["k0"], results["k1"]
-    ratio = overlap["steps_per_s"] / sync["steps_per_s"] if sync["steps_per_s"] else 0.0
-    rollout, learn = sync["rollout_s"], sync["learner_s"] + sync["sync_s"]
-    bound = (rollout + learn) / max(rollout, learn) if max(rollout, learn) > 0 else 0.0
+    results: dict[str, dict[str, Any]] = {}
+    chosen = epochs
+    for run in runs:
+        t0 = time.perf_counter()
+        calibration: dict[str, float] = {}  # filled by the first run only (chosen is None)
+        history, chosen = _run(
+            overrides, run, steps + warmup, root, epochs=chosen, warmup=max(1, warmup), on_calibrated=calibration.update
+        )  # fmt: skip
+        results[run.name] = summarize_run(history, warmup)
+        if calibration:
+            results[run.name]["calibration"] = calibration
+        print(f"  {run.label}: {len(history)} steps in {time.perf_counter() - t0:.0f} s (start-up included), "
+              f"{chosen} update pass(es) per step", flush=True)  # fmt: skip
+        if "calibration" in results[run.name]:
+            c = results[run.name]["calibration"]
+            print(f"    balance (last warm-up step): rollout side {c['rollout_side_s']:.2f} s/step (sampling "
+                  f"{c['rollout_s']:.2f} s + envs, queue, adapter load {c['load_s']:.2f} s); learner side: one update "
+                  f"pass {c['pass_s']:.3f} s + {c['learner_other_s']:.2f} s (batch, sync {c['sync_s']:.2f} s, "
+                  f"check, metrics) -> {int(c['epochs'])} passes: learner side ~= "
+                  f"{c['epochs'] * c['pass_s'] + c['learner_other_s']:.2f} s/step")  # fmt: skip
+
+    _print_table(runs, results)
+    base_name = pick_baseline(results)
+    base, overlap = results[base_name], results["k1_pinned"]
+    ratio = overlap["steps_per_s"] / base["steps_per_s"] if base["steps_per_s"] else 0.0
+    # k=0 step = W + B (learner waits W for the rollout side, then is busy B, adapter load l
+    # included); at k=1 only the load stays serial: step ~= max(W + l, B)
+    ref = results.get("k0_pinned", base)
+    wait, busy, load_s = ref["learner_wait_s"], max(0.0, ref["step_s"] - ref["learner_wait_s"]), ref["load_s"]
+    bound = (wait + busy) / max(wait + load_s, busy) if max(wait + load_s, busy) > 0 else 0.0
     ok = "meets" if ratio >= TARGET_RATIO_DESIGN else ("meets the issue's" if ratio >= TARGET_RATIO_ISSUE else "below")
+    others = ", ".join(
+        f"{overlap['steps_per_s'] / r['steps_per_s']:.2f}x vs {name}"
+        for name, r in results.items() if name.startswith("k0") and r["steps_per_s"]
+    )  # fmt: skip
     print(
-        f"throughput ratio k=1 / k=0: {ratio:.2f}x  (target >= {TARGET_RATIO_DESIGN}x DESIGN.md, "
-        f">= {TARGET_RATIO_ISSUE}x issue 6: {ok}); bound for these times (R+L+S)/max(R, L+S) = {bound:.2f}x "
-        f"(rollout {rollout:.2f} s vs learn+sync {learn:.2f} s)"
-    )
-    sync_s = max(sync["sync_s"], overlap["sync_s"])
-    print(
-        f"LoRA sync (save + load as policy@<v>): {sync['sync_s']:.3f} s/step at k=0, {overlap['sync_s']:.3f} s/step "
-        f"at k=1 (target <= {TARGET_SYNC_S} s: {'meets' if sync_s <= TARGET_SYNC_S else 'above'})"
+        f"throughput ratio k=1 / k=0: {ratio:.2f}x against the faster k=0 ({base_name}; {others}); "
+        f"target >= {TARGET_RATIO_DESIGN}x DESIGN.md, >= {TARGET_RATIO_ISSUE}x issue 6: {ok}"
     )
     print(
-        f"logprob mismatch after sync (max): k=0 {sync['logprob_mismatch']:.1e}, k=1 {overlap['logprob_mismatch']:.1e} "
-        "(~1e-6 = the sampler runs the adapter just trained; 0.1-0.5 = it does not)"
+        f"  bound for these times (W+B)/max(W+l, B) = {bound:.2f}x (k=0 pinned, per step: rollout side W = "
+        f"{wait:.2f} s, learner side B = {busy:.2f} s, adapter load l = {load_s:.2f} s); per-step times: rollout "
+        f"(sampling) {ref['rollout_s']:.2f} s, learner updates {ref['learner_s']:.2f} s"
     )
+    sync_s = max(r["sync_s"] for r in results.values())
+    print(
+        "weight sync (save + load as policy@<v>), s/step: "
+        + ", ".join(f"{name} {r['sync_s']:.3f} (save {r['save_s']:.3f}, load {r['load_s']:.3f})" for name, r in results.items())
+        + f"; target <= {TARGET_SYNC_S} s: {'meets' if sync_s <= TARGET_SYNC_S else 'above'}"
+    )  # fmt: skip
+    print(
+        "queue depth (mean/max) and staleness histogram {versions: lots}: "
+        + "; ".join(f"{name} {r['queue_depth']:.1f}/{r['queue_depth_max']:.0f} {r['staleness_hist']}"
+                    f"{' dropped ' + str(int(r['dropped_stale'])) if r['dropped_stale'] else ''}" for name, r in results.items())
+    )  # fmt: skip
+    print(
+        "logprob mismatch after sync (max): "
+        + ", ".join(f"{name} {r['logprob_mismatch']:.1e}" for name, r in results.items())
+        + " (~1e-6 = the sampler runs the adapter just trained; 0.1-0.5 = it does not)"
+    )
+    after = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"load average after the runs: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
     summary = {
-        "ratio": ratio, "bound": bound, "update_epochs": chosen, "cores": cores, "load": load,
-        "runs": results, "overrides": overrides,
+        "ratio": ratio, "baseline": base_name, "bound": bound, "update_epochs": chosen, "cores": cores,
+        "load_before": list(load), "load_after": list(after), "runs": results, "overrides": overrides,
+        "placement": None if placement is None else {"rollout": placement.rollout, "learner": placement.learner},
     }  # fmt: skip
     if json:
         Path(json).write_text(_json.dumps(summary, indent=2))
         print(f"figures: {json}")
     return 0
+
+
+def _print_table(runs: list[BenchRun], results: dict[str, dict[str, Any]]) -> None:
+    header = (f"{'':25}{'steps/s':>8}{'tok/s':>7}{'step':>7}{'rollout':>8}{'learn':>7}{'sync':>6}"
+              f"{'roll idle':>10}{'learn idle':>11}")  # fmt: skip
+    print(header)
+    for run in runs:
+        r = results[run.name]
+        print(
+            f"{run.label:25}{r['steps_per_s']:>8.3f}{r['tokens_per_s']:>7.0f}{r['step_s']:>6.2f}s{r['rollout_s']:>7.2f}s"
+            f"{r['learner_s']:>6.2f}s{r['sync_s']:>5.2f}s{r['rollout_idle_frac']:>10.0%}{r['learner_idle_frac']:>11.0%}"
+        )

@@ -100,16 +100,14 @@ def _toy_prompts(s: dict[str, Any], n: int) -> tuple[Any, Any, list[dict[str, An
     """The Toy twin, the tiny tokenizer and ``n`` dataset rows (prompt text, split, index)."""
     from trainer.models import load_model
     from trainer.renderer import Renderer
-    from twin.cases import stable_seed
+    from trainer.cases import draw_cases
     from twin.registry import make_twin
 
     twin = make_twin("Toy", num_words=4, max_turns=1)
     model, tokenizer = load_model("tiny", "float32", device="cpu")
     renderer = Renderer(tokenizer, twin.tool_schemas)
-    total = twin.num_cases("train")
     rows = []
-    for c in range(n):  # the same seeded case draw as GRPORecipe._next_cases
-        index = stable_seed("cases", s["seed"], c) % total
+    for _, index in draw_cases(twin, "train", s["seed"], 0, n):  # as GRPORecipe._next_cases
         case = twin.case("train", index)
         text = renderer.render(twin.prompt(case), add_generation_prompt=True)
         rows.append({"prompt": text, "split": "train", "index": index})

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from twin.errors import ConfigError
 
@@ -49,6 +49,11 @@ class TwinSection(_Section):
         default_factory=dict, description="Options passed to the twin's config model (seed, max_turns, ...)."
     )
     split: str = Field("train", description="Split the training cases are drawn from.")
+    balance: Literal["none", "kind"] = Field(
+        "none",
+        description="'none': the plain seeded case draw; 'kind': deal cases round-robin over the "
+        "case kinds, so each step sees every kind in equal shares (trainer.cases).",
+    )
 
 
 class ModelConfig(_Section):
@@ -155,6 +160,18 @@ class OptimConfig(_Section):
     mini_batches: int = Field(
         1, ge=1, description="Optimizer steps per batch of episodes (> 1 makes the ratio clipping bite)."
     )
+    lr_end: float | None = Field(
+        None, gt=0.0, description="Learning rate reached by a linear decay from lr over lr_decay_steps "
+        "optimizer steps, then kept (null = constant lr)."
+    )
+    lr_decay_steps: int = Field(0, ge=0, description="Optimizer steps of the linear decay to lr_end.")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based): ``lr``, or the linear decay."""
+        if self.lr_end is None or self.lr_decay_steps <= 0:
+            return self.lr
+        frac = min(max(step, 0), self.lr_decay_steps) / self.lr_decay_steps
+        return self.lr + (self.lr_end - self.lr) * frac
 
 
 class TrainConfig(_Section):
@@ -176,6 +193,19 @@ class DevicesConfig(_Section):
         None, ge=1, description="torch CPU threads (null = torch's default; 1 is fastest for tiny "
         "models on a busy machine)."
     )
+    cpu_affinity: Literal["off", "auto"] = Field(
+        "off", description="Async trainer with rollout and learner both on 'cpu' (Linux): 'auto' "
+        "pins the rollout side (sampler server + rollout worker) and the learner to disjoint halves "
+        "of the allowed cores (one core each on a 2-core machine), so that with max_staleness >= 1 "
+        "they run side by side instead of pre-empting each other; threads default to one per "
+        "pinned core. 'off' leaves placement to the OS. See docs/async.md."
+    )
+
+    @field_validator("cpu_affinity", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` / `on` as a boolean
+        return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
 
 
 class AsyncConfig(_Section):

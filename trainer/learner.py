@@ -13,9 +13,18 @@ sequences with loss masks, the sampler's logprobs and one advantage per sequence
         clip_grad_norm_; optimizer.step()
 
 With one mini-batch ``old`` is ``logp.detach()`` of the same forward pass (the ratio is 1 and its
-gradient is the policy gradient), so no extra forward pass is spent. The KL reference is the same
-model with the LoRA adapter disabled (``with model.disable_adapter():``): no second copy.
-fp32 on CPU, bf16 on GPU (``model.dtype`` decides).
+gradient is the policy gradient), so no extra forward pass is spent.
+
+Shared prefixes: the episodes of a GRPO group share their prompt (system prompt, tool schemas,
+task) up to their first sampled token. With ``shared_prefix`` (the default) each distinct prompt
+goes through the decoder once per micro-batch, its KV cache is expanded to the rows that share it,
+and the rows' remaining tokens attend to it; gradients flow back through the cache into the prompt's
+forward pass, so loss and gradients are those of the padded per-row pass (to float rounding),
+at a fraction of the tokens when prompts are long and completions short.
+
+The KL reference is the same model with the LoRA adapter disabled
+(``with model.disable_adapter():``): no second copy. fp32 on CPU, bf16 on GPU (``model.dtype``
+decides).
 """
 
 from __future__ import annotations
@@ -34,6 +43,9 @@ from trainer.config import AlgorithmConfig, OptimConfig
 from twin.errors import ConfigError
 
 __all__ = ["Learner", "TrainBatch", "build_lora_model", "trainable_parameters"]
+
+#: Rows that share a loss-free prefix: ``(prefix length, rows)`` per unit.
+_Units = list[tuple[int, list[int]]]
 
 
 @dataclass
@@ -142,6 +154,8 @@ class Learner:
         optim: AdamW settings, token budget per micro-batch, mini-batches per step.
         temperature: The sampler's temperature (logprobs are of ``logits / temperature``).
         max_tokens: The constant ``L`` of the Dr. GRPO normaliser (the episode token budget).
+        shared_prefix: Run each prompt shared by several rows (a GRPO group's) once per
+            micro-batch and let the rows attend to its KV cache (same loss and gradients).
     """
 
     def __init__(
@@ -152,8 +166,10 @@ class Learner:
         optim: OptimConfig,
         temperature: float = 1.0,
         max_tokens: int = 1024,
+        shared_prefix: bool = True,
     ) -> None:
         self.model = model
+        self.shared_prefix = bool(shared_prefix)
         self.algorithm = algorithm
         self.optim_config = optim
         self.temperature = float(temperature)
@@ -196,7 +212,60 @@ class Learner:
         if current:
             yield current
 
-    def _pad(self, rows: list[int], batch: TrainBatch) -> dict[str, torch.Tensor]:
+    def _plan(self, rows: Sequence[int], batch: TrainBatch) -> Iterator[tuple[list[int], _Units | None]]:
+        """Micro-batches as ``(rows, units)``; ``units`` is None for the padded per-row pass.
+
+        A unit is ``(L, rows)``: rows whose first ``L`` tokens are equal and carry no loss, with
+        ``L`` one short of the first loss token (the position that predicts it must be in the
+        suffix). Rows of a micro-batch are listed unit by unit. A micro-batch costs
+        ``units x longest prefix + rows x longest suffix`` padded tokens, within the budget.
+        """
+        units = self._units(rows, batch) if self.shared_prefix and self._parts() is not None else None
+        if units is None:
+            for mrows in self._micro_batches(rows, batch):
+                yield mrows, None
+            return
+        budget = self.optim_config.micro_batch_tokens
+        current: list[tuple[int, list[int]]] = []
+        prefix_w = suffix_w = count = 0
+        for length, urows in units:
+            opened = False  # this unit has an entry in ``current``
+            for i in urows:
+                suffix = len(batch.input_ids[i]) - length
+                new_pw, new_sw = max(prefix_w, length), max(suffix_w, suffix)
+                n_units = len(current) + (0 if opened else 1)
+                if current and n_units * new_pw + (count + 1) * new_sw > budget:
+                    yield [r for _, rs in current for r in rs], current
+                    current, count, opened = [], 0, False
+                    new_pw, new_sw = length, suffix
+                if not opened:
+                    current.append((length, []))
+                    opened = True
+                current[-1][1].append(i)
+                prefix_w, suffix_w, count = new_pw, new_sw, count + 1
+        if current:
+            yield [r for _, rs in current for r in rs], current
+
+    @staticmethod
+    def _units(rows: Sequence[int], batch: TrainBatch) -> list[tuple[int, list[int]]] | None:
+        """Rows grouped by their shared loss-free prefix; None when sharing saves nothing."""
+        by_key: dict[tuple[int, ...], list[int]] = {}
+        for i in rows:
+            mask = batch.loss_mask[i]
+            first = mask.index(1) if 1 in mask else len(mask)
+            length = first - 1  # the token before the first loss token predicts it: suffix
+            if length < 1:
+                return None  # an empty prefix would be a fully masked attention row
+            by_key.setdefault(tuple(batch.input_ids[i][:length]), []).append(i)
+        if all(len(v) == 1 for v in by_key.values()):
+            return None
+        units = [(len(k), sorted(v, key=lambda i: (-len(batch.input_ids[i]), i))) for k, v in by_key.items()]
+        units.sort(key=lambda u: (-(u[0] + max(len(batch.input_ids[i]) - u[0] for i in u[1])), u[1][0]))
+        return units
+
+    def _pad(
+        self, rows: list[int], batch: TrainBatch, units: list[tuple[int, list[int]]] | None = None
+    ) -> dict[str, torch.Tensor]:
         width = max(len(batch.input_ids[i]) for i in rows)
         n = len(rows)
         ids = torch.zeros((n, width), dtype=torch.long)
@@ -212,13 +281,76 @@ class Learner:
         adv = torch.tensor([batch.advantages[i] for i in rows], dtype=torch.float32)
         dev = self.device
         # Shift: position t predicts token t+1; drop the first token's (empty) target.
-        return {
+        out = {
             "input_ids": ids.to(dev),
             "attention_mask": attn.to(dev),
             "mask": mask[:, 1:].to(dev),  # [B, T-1]
             "sampler_logprobs": slp[:, 1:].to(dev),  # [B, T-1]
             "advantages": adv.to(dev),  # [B]
         }
+        if units is not None:
+            out.update({k: v.to(dev) for k, v in self._split_prefix(rows, batch, units).items()})
+        return out
+
+    @staticmethod
+    def _split_prefix(rows: list[int], batch: TrainBatch, units: _Units) -> dict[str, torch.Tensor]:
+        """Right-padded prefixes (one per unit) and suffixes (one per row) of a micro-batch."""
+        pw = max(length for length, _ in units)
+        lengths = [length for length, urows in units for _ in urows]  # per row, in ``rows`` order
+        sw = max(len(batch.input_ids[i]) - length for i, length in zip(rows, lengths))
+        pre_ids = torch.zeros((len(units), pw), dtype=torch.long)
+        pre_attn = torch.zeros((len(units), pw), dtype=torch.long)
+        for u, (length, urows) in enumerate(units):
+            pre_ids[u, :length] = torch.tensor(batch.input_ids[urows[0]][:length], dtype=torch.long)
+            pre_attn[u, :length] = 1
+        suf_ids = torch.zeros((len(rows), sw), dtype=torch.long)
+        suf_attn = torch.zeros((len(rows), sw), dtype=torch.long)
+        for r, (i, length) in enumerate(zip(rows, lengths)):
+            tail = batch.input_ids[i][length:]
+            suf_ids[r, : len(tail)] = torch.tensor(tail, dtype=torch.long)
+            suf_attn[r, : len(tail)] = 1
+        unit_of_row = torch.tensor([u for u, (_, urows) in enumerate(units) for _ in urows], dtype=torch.long)
+        return {
+            "prefix_ids": pre_ids,  # [U, P]
+            "prefix_attention_mask": pre_attn,  # [U, P]
+            "prefix_len": torch.tensor(lengths, dtype=torch.long),  # [B]
+            "unit_of_row": unit_of_row,  # [B]
+            "suffix_ids": suf_ids,  # [B, S]
+            "suffix_attention_mask": suf_attn,  # [B, S]
+        }
+
+    def _shared_hidden(self, decoder: Any, mb: dict[str, torch.Tensor], select: torch.Tensor) -> torch.Tensor:
+        """Hidden states at the ``select``-ed positions, each prompt run once.  # [M, H]
+
+        The prefix pass's KV cache is indexed out to the rows (a differentiable gather, so the
+        prompt's forward pass receives the gradients of every row attending to it); the suffix
+        pass continues at each row's own positions, with the prefix padding masked out.
+        """
+        pre = decoder(
+            input_ids=mb["prefix_ids"], attention_mask=mb["prefix_attention_mask"], use_cache=True
+        )
+        cache = getattr(pre, "cache", None) or pre.past_key_values
+        cache.batch_select_indices(mb["unit_of_row"])
+        prefix_len = mb["prefix_len"]  # [B]
+        width = mb["suffix_ids"].shape[1]
+        positions = prefix_len[:, None] + torch.arange(width, device=prefix_len.device)[None]  # [B, S]
+        attn = torch.cat([mb["prefix_attention_mask"][mb["unit_of_row"]], mb["suffix_attention_mask"]], dim=1)
+        cache_kw = "cache" if "cache" in self._decoder_params(decoder) else "past_key_values"
+        hidden = decoder(
+            input_ids=mb["suffix_ids"], attention_mask=attn, position_ids=positions, use_cache=True,
+            **{cache_kw: cache},
+        ).last_hidden_state  # [B, S, H]
+        # suffix column s of row b is full-layout position prefix_len[b] + s; nothing before the
+        # prefix's end is selected (the prefix ends before the first loss token's predictor)
+        last = select.shape[1] - 1
+        sel = select.gather(1, positions.clamp(max=last)) & (positions <= last)
+        return hidden[sel]
+
+    @staticmethod
+    def _decoder_params(decoder: Any) -> set[str]:
+        import inspect
+
+        return set(inspect.signature(decoder.forward).parameters)
 
     def _parts(self) -> tuple[Any, Any] | None:
         """``(decoder, lm_head)`` when logits can be computed on selected positions only."""
@@ -251,7 +383,10 @@ class Learner:
         targets = mb["input_ids"][:, 1:]  # [B, T-1]
         select = torch.ones_like(mb["mask"], dtype=torch.bool) if every_position else mb["mask"] > 0
         parts = self._parts()
-        if parts is None:
+        if parts is not None and "prefix_ids" in mb and not every_position:
+            decoder, head = parts
+            logits = head(self._shared_hidden(decoder, mb, select))  # [M, V]
+        elif parts is None:
             out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
             logits = out.logits[:, :-1][select]  # [M, V]
         else:
@@ -301,8 +436,12 @@ class Learner:
         self.model.eval()
         try:
             with torch.no_grad(), ctx:
-                for mrows in self._micro_batches(rows, batch):
-                    logp, _ = self._forward(self._pad(mrows, batch), every_position=every_position)
+                if every_position:  # every position's logits: the prefix cannot be skipped
+                    plan: Iterator[tuple[list[int], Any]] = ((m, None) for m in self._micro_batches(rows, batch))
+                else:
+                    plan = self._plan(rows, batch)
+                for mrows, units in plan:
+                    logp, _ = self._forward(self._pad(mrows, batch, units), every_position=every_position)
                     yield mrows, logp
         finally:
             self.model.train(was_training)
@@ -354,8 +493,8 @@ class Learner:
             n_tokens = sum(sum(batch.loss_mask[i]) for i in chunk)
             self.optimizer.zero_grad(set_to_none=True)
             chunk_loss = 0.0
-            for mrows in self._micro_batches(chunk, batch):
-                mb = self._pad(mrows, batch)
+            for mrows, units in self._plan(chunk, batch):
+                mb = self._pad(mrows, batch, units)
                 bonus = cfg.entropy_coef > 0
                 logp, ent = self._forward(mb, entropy=True, entropy_grad=bonus)  # [B, T-1]
                 width = logp.shape[1]
@@ -408,6 +547,9 @@ class Learner:
                 norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.zeros(())
             grad_norms.append(float(norm))
             losses.append(chunk_loss)
+            lr = self.optim_config.lr_at(self.version)  # a function of the version: resumes exactly
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             self.optimizer.step()
             self.version += 1
         self.model.eval()
@@ -415,6 +557,7 @@ class Learner:
         metrics = {k: totals[k] / weights[k] if weights[k] else 0.0 for k in totals}
         metrics["losses/loss"] = sum(losses) / len(losses)
         metrics["policy/grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["optim/lr"] = float(self.optimizer.param_groups[0]["lr"])
         total_tokens = sum(len(ids) for ids in batch.input_ids)
         metrics["perf/learner_tokens_per_s"] = total_tokens / elapsed if elapsed > 0 else 0.0
         metrics["perf/learner_s"] = elapsed

@@ -54,7 +54,6 @@ from typing import Any
 import httpx
 import torch
 
-from trainer import algorithms as algo
 from trainer.config import Recipe
 from trainer.workers import (
     AdapterSyncError,
@@ -237,8 +236,10 @@ class AsyncTrainer:
         cfg = self.cfg
         # TRY NOT TO MODIFY: seeding, threads, the twin
         seed_everything(cfg.seed)
-        if cfg.devices.cpu_threads:
-            torch.set_num_threads(cfg.devices.cpu_threads)
+        # threads, and with devices.cpu_affinity: auto this process's cores (before the children start)
+        from trainer.workers import place_learner
+
+        place_learner(cfg)
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
         self.twin.num_cases(cfg.twin.split)
 
@@ -537,24 +538,13 @@ class AsyncTrainer:
     # -- the loop ----------------------------------------------------------------------------------
     def make_batch(self, groups: list[Group]) -> Any:
         """Advantages per group (on the shaped rewards), then one row per episode."""
-        from trainer.learner import TrainBatch
-        from trainer.rollouts import episode_tokens
+        from trainer.recipe import make_batch
 
-        shaped = torch.tensor([[t.info["shaped_reward"] for t in g.trajectories] for g in groups])  # [N, G]
-        advantages = algo.ADVANTAGES[self.cfg.algorithm.advantage](shaped)  # [N, G]
-        ids, masks, lps, adv = [], [], [], []
-        for g, row in zip(groups, advantages.tolist()):
-            for t, a in zip(g.trajectories, row):
-                i, m, lp = episode_tokens(t)
-                ids.append(i)
-                masks.append(m)
-                lps.append(lp)
-                adv.append(float(a))
-        return TrainBatch(ids, masks, lps, adv)
+        return make_batch(groups, self.cfg.algorithm.advantage)
 
     def train(self) -> list[dict[str, Any]]:
         """Run the remaining steps; return the metrics history (earlier steps included)."""
-        from trainer.recipe import GRPORecipe
+        from trainer.recipe import learn_from_groups
 
         cfg = self.cfg
         started = time.perf_counter()
@@ -581,19 +571,12 @@ class AsyncTrainer:
             every = [Group.model_validate_json(g) for g in lot.groups]
             kept = [every[i] for i in lot.kept]
 
-            # ALGO LOGIC: advantages and one update (TIS against the sampler's logprobs)
-            learn: dict[str, float] = {}
-            t_learn = time.perf_counter()
-            if kept:
-                batch = self.make_batch(kept)
-                for _ in range(self.update_epochs):
-                    learn = self.learner.step(batch)
-            else:
-                log.warning("step %d: every group had equal rewards; no update", step)
-
-            learn_s = time.perf_counter() - t_learn
-
-            episodes = GRPORecipe.episode_metrics(every)
+            # ALGO LOGIC: advantages and one update (TIS against the sampler's logprobs); the
+            # synchronous recipe's step body
+            update = learn_from_groups(
+                self.learner, kept, every, advantage=cfg.algorithm.advantage, step=step, epochs=self.update_epochs
+            )
+            learn, learn_s, episodes = update.learn, update.learn_s, update.episodes
             self._grow_length(kept, episodes["rewards/total"])
 
             # SYNC: the new adapter to the sampler, then the worker may sample with it

@@ -10,15 +10,18 @@ Concurrent episodes are batched: each ``act`` queues its prompt, and one worker 
 queued prompt in one ``generate`` call in a thread, so the event loop (and the tools) keep running.
 
 Specs: ``hf:MODEL[,key=value...]`` with ``MODEL`` = ``tiny``, ``smollm2`` or a local HF folder, and
-options ``temperature`` (0.7), ``top_p`` (1.0), ``max_new_tokens`` (256), ``dtype`` (auto),
+options ``temperature`` (0.7), ``top_p`` (1.0), ``max_new_tokens`` (128: a catalog submit call
+is under 100 tokens), ``dtype`` (auto),
 ``device`` (cpu), ``adapter`` (a LoRA adapter folder, e.g. a training checkpoint), ``seed`` (0),
-``max_batch`` (32). Everything loads offline.
+``max_batch`` (32), ``prefix_cache`` (1: reuse keys/values across turns and the shared system
+prompt; 0 = re-run the whole conversation every turn through ``generate``). Everything loads
+offline. ``temperature=0`` samples greedily.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +32,16 @@ __all__ = ["HFPolicy", "parse_hf_spec"]
 
 Message = dict[str, Any]
 
-_OPTION_TYPES: dict[str, type] = {
+def _flag(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in {"0", "1", "true", "false"}:
+        raise ValueError(raw)
+    return value in {"1", "true"}
+
+
+_flag.__name__ = "0 or 1"
+
+_OPTION_TYPES: dict[str, Callable[[str], Any]] = {
     "temperature": float,
     "top_p": float,
     "max_new_tokens": int,
@@ -38,6 +50,7 @@ _OPTION_TYPES: dict[str, type] = {
     "adapter": str,
     "seed": int,
     "max_batch": int,
+    "prefix_cache": _flag,
 }
 
 
@@ -65,14 +78,20 @@ def parse_hf_spec(spec: str) -> tuple[str, dict[str, Any]]:
             options[key] = _OPTION_TYPES[key](raw.strip())
         except ValueError:
             raise ConfigError(
-                f"policy {spec!r}: {key} must be {_OPTION_TYPES[key].__name__}, got {raw!r}"
+                f"policy {spec!r}: {key} must be {getattr(_OPTION_TYPES[key], '__name__', 'valid')}, got {raw!r}"
             ) from None
     return model, options
+
+
+# How long the batcher waits for more prompts (seconds): a turn costs seconds on CPU.
+_GATHER_TICK_S = 0.02
+_GATHER_S = 0.25
 
 
 @dataclass
 class _Pending:
     ids: list[int]
+    seed: int
     future: asyncio.Future[Any]
 
 
@@ -84,9 +103,9 @@ class _Batcher:
     pending: list[_Pending] = field(default_factory=list)
     running: bool = False
 
-    async def sample(self, ids: list[int]) -> Any:
+    async def sample(self, ids: list[int], seed: int) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pending.append(_Pending(ids, future))
+        self.pending.append(_Pending(ids, seed, future))
         if not self.running:
             self.running = True
             asyncio.get_running_loop().create_task(self._drain())
@@ -95,14 +114,23 @@ class _Batcher:
     async def _drain(self) -> None:
         try:
             while self.pending:
-                # Let every episode that is ready queue its prompt before the batch is cut.
+                # Let every episode that is ready queue its prompt before the batch is cut:
+                # episodes come back from env.step (in threads) a few ms apart, and a batch
+                # cut too early splits the next turn into a small and a large generate.
                 for _ in range(3):
                     await asyncio.sleep(0)
+                waited = 0.0
+                while len(self.pending) < self.policy.max_batch and waited < _GATHER_S:
+                    seen = len(self.pending)
+                    await asyncio.sleep(_GATHER_TICK_S)
+                    waited += _GATHER_TICK_S
+                    if len(self.pending) == seen:
+                        break
                 batch = self.pending[: self.policy.max_batch]
                 del self.pending[: len(batch)]
                 try:
                     samples = await asyncio.to_thread(
-                        self.policy.sample_batch, [p.ids for p in batch]
+                        self.policy.sample_batch, [p.ids for p in batch], [p.seed for p in batch]
                     )
                 except Exception as exc:  # noqa: BLE001 - every waiting episode gets the error
                     for p in batch:
@@ -123,11 +151,16 @@ class HFPolicy:
         model: A transformers causal LM (a peft model with an adapter works too).
         tokenizer: Its tokenizer, with a chat template.
         name: The policy's name in runs and reports.
-        temperature: Sampling temperature.
+        temperature: Sampling temperature; 0 = greedy.
         top_p: Nucleus threshold.
         max_new_tokens: Most tokens per assistant turn (less when the context is nearly full).
-        seed: Seeds each batch's sampling (batches are numbered in order).
+        seed: With the episode key and the turn number, seeds each turn's sample, so an
+            episode's samples do not depend on which episodes it was batched with.
         max_batch: Most episodes sampled together.
+        prefix_cache: Reuse keys/values across turns and across episodes' common prompt
+            prefix (see :class:`trainer.samplers.HFSampler`); only valid while the weights
+            stay fixed (an evaluation).
+        cache_bytes: Memory bound of that cache.
     """
 
     def __init__(
@@ -138,14 +171,18 @@ class HFPolicy:
         name: str = "hf",
         temperature: float = 0.7,
         top_p: float = 1.0,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = 128,
         seed: int = 0,
         max_batch: int = 32,
+        prefix_cache: bool = True,
+        cache_bytes: int = 4 << 30,
     ) -> None:
         from trainer.samplers import HFSampler
 
-        if temperature <= 0:
-            raise ConfigError(f"HFPolicy: temperature must be > 0, got {temperature}")
+        if temperature < 0 or (temperature == 0 and not prefix_cache):
+            raise ConfigError(
+                f"HFPolicy: temperature must be >= 0 (0 = greedy needs prefix_cache), got {temperature}"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -154,7 +191,9 @@ class HFPolicy:
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.max_batch = max_batch
-        self.sampler = HFSampler(model, tokenizer, max_batch=max_batch)
+        self.sampler = HFSampler(
+            model, tokenizer, max_batch=max_batch, prefix_cache=prefix_cache, cache_bytes=cache_bytes
+        )
         config = getattr(model, "config", None)
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
         self._batches = 0
@@ -184,10 +223,18 @@ class HFPolicy:
     def _stop_ids(self) -> list[int]:
         return [self.tokenizer.eos_token_id]
 
-    def sample_batch(self, prompts: list[list[int]]) -> list[Any]:
-        """Sample one turn for each prompt (blocking; called in a worker thread)."""
+    def sample_batch(self, prompts: list[list[int]], seeds: list[int] | None = None) -> list[Any]:
+        """Sample one turn for each prompt (blocking; called in a worker thread).
+
+        Args:
+            prompts: Token-id prompts.
+            seeds: One seed per prompt (default: derived from the batch number).
+        """
         self._batches += 1
         room = self.max_context - max(len(p) for p in prompts)
+        options: dict[str, Any] = {}
+        if seeds is not None and getattr(self.sampler, "store", None) is not None:
+            options["row_seeds"] = seeds
         return self.sampler.sample(
             prompts,
             max_new_tokens=max(1, min(self.max_new_tokens, room)),
@@ -195,15 +242,16 @@ class HFPolicy:
             top_p=self.top_p,
             stop_ids=self._stop_ids(),
             seed=stable_seed("hf-policy", self.seed, self._batches),
+            **options,
         )
 
-    async def _sample(self, ids: list[int]) -> Any:
+    async def _sample(self, ids: list[int], seed: int) -> Any:
         loop = asyncio.get_running_loop()
         batcher = self._batchers.get(id(loop))
         if batcher is None:
             self._batchers = {id(loop): _Batcher(self)}  # drop batchers of finished loops
             batcher = self._batchers[id(loop)]
-        return await batcher.sample(ids)
+        return await batcher.sample(ids, seed)
 
     # -- acting ------------------------------------------------------------------------------
     def renderer(self, tools: Sequence[dict[str, Any]]) -> Any:
@@ -230,6 +278,7 @@ class _EpisodePolicy:
         self.name = parent.name
         self._renderer: Any = None
         self._seen = 0  # messages already in the renderer
+        self._turn = 0
 
     @property
     def token_turns(self) -> list[Any]:
@@ -244,7 +293,9 @@ class _EpisodePolicy:
             self._renderer.start(messages)
         else:
             self._renderer.add_messages(messages[self._seen :])
-        sample = await self.parent._sample(self._renderer.ids)
+        seed = stable_seed("hf-policy", self.parent.seed, self.key, self._turn)
+        self._turn += 1
+        sample = await self.parent._sample(self._renderer.ids, seed)
         message = self._renderer.add_completion(sample.ids, sample.logprobs)
         self._seen = len(messages) + 1
         return dict(message)

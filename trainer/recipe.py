@@ -31,6 +31,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from trainer import algorithms as algo
+from trainer.cases import draw_cases
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from trainer.config import Recipe
 from trainer.learner import Learner, TrainBatch, build_lora_model
@@ -47,7 +49,7 @@ from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.trajectory import Group
 
-__all__ = ["GRPORecipe", "seed_everything"]
+__all__ = ["GRPORecipe", "StepUpdate", "learn_from_groups", "make_batch", "seed_everything"]
 
 log = logging.getLogger("twinrl.trainer")
 
@@ -57,6 +59,70 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def make_batch(groups: list[Group], advantage: str) -> TrainBatch:
+    """Advantages per group (on the shaped rewards), then one row per episode.
+
+    Args:
+        groups: Scored groups whose trajectories carry ``info["shaped_reward"]`` and token turns.
+        advantage: A key of :data:`trainer.algorithms.ADVANTAGES` (``grpo``, ``dr_grpo``, ``rloo``).
+    """
+    shaped = torch.tensor([[t.info["shaped_reward"] for t in g.trajectories] for g in groups])  # [N, G]
+    advantages = algo.ADVANTAGES[advantage](shaped)  # [N, G]
+    ids, masks, lps, adv = [], [], [], []
+    for g, row in zip(groups, advantages.tolist()):
+        for t, a in zip(g.trajectories, row):
+            i, m, lp = episode_tokens(t)
+            ids.append(i)
+            masks.append(m)
+            lps.append(lp)
+            adv.append(float(a))
+    return TrainBatch(ids, masks, lps, adv)
+
+
+@dataclass
+class StepUpdate:
+    """What :func:`learn_from_groups` did in one step.
+
+    Attributes:
+        learn: The last update's metrics (empty when no group was kept).
+        episodes: :meth:`GRPORecipe.episode_metrics` over every sampled group.
+        learn_s: Seconds spent building the batch and updating.
+    """
+
+    learn: dict[str, float]
+    episodes: dict[str, float]
+    learn_s: float
+
+
+def learn_from_groups(
+    learner: Learner, kept: list[Group], every: list[Group], *, advantage: str, step: int, epochs: int = 1
+) -> StepUpdate:
+    """One step's learning: advantages, ``epochs`` updates on the kept groups, episode metrics.
+
+    The body shared by the synchronous loop (:meth:`GRPORecipe.train`) and the async learner
+    (:meth:`trainer.orchestrator.AsyncTrainer.train`); sampling and weight sync stay with them.
+
+    Args:
+        learner: Takes the batch (:meth:`trainer.learner.Learner.step`).
+        kept: The groups to train on (dynamic sampling already applied; may be empty).
+        every: Every group sampled for this step (for the reward metrics).
+        advantage: The advantage estimator's name (``algorithm.advantage``).
+        step: The step index (for the log line when nothing is kept).
+        epochs: Update passes over the batch (1 = GRPO as configured).
+    """
+    # ALGO LOGIC: advantages and the update(s)
+    learn: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if kept:
+        batch = make_batch(kept, advantage)
+        for _ in range(max(1, epochs)):
+            learn = learner.step(batch)
+    else:
+        log.warning("step %d: every group had equal rewards; no update", step)
+    learn_s = time.perf_counter() - t0
+    return StepUpdate(learn, GRPORecipe.episode_metrics(every), learn_s)
 
 
 class GRPORecipe:
@@ -171,17 +237,13 @@ class GRPORecipe:
             from trainer.models import resolve_model_path
             from trainer.vllm import VLLMServer
 
-            self.server = VLLMServer(
-                resolve_model_path(cfg.model.path),
+            # from_recipe also passes the LoRA target modules (without them vLLM wraps lm_head
+            # and crashes on prompt_logprobs beside generating requests: docs/serving.md)
+            self.server = VLLMServer.from_recipe(
+                cfg,
+                model=resolve_model_path(cfg.model.path),
                 python=os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"),
                 served_model_name="base",
-                device=cfg.devices.rollout,
-                dtype="bfloat16" if cfg.devices.rollout.startswith("cuda") else "float32",
-                max_model_len=cfg.sampler.max_episode_tokens,
-                max_lora_rank=cfg.lora.rank,
-                temperature=cfg.sampler.temperature,
-                top_p=cfg.sampler.top_p,
-                seed=cfg.seed,
                 log_path=self.output_dir / "vllm.log",
             )
             self.server.start()
@@ -242,9 +304,8 @@ class GRPORecipe:
     # ------------------------------------------------------------------------------------------
     def _next_cases(self, n: int) -> list[tuple[str, int]]:
         """The next ``n`` training cases: a seeded draw per cursor position."""
-        split = self.cfg.twin.split
-        total = self.twin.num_cases(split)
-        cases = [(split, stable_seed("cases", self.cfg.seed, c) % total) for c in range(self.cursor, self.cursor + n)]
+        cfg = self.cfg
+        cases = draw_cases(self.twin, cfg.twin.split, cfg.seed, self.cursor, n, balance=cfg.twin.balance)
         self.cursor += n
         return cases
 
@@ -325,18 +386,8 @@ class GRPORecipe:
             cur["reward"] = mean_reward
 
     def make_batch(self, groups: list[Group]) -> TrainBatch:
-        """Advantages per group, then one row per episode."""
-        shaped = torch.tensor([[t.info["shaped_reward"] for t in g.trajectories] for g in groups])  # [N, G]
-        advantages = algo.ADVANTAGES[self.cfg.algorithm.advantage](shaped)  # [N, G]
-        ids, masks, lps, adv = [], [], [], []
-        for g, row in zip(groups, advantages.tolist()):
-            for t, a in zip(g.trajectories, row):
-                i, m, lp = episode_tokens(t)
-                ids.append(i)
-                masks.append(m)
-                lps.append(lp)
-                adv.append(float(a))
-        return TrainBatch(ids, masks, lps, adv)
+        """Advantages per group, then one row per episode (see :func:`make_batch`)."""
+        return make_batch(groups, self.cfg.algorithm.advantage)
 
     @staticmethod
     def episode_metrics(groups: list[Group]) -> dict[str, float]:
@@ -374,18 +425,12 @@ class GRPORecipe:
             rollout_s = time.perf_counter() - t0
             sampled_tokens = sum(t.completion_tokens for g in every for t in g.trajectories)
 
-            # ALGO LOGIC: advantages and one update
-            learn: dict[str, float] = {}
+            # ALGO LOGIC: advantages and one update (the body the async learner runs too)
+            update = learn_from_groups(self.learner, kept, every, advantage=cfg.algorithm.advantage, step=step)
+            learn, episodes = update.learn, update.episodes
             sync_s = 0.0
-            if kept:
-                batch = self.make_batch(kept)
-                learn = self.learner.step(batch)
-                if self.server is not None or self.cfg.sampler.kind == "server":
-                    sync_s = self._push_adapter(self.sampler)
-            else:
-                log.warning("step %d: every group had equal rewards; no update", step)
-
-            episodes = self.episode_metrics(every)
+            if kept and (self.server is not None or self.cfg.sampler.kind == "server"):
+                sync_s = self._push_adapter(self.sampler)
             self._grow_length(kept, episodes["rewards/total"])
 
             # TRY NOT TO MODIFY: record

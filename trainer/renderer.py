@@ -33,6 +33,7 @@ ChatML template), assistant turns as their raw text, and tool results as user tu
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -295,6 +296,19 @@ class Renderer:
     def ids(self) -> list[int]:
         """All ids of the episode so far (the prompt for the next sample); a copy."""
         return list(self._ids)
+
+    def fork(self) -> Renderer:
+        """An independent copy of the episode so far, sharing the tokenizer and tools.
+
+        The G episodes of a GRPO group open with the same messages: one :meth:`start` and
+        G - 1 forks render and tokenize the prompt once instead of G times.
+        """
+        other = copy.copy(self)
+        other.messages = [dict(m) for m in self.messages]
+        other.stats = dict(self.stats)
+        other._pieces = list(self._pieces)  # pieces are appended, never changed in place
+        other._ids = list(self._ids)
+        return other
 
     def add_completion(
         self,

@@ -10,6 +10,8 @@ This is the rollout side of the trainer. Each episode runs the real :class:`twin
         renderer.add_messages(obs)                  # tool results + next assistant header
 
 All episodes of a call advance together: their next turns go to the sampler as one batch. The
+G episodes of a case open with the same messages, so their prompt is rendered once and forked
+(``Renderer.fork``), and an :class:`~trainer.samplers.HFSampler` prefills it once. The
 token record of each episode is stored in ``Trajectory.token_turns`` (prompt ids, sampled ids,
 sampler logprobs per assistant turn), so a :class:`twin.trajectory.Group` alone carries
 everything the learner needs (:func:`episode_tokens` rebuilds the sequence) and can cross a
@@ -106,11 +108,17 @@ def collect_groups(
     started = time.perf_counter()
     live: list[_Live] = []
     for split, index in cases:
+        opening: tuple[Any, Any, Any] | None = None  # (obs, tools, renderer) of the group's first episode
         for _ in range(group_size):
             env = TwinEnv(twin)
             obs, info = env.reset(options={"split": split, "index": int(index)})
-            renderer = renderer_factory(info["tools"])
-            renderer.start(obs)
+            if opening is not None and opening[0] == obs and opening[1] == info["tools"]:
+                renderer = opening[2].fork()  # the same opening: render and tokenize it once
+            else:
+                renderer = renderer_factory(info["tools"])
+                renderer.start(obs)
+                if hasattr(renderer, "fork"):
+                    opening = (obs, info["tools"], renderer)
             env.trajectory.policy = settings.policy_name
             item = _Live(env, renderer)
             if len(renderer.ids) >= settings.max_episode_tokens:

@@ -82,12 +82,32 @@ class HFSampler:
         model: A causal LM (or peft model around one).
         tokenizer: Its tokenizer (needs a pad or eos token).
         max_batch: Most prompts per ``generate`` call (larger lists are split).
+        prefix_cache: Keep the keys/values of finished rows and of each batch's common prefix
+            (:mod:`trainer.kvcache`) and run the model only over tokens not seen before: a
+            multi-turn episode then prefills each turn's new messages only, and concurrent
+            episodes share one prefill of the system prompt. Sampling then runs a plain loop
+            instead of ``generate`` (per-row seeds; temperature 0 = greedy). Call
+            :meth:`clear_cache` whenever the weights change (e.g. after an optimizer step).
+        cache_bytes: Memory bound of the prefix cache.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch: int = 256,
+        prefix_cache: bool = False,
+        cache_bytes: int = 4 << 30,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
+        self.store: Any = None
+        if prefix_cache:
+            from trainer.kvcache import PrefixStore
+
+            self.store = PrefixStore(cache_bytes)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
             raise ConfigError("HFSampler: the tokenizer has neither a pad nor an eos token; set one")
@@ -98,6 +118,11 @@ class HFSampler:
         """Device of the model's parameters."""
         return next(self.model.parameters()).device
 
+    def clear_cache(self) -> None:
+        """Forget cached keys/values (they belong to the weights they were computed with)."""
+        if self.store is not None:
+            self.store.clear()
+
     def sample(
         self,
         prompts: list[list[int]],
@@ -107,6 +132,7 @@ class HFSampler:
         top_p: float = 1.0,
         stop_ids: Sequence[int] | None = None,
         seed: int | None = None,
+        row_seeds: Sequence[int] | None = None,
     ) -> list[Sample]:
         """Sample one completion per prompt (see :class:`Sampler`).
 
@@ -117,6 +143,9 @@ class HFSampler:
             top_p: Nucleus threshold.
             stop_ids: Ids that end a completion (default: the tokenizer's eos).
             seed: Seeds a private RNG stream for this call (the global RNG is left unchanged).
+            row_seeds: With ``prefix_cache``: one seed per prompt (default: derived from
+                ``seed`` and the prompt's index), so a row's sample does not depend on its
+                batch.
 
         Returns:
             One :class:`Sample` per prompt, in order.
@@ -125,14 +154,59 @@ class HFSampler:
             return []
         if any(len(p) == 0 for p in prompts):
             raise SamplerError("HFSampler: every prompt needs at least one token")
-        if temperature <= 0:
-            raise ConfigError(f"HFSampler: temperature must be > 0, got {temperature}")
+        if temperature < 0 or (temperature == 0 and self.store is None):
+            raise ConfigError(
+                f"HFSampler: temperature must be > 0 (or 0 = greedy with prefix_cache=True), "
+                f"got {temperature}"
+            )
         stops = list(stop_ids) if stop_ids else [self.tokenizer.eos_token_id]
+        if self.store is not None:
+            return self._sample_cached(prompts, max_new_tokens, temperature, top_p, stops, seed, row_seeds)
         out: list[Sample] = []
         for start in range(0, len(prompts), self.max_batch):
             chunk = prompts[start : start + self.max_batch]
             chunk_seed = None if seed is None else stable_seed("hf-sampler", seed, start)
             out.extend(self._sample_batch(chunk, max_new_tokens, temperature, top_p, stops, chunk_seed))
+        return out
+
+    def _sample_cached(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stops: list[int],
+        seed: int | None,
+        row_seeds: Sequence[int] | None,
+    ) -> list[Sample]:
+        from trainer.kvcache import sample_with_cache
+
+        if row_seeds is None:
+            base = 0 if seed is None else seed
+            row_seeds = [stable_seed("hf-sampler-row", base, i) for i in range(len(prompts))]
+        elif len(row_seeds) != len(prompts):
+            raise ConfigError(
+                f"HFSampler: {len(row_seeds)} row_seeds for {len(prompts)} prompts; pass one per prompt"
+            )
+        was_training = self.model.training
+        self.model.eval()
+        out: list[Sample] = []
+        try:
+            for start in range(0, len(prompts), self.max_batch):
+                end = start + self.max_batch
+                rows = sample_with_cache(
+                    self.model,
+                    self.store,
+                    prompts[start:end],
+                    max_new_tokens=max(1, int(max_new_tokens)),
+                    temperature=float(temperature),
+                    top_p=float(top_p),
+                    stops=stops,
+                    seeds=list(row_seeds[start:end]),
+                )
+                out.extend(Sample(ids, lps, reason) for ids, lps, reason in rows)
+        finally:
+            self.model.train(was_training)
         return out
 
     @torch.no_grad()
@@ -179,6 +253,7 @@ class HFSampler:
                     input_ids=input_ids.to(device),
                     attention_mask=attention.to(device),
                     generation_config=gen_config,
+                    **self._shared_prefill(input_ids.to(device), attention.to(device)),
                 )
         finally:
             self.model.train(was_training)
@@ -192,6 +267,42 @@ class HFSampler:
         ids_list = new.tolist()
         lp_list = chosen.tolist()
         return [_cut(ids, lps, stop_set) for ids, lps in zip(ids_list, lp_list)]
+
+    #: Prefill each distinct prompt of a ``generate`` batch once (a GRPO group repeats its prompt
+    #: G times) and hand ``generate`` the keys/values indexed out to the rows.
+    share_prefill: bool = True
+
+    def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor) -> dict[str, Any]:
+        """``{"cache": ...}`` for ``generate`` when rows repeat a prompt, else ``{}``.
+
+        The cache holds all but each row's last prompt token (``generate`` runs that one, so the
+        first sampled token's logits come from it), with ``generate``'s own position ids for
+        left-padded rows (``cumsum(mask) - 1``); the prompt is thus prefilled once per distinct
+        prompt instead of once per row.
+        """
+        if not self.share_prefill or input_ids.shape[1] < 2:
+            return {}
+        index: dict[tuple[int, ...], int] = {}
+        unit = [index.setdefault(tuple(row), len(index)) for row in input_ids.tolist()]
+        if len(index) == len(unit):
+            return {}
+        import inspect
+
+        from transformers.generation.utils import GenerationMixin
+
+        # transformers 5 names the cache argument ``cache`` (``past_key_values`` before)
+        generation = inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+        name = "cache" if "cache" in generation else "past_key_values"
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        params = inspect.signature(base.forward).parameters
+        extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # the cache is what counts
+        first = torch.tensor([unit.index(u) for u in range(len(index))], device=input_ids.device)
+        ids, mask = input_ids[first, :-1], attention[first, :-1]
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+        cache = getattr(out, "cache", None) or out.past_key_values
+        cache.batch_select_indices(torch.tensor(unit, device=input_ids.device))
+        return {name: cache}
 
 
 class ServerSampler:

@@ -865,6 +865,8 @@ def main(
     logprobs_mode: LogprobsMode = "processed_logprobs",
     max_batch_rows: int = 64,
     seed: int = 0,
+    threads: int | None = None,
+    cpus: str | None = None,
 ) -> None:
     """Serve ``model`` until interrupted (``twin serve MODEL``).
 
@@ -879,11 +881,22 @@ def main(
         logprobs_mode: ``processed_logprobs`` (after temperature/top-p) or ``raw_logprobs``.
         max_batch_rows: Most sequences sampled together.
         seed: Seed for requests without their own ``seed``.
+        threads: CPU threads (default: one per core of ``cpus`` when pinned, else torch's
+            default). Idle OpenMP threads sleep (``OMP_WAIT_POLICY=PASSIVE`` when started by
+            :class:`ServerProcess`).
+        cpus: Cores to pin the server to, ``taskset -c`` syntax (``0`` or ``0,2-3``); default
+            ``$TWINRL_ROLLOUT_CPUS``, which the async trainer exports with
+            ``devices.cpu_affinity: auto``.
     """
+    from trainer.workers import place_rollout_process
+
+    pinned = place_rollout_process(threads, cpus)
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
         )
+    if pinned:
+        log.info("pinned to cores %s with %d thread(s)", ",".join(map(str, pinned)), torch.get_num_threads())
     net, tokenizer = _load(model, dtype, device)
     core = CompletionServer(
         net,
@@ -1061,7 +1074,10 @@ class ServerProcess(ManagedServer):
         device: ``cpu`` or ``cuda:N``.
         logprobs_mode: See :class:`CompletionServer`.
         python: Interpreter to run (default: this one).
-        threads: ``torch`` threads of the child (default: torch's choice).
+        threads: CPU threads of the child (default: torch's choice, or one per pinned core); set,
+            it also gets ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` and ``OMP_WAIT_POLICY=PASSIVE``
+            (idle threads sleep instead of spinning on cores the learner needs).
+        cpus: Cores to pin the child to (``taskset -c`` syntax); default ``$TWINRL_ROLLOUT_CPUS``.
         host, port, log_path, startup_timeout: See :class:`ManagedServer`.
     """
 
@@ -1079,6 +1095,7 @@ class ServerProcess(ManagedServer):
         python: str | None = None,
         threads: int | None = None,
         seed: int = 0,
+        cpus: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -1091,6 +1108,7 @@ class ServerProcess(ManagedServer):
         self.python = python or sys.executable
         self.threads = threads
         self.seed = seed
+        self.cpus = cpus
 
     def command(self) -> list[str]:
         """``python -m trainer.server MODEL --host .. --port .. ...``."""
@@ -1115,6 +1133,8 @@ class ServerProcess(ManagedServer):
             self.logprobs_mode,
             "--seed",
             str(self.seed),
+            *(["--threads", str(self.threads)] if self.threads else []),
+            *(["--cpus", self.cpus] if self.cpus else []),
         ]
 
     def environment(self) -> dict[str, str]:
@@ -1125,7 +1145,11 @@ class ServerProcess(ManagedServer):
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         if self.threads:
-            env["OMP_NUM_THREADS"] = str(self.threads)
+            from trainer.workers import thread_env
+
+            env.update(thread_env(self.threads))
+        elif self.cpus or env.get("TWINRL_ROLLOUT_CPUS"):
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # OpenMP reads it once, as torch loads
         return env
 
 
@@ -1147,6 +1171,8 @@ def _cli(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--max-batch-rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--cpus", default=None, help="cores to pin to, e.g. 0 or 0,2-3")
     args = parser.parse_args(argv)
     main(
         args.model,
@@ -1159,6 +1185,8 @@ def _cli(argv: Sequence[str] | None = None) -> None:
         logprobs_mode=args.logprobs_mode,
         max_batch_rows=args.max_batch_rows,
         seed=args.seed,
+        threads=args.threads,
+        cpus=args.cpus,
     )
 
 

@@ -8,30 +8,39 @@ few minutes on two CPU cores. It is built only from the public twin API (``twin.
 **Tools.** ``submit(answer)`` (terminal).
 
 **Cases.** Case ``i`` of a split names one word from :data:`WORDS` (the first ``num_words`` of
-them), drawn from the case's own seeded generator; ``truth = {"answer": word}``.
+them), drawn from the case's own seeded generator; ``truth = {"answer": word}``; the case's ``kind``
+is the word (so ``twin.balance: kind`` in a recipe deals the words in turn).
 
-**Reward** (a few clear terms; random text earns 0.1, each step towards the right call more):
+**Reward** (a few clear terms; random text earns 0.1, the right call 1.0, a wrong call 0):
 
 | term        | weight  | value                                                                  |
 | ----------- | ------- | ---------------------------------------------------------------------- |
 | no_repeat   | 0.1     | 1 when no piece of the call is written twice                           |
-| call        | 0.2     | 1 when the first turn starts with the call's fixed prefix              |
-| word        | 0.05    | 1 when one of :data:`WORDS` follows the prefix (right or not)          |
-| named       | 0.35    | 1 when the named word follows the prefix (closed or not)               |
-| correct     | 0.3     | 1 when ``submit`` succeeded with the named word                        |
+| call        | 0.05    | 1 when the first turn starts with the call's fixed prefix              |
+| named       | 0.45    | 1 when the named word follows the prefix (closed or not)               |
+| correct     | 0.4     | 1 when ``submit`` succeeded with the named word                        |
+| wrong       | -0.5    | 1 when another of :data:`WORDS` follows the prefix                     |
+| word        | 0 (log) | 1 when one of :data:`WORDS` follows the prefix (right or not)          |
 | submitted   | 0 (log) | 1 when ``submit`` succeeded                                             |
 | prefix      | 0 (log) | share of the ideal call's pieces the first turn starts with, in order  |
 | closeness   | 0 (log) | character similarity of the first turn to the ideal call               |
 
-Whitespace is ignored by the text terms. The call's fixed prefix is :data:`CALL_PREFIX`,
-``<tool_call>{"name":"submit","arguments":{"answer":"`` (one token of the tiny tokenizer, see
-``trainer.tiny.CALL_TOKENS``). Levels: random text 0.1, the prefix 0.3, then another word 0.35,
-the named word 0.65, the right call 1.0. A submitted wrong word earns nothing more than the prefix
-and the word: a policy that settles on any parseable call must still find the named word.
+Whitespace is ignored by the text terms; the total is clipped to [0, 1]. The call's fixed prefix
+is :data:`CALL_PREFIX`, ``<tool_call>{"name":"submit","arguments":{"answer":"`` (one token of the
+tiny tokenizer, see ``trainer.tiny.CALL_TOKENS``). Levels: a wrong word 0, random text 0.1, the
+prefix 0.15, the named word 0.6, the right call 1.0.
+
+Why a wrong call scores *below* random text: a randomly initialised model gives every prompt
+nearly the same next-token distribution, so anything a call earns whatever the prompt names
+(the format) is learned long before the model reads the word, and the policy collapses onto one
+call for every prompt (measured: 0.675, half right). With the wrong call under random text the
+only way up is to read the word, and a policy that collapsed onto one call is pushed off it.
 
 **Episode end.** ``submit`` succeeds, or ``max_turns`` turns (default 1) pass.
 
 **Version history.** v0: first version (reward reworked to the terms above, same cases).
+v0, revision 2: a wrong word is penalised (``wrong``, -0.5; ``word`` logged only), the prefix
+earns 0.05 (was 0.2): a call earns nothing unless it names the prompt's word.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from rapidfuzz import fuzz
@@ -47,7 +56,7 @@ from rapidfuzz import fuzz
 from rewards import Reward, term
 from twin import Case, Trajectory, Twin, TwinConfig, tool
 
-__all__ = ["CALL_PREFIX", "WORDS", "ToyConfig", "ToyTwin", "ideal_call", "toy_reward"]
+__all__ = ["CALL_PREFIX", "WORDS", "ToyConfig", "ToyTwin", "ideal_call", "toy_reward", "toy_reward_partial"]
 
 #: The words cases name (single tokens of the tiny tokenizer).
 WORDS: tuple[str, ...] = ("red", "blue", "green", "yellow", "cat", "dog", "bird", "fish")
@@ -144,6 +153,13 @@ def named(trajectory: Trajectory, case: Case) -> float:
 
 
 @term(low=0.0, high=1.0)
+def wrong(trajectory: Trajectory, case: Case) -> float:
+    """1 when the call's fixed prefix is followed by one of :data:`WORDS` other than the named one."""
+    found = _word_after_prefix(trajectory)
+    return float(found in WORDS and found != case.truth["answer"])
+
+
+@term(low=0.0, high=1.0)
 def correct(trajectory: Trajectory, case: Case) -> float:
     """1 when the submitted answer is the word the user named."""
     answer = (trajectory.submission or {}).get("answer")
@@ -151,9 +167,19 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {no_repeat: 0.1, call: 0.2, word: 0.05, named: 0.35, correct: 0.3, submitted: 0.0, prefix: 0.0, closeness: 0.0},
+    {no_repeat: 0.1, call: 0.05, named: 0.45, correct: 0.4, wrong: -0.5, word: 0.0,
+     submitted: 0.0, prefix: 0.0, closeness: 0.0},
     clip=(0.0, 1.0),
     name="toy",
+)
+
+#: The first Toy reward (``wrong_call: partial``): a wrong word still earns the prefix and the
+#: word (0.35), so a policy that always writes one call scores 0.675 without reading the prompt.
+toy_reward_partial = Reward(
+    {no_repeat: 0.1, call: 0.2, word: 0.05, named: 0.35, correct: 0.3,
+     wrong: 0.0, submitted: 0.0, prefix: 0.0, closeness: 0.0},
+    clip=(0.0, 1.0),
+    name="toy_partial",
 )
 
 
@@ -163,10 +189,17 @@ class ToyConfig(TwinConfig):
 
     Attributes:
         num_words: How many of :data:`WORDS` the cases draw from (fewer = easier).
+        wrong_call: ``penalised`` (default): a call naming another word scores 0, below random
+            text; ``partial``: the first reward, where it earns 0.35 (:data:`toy_reward_partial`).
+        repeat: How many times the user message writes the word (a randomly initialised model's
+            attention is spread over the whole ~210-token prompt: repeating the word makes it
+            easier to read).
     """
 
     max_turns: int = Field(1, ge=1)
     num_words: int = Field(4, ge=1, le=len(WORDS))
+    wrong_call: Literal["penalised", "partial"] = "penalised"
+    repeat: int = Field(1, ge=1, le=64)
 
 
 class ToyTwin(Twin):
@@ -179,14 +212,20 @@ class ToyTwin(Twin):
     splits = {"train": 10_000, "dev": 100, "test": 100}
     reward = toy_reward
 
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        if self.config.wrong_call == "partial":
+            self.reward = toy_reward_partial  # the instance's reward wins over the class default
+
     def make_case(self, rng: random.Random, split: str, index: int) -> tuple[str, dict, dict]:
         word = rng.choice(WORDS[: self.config.num_words])
-        return "default", {"word": word}, {"answer": word}
+        # The kind is the word: a recipe with ``twin.balance: kind`` then deals the words in turn.
+        return word, {"word": word}, {"answer": word}
 
     def prompt(self, case: Case) -> list[dict[str, Any]]:
         return [
             {"role": "system", "content": "Call submit with the word the user names."},
-            {"role": "user", "content": f"The word is {case.task['word']}. Submit it."},
+            {"role": "user", "content": f"The word is {' '.join([case.task['word']] * self.config.repeat)}. Submit it."},
         ]
 
     @tool(terminal=True)

@@ -285,7 +285,11 @@ def test_async_trainer_needs_lora() -> None:
 # -- a real run (processes, the built-in server) ------------------------------------------------------
 #: LoRA must reach the output layer: the random tiny model's logits are ~0 and attention-only
 #: adapters cannot sharpen them (its tied embeddings are tiny).
-LEARNS = ["lora.enabled=true", "lora.target_modules=[q_proj,v_proj,lm_head]", "optim.lr=3e-2"]
+LEARNS = ["lora.enabled=true", "lora.target_modules=[q_proj,v_proj,lm_head]", "optim.lr=3e-2",
+          # the prefix-learning setup this test was sized on (toy-cpu.yaml now runs dr_grpo on
+          # one-token turns, where the prefix earns only 0.05 and moves too little in 24 steps)
+          "twin.config.wrong_call=partial", "algorithm.advantage=grpo", "sampler.max_new_tokens=4", "algorithm.group_size=16",
+          "algorithm.groups_per_step=2", "algorithm.max_refill_rounds=6"]
 
 
 def _run(tmp_path: Path, k: int, steps: int) -> list[dict[str, Any]]:

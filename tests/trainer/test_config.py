@@ -139,3 +139,13 @@ def test_entropy_coef_defaults_off_and_must_be_non_negative() -> None:
     assert AlgorithmConfig(entropy_coef=0.01).entropy_coef == 0.01
     with pytest.raises(ValidationError):
         AlgorithmConfig(entropy_coef=-0.1)
+
+
+def test_linear_lr_decay() -> None:
+    from trainer.config import OptimConfig
+
+    assert OptimConfig(lr=1e-3).lr_at(500) == 1e-3  # constant by default
+    o = OptimConfig(lr=3e-3, lr_end=1e-3, lr_decay_steps=4)
+    assert [round(o.lr_at(s), 6) for s in (0, 1, 2, 4, 9)] == [0.003, 0.0025, 0.002, 0.001, 0.001]
+    with pytest.raises(ConfigError, match="lr_end"):
+        load_recipe("toy-cpu", ["optim.lr_end=-1"])

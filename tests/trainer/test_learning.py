@@ -16,16 +16,17 @@ from trainer.cli import train
 from trainer.metrics import read_metrics
 
 START_MAX = 0.2  # a random model scores about 0.1
-RISE_MIN = 0.1  # the reward must clearly rise (the call's prefix alone lifts it by 0.2)
+RISE_MIN = 0.1  # the reward must clearly rise
 END_MIN = 0.8  # the target: the trained model makes the right call
 
 
 @pytest.mark.slow
-def test_toy_recipe_learns(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_toy_recipe_learns(seed, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "store.db"))
     out = tmp_path / "run"
     buffer = io.StringIO()
-    code = train("data/recipes/toy-cpu.yaml", [f"train.output_dir={out}"], False,
+    code = train("data/recipes/toy-cpu.yaml", [f"train.output_dir={out}", f"seed={seed}"], False,
                  console=Console(file=buffer, width=120))
     text = buffer.getvalue()
     assert code == 0, text
@@ -34,19 +35,34 @@ def test_toy_recipe_learns(tmp_path, monkeypatch) -> None:
     start = statistics.fmean(rewards[:3])
     end = statistics.fmean(rewards[-5:])
     curve = " ".join(f"{r:.2f}" for r in rewards[:: max(1, len(rewards) // 20)])
-    print(f"toy reward {start:.3f} -> {end:.3f} in {len(rewards)} steps: {curve}")
+    print(f"seed {seed}: toy reward {start:.3f} -> {end:.3f} in {len(rewards)} steps: {curve}")
     assert start < START_MAX, rewards[:5]
     assert end > start + RISE_MIN, curve
     assert "reward" in text and "step" in text  # the per-step lines the CLI prints
     assert (out / "rewards.png").stat().st_size > 1000
-    if end <= END_MIN:
-        # Known gap (see data/recipes/toy-cpu.yaml): reported as xfail with the figures, never
-        # as a pass; the assertion below takes over as soon as the recipe reaches the target.
-        pytest.xfail(f"toy reward {start:.3f} -> {end:.3f}: learns the call's prefix, not > {END_MIN} yet")
-    assert history[-1]["rewards/correct"] > 0.6, "it learned the word, not only the format"
+    assert end > END_MIN, f"seed {seed}: toy reward {start:.3f} -> {end:.3f}: {curve}"
+    # a policy that always writes one call scores ~0.5 (wrong calls earn 0): > 0.6 correct at the
+    # last step means it reads the word the prompt names, not only the call's format
+    assert history[-1]["rewards/correct"] > 0.6, curve
 
 
 def test_cli_reports_bad_recipe(capsys) -> None:
     buffer = io.StringIO()
     code = train("toy-cpu", ["optim.lrr=1"], False, console=Console(file=buffer, width=120))
     assert code == 2 and "Did you mean 'optim.lr'" in buffer.getvalue()
+
+
+def test_learner_follows_the_lr_schedule() -> None:
+    import torch
+
+    from trainer.config import AlgorithmConfig, OptimConfig
+    from trainer.learner import Learner, TrainBatch
+    from trainer.models import load_model
+
+    torch.set_num_threads(1)
+    model, _ = load_model("tiny")
+    learner = Learner(model, algorithm=AlgorithmConfig(),
+                      optim=OptimConfig(lr=4e-3, lr_end=1e-3, lr_decay_steps=3), max_tokens=64)
+    batch = TrainBatch([[5, 6, 7, 8, 9, 10]] * 2, [[0, 0, 0, 1, 1, 1]] * 2, [[-6.6] * 6] * 2, [1.0, -1.0])
+    lrs = [learner.step(batch)["optim/lr"] for _ in range(5)]
+    assert [round(x, 6) for x in lrs] == [0.004, 0.003, 0.002, 0.001, 0.001]

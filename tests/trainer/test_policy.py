@@ -140,3 +140,35 @@ def test_runs_episodes_in_a_twin(policy: HFPolicy) -> None:
     assert len(trajectories) == 2
     assert all("error" not in t.info for t in trajectories), [t.info for t in trajectories]
     assert all(t.reward is not None and t.policy.startswith("hf:tiny") for t in trajectories)
+
+
+def test_later_turns_reuse_the_cache_and_keep_exact_logprobs(policy: HFPolicy) -> None:
+    """Turn 2 prefills only its new messages; its logprobs are still the model's on the whole episode."""
+    store = policy.sampler.store
+    assert store is not None, "hf: policies cache keys/values by default"
+    actor = policy.for_episode("case#cache")
+    first = asyncio.run(actor.act(OPENING, TOOLS))
+    misses = store.misses
+    conversation = [*OPENING, first, {"role": "user", "content": "No tool call. Call submit."}]
+    asyncio.run(actor.act(conversation, TOOLS))
+    episode = actor._renderer.episode()
+    (_, b), (c, d) = episode.turn_spans
+    # new: the last sampled id of turn 1 (sampled, never fed) and the tokens after it
+    assert store.misses - misses == c - b + 1
+    ids = torch.tensor([episode.input_ids])
+    with torch.no_grad():
+        lps = torch.log_softmax(policy.model(ids).logits[0, c - 1 : d - 1].float(), -1)
+    expected = lps.gather(1, ids[0, c:d, None])[:, 0].tolist()
+    assert actor.token_turns[1].logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_greedy_and_uncached_specs(policy: HFPolicy) -> None:
+    greedy = HFPolicy(policy.model, policy.tokenizer, temperature=0.0, max_new_tokens=6)
+    a = asyncio.run(greedy.for_episode("x#0").act(OPENING, TOOLS))
+    b = asyncio.run(greedy.for_episode("y#0").act(OPENING, TOOLS))
+    assert a == b  # greedy: the seed does not matter
+    uncached = HFPolicy.from_spec("hf:tiny,prefix_cache=0,max_new_tokens=4")
+    assert uncached.sampler.store is None
+    assert asyncio.run(uncached.act(OPENING, TOOLS))["role"] == "assistant"
+    with pytest.raises(ConfigError, match="greedy"):
+        HFPolicy(policy.model, policy.tokenizer, temperature=0.0, prefix_cache=False)

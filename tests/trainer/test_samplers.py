@@ -140,3 +140,63 @@ def test_server_sampler_errors_are_clear() -> None:
 
     with pytest.raises(SamplerError, match="return_token_ids"):
         ServerSampler("http://s", "m", transport=httpx.MockTransport(no_ids)).sample([[1]], max_new_tokens=2)
+
+
+# -- prefix cache (HFSampler(prefix_cache=True), trainer.kvcache) ----------------------------------
+def _teacher_forced(model, prompt: list[int], ids: list[int], temperature: float):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+    scaled = logits / temperature if temperature > 0 else logits
+    return torch.log_softmax(scaled, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0], logits.argmax(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_prefix_cache_matches_teacher_forcing_over_turns(tiny, temperature: float) -> None:
+    """Cached multi-turn sampling: logprobs (and greedy ids) are the model's on the full sequence."""
+    model, tok = tiny
+    sampler = HFSampler(model, tok, prefix_cache=True)
+    shared = _prompt(tok, "A long shared system prompt, the same for every episode in the batch.")
+    # rows with a shared prefix, different lengths, and one unrelated row (left padding)
+    prompts = [shared + [7, 8, 9], shared + [10] * 20, shared + [11], [3, 4, 5]]
+    stops = [tok.eos_token_id, 12, 13]  # some rows stop early: the batch is compacted
+    for turn in range(3):
+        samples = sampler.sample(prompts, max_new_tokens=9, temperature=temperature, stop_ids=stops, seed=turn)
+        for prompt, s in zip(prompts, samples):
+            expected, argmax = _teacher_forced(model, prompt, s.ids, temperature)
+            assert torch.allclose(expected, torch.tensor(s.logprobs), atol=1e-4), (turn, expected, s.logprobs)
+            if temperature == 0:
+                assert argmax.tolist() == s.ids
+        prompts = [p + s.ids + [20 + turn, 21] for p, s in zip(prompts, samples)]
+    store = sampler.store
+    assert store.hits > store.misses, "later turns must prefill only their new tokens"
+    assert 1 <= len(store) <= 5  # one entry per row (older turns superseded) + the shared prefix
+
+
+def test_prefix_cache_row_seeds_do_not_depend_on_the_batch(tiny) -> None:
+    model, tok = tiny
+    prompts = [_prompt(tok, "Say red."), _prompt(tok, "Say blue, then green.")]
+    alone = HFSampler(model, tok, prefix_cache=True).sample(prompts[:1], max_new_tokens=8, row_seeds=[42])
+    both = HFSampler(model, tok, prefix_cache=True).sample(prompts, max_new_tokens=8, row_seeds=[42, 7])
+    assert alone[0].ids == both[0].ids
+    again = HFSampler(model, tok, prefix_cache=True).sample(prompts, max_new_tokens=8, row_seeds=[42, 8])
+    assert again[0].ids == both[0].ids
+    with pytest.raises(Exception, match="row_seeds"):
+        HFSampler(model, tok, prefix_cache=True).sample(prompts, max_new_tokens=2, row_seeds=[1])
+
+
+def test_prefix_store_is_bounded_and_supersedes(tiny) -> None:
+    from trainer.kvcache import KVEntry, PrefixStore
+
+    t = torch.zeros(1, 10, 2)
+    store = PrefixStore(max_bytes=3 * 2 * t.numel() * 4)  # room for three one-layer entries
+    store.add(KVEntry([1, 2], [t], [t], shared=True))
+    store.add(KVEntry([1, 2, 3], [t], [t]))
+    store.add(KVEntry([1, 2, 3, 4], [t], [t]))  # supersedes [1, 2, 3], keeps the shared one
+    assert [e.ids for e in store.entries] == [[1, 2], [1, 2, 3, 4]]
+    entry, n = store.best([1, 2, 3, 4, 5], limit=4)
+    assert entry.ids == [1, 2, 3, 4] and n == 4
+    assert store.best([1, 2, 3, 4], limit=3)[1] == 3  # a prompt that is a prefix of an entry
+    assert store.best([9], limit=1) == (None, 0)
+    store.add(KVEntry([5], [t], [t]))
+    store.add(KVEntry([6], [t], [t]))
+    assert len(store) == 3 and store.nbytes <= store.max_bytes

@@ -43,8 +43,9 @@ def test_reward_levels(action, expected) -> None:
     assert terminated or truncated
     if expected is not None:
         assert reward == pytest.approx(expected)
-    elif "submit" in action:  # wrong word: a valid call, not correct
-        assert 0.3 < reward < 0.8 and info["reward"]["components"]["correct"] == 0.0
+    elif "submit" in action:  # wrong word: a valid call, scored below random text
+        assert reward < 0.1 and info["reward"]["components"]["correct"] == 0.0
+        assert info["reward"]["components"]["wrong"] == 1.0
     else:
         assert reward <= 0.1 + 1e-9
 
@@ -93,7 +94,7 @@ def test_each_step_towards_the_call_earns_more() -> None:
         "hello",                    # random text: no_repeat only
         prefix,                     # the call's fixed prefix
         prefix + "zebra",           # ... followed by a word that is not one of WORDS
-        prefix + other,             # ... by another of the toy's words
+        prefix + other,             # ... by another of the toy's words (below random text)
         prefix + named,             # ... by the named word, not closed
         ideal_call(named),          # the right call
     ]
@@ -102,7 +103,22 @@ def test_each_step_towards_the_call_earns_more() -> None:
         env.reset(options={"split": "train", "index": 0})
         totals.append(env.step(text)[1])
     assert totals[0] == pytest.approx(0.1) and totals[-1] == pytest.approx(1.0)
-    assert totals[1] == pytest.approx(totals[2]) and totals[2] < totals[3] < totals[4] < totals[5], totals
+    assert totals[1] == pytest.approx(totals[2]) and totals[0] < totals[1] < totals[4] < totals[5], totals
+    # a wrong call earns less than random text: only reading the prompt's word pays
+    assert totals[3] < totals[0], totals
+
+
+def test_a_call_pays_only_when_it_names_the_prompts_word() -> None:
+    # Averaged over prompts, always writing one call must score below random text plus the
+    # prefix: otherwise RL learns the format first and collapses onto one call for every prompt.
+    env = make("Toy", num_words=2)
+    calls = {w: [] for w in WORDS[:2]}
+    for i in range(40):
+        for w in calls:
+            env.reset(options={"split": "train", "index": i})
+            calls[w].append(env.step(ideal_call(w))[1])
+    for w, rewards in calls.items():
+        assert statistics.fmean(rewards) < 0.6, (w, statistics.fmean(rewards))
 
 
 def test_built_only_on_public_api() -> None:
@@ -115,3 +131,12 @@ def test_built_only_on_public_api() -> None:
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "typing", "pydantic", "rapidfuzz", "rewards", "twin", "re"}, imported
     assert twin.Twin in ToyTwin.__mro__
+
+
+def test_partial_reward_keeps_the_first_levels() -> None:
+    env = make("Toy", wrong_call="partial")
+    env.reset(options={"split": "train", "index": 0})
+    other = next(w for w in WORDS if w != env.case.truth["answer"])
+    assert env.step(ideal_call(other))[1] == pytest.approx(0.35)
+    with pytest.raises(Exception, match="wrong_call"):
+        make_twin("Toy", wrong_call="nope")

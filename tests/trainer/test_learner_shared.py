@@ -1,0 +1,160 @@
+"""Shared-prefix training: each group's prompt runs once, its KV cache feeds the group's rows.
+
+The shared pass must give the padded per-row pass's loss, metrics and gradients (fp32, tiny
+model, to float rounding), whatever the micro-batch budget, with LoRA or full fine-tuning, with
+multi-turn rows, rows that share nothing, several mini-batches and the KL reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainer.config import AlgorithmConfig, OptimConfig
+from trainer.learner import Learner, TrainBatch, build_lora_model
+from trainer.models import load_model
+
+
+def _grouped_batch(seed: int = 1, groups: int = 3, group_size: int = 4) -> TrainBatch:
+    """GRPO-shaped rows: a prompt per group, completions of varied length, some multi-turn."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(5, 700, (n,), generator=g).tolist()
+
+    ids, masks, lps, adv = [], [], [], []
+    for grp in range(groups):
+        prompt = rand(20 + 7 * grp)
+        for k in range(group_size):
+            first = rand(3 + (5 * k + grp) % 9)
+            tool, second = (rand(4), rand(2)) if k % 2 else ([], [])
+            ids.append(prompt + first + tool + second)
+            mask = [0] * len(prompt) + [1] * len(first) + [0] * len(tool) + [1] * len(second)
+            masks.append(mask)
+            lps.append([-6.0 if m else 0.0 for m in mask])
+            adv.append(float(k) - 1.5)
+    solo = list(range(10, 40))  # a row with a prompt of its own
+    ids.append(solo)
+    masks.append([0] * 25 + [1] * 5)
+    lps.append([-6.0 if m else 0.0 for m in masks[-1]])
+    adv.append(0.7)
+    return TrainBatch(ids, masks, lps, adv)
+
+
+def _model(lora: bool):
+    torch.set_num_threads(1)
+    model, _ = load_model("tiny")
+    if lora:
+        return build_lora_model(model, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def _run(model, state, *, shared: bool, algorithm: dict, optim: dict, batch: TrainBatch):
+    model.load_state_dict(state)
+    model.zero_grad(set_to_none=True)
+    learner = Learner(
+        model, algorithm=AlgorithmConfig(**algorithm),
+        optim=OptimConfig(**{"lr": 1e-12, "grad_clip": None, **optim}), max_tokens=64, shared_prefix=shared,
+    )  # fmt: skip
+    metrics = learner.step(batch)
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return metrics, grads
+
+
+@pytest.mark.parametrize(
+    ("lora", "algorithm", "optim"),
+    [
+        (False, {"loss_aggregation": "token_mean", "entropy_coef": 0.01}, {"micro_batch_tokens": 100_000}),
+        (False, {"loss_aggregation": "seq_mean_token_mean"}, {"micro_batch_tokens": 60}),
+        (True, {"loss_aggregation": "constant_normalizer"}, {"micro_batch_tokens": 90}),
+        (True, {"kl_coef": 0.05}, {"micro_batch_tokens": 100_000, "mini_batches": 2}),
+    ],
+)
+def test_shared_prefix_gives_the_padded_pass_loss_and_gradients(lora, algorithm, optim) -> None:
+    model = _model(lora)
+    if lora:  # a non-zero adapter, so that the KL and its gradient are not trivially zero
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(3))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = _grouped_batch()
+    m0, g0 = _run(model, state, shared=False, algorithm=algorithm, optim=optim, batch=batch)
+    m1, g1 = _run(model, state, shared=True, algorithm=algorithm, optim=optim, batch=batch)
+    assert set(g0) == set(g1) and g0
+    scale = max(float(g.abs().max()) for g in g0.values())
+    assert scale > 0
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], atol=1e-5 * max(scale, 1.0), rtol=1e-4), n
+    for k in m0:
+        if not k.startswith("perf/"):
+            assert m1[k] == pytest.approx(m0[k], abs=1e-5, rel=1e-4), k
+
+
+def test_shared_prefix_is_used_and_runs_fewer_tokens() -> None:
+    model = _model(lora=False)
+    learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=100_000))
+    batch = _grouped_batch()
+    plan = list(learner._plan(range(len(batch)), batch))
+    assert len(plan) == 1
+    rows, units = plan[0]
+    assert units is not None
+    assert sorted(len(u) for _, u in units) == [1, 4, 4, 4]  # three groups and the solo row
+    mb = learner._pad(rows, batch, units)
+    shared = mb["prefix_ids"].numel() + mb["suffix_ids"].numel()
+    assert shared < 0.6 * mb["input_ids"].numel()
+    # the prefix ends just before the first loss token's predictor
+    for r, i in enumerate(rows):
+        first = batch.loss_mask[i].index(1)
+        assert int(mb["prefix_len"][r]) == first - 1
+    off = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(), shared_prefix=False)
+    assert all(u is None for _, u in off._plan(range(len(batch)), batch))
+
+
+def test_no_sharing_falls_back_to_the_padded_pass() -> None:
+    model = _model(lora=False)
+    learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig())
+    batch = _grouped_batch(groups=3, group_size=1)  # every prompt distinct
+    assert all(u is None for _, u in learner._plan(range(len(batch)), batch))
+    one_token = TrainBatch([[5, 6, 7], [5, 6, 8]], [[0, 1, 1], [0, 1, 1]], [[0.0] * 3] * 2, [1.0, -1.0])
+    assert all(u is None for _, u in learner._plan(range(2), one_token)), "an empty prefix is never shared"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    prompts=st.lists(st.integers(2, 30), min_size=1, max_size=4),
+    sizes=st.lists(st.integers(1, 5), min_size=4, max_size=4),
+    tails=st.lists(st.integers(1, 12), min_size=20, max_size=20),
+    budget=st.integers(1, 200),
+)
+def test_plan_covers_every_row_once_unit_by_unit(prompts, sizes, tails, budget) -> None:
+    ids, masks = [], []
+    k = 0
+    for p, (plen, size) in enumerate(zip(prompts, sizes)):
+        for _ in range(size):
+            tail = tails[k % len(tails)]
+            k += 1
+            ids.append([p + 1] * plen + [9] * tail)
+            masks.append([0] * plen + [1] * tail)
+    batch = TrainBatch(ids, masks, [[0.0] * len(r) for r in ids], [0.0] * len(ids))
+    learner = Learner.__new__(Learner)  # planning needs no model
+    learner.shared_prefix = True
+    learner.optim_config = OptimConfig(micro_batch_tokens=budget)
+    learner._split = ("decoder", "head")
+    seen: list[int] = []
+    for rows, units in learner._plan(range(len(batch)), batch):
+        seen.extend(rows)
+        if units is None:
+            continue
+        assert rows == [r for _, us in units for r in us]
+        for length, urows in units:
+            assert len({tuple(batch.input_ids[i][:length]) for i in urows}) == 1
+        cost = len(units) * max(n for n, _ in units) + len(rows) * max(
+            len(batch.input_ids[i]) - n for n, us in units for i in us
+        )
+        assert cost <= budget or len(rows) == 1
+    assert sorted(seen) == list(range(len(batch)))

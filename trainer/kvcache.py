@@ -1,0 +1,428 @@
+"""Prefix KV caching for :class:`trainer.samplers.HFSampler` (``prefix_cache=True``).
+
+An agent episode is one growing token sequence (:mod:`trainer.renderer`): turn ``t+1``'s prompt
+is turn ``t``'s prompt, its sample and the new messages. Re-running the model over the whole
+conversation every turn makes CPU evaluation of a 1.4k-token catalog prompt take minutes per
+turn, so the sampler keeps the keys and values of what it has already seen and runs the model
+only over tokens it has not:
+
+- **Across turns**: when a row finishes, its keys/values (prompt + sample, all but the last
+  sampled token, which was never fed) are stored under its token ids; the next prompt that
+  starts with those ids prefills only its new suffix.
+- **Across episodes**: the prompts of one batch usually share a long prefix (the system prompt
+  with the tool schemas); it is prefilled once and every row starts from it.
+
+A batch mixes rows with cached prefixes of different lengths. Each row's cache is copied
+right-aligned into one preallocated buffer per layer (``[batch, kv_heads, capacity, head_dim]``,
+written in place as tokens arrive: no per-step concatenation), new tokens are left-padded after
+it, and the model gets explicit position ids (RoPE positions of each row's own sequence) and an
+explicit additive 4-D mask (causal in buffer order, padding columns masked with the dtype's
+minimum rather than ``-inf`` so a padding query that sees nothing stays finite). Rows that finish
+leave the batch when enough have finished to be worth the copy.
+
+The outputs are the model's own: logprobs equal a teacher-forced forward pass up to float
+round-off (tested against the uncached path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+__all__ = ["KVEntry", "PrefixStore", "sample_with_cache"]
+
+#: A shared batch prefix is prefilled on its own only when it adds at least this many tokens.
+MIN_SHARED = 32
+
+
+@dataclass
+class KVEntry:
+    """Keys and values of a token sequence, one ``[kv_heads, len, head_dim]`` pair per layer.
+
+    Attributes:
+        ids: The tokens whose keys/values are stored.
+        keys: Per layer keys.
+        values: Per layer values.
+        shared: A batch's common prefix (kept when a row's entry extends it).
+    """
+
+    ids: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    shared: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the tensors."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+class PrefixStore:
+    """Least-recently-used store of :class:`KVEntry`, bounded in bytes.
+
+    Args:
+        max_bytes: Evict the least recently used entries beyond this size.
+    """
+
+    def __init__(self, max_bytes: int = 4 << 30) -> None:
+        self.max_bytes = max_bytes
+        self.entries: list[KVEntry] = []  # least recently used first
+        self.hits = 0  # prompt tokens served from the store
+        self.misses = 0  # prompt tokens the model had to run over
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by all entries."""
+        return sum(e.nbytes for e in self.entries)
+
+    def best(self, ids: Sequence[int], *, limit: int) -> tuple[KVEntry | None, int]:
+        """The entry sharing the longest usable prefix with ``ids``, and that prefix's length.
+
+        Only entries whose first ``n = min(len(entry), limit)`` ids equal ``ids[:n]`` count.
+
+        Args:
+            ids: The token sequence to continue.
+            limit: Most cached tokens usable (``len(ids) - 1`` when the last token's logits are
+                needed).
+        """
+        best: KVEntry | None = None
+        best_n = 0
+        for entry in self.entries:
+            n = min(len(entry.ids), limit)
+            if n > best_n and entry.ids[:n] == list(ids[:n]):
+                best, best_n = entry, n
+        if best is not None:
+            self.entries.remove(best)
+            self.entries.append(best)  # most recently used
+        return best, best_n
+
+    def take(self, entry: KVEntry) -> None:
+        """Remove a row's own (not shared) entry: its batch is about to supersede it."""
+        if not entry.shared and entry in self.entries:
+            self.entries.remove(entry)
+
+    def add(self, entry: KVEntry) -> None:
+        """Store ``entry``; drop row entries it extends, then evict down to ``max_bytes``."""
+        n = len(entry.ids)
+        self.entries = [
+            e for e in self.entries
+            if e.shared or not (len(e.ids) <= n and entry.ids[: len(e.ids)] == e.ids)
+        ]
+        self.entries.append(entry)
+        total = self.nbytes
+        while total > self.max_bytes and len(self.entries) > 1:
+            total -= self.entries.pop(0).nbytes
+
+    def clear(self) -> None:
+        """Drop every entry (e.g. after the weights changed)."""
+        self.entries.clear()
+
+
+class _BufferLayer(DynamicLayer):
+    """One layer's keys/values in a preallocated buffer, written in place.
+
+    The buffer is allocated on the first ``update`` (when the head count, head size and dtype are
+    known); rows with a cached prefix are copied in right-aligned at that moment.
+    """
+
+    def __init__(self, batch: int, capacity: int, start: int, rows: list[tuple[int, Any, Any]]) -> None:
+        super().__init__()
+        self.batch = batch
+        self.capacity = capacity
+        self.length = start  # columns in use (the cached segment is [0, start))
+        self._rows = rows  # (row, keys [H, n, D], values [H, n, D]) to copy in
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        heads, dk, dv = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
+        opts = {"dtype": key_states.dtype, "device": key_states.device}
+        self._k = torch.zeros(self.batch, heads, self.capacity, dk, **opts)
+        self._v = torch.zeros(self.batch, heads, self.capacity, dv, **opts)
+        for row, k, v in self._rows:
+            n = k.shape[1]
+            self._k[row, :, self.length - n : self.length] = k
+            self._v[row, :, self.length - n : self.length] = v
+        self._rows = []
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._k is None:
+            self._allocate(key_states, value_states)
+        assert self._k is not None and self._v is not None
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV buffer overflow: {end} > capacity {self.capacity}")
+        self._k[:, :, self.length : end] = key_states
+        self._v[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys = self._k[:, :, :end]
+        self.values = self._v[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep only the rows in ``index`` (in that order)."""
+        if self._k is None or self._v is None:
+            return
+        self._k = self._k.index_select(0, index)
+        self._v = self._v.index_select(0, index)
+        self.batch = self._k.shape[0]
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+
+    def row(self, row: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of one row's keys and values at ``columns``."""
+        assert self._k is not None and self._v is not None
+        return self._k[row].index_select(1, columns), self._v[row].index_select(1, columns)
+
+
+def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    for p in prompts[1:]:
+        if list(p[:n]) == list(first[:n]):
+            continue
+        lo, hi = 0, n  # binary search on the longest equal prefix
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if list(p[:mid]) == list(first[:mid]):
+                lo = mid
+            else:
+                hi = mid - 1
+        n = lo
+    return n
+
+
+@dataclass
+class _Row:
+    prompt: list[int]
+    cached: int  # prompt tokens whose keys/values come from the store
+    columns: list[int]  # buffer columns holding this row's tokens, in order
+    position: int  # RoPE position of the next token to feed
+    ids: list[int]
+    logprobs: list[float]
+    generator: torch.Generator | None
+    done: bool = False
+    reason: str = "length"
+
+
+class _Batch:
+    """A batch's cache, mask and rows; runs forward passes and hands finished rows their KV."""
+
+    def __init__(self, model: Any, rows: list[_Row], layers: list[_BufferLayer], mask: torch.Tensor) -> None:
+        self.model = model
+        self.rows = rows  # active rows, in batch order
+        self.cache = Cache(layers=list(layers))
+        self.layers = layers
+        self.mask = mask  # [B, capacity] bool: columns each row may attend to
+        self.device = mask.device
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+        """Feed ``input_ids`` [B, q] at the next ``q`` columns; logits of the last column [B, V]."""
+        start = self.length
+        q = input_ids.shape[1]
+        self.mask[:, start : start + q] = new_mask
+        keys = self.mask[:, : start + q]  # [B, kv]
+        causal = torch.ones(q, start + q, dtype=torch.bool, device=self.device).tril(start)
+        allowed = keys[:, None, :] & causal[None]  # [B, q, kv]
+        dtype = next(self.model.parameters()).dtype
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=additive[:, None],
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+    def take_row(self, b: int) -> KVEntry:
+        """The stored form of row ``b``: keys/values of its prompt and all but its last sample."""
+        row = self.rows[b]
+        cols = torch.tensor(row.columns, dtype=torch.long, device=self.device)
+        keys, values = [], []
+        for layer in self.layers:
+            k, v = layer.row(b, cols)
+            keys.append(k)
+            values.append(v)
+        return KVEntry(row.prompt + row.ids[:-1], keys, values)
+
+    def keep(self, index: list[int]) -> None:
+        """Drop every row not in ``index`` from the buffers."""
+        idx = torch.tensor(index, dtype=torch.long, device=self.device)
+        for layer in self.layers:
+            layer.select_rows(idx)
+        self.mask = self.mask.index_select(0, idx)
+        self.rows = [self.rows[i] for i in index]
+
+
+def _build(
+    model: Any, store: PrefixStore, prompts: list[list[int]], limits: list[int], room: int,
+    generators: list[torch.Generator | None],
+) -> tuple[_Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch whose cache holds each row's best stored prefix; the uncached suffixes to feed."""
+    device = next(model.parameters()).device
+    found = [store.best(p, limit=lim) for p, lim in zip(prompts, limits, strict=True)]
+    for entry, _ in found:
+        if entry is not None:
+            store.take(entry)
+    cached = [n for _, n in found]
+    suffixes = [p[n:] for p, n in zip(prompts, cached, strict=True)]
+    width_c = max(cached)
+    width_n = max(len(s) for s in suffixes)
+    capacity = width_c + width_n + room
+    n_layers = model.config.num_hidden_layers if hasattr(model, "config") else 0
+    per_layer: list[list[tuple[int, Any, Any]]] = [[] for _ in range(n_layers)]
+    for b, (entry, n) in enumerate(found):
+        if entry is not None and n > 0:
+            for i in range(n_layers):
+                per_layer[i].append((b, entry.keys[i][:, :n], entry.values[i][:, :n]))
+    layers = [_BufferLayer(len(prompts), capacity, width_c, per_layer[i]) for i in range(n_layers)]
+    mask = torch.zeros(len(prompts), capacity, dtype=torch.bool, device=device)
+    input_ids = torch.zeros(len(prompts), width_n, dtype=torch.long, device=device)
+    positions = torch.zeros(len(prompts), width_n, dtype=torch.long, device=device)
+    new_mask = torch.zeros(len(prompts), width_n, dtype=torch.bool, device=device)
+    rows = []
+    for b, (p, n, s) in enumerate(zip(prompts, cached, suffixes, strict=True)):
+        mask[b, width_c - n : width_c] = True
+        pad = width_n - len(s)
+        if s:
+            input_ids[b, pad:] = torch.tensor(s, dtype=torch.long)
+            positions[b, pad:] = torch.arange(n, len(p))
+            new_mask[b, pad:] = True
+        columns = list(range(width_c - n, width_c)) + list(range(width_c + pad, width_c + width_n))
+        rows.append(_Row(list(p), n, columns, len(p), [], [], generators[b]))
+        store.hits += n
+        store.misses += len(s)
+    return _Batch(model, rows, layers, mask), input_ids, positions, new_mask
+
+
+def _pick(
+    logits: torch.Tensor, temperature: float, top_p: float, generators: list[torch.Generator | None]
+) -> tuple[list[int], list[float]]:
+    """Sample (or, at temperature 0, take the argmax of) each row's next token and its logprob."""
+    if temperature <= 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        chosen = logp.argmax(dim=-1)
+        return chosen.tolist(), logp.gather(1, chosen[:, None])[:, 0].tolist()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    ids = [
+        int(torch.multinomial(probs[b], 1, generator=g).item())
+        for b, g in enumerate(generators)
+    ]
+    chosen = torch.tensor(ids, dtype=torch.long, device=logits.device)
+    return ids, logp.gather(1, chosen[:, None])[:, 0].tolist()
+
+
+@torch.no_grad()
+def sample_with_cache(
+    model: Any,
+    store: PrefixStore,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    stops: Sequence[int],
+    seeds: Sequence[int],
+) -> list[tuple[list[int], list[float], str]]:
+    """Sample one completion per prompt, reusing and refilling ``store``.
+
+    Args:
+        model: A causal LM whose forward takes ``cache``, ``position_ids`` and a 4-D
+            additive ``attention_mask``.
+        store: Where prefixes come from and finished rows go.
+        prompts: Non-empty token-id prompts.
+        max_new_tokens: Most tokens per completion.
+        temperature: Sampling temperature; 0 takes the argmax (logprobs at temperature 1).
+        top_p: Nucleus threshold.
+        stops: Ids that end a completion (kept as its last id).
+        seeds: One seed per prompt: a row's sample depends on its seed only, never on what it
+            was batched with (up to float round-off of batched matrix products).
+
+    Returns:
+        ``(ids, logprobs, finish_reason)`` per prompt, in order.
+    """
+    device = next(model.parameters()).device
+    generators: list[torch.Generator | None] = []
+    for seed in seeds:
+        g = torch.Generator(device=device)
+        g.manual_seed(int(seed) % (2**63))
+        generators.append(g)
+    if len(prompts) > 1:
+        shared = _common_prefix(prompts)
+        _, have = store.best(prompts[0][:shared], limit=shared)
+        if shared - have >= MIN_SHARED:
+            # The batch's common prefix (system prompt + tool schemas) once, for every row.
+            batch, ids, pos, new = _build(model, store, [prompts[0][:shared]], [shared], 0, [None])
+            batch.forward(ids, pos, new)
+            row = batch.rows[0]
+            row.ids = [0]  # take_row keeps prompt + ids[:-1] = the whole prefix
+            entry = batch.take_row(0)
+            entry.shared = True
+            store.add(entry)
+    limits = [len(p) - 1 for p in prompts]
+    batch, ids, pos, new = _build(model, store, prompts, limits, max_new_tokens, generators)
+    results: dict[int, tuple[list[int], list[float], str]] = {}
+    order = list(range(len(prompts)))  # batch row -> prompt index
+    stop_set = set(int(s) for s in stops)
+    logits = batch.forward(ids, pos, new)
+    for step in range(max_new_tokens):
+        picked, lps = _pick(logits, temperature, top_p, [r.generator for r in batch.rows])
+        for b, (tok, lp) in enumerate(zip(picked, lps, strict=True)):
+            row = batch.rows[b]
+            if row.done:
+                continue
+            row.ids.append(tok)
+            row.logprobs.append(lp)
+            if tok in stop_set or step == max_new_tokens - 1:
+                row.done = True
+                row.reason = "stop" if tok in stop_set else "length"
+                results[order[b]] = (row.ids, row.logprobs, row.reason)
+                store.add(batch.take_row(b))
+        live = [b for b, r in enumerate(batch.rows) if not r.done]
+        if not live:
+            break
+        if len(live) <= 3 * len(batch.rows) // 4:
+            batch.keep(live)  # worth the copy: a quarter of the rows are done
+            order = [order[b] for b in live]
+            picked = [picked[b] for b in live]
+        column = batch.length
+        feed = torch.tensor([[t] for t in picked], dtype=torch.long, device=device)
+        alive = torch.tensor([[not r.done] for r in batch.rows], dtype=torch.bool, device=device)
+        positions = []
+        for r in batch.rows:
+            positions.append([r.position])
+            if not r.done:
+                r.columns.append(column)
+                r.position += 1
+        logits = batch.forward(feed, torch.tensor(positions, dtype=torch.long, device=device), alive)
+    return [results[i] for i in range(len(prompts))]
