@@ -289,7 +289,7 @@ LEARNS = ["lora.enabled=true", "lora.target_modules=[q_proj,v_proj,lm_head]", "o
           # the prefix-learning setup this test was sized on (toy-cpu.yaml now runs dr_grpo on
           # one-token turns, where the prefix earns only 0.05 and moves too little in 24 steps)
           "twin.config.wrong_call=partial", "algorithm.advantage=grpo", "sampler.max_new_tokens=4", "algorithm.group_size=16",
-          "algorithm.groups_per_step=2", "algorithm.max_refill_rounds=6"]
+          "algorithm.groups_per_step=2", "algorithm.max_refill_rounds=6", "twin.config.repeat=1", "twin.balance=none"]
 
 
 def _run(tmp_path: Path, k: int, steps: int) -> list[dict[str, Any]]:
