@@ -213,6 +213,11 @@ class AsyncConfig(_Section):
 
     max_staleness: int = Field(0, ge=0, description="Most policy versions a group may lag behind.")
     queue_size: int = Field(4, ge=1, description="Groups batches buffered between rollout and learner.")
+    check_every: int = Field(
+        1, ge=1,
+        description="Check every N-th adapter with the logprob-mismatch probe (1 = after every sync; "
+        "N > 1 spares the learner N-1 probe forwards in N but finds wrong weights up to N versions later).",
+    )  # fmt: skip
 
 
 class Recipe(_Section):

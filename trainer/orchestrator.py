@@ -16,14 +16,21 @@ Three processes (see ``docs/async.md``)::
      learner (this process, learner device): take lot -> drop if step - v > k -> Learner.step
               -> save adapter policy@<step+1> -> load it in the sampler -> publish step+1
               -> probe: learner vs sampler logprobs on the same tokens (async/logprob_mismatch)
+              (k >= 1: the load, the publish and the probe's sampler side run on threads while
+              the learner goes on with its next update)
 
 One step of :meth:`AsyncTrainer.train`, the loop in plain view::
 
     lot       = next lot off the queue (learner idle while waiting; the sampler is watched)
     staleness = step - lot.version; > max_staleness -> drop it (counted), take the next
     metrics   = learner.step(batch(lot.kept groups))      # TIS against the sampler's logprobs
-    sync      = save adapter + POST /v1/load_lora_adapter policy@<step+1>; publish step+1
-    mismatch  = probe the new adapter: |learner logprob - sampler logprob| on sampled tokens
+    sync      = save adapter policy@<step+1>; POST /v1/load_lora_adapter; publish step+1
+                (k = 0: here, before the next lot; k >= 1: the load and the publish on the load
+                thread -- the worker never sees a version before its adapter is loaded, and a
+                failed load raises AdapterSyncError while the learner waits for its next lot)
+    mismatch  = probe the new adapter: |learner logprob - sampler logprob| on the probe tokens
+                (the learner's side here, the sampler's after the load, in the background;
+                every async.check_every-th version, and always the last)
     log, store the episodes, checkpoint every N steps
 
 ``max_staleness: 0`` is the synchronous loop run by the same code: the worker samples a lot only
@@ -55,6 +62,9 @@ import httpx
 import torch
 
 from trainer.config import Recipe
+# at import, not in the probe / load threads: an import compiles, and CPython 3.11's compiler is not
+# safe against a compile in another thread ("AST constructor recursion depth mismatch")
+from trainer.samplers import SamplerError
 from trainer.workers import (
     AdapterSyncError,
     Lot,
@@ -207,9 +217,14 @@ class AsyncTrainer:
         self.staleness_hist: Counter[int] = Counter()
         self._loaded: list[int] = []  # adapter versions resident in the sampler, oldest first
         self.last_save_s = self.last_load_s = 0.0
+        self.last_wait_s = 0.0  # learner time spent waiting for the previous background load
         self._housekeeping = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-adapter-retire")
+        # k >= 1: adapter loads run here, one at a time and in version order, off the learner's path
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-adapter-load")
+        self._pending_load: tuple[int, Future[float]] | None = None  # (version, its load + publish)
+        self.check_every = cfg.async_.check_every
         self._probe_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-sync-probe")
-        self._probe: tuple[int, Future[float]] | None = None  # (version, its sampler-side score)
+        self._probes: list[tuple[int, Future[float]]] = []  # (version, its sampler-side score), oldest first
         self._probe_ids: list[int] = []
         self._probe_transport: httpx.BaseTransport | None = None
         #: Update passes over each lot (1 = GRPO as configured). ``twin bench trainer`` raises it to
@@ -360,24 +375,105 @@ class AsyncTrainer:
     def _adapter_dir(self, version: int) -> Path:
         return (self.output_dir / "adapters" / adapter_name(version)).resolve()
 
-    def _push(self, version: int) -> float:
-        """Save the learner's adapter as ``policy@<version>`` and load it in the sampler."""
+    def _save(self, version: int) -> Path:
+        """Write the learner's adapter as ``policy@<version>`` (on the learner: the next update
+        changes the weights)."""
         started = time.perf_counter()
-        if version in self._loaded:
-            return 0.0  # already there (a restart reloaded it)
         path = self._adapter_dir(version)
         if not (path / "adapter_config.json").exists():
             self.learner.save_adapter(path)
         self.last_save_s = time.perf_counter() - started
-        self.last_load_s = self.adapters.load(adapter_name(version), path)
+        return path
+
+    def _load(self, version: int, path: Path) -> float:
+        """Load a saved adapter in the sampler; return the seconds it took (0 when already there).
+
+        Runs on the learner (``k = 0``, set-up, restarts) or on the load thread (``k >= 1``), never
+        on both at once: the learner settles the load in flight before it touches ``_loaded``.
+        """
+        if version in self._loaded:
+            return 0.0  # already there (a restart reloaded it)
+        seconds = self.adapters.load(adapter_name(version), path)
         self._loaded.append(version)
-        synced = time.perf_counter() - started
         # Keep the versions a lot in progress may still ask for (k + 1 of them); drop older ones
         # in the background (an unload waits for the server's batch in flight).
         while len(self._loaded) > self.k + 2:
             old = self._loaded.pop(0)
             self._housekeeping.submit(self._retire, old)
-        return synced
+        return seconds
+
+    def _push(self, version: int) -> float:
+        """Save the learner's adapter as ``policy@<version>`` and load it in the sampler, here."""
+        started = time.perf_counter()
+        if version in self._loaded:
+            return 0.0  # already there (a restart reloaded it)
+        self.last_load_s = self._load(version, self._save(version))
+        return time.perf_counter() - started
+
+    def _sync(self, version: int) -> float:
+        """Send the learner's new adapter ``version`` to the sampler and publish it once loaded.
+
+        ``k = 0`` (the synchronous loop): save, load and publish here, before the next lot is
+        sampled. ``k >= 1``: save here, then hand the load to the load thread, which publishes
+        ``version`` only after the sampler took it -- the worker samples with published versions
+        only, so a lot's version tag always names a loaded adapter -- and return at once. A failed
+        load raises :class:`AdapterSyncError` from :meth:`_settle_load` (while the learner waits
+        for its next lot, or before the next sync at the latest).
+
+        Returns:
+            Seconds this took on the learner (``k >= 1``: saving, and waiting for the previous
+            version's load when it was still running; ``async/load_wait_s``).
+        """
+        max_new = self.max_new_tokens(version)
+        if self.k == 0:
+            synced = self._guarded(lambda: self._push(version))
+            self.shared.update(published=version, max_new_tokens=max_new)
+            self.last_wait_s = 0.0
+            return synced
+        started = time.perf_counter()
+        self.last_wait_s = self._settle_load(wait=True)  # loads stay in version order, one at a time
+        if version in self._loaded:  # a restart while settling reloaded it already
+            self.shared.update(published=version, max_new_tokens=max_new)
+            return time.perf_counter() - started
+        path = self._save(version)
+        self._pending_load = (version, self._loader.submit(self._load_and_publish, version, path, max_new))
+        return time.perf_counter() - started
+
+    def _load_and_publish(self, version: int, path: Path, max_new_tokens: int) -> float:
+        """The load thread's job: load ``version``, then let the worker sample with it."""
+        seconds = self._load(version, path)
+        self.shared.update(published=version, max_new_tokens=max_new_tokens)
+        return seconds
+
+    def _settle_load(self, *, wait: bool) -> float:
+        """Collect the background load when it is done (``wait``: wait for it); return seconds waited.
+
+        Raises:
+            AdapterSyncError: the load failed while the sampler is up (refused adapter, bad path).
+                When the sampler died instead it is restarted with the current adapter, as a
+                synchronous load would be (:meth:`_guarded`).
+        """
+        if self._pending_load is None:
+            return 0.0
+        version, future = self._pending_load
+        if not wait and not future.done():
+            return 0.0
+        started = time.perf_counter()
+        try:
+            self.last_load_s = future.result()
+        except AdapterSyncError as exc:
+            self._pending_load = None
+            dead = self.server is not None and not self.server.alive()
+            if not dead and self._healthy(self.adapters.root):
+                raise AdapterSyncError(
+                    f"step {self.step}: loading {adapter_name(version)} in the background failed, and the sampler "
+                    f"is up, so it will not take it (the worker still samples with the previous adapter and "
+                    f"never with this one): {exc}"
+                ) from exc
+            self._restart_sampler(str(exc).splitlines()[0])
+        else:
+            self._pending_load = None
+        return time.perf_counter() - started
 
     def _retire(self, version: int) -> None:
         self.adapters.unload(adapter_name(version))
@@ -404,12 +500,25 @@ class AsyncTrainer:
         finally:
             self.learner.temperature = temperature
         mine = [row[i] for i in positions]
-        self._probe = (version, self._probe_pool.submit(self._score_on_sampler, version, ids, positions, mine))
+        pending = self._pending_load
+        load = pending[1] if pending is not None and pending[0] == version else None
+        future = self._probe_pool.submit(self._score_after_load, load, version, ids, positions, mine)
+        self._probes.append((version, future))
+
+    def _score_after_load(
+        self, load: Future[float] | None, version: int, ids: list[int], positions: list[int], mine: list[float]
+    ) -> float:
+        """:meth:`_score_on_sampler` once the background load of ``version`` is done (NaN when it
+        failed: that failure is raised by :meth:`_settle_load`, not here)."""
+        if load is not None:
+            try:
+                load.result()
+            except Exception:  # noqa: BLE001 - reported once, by the learner's _settle_load
+                return float("nan")
+        return self._score_on_sampler(version, ids, positions, mine)
 
     def _score_on_sampler(self, version: int, ids: list[int], positions: list[int], mine: list[float]) -> float:
         """Mean |learner - sampler| logprob of ``ids`` at ``positions`` under adapter ``version``."""
-        from trainer.samplers import SamplerError
-
         name = adapter_name(version)
         body = {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 1}
         try:
@@ -429,20 +538,48 @@ class AsyncTrainer:
         theirs = [float(scored[i][str(ids[i])]["logprob"]) for i in positions]
         return statistics.fmean(abs(a - b) for a, b in zip(mine, theirs))
 
-    def _probe_result(self) -> tuple[float, int]:
-        """``(mismatch, version)`` of the last probe launched (waits for it); NaN when it failed."""
-        from trainer.samplers import SamplerError
+    def _collect_probes(self, *, wait_below: int | None = None) -> tuple[float, int, int]:
+        """The checks that completed since the last call, each reported once.
 
-        if self._probe is None:
-            return float("nan"), -1
-        version, future = self._probe
+        Checks still running are left for a later step, except those of versions below
+        ``wait_below``, which are waited for (None: wait for all). The train loop passes the
+        step's own number, so a check is reported at most one step after its adapter's step and
+        waits only when it took longer than a whole step.
+
+        Returns:
+            ``(worst mismatch, newest version checked, checks completed)``; ``(NaN, -1, 0)`` when
+            none completed (a failed check counts, as NaN, and is logged).
+
+        Raises:
+            AdapterSyncError: the sampler answered a check with another model than the adapter.
+        """
+        done: list[tuple[int, float]] = []
+        running: list[tuple[int, Future[float]]] = []
+        for version, future in self._probes:
+            if wait_below is None or version < wait_below or future.done():
+                done.append((version, self._probe_value(version, future)))
+            else:
+                running.append((version, future))
+        self._probes = running
+        if not done:
+            return float("nan"), -1, 0
+        finite = [m for _, m in done if math.isfinite(m)]
+        return (max(finite) if finite else float("nan")), max(v for v, _ in done), len(done)
+
+    def _probe_result(self) -> tuple[float, int]:
+        """``(worst mismatch, newest version)`` of every check launched and not yet reported (waits)."""
+        mismatch, version, _ = self._collect_probes()
+        return mismatch, version
+
+    @staticmethod
+    def _probe_value(version: int, future: Future[float]) -> float:
         try:
-            return future.result(timeout=600), version
+            return future.result(timeout=600)
         except AdapterSyncError:
             raise
         except (SamplerError, KeyError, IndexError, TypeError, ValueError, TimeoutError) as exc:
             log.warning("sync probe of %s failed: %s", adapter_name(version), exc)
-            return float("nan"), version
+            return float("nan")
 
     # -- faults ----------------------------------------------------------------------------------
     def _restart_sampler(self, why: str) -> None:
@@ -458,6 +595,12 @@ class AsyncTrainer:
             )
         log.error("step %d: the sampler server %s failed (%s); restarting it and reloading %s",
                   self.step, where, why, adapter_name(self.step))  # fmt: skip
+        pending, self._pending_load = self._pending_load, None
+        if pending is not None:  # let the load in flight end (it fails fast on a dead server): one
+            try:  # load at a time, and _loaded is this thread's again
+                pending[1].result()
+            except Exception as exc:  # noqa: BLE001 - the current adapter is reloaded below
+                log.warning("load of %s in flight failed with the sampler: %s", adapter_name(pending[0]), exc)
         if self.server is not None:
             self.server.stop()
             try:
@@ -475,6 +618,8 @@ class AsyncTrainer:
                 shutil.rmtree(self._adapter_dir(old), ignore_errors=True)
         self._loaded.clear()
         self._push(self.step)
+        # the reloaded adapter is the newest: publish it (a background load may have died unpublished)
+        self.shared.update(published=self.step, max_new_tokens=self.max_new_tokens(self.step))
         self.restarts += 1
         self._epoch += 1
         self.shared.update(epoch=self._epoch)
@@ -484,8 +629,6 @@ class AsyncTrainer:
 
     def _guarded(self, fn: Callable[[], float]) -> float:
         """Run a sampler call of the learner; when the sampler died meanwhile, restart it and retry once."""
-        from trainer.samplers import SamplerError
-
         try:
             return fn()
         except (AdapterSyncError, SamplerError) as exc:
@@ -529,6 +672,7 @@ class AsyncTrainer:
         started = time.perf_counter()
         while True:
             self._drain_events()
+            self._settle_load(wait=False)  # a failed background load surfaces here, not a step later
             try:
                 lot = self.lots.get(timeout=0.05)
                 return lot, time.perf_counter() - started
@@ -579,16 +723,25 @@ class AsyncTrainer:
             learn, learn_s, episodes = update.learn, update.learn_s, update.episodes
             self._grow_length(kept, episodes["rewards/total"])
 
-            # SYNC: the new adapter to the sampler, then the worker may sample with it
+            # SYNC: the new adapter to the sampler, then the worker may sample with it (k = 0: loaded
+            # and published here; k >= 1: saved here, loaded and published by the load thread)
             self.step = step + 1
-            sync_s = self._guarded(lambda: self._push(self.step))
-            self.shared.update(published=self.step, max_new_tokens=self.max_new_tokens(self.step))
-            # the check of the adapter this step's lot was meant to sample with (launched a step
-            # ago, so normally done), then the check of the adapter just loaded
-            mismatch, probed = self._probe_result()
-            self._launch_probe(self.step)
-            if self.step == cfg.train.steps:  # nothing left to overlap with: report the last one too
-                mismatch, probed = self._probe_result()
+            sync_s = self._sync(self.step)
+            # the checks completed meanwhile (waiting only for one older than this step's lot's
+            # adapter), then the check of the new adapter: the learner's side here, the sampler's
+            # after the load, in the background
+            t_check = time.perf_counter()
+            mismatch, probed, checks = self._collect_probes(wait_below=step)
+            last = self.step == cfg.train.steps
+            if last or self.step % self.check_every == 0:
+                self._launch_probe(self.step)
+            if last:  # nothing left to overlap with: the last load must have worked; report its check
+                self._settle_load(wait=True)
+                final, probed_last, more = self._collect_probes()
+                if more:
+                    mismatch = final if not math.isfinite(mismatch) else max(mismatch, final)
+                    probed, checks = probed_last, checks + more
+            check_s = time.perf_counter() - t_check
 
             self._failures_since_step = 0
 
@@ -616,9 +769,12 @@ class AsyncTrainer:
                 "async/rollout_idle_s": lot.stats.get("worker_idle_s", 0.0),
                 "async/rollout_wall_s": worker_wall,
                 "async/sync_s": sync_s,
+                "async/load_wait_s": self.last_wait_s,
                 "async/save_s": self.last_save_s,
                 "async/load_s": self.last_load_s,
                 "async/logprob_mismatch": mismatch,
+                "async/checks": float(checks),
+                "async/check_s": check_s,
                 "async/probe_version": float(probed),
                 "async/sampler_restarts": float(self.restarts),
                 "perf/rollout_s": lot.stats.get("rollout_s", 0.0),
@@ -675,6 +831,7 @@ class AsyncTrainer:
 
     def stop_workers(self) -> None:
         """Stop the rollout worker and the sampler server (idempotent)."""
+        self._loader.shutdown(wait=True)  # before housekeeping: a load may still retire an adapter
         self._housekeeping.shutdown(wait=True)
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
         if self.worker is not None:

@@ -291,7 +291,9 @@ _INDEX = {"published": _PUBLISHED, "claimed": _CLAIMED, "consumed": _CONSUMED, "
 class SharedState:
     """Counters shared by the learner and the rollout worker (one lock, six integers).
 
-    - ``published``: the newest policy version loaded in the sampler (-1 before the first).
+    - ``published``: the newest policy version loaded in the sampler (-1 before the first); set
+      only once the sampler took the adapter (at ``k >= 1`` by the learner's load thread), so a
+      lot sampled with it never names an adapter the sampler lacks.
     - ``claimed``: learner steps that took a fresh lot (the step a queued lot will train is
       ``claimed + its place in the queue``).
     - ``consumed``: lots the learner took off the queue, used or dropped as stale.

@@ -247,9 +247,11 @@ def test_sampler_killed_mid_run_is_restarted_with_the_adapter(tmp_path: Path, ca
     assert [r["step"] for r in history] == list(range(6))
     assert history[-1]["async/sampler_restarts"] == 1.0
     assert "failed" in caplog.text and "restarting it and reloading policy@" in caplog.text
-    # after the restart the sampler runs the adapter the learner has: the probe agrees
+    # after the restart the sampler runs the adapter the learner has: the probe agrees (NaN: no
+    # check completed in that step; each adapter's is reported once, at most a step late)
+    assert sum(r["async/checks"] for r in history) >= 7
     for r in history:
-        assert r["async/logprob_mismatch"] < 1e-3, r
+        assert not r["async/logprob_mismatch"] >= 1e-3, r
 
 
 @pytest.mark.slow
