@@ -173,8 +173,12 @@ def test_async_training_with_vllm_sampler(tmp_path: Path, monkeypatch: pytest.Mo
     finally:
         trainer.cleanup()
     assert [r["step"] for r in history] == [0, 1, 2, 3]
+    # the check runs in the background at k >= 1: a step logs the checks that completed by then
+    # (NaN when none did), so count them and require every completed one to be synced
+    assert sum(r["async/checks"] for r in history) >= len(history), history
     for r in history:
-        assert r["async/logprob_mismatch"] < SYNCED, r
+        if r["async/checks"]:
+            assert r["async/logprob_mismatch"] < SYNCED, r
         assert r["async/sync_s"] < 10.0, r
     assert max(r["async/staleness"] for r in history) <= 1.0
     assert (tmp_path / "run" / "vllm.log").exists()
