@@ -31,7 +31,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -339,8 +339,6 @@ def _write(path: Path, seed: int, corpus: Sequence[str], vocab_size: int, key: s
     (path / _MARKER).write_text(
         json.dumps({"key": key, "seed": seed, "format": _FORMAT_VERSION}, indent=1) + "\n"
     )
-    for f in path.iterdir():
-        f.chmod(0o644)  # safetensors writes 0600; the cache is shared read-only
 
 
 def build_tiny(
@@ -369,21 +367,54 @@ def build_tiny(
     if _is_built(target, key):
         return target
     corpus = [*tiny_corpus(), *extra_corpus]
+    return build_atomically(
+        target, lambda tmp: _write(tmp, seed, corpus, vocab_size, key),
+        marker=_MARKER, is_built=lambda p: _is_built(p, key), who="build_tiny", kind="tiny-model",
+    )  # fmt: skip
+
+
+def build_atomically(
+    target: Path,
+    write: Callable[[Path], None],
+    *,
+    marker: str,
+    is_built: Callable[[Path], bool],
+    who: str,
+    kind: str,
+) -> Path:
+    """Build a cached model folder in a sibling temp folder, then rename it onto ``target``.
+
+    Concurrent builders never see half a model: the one that renames first wins, and a later one
+    keeps the winner's build. A stale build of ours (``marker`` present, ``is_built`` false) or an
+    empty folder is replaced; any other existing folder is refused, never deleted.
+
+    Args:
+        target: The folder to create.
+        write: Writes the whole build into the folder it is given.
+        marker: The file name every build of this kind holds.
+        is_built: True when a folder already holds this exact build.
+        who: The caller's name, for the error message.
+        kind: What the build is called in the error message ("tiny-model").
+
+    Raises:
+        ConfigError: ``target`` exists and is not a build of this kind.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a sibling temp dir and rename: concurrent builders never see half a model.
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared read-only
     try:
-        _write(tmp, seed, corpus, vocab_size, key)
+        write(tmp)
+        for f in tmp.iterdir():
+            f.chmod(0o644)  # safetensors writes 0600; the cache is shared read-only
+        tmp.chmod(0o755)  # mkdtemp makes it private
         if target.exists():
-            if _is_built(target, key):  # another process won the race
+            if is_built(target):  # another process won the race
                 return target
-            if (target / _MARKER).is_file() or not any(target.iterdir()):
-                shutil.rmtree(target)  # a stale tiny build (other key) or an empty dir
+            if (target / marker).is_file() or not any(target.iterdir()):
+                shutil.rmtree(target)  # a stale build (other key) or an empty folder
             else:
                 raise ConfigError(
-                    f"build_tiny: {target} exists and is not a tiny-model build; "
-                    "pass an empty or new directory (or None for the cache)"
+                    f"{who}: {target} exists and is not a {kind} build; "
+                    "pass an empty or new folder (or None for the cache)"
                 )
         os.replace(tmp, target)
     finally:

