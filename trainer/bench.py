@@ -39,7 +39,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["BenchRun", "balance_of", "calibrated_epochs", "main", "pick_baseline", "summarize_run"]
+__all__ = ["BenchRun", "balance_of", "calibrated_epochs", "main", "overlap_slowdown", "pick_baseline", "summarize_run"]
 
 #: Targets, from DESIGN.md and issue 6.
 TARGET_RATIO_DESIGN = 1.8
@@ -165,6 +165,28 @@ def balance_of(record: dict[str, Any], epochs: int) -> dict[str, float]:
         "sync_s": record.get("async/sync_s", 0.0),
         "load_s": load,
     }
+
+
+def overlap_slowdown(k0: dict[str, Any], k1: dict[str, Any]) -> tuple[float, float, float]:
+    """How much slower each side works while the other runs, and the ratio bound that leaves.
+
+    Args:
+        k0: The synchronous run's summary (sides take turns: each works alone).
+        k1: The overlapped run's summary, pinned the same way.
+
+    Returns:
+        ``(sampling, learner, bound)``: the k=1 per-step sampling and learner-update times over
+        the k=0 ones, and ``(W + B) / max(W * sampling + l, B')`` where ``B'`` is the learner side
+        with its updates slowed by ``learner`` (0.0 for each figure that cannot be formed).
+    """
+    if not (k0.get("rollout_s") and k0.get("learner_s")):
+        return 0.0, 0.0, 0.0
+    roll = k1.get("rollout_s", 0.0) / k0["rollout_s"]
+    learn = k1.get("learner_s", 0.0) / k0["learner_s"]
+    wait, load = k0.get("learner_wait_s", 0.0), k0.get("load_s", 0.0)
+    busy = max(0.0, k0.get("step_s", 0.0) - wait)
+    slowed = max(wait * roll + load, busy + k0["learner_s"] * (learn - 1.0))
+    return roll, learn, ((wait + busy) / slowed if slowed > 0 else 0.0)
 
 
 def pick_baseline(results: dict[str, dict[str, Any]]) -> str:
@@ -357,6 +379,14 @@ def main(
         f"{wait:.2f} s, learner side B = {busy:.2f} s, adapter load l = {load_s:.2f} s); per-step times: rollout "
         f"(sampling) {ref['rollout_s']:.2f} s, learner updates {ref['learner_s']:.2f} s"
     )
+    # On a small CPU the two sides share caches and memory bandwidth: each runs slower while the
+    # other works. The same per-step figures at k=1 against k=0 (pinned alike) show how much.
+    slow_roll, slow_learn, contended = overlap_slowdown(ref, overlap)
+    if slow_roll and slow_learn:
+        print(
+            f"  overlap slowdown at k=1 vs k=0 pinned: sampling x{slow_roll:.2f}, learner updates x{slow_learn:.2f} "
+            f"-> bound with these slowdowns {contended:.2f}x (1.00 each on separate GPUs)"
+        )
     sync_s = max(r["sync_s"] for r in results.values())
     print(
         "weight sync (save + load as policy@<v>), s/step: "
@@ -377,6 +407,7 @@ def main(
     print(f"load average after the runs: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
     summary = {
         "ratio": ratio, "baseline": base_name, "bound": bound, "update_epochs": chosen, "cores": cores,
+        "slowdown": {"rollout": slow_roll, "learner": slow_learn, "bound": contended},
         "load_before": list(load), "load_after": list(after), "runs": results, "overrides": overrides,
         "placement": None if placement is None else {"rollout": placement.rollout, "learner": placement.learner},
     }  # fmt: skip

@@ -637,10 +637,18 @@ class CompletionServer:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         want_prompt_lp = [row["request"].prompt_logprobs for row in rows]
         need_full = any(v is not None for v in want_prompt_lp)
+        # A GRPO group sends its prompt G times: prefill each distinct (left-padded) prompt once and
+        # index its keys/values out to the rows (not with prompt logprobs, which need every row's).
+        index: dict[tuple[int, ...], int] = {}
+        unit = [index.setdefault(tuple(row["prompt"]), len(index)) for row in rows]
+        shared = not need_full and len(index) < len(unit)
+        if shared:
+            first = torch.tensor([unit.index(u) for u in range(len(index))], device=self.device)
+            spread = torch.tensor(unit, device=self.device)
         out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
+            input_ids=ids[first] if shared else ids,
+            attention_mask=mask[first] if shared else mask,
+            position_ids=positions[first] if shared else positions,
             use_cache=True,
             **{self._cache_kw: DynamicCache()},
             **({} if need_full else {"logits_to_keep": 1}),
@@ -654,6 +662,9 @@ class CompletionServer:
                     )
         logits = out.logits[:, -1].float()
         cache = getattr(out, self._cache_kw)
+        if shared:
+            cache.batch_select_indices(spread)
+            logits = logits[spread]
         active = [row["request"].max_tokens > 0 for row in rows]
         for i, row in enumerate(rows):
             if not active[i]:

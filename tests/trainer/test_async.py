@@ -503,18 +503,14 @@ def test_async_trainer_needs_lora() -> None:
 
 
 # -- a real run (processes, the built-in server) ------------------------------------------------------
-#: LoRA must reach the output layer: the random tiny model's logits are ~0 and attention-only
-#: adapters cannot sharpen them (its tied embeddings are tiny).
-LEARNS = ["lora.enabled=true", "lora.target_modules=[q_proj,v_proj,lm_head]", "optim.lr=3e-2",
-          # the prefix-learning setup this test was sized on (toy-cpu.yaml now runs dr_grpo on
-          # one-token turns, where the prefix earns only 0.05 and moves too little in 24 steps)
-          "twin.config.wrong_call=partial", "algorithm.advantage=grpo", "sampler.max_new_tokens=4", "algorithm.group_size=16",
-          "algorithm.groups_per_step=2", "algorithm.max_refill_rounds=6", "twin.config.repeat=1", "twin.balance=none"]
+#: toy-lora-cpu.yaml's seed 2 crosses 0.8 at step ~80 (k = 0 and k = 1 alike); 150 steps leave a margin
+LEARN_STEPS = 150
+LEARN_SEED = 2
 
 
 def _run(tmp_path: Path, k: int, steps: int) -> list[dict[str, Any]]:
-    cfg = load_recipe("toy-cpu", [
-        *LEARNS, f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",
+    cfg = load_recipe("toy-lora-cpu", [
+        f"seed={LEARN_SEED}", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",
         f"train.output_dir={tmp_path / f'k{k}'}", "train.store=false",
     ])  # fmt: skip
     trainer = AsyncTrainer(cfg)
@@ -527,28 +523,25 @@ def _run(tmp_path: Path, k: int, steps: int) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_k1_learns_the_toy_task_like_k0(tmp_path: Path) -> None:
-    # Within these steps the policy learns to open its turn with `<tool_call>`: the `prefix`
-    # component goes from 0 to ~0.14 in both runs. The total also holds shaping terms that are
-    # not monotone this early (a policy that repeats `<tool_call>` loses `no_repeat`), so the
-    # runs are compared on what they learned, and the total only for a gross gap.
-    steps = 24
-    sync = _run(tmp_path, 0, steps)
-    overlapped = _run(tmp_path, 1, steps)
+    # The acceptance run: `twin serve`, the rollout worker and the learner in three processes train
+    # the toy task with one version of staleness to the reward the synchronous order (k = 0, the
+    # same code) reaches. A random tiny model starts at ~0.1; the right call for both words is 1.0.
+    sync = _run(tmp_path, 0, LEARN_STEPS)
+    overlapped = _run(tmp_path, 1, LEARN_STEPS)
 
-    def late(h: list[dict[str, Any]], key: str) -> float:
-        return sum(r.get(key, r["rewards/total"]) for r in h[-4:]) / 4
+    def late(h: list[dict[str, Any]], key: str = "rewards/total") -> float:
+        return sum(r[key] for r in h[-5:]) / 5
 
-    curves = {
-        f"{k} {key}": [round(r.get(key, -1), 3) for r in h]
-        for k, h in (("k0", sync), ("k1", overlapped)) for key in ("rewards/prefix", "rewards/total")
-    }  # fmt: skip
+    curves = {f"k{k}": " ".join(f"{r['rewards/total']:.2f}" for r in h[::5])
+              for k, h in ((0, sync), (1, overlapped))}  # fmt: skip
     for h in (sync, overlapped):
-        assert late(h, "rewards/prefix") > h[0].get("rewards/prefix", h[0]["rewards/total"]) + 0.05, curves
-    assert abs(late(overlapped, "rewards/prefix") - late(sync, "rewards/prefix")) <= 0.06, curves
-    assert late(overlapped, "rewards/total") >= late(sync, "rewards/total") - 0.12, curves
+        assert sum(r["rewards/total"] for r in h[:3]) / 3 < 0.2, curves  # it starts random
+        assert late(h) > 0.8, curves
+        assert h[-1]["rewards/correct"] > 0.6, curves  # reads the word, not one call for both
+    assert abs(late(overlapped) - late(sync)) <= 0.1, curves
     assert {r["async/staleness"] for r in sync} == {0.0}
-    assert max(r["async/staleness"] for r in overlapped) == 1.0
+    assert sum(r["async/staleness"] for r in overlapped) / LEARN_STEPS > 0.5  # it did overlap
     for h in (sync, overlapped):  # every adapter checked once (NaN: no check completed that step)
-        assert sum(r["async/checks"] for r in h) == steps + 1, [r["async/probe_version"] for r in h]
+        assert sum(r["async/checks"] for r in h) == LEARN_STEPS + 1, [r["async/probe_version"] for r in h]
     for r in sync + overlapped:
         assert not r["async/logprob_mismatch"] >= 1e-3  # the sampler always ran the adapter just trained

@@ -124,6 +124,19 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
     assert "staleness histogram" in text and "{'1': 4}" in text and "load average" in text
     assert figures["runs"]["k0_pinned"]["calibration"]["epochs"] == 3.0
     assert figures["update_epochs"] == 3 and figures["cores"] >= 1
+    # _history gives both runs the same per-step times: no slowdown, and the bound is the plain one
+    assert "sampling x1.00, learner updates x1.00" in text
+    assert figures["slowdown"]["bound"] == pytest.approx(figures["bound"])
+
+
+def test_overlap_slowdown_lowers_the_bound() -> None:
+    k0 = {"rollout_s": 1.0, "learner_s": 1.0, "learner_wait_s": 1.0, "load_s": 0.1, "step_s": 2.2}
+    same = bench.overlap_slowdown(k0, {"rollout_s": 1.0, "learner_s": 1.0})
+    assert same == pytest.approx((1.0, 1.0, 2.2 / 1.2))  # (W + B) / max(W + l, B), B = 1.2
+    roll, learn, bound = bench.overlap_slowdown(k0, {"rollout_s": 1.5, "learner_s": 1.3})
+    assert (roll, learn) == pytest.approx((1.5, 1.3))
+    assert bound == pytest.approx(2.2 / max(1.5 + 0.1, 1.2 + 0.3))
+    assert bench.overlap_slowdown({"rollout_s": 0.0}, {"rollout_s": 1.0}) == (0.0, 0.0, 0.0)
 
 
 def test_runs_leave_the_process_as_they_found_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,6 +133,22 @@ def test_logprobs_equal_a_teacher_forced_forward_pass(server: httpx.Client, base
         assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-5)
 
 
+def test_repeated_prompts_share_one_prefill_and_keep_their_own_samples(server: httpx.Client, base) -> None:
+    # A GRPO group: each prompt G times (and n > 1); the server prefills each distinct prompt once.
+    model, _ = base
+    prompts = [PROMPT, PROMPT[:5], PROMPT, PROMPT[:5], PROMPT]
+    out = _complete(server, prompt=prompts, n=2, max_tokens=10, ignore_eos=True, seed=3)
+    choices = out["choices"]
+    assert len(choices) == 10
+    for i, choice in enumerate(choices):
+        expected = _teacher_forced(model, prompts[i // 2], choice["token_ids"])
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-5)
+    samples = {tuple(c["token_ids"]) for c in choices}
+    assert len(samples) >= 8  # rows of one prompt draw their own tokens, not copies of one
+    again = _complete(server, prompt=prompts, n=2, max_tokens=10, ignore_eos=True, seed=3)
+    assert [c["token_ids"] for c in again["choices"]] == [c["token_ids"] for c in choices]
+
+
 def test_temperature_logprobs_are_processed(server: httpx.Client, base) -> None:
     model, _ = base
     out = _complete(server, temperature=0.5, ignore_eos=True, seed=1)
