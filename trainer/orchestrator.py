@@ -75,6 +75,7 @@ from trainer.workers import (
     rollout_worker,
 )
 from twin.errors import ConfigError, TwinError
+from twin.http import tls_context
 from twin.trajectory import Group
 
 __all__ = ["AdapterClient", "AdapterSyncError", "AsyncTrainer", "SamplerDiedError", "guarded_command"]
@@ -110,7 +111,7 @@ class AdapterClient:
         self.timeout = timeout
 
     def _post(self, route: str, body: dict[str, Any]) -> httpx.Response:
-        with httpx.Client(transport=self.transport, timeout=self.timeout) as client:
+        with httpx.Client(transport=self.transport, timeout=self.timeout, verify=tls_context()) as client:
             return client.post(f"{self.root}{route}", json=body)
 
     def load(self, name: str, path: str | Path) -> float:
@@ -352,7 +353,7 @@ class AsyncTrainer:
     def _healthy(base_url: str) -> bool:
         root = base_url.rstrip("/").removesuffix("/v1")
         try:
-            return httpx.get(f"{root}/health", timeout=5.0).status_code == 200
+            return httpx.get(f"{root}/health", timeout=5.0, verify=tls_context()).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -522,7 +523,7 @@ class AsyncTrainer:
         name = adapter_name(version)
         body = {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 1}
         try:
-            with httpx.Client(transport=self._probe_transport, timeout=300) as client:
+            with httpx.Client(transport=self._probe_transport, timeout=300, verify=tls_context()) as client:
                 response = client.post(f"{self.adapters.root}/v1/completions", json=body)
         except httpx.HTTPError as exc:
             raise SamplerError(f"sync probe of {name}: sampler unreachable ({type(exc).__name__}: {exc})") from exc

@@ -47,6 +47,7 @@ from trainer.metrics import MetricsLogger, plot_rewards
 from trainer.rollouts import RolloutSettings, collect_groups, episode_tokens
 from twin.cases import stable_seed
 from twin.errors import ConfigError
+from twin.http import tls_context
 from twin.trajectory import Group
 
 __all__ = ["GRPORecipe", "StepUpdate", "learn_from_groups", "make_batch", "seed_everything"]
@@ -253,7 +254,8 @@ class GRPORecipe:
             import httpx
 
             try:
-                models = httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=30).json()
+                models = httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=30,
+                                   verify=tls_context()).json()
                 name = models["data"][0]["id"]
             except Exception as exc:  # noqa: BLE001 - say which server failed and how
                 raise ConfigError(f"sampler server {base_url} did not list its models ({exc}); is it running?") from None
@@ -271,7 +273,8 @@ class GRPORecipe:
         path = self.learner.save_adapter(self.output_dir / "adapters" / name).resolve()
         root = sampler.base_url.removesuffix("/v1")
         response = httpx.post(
-            f"{root}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=120
+            f"{root}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=120,
+            verify=tls_context(),
         )
         if response.status_code != 200:
             raise ConfigError(
@@ -281,7 +284,7 @@ class GRPORecipe:
         previous, self._adapter_name = self._adapter_name, name
         sampler.model_name = name
         if previous is not None:
-            httpx.post(f"{root}/v1/unload_lora_adapter", json={"lora_name": previous}, timeout=30)
+            httpx.post(f"{root}/v1/unload_lora_adapter", json={"lora_name": previous}, timeout=30, verify=tls_context())
             shutil.rmtree(self.output_dir / "adapters" / previous, ignore_errors=True)
         return time.perf_counter() - started
 

@@ -24,6 +24,7 @@ import torch
 
 from twin.cases import stable_seed
 from twin.errors import ConfigError, TwinError
+from twin.http import tls_context
 
 __all__ = ["HFSampler", "Sample", "Sampler", "SamplerError", "ServerSampler"]
 
@@ -395,7 +396,8 @@ class ServerSampler:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         stop_set = set(int(t) for t in stop_ids or ())
         async with httpx.AsyncClient(
-            base_url=self.base_url, timeout=self.timeout, transport=self.transport, headers=headers
+            base_url=self.base_url, timeout=self.timeout, transport=self.transport, headers=headers,
+            verify=tls_context(),
         ) as client:
             if seed is None:
                 return await self._request(client, {**base, "prompt": [list(p) for p in prompts]}, len(prompts), stop_set)

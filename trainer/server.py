@@ -49,6 +49,7 @@ from typing import Any, Literal
 import torch
 
 from twin.errors import ConfigError, TwinError
+from twin.http import tls_context
 
 __all__ = [
     "CompletionServer",
@@ -1011,7 +1012,7 @@ class ManagedServer:
         import httpx
 
         try:
-            return httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200
+            return httpx.get(f"{self.url}/health", timeout=2.0, verify=tls_context()).status_code == 200
         except httpx.HTTPError:
             return False
 

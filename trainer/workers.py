@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 
 from twin.errors import ConfigError, TwinError
+from twin.http import tls_context
 
 __all__ = [
     "ROLLOUT_CPUS_ENV",
@@ -259,7 +260,7 @@ class ModelCheckTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._inner is None:
-            self._inner = httpx.AsyncHTTPTransport()
+            self._inner = httpx.AsyncHTTPTransport(verify=tls_context())
         response = await self._inner.handle_async_request(request)
         if request.method == "POST" and request.url.path.endswith("/completions") and response.status_code == 200:
             body = await response.aread()
@@ -428,7 +429,7 @@ def _batched_sampler(base_url: str) -> Any:
             stop_set = {int(t) for t in stop_ids or ()}
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, transport=self.transport,
-                                         headers=headers) as client:  # fmt: skip
+                                         headers=headers, verify=tls_context()) as client:  # fmt: skip
                 return list(await request(client, body, len(prompts), stop_set))
 
     return _OneRequest(base_url, adapter_name(0), transport=ModelCheckTransport())

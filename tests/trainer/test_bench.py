@@ -43,6 +43,16 @@ def test_summary_windows_the_cumulative_counters() -> None:
     assert s["save_s"] == pytest.approx(0.03) and s["load_s"] == pytest.approx(0.07)
 
 
+def test_summary_mismatch_skips_steps_without_a_completed_check() -> None:
+    rows = _history(5, 2.0, k=1)
+    for i, r in enumerate(rows):  # k >= 1: NaN where no background check completed that step
+        r["async/logprob_mismatch"] = float("nan") if i % 2 == 0 else 1e-7 * i
+    assert bench.summarize_run(rows, warmup=1)["logprob_mismatch"] == pytest.approx(3e-7)
+    for r in rows:
+        r["async/logprob_mismatch"] = float("nan")
+    assert bench.summarize_run(rows, warmup=1)["logprob_mismatch"] != bench.summarize_run(rows, warmup=1)["logprob_mismatch"]
+
+
 @given(
     rollout=st.floats(0.01, 100.0), other=st.floats(0.0, 1.0), pass_s=st.floats(0.001, 10.0),
 )  # fmt: skip
@@ -68,6 +78,7 @@ def test_balance_splits_a_synchronous_step_between_the_sides() -> None:
     b = bench.balance_of(record, epochs=2)
     assert b["rollout_side_s"] == pytest.approx(1.3) and b["learner_side_s"] == pytest.approx(0.8)
     assert b["learner_other_s"] == pytest.approx(0.3)
+    assert b["learner_other_k1_s"] == pytest.approx(0.2)  # the load leaves the learner at k >= 1
     # 4 passes: 4 * 0.25 + 0.3 = 1.3 s on each side
     assert bench.calibrated_epochs(b["rollout_side_s"], b["learner_other_s"], b["pass_s"]) == 4
 
@@ -132,10 +143,10 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
 def test_overlap_slowdown_lowers_the_bound() -> None:
     k0 = {"rollout_s": 1.0, "learner_s": 1.0, "learner_wait_s": 1.0, "load_s": 0.1, "step_s": 2.2}
     same = bench.overlap_slowdown(k0, {"rollout_s": 1.0, "learner_s": 1.0})
-    assert same == pytest.approx((1.0, 1.0, 2.2 / 1.2))  # (W + B) / max(W + l, B), B = 1.2
+    assert same == pytest.approx((1.0, 1.0, 2.2 / 1.1))  # (W + B) / max(W + l, B - l), B = 1.2
     roll, learn, bound = bench.overlap_slowdown(k0, {"rollout_s": 1.5, "learner_s": 1.3})
     assert (roll, learn) == pytest.approx((1.5, 1.3))
-    assert bound == pytest.approx(2.2 / max(1.5 + 0.1, 1.2 + 0.3))
+    assert bound == pytest.approx(2.2 / max(1.5 + 0.1, 1.1 + 0.3))
     assert bench.overlap_slowdown({"rollout_s": 0.0}, {"rollout_s": 1.0}) == (0.0, 0.0, 0.0)
 
 

@@ -425,3 +425,35 @@ def test_top_p_keeps_the_smallest_top_set_reaching_p() -> None:
             assert float(probs[kept].sum() - probs[kept].min()) < top_p + 1e-9
 
     check()
+
+
+def test_clients_share_one_tls_context(server: httpx.Client, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # httpx loads the CA bundle into a new SSL context for every client it makes without one
+    # (~70 ms of CPU); the sampling calls, adapter loads and probes of a training step must not.
+    import ssl
+
+    from trainer.orchestrator import AdapterClient
+    from trainer.samplers import ServerSampler
+    from trainer.workers import ModelCheckTransport, _batched_sampler
+    from twin.http import tls_context
+
+    assert tls_context() is tls_context() and tls_context().verify_mode == ssl.CERT_REQUIRED
+    url = str(server.base_url)
+    plain, checked = ServerSampler(url, "tiny"), ServerSampler(url, "tiny", transport=ModelCheckTransport())
+    batched = _batched_sampler(url)
+    batched.model_name = "tiny"
+    adapters = AdapterClient(url)
+    loads: list[object] = []
+    original = ssl.SSLContext.load_verify_locations
+
+    def counted(self: ssl.SSLContext, *args: object, **kwargs: object) -> None:
+        loads.append(args or kwargs)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    for seed in range(3):
+        for sampler in (plain, checked, batched):
+            assert len(sampler.sample([PROMPT, PROMPT], max_new_tokens=2, seed=seed)) == 2
+        with pytest.raises(Exception, match="missing"):  # a refused load still goes through a client
+            adapters.load(f"missing{seed}", tmp_path / "missing")
+    assert loads == []
