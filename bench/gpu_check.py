@@ -12,6 +12,7 @@ throughput ratio.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
@@ -81,7 +82,8 @@ def _summary(history: list[dict[str, Any]], skip: int = 1) -> dict[str, float]:
         "sync_mean": statistics.fmean(r["async/sync_s"] for r in rows),
         "sync_max": max(r["async/sync_s"] for r in rows),
         "load_mean": statistics.fmean(r["async/load_s"] for r in rows),
-        "mismatch_max": max(r["async/logprob_mismatch"] for r in rows),
+        # NaN on steps where no background check completed (k >= 1): the worst of the others
+        "mismatch_max": max((m for r in rows if not math.isnan(m := r["async/logprob_mismatch"])), default=math.nan),
         "rollout_idle": history[-1]["async/rollout_idle_frac"],
         "learner_idle": history[-1]["async/learner_idle_frac"],
     }
