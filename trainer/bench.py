@@ -49,15 +49,16 @@ TARGET_SYNC_S = 0.5
 #: Most update passes the calibration may choose.
 MAX_EPOCHS = 200
 #: The bench's workload, fixed here so that tuning the toy recipe for learning does not change it:
-#: 4 groups of 16 episodes per step, 8 sampled tokens per turn; every step trains (no dynamic
-#: sampling) on full-length turns (no length curriculum). Steps of ~0.3 s at k = 1: with half that
-#: (2 groups, 4 tokens) the fixed per-step costs and one update pass (~0.1 s, the calibration's
-#: unit) made the ratio swing 1.4-2.0x run to run; with this one 1.71x and 1.72x.
+#: 4 groups of 16 episodes per step, 16 sampled tokens per turn; every step trains (no dynamic
+#: sampling) on full-length turns (no length curriculum). Steps of ~0.55 s at k = 1. Smaller ones
+#: swung run to run (2 groups x 4 tokens: 1.4-2.0x; 4 x 8: 1.2-1.7x): the fixed per-step costs
+#: weigh more, and one update pass (the calibration's unit) was half the rollout side, so the sides
+#: could not be balanced; at 16 tokens sampling takes ~2.3 passes.
 WORKLOAD = [
     "lora.enabled=true",
     "algorithm.group_size=16",
     "algorithm.groups_per_step=4",
-    "sampler.max_new_tokens=8",
+    "sampler.max_new_tokens=16",
     "algorithm.dynamic_sampling=false",
 ]
 
