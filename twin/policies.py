@@ -36,6 +36,7 @@ import yaml
 
 from twin.cases import stable_seed
 from twin.errors import ConfigError, TwinError
+from twin.http import tls_context
 
 __all__ = [
     "OpenAIChatPolicy",
@@ -454,6 +455,7 @@ class OpenAIChatPolicy:
                 timeout=self.timeout,
                 headers=headers,
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                verify=tls_context(),
             )
             self._loop = loop
         return self._http
