@@ -40,7 +40,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["BenchRun", "balance_of", "calibrated_epochs", "main", "overlap_slowdown", "pick_baseline", "summarize_run"]
+__all__ = [
+    "BenchRun", "balance_of", "calibrated_epochs", "main", "overlap_slowdown", "pick_baseline",
+    "quickest_warmup_step", "summarize_run",
+]  # fmt: skip
 
 #: Targets, from DESIGN.md and issue 6.
 TARGET_RATIO_DESIGN = 1.8
@@ -198,6 +201,22 @@ def overlap_slowdown(k0: dict[str, Any], k1: dict[str, Any]) -> tuple[float, flo
     return roll, learn, ((wait + busy) / slowed if slowed > 0 else 0.0)
 
 
+def quickest_warmup_step(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The warm-up step (a ``k = 0`` metrics record) whose rollout side was quickest, the first left out.
+
+    The rollout side is what the learner waited for the lot plus the adapter load. The first lots
+    pay for start-up (the first lot, the server's first adapters; measured 2-3x slower than the
+    rest), so the quickest later step is the one that looks like the measured steps.
+
+    Raises:
+        ValueError: no records.
+    """
+    if not records:
+        raise ValueError("quickest_warmup_step: no warm-up steps were recorded")
+    steady = records[1:] or records
+    return min(steady, key=lambda r: r.get("async/learner_wait_s", 0.0) + r.get("async/load_s", 0.0))
+
+
 def pick_baseline(results: dict[str, dict[str, Any]]) -> str:
     """The name of the fastest synchronous (``k0_*``) run: the honest baseline."""
     k0 = {name: r for name, r in results.items() if name.startswith("k0")}
@@ -270,9 +289,7 @@ def _run(
         # first lot, the server's first adapters) and were measured 2-3x slower than the rest.
         seen.append(record)
         if epochs is None and record["step"] == warmup - 1:
-            steady = seen[1:] or seen
-            quickest = min(steady, key=lambda r: r.get("async/learner_wait_s", 0.0) + r.get("async/load_s", 0.0))
-            measured = balance_of(quickest, trainer.update_epochs)
+            measured = balance_of(quickest_warmup_step(seen), trainer.update_epochs)
             # balanced for k = 1, the run the ratio is about: the load is on the rollout side there
             trainer.update_epochs = calibrated_epochs(
                 measured["rollout_side_s"], measured["learner_other_k1_s"], measured["pass_s"]

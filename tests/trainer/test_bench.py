@@ -83,6 +83,20 @@ def test_balance_splits_a_synchronous_step_between_the_sides() -> None:
     assert bench.calibrated_epochs(b["rollout_side_s"], b["learner_other_s"], b["pass_s"]) == 4
 
 
+def test_calibration_uses_the_quickest_warm_up_step_after_the_first() -> None:
+    def step(i: int, wait: float, load: float = 0.05) -> dict[str, Any]:
+        return {"step": i, "async/learner_wait_s": wait, "async/load_s": load}
+
+    # the first lots pay for start-up; a slow later step must not decide either
+    records = [step(0, 0.1), step(1, 0.9), step(2, 0.3), step(3, 0.35)]
+    assert bench.quickest_warmup_step(records)["step"] == 2
+    assert bench.quickest_warmup_step([step(0, 0.4)])["step"] == 0  # one warm-up step: that one
+    # the adapter load counts: 0.3 + 0.05 beats 0.2 + 0.2
+    assert bench.quickest_warmup_step([step(0, 0.1), step(1, 0.3), step(2, 0.2, load=0.2)])["step"] == 1
+    with pytest.raises(ValueError, match="no warm-up steps"):
+        bench.quickest_warmup_step([])
+
+
 def test_baseline_is_the_faster_synchronous_run() -> None:
     results = {"k0_pinned": {"steps_per_s": 0.4}, "k1_pinned": {"steps_per_s": 0.9}, "k0_shared": {"steps_per_s": 0.5}}
     assert bench.pick_baseline(results) == "k0_shared"
