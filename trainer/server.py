@@ -126,6 +126,21 @@ class _Request:
     error: BaseException | None = None
 
 
+#: Free adapter slots kept for in-place loads (each holds one adapter's LoRA weights).
+_FREE_SLOTS = 2
+
+
+def _lora_shape(config: Any) -> tuple[Any, ...]:
+    """What must match for one LoRA adapter's weights to be copied into another's slot."""
+    targets = config.target_modules
+    return (
+        config.r, config.lora_alpha, tuple(sorted(targets)) if isinstance(targets, (list, set)) else targets,
+        tuple(sorted(config.modules_to_save or ())), config.use_rslora, config.use_dora, config.bias,
+        config.fan_in_fan_out, str(config.layers_to_transform), str(sorted((config.rank_pattern or {}).items())),
+        str(sorted((config.alpha_pattern or {}).items())), str(config.lora_dropout),
+    )  # fmt: skip
+
+
 def _is_id_list(value: Any) -> bool:
     return isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -191,6 +206,9 @@ class CompletionServer:
         )  # key -> version (LRU)
         self._loaded_keys = 0
         self._peft: Any = None  # peft.PeftModel around self.model, made on the first adapter load
+        # peft adapter slots no version owns any more, kept to load the next adapter of the same
+        # shape into in place: peft's load_adapter builds LoRA modules in every target layer
+        self._free: list[str] = []
         self._lock = threading.Lock()  # guards the adapter tables and the queue's grouping
         self._model_lock = threading.Lock()  # held while the model runs or its adapters change
         self._queue: collections.deque[_Request] = collections.deque()
@@ -328,20 +346,56 @@ class CompletionServer:
             self._peft = PeftModel.from_pretrained(
                 self.model, version.path, adapter_name=version.key
             )
-        else:
+        elif not self._load_into_free_slot(version):
             self._peft.load_adapter(version.path, adapter_name=version.key)
         self._resident[version.key] = version
         while len(self._resident) > self.max_loras:
             self._delete(next(iter(self._resident)))
 
+    def _load_into_free_slot(self, version: _Adapter) -> bool:
+        """Copy ``version``'s weights into a free slot of the same LoRA shape; False when none fits.
+
+        The trainer loads a new adapter of one shape every step and unloads an old one; copying
+        the weights in place skips building LoRA modules in every target layer (the load took
+        ~2x longer than this at k = 1 on the tiny model, more on larger ones).
+        """
+        from peft import LoraConfig
+        from peft.utils import load_peft_weights, set_peft_model_state_dict
+
+        if not self._free:
+            return False
+        config = LoraConfig.from_pretrained(version.path)
+        shape = _lora_shape(config)
+        slot = next((k for k in self._free if _lora_shape(self._peft.peft_config[k]) == shape), None)
+        if slot is None:
+            return False
+        weights = load_peft_weights(version.path, device=str(self.device))
+        result = set_peft_model_state_dict(self._peft, weights, adapter_name=slot)
+        missing = [k for k in getattr(result, "missing_keys", []) if f".{slot}." in k]
+        if missing:  # a partial copy would mix two adapters: load it the ordinary way instead
+            log.warning("adapter %s does not fill slot %s (%d missing keys); loading it anew", version.name, slot,
+                        len(missing))  # fmt: skip
+            return False
+        self._free.remove(slot)
+        version.key = slot
+        return True
+
     def _delete(self, key: str) -> None:
         # peft keeps at least one adapter; the last one stays (unreachable by name) until replaced.
         if len(self._resident) > 1:
             assert self._peft is not None
+            version = self._resident.pop(key)
+            # A version evicted while still served is reloaded later under a new key: its old
+            # key's slot may hold another adapter's weights by then.
+            with self._lock:  # load_lora_adapter numbers keys on an HTTP thread
+                self._loaded_keys += 1
+                version.key = f"lora{self._loaded_keys}"
+            if len(self._free) < _FREE_SLOTS:
+                self._free.append(key)
+                return
             with warnings.catch_warnings():  # "adapter X was active which is now deleted": expected
                 warnings.simplefilter("ignore", UserWarning)
                 self._peft.delete_adapter(key)
-            del self._resident[key]
 
     def _collect(self) -> None:
         """Delete retired versions that no request still needs. Holds the model lock."""

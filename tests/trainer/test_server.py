@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -457,3 +458,60 @@ def test_clients_share_one_tls_context(server: httpx.Client, monkeypatch: pytest
         with pytest.raises(Exception, match="missing"):  # a refused load still goes through a client
             adapters.load(f"missing{seed}", tmp_path / "missing")
     assert loads == []
+
+
+def test_trainer_cycle_reuses_adapter_slots_and_serves_each_version_exactly(
+    tiny_dir: Path, adapters: list[Path], tmp_path: Path
+) -> None:
+    # What the async trainer does every step: load policy@<v+1>, sample, unload policy@<v-1>. The
+    # server copies each new adapter into a freed slot of the same shape instead of building new
+    # LoRA modules; every version must still be served with its own weights.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    core = CompletionServer(model, AutoTokenizer.from_pretrained(tiny_dir), model_name="tiny", max_loras=2)
+    other = _make_adapter_shaped(tiny_dir, tmp_path / "r8", rank=8)  # another shape: no slot fits it
+    sequence = [adapters[0], adapters[1], adapters[2], other, adapters[0], adapters[1]]
+    body = {"prompt": PROMPT, "max_tokens": 6, "logprobs": 0, "return_token_ids": True, "ignore_eos": True, "seed": 5}
+    in_place: list[tuple[str, bool]] = []
+    copy = core._load_into_free_slot
+
+    def recorded(version: Any) -> bool:
+        in_place.append((version.name, copy(version)))
+        return in_place[-1][1]
+
+    core._load_into_free_slot = recorded  # type: ignore[method-assign]
+    try:
+        for v, path in enumerate(sequence):
+            core.load_lora_adapter({"lora_name": f"policy@{v}", "lora_path": str(path)})
+            out = core.completions({**body, "model": f"policy@{v}"})["choices"][0]
+            ref = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), path)
+            expected = _teacher_forced(ref.eval(), PROMPT, out["token_ids"])
+            assert out["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-5), f"policy@{v} from {path.name}"
+            if v >= 1:
+                core.unload_lora_adapter({"lora_name": f"policy@{v - 1}"})
+        # policy@0 wraps the model and @1 finds no free slot; @2, @4 and @5 are copied into freed
+        # slots; @3 has another rank and gets its own
+        assert [name for name, done in in_place if done] == ["policy@2", "policy@4", "policy@5"], in_place
+        reused = [k for k in core._peft.peft_config]  # slots in the model: reused, not one per version
+        assert len(reused) <= 2 + 2, reused  # max_loras resident + the kept free slots
+        assert len(core._resident) == 1 and next(iter(core._resident.values())).name == "policy@5"
+    finally:
+        core.close()
+
+
+def _make_adapter_shaped(tiny_dir: Path, out: Path, *, rank: int) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(rank)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=rank, target_modules=["q_proj", "v_proj"],
+                                                  init_lora_weights=False))  # fmt: skip
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    peft_model.save_pretrained(out)
+    return out
