@@ -30,16 +30,16 @@ def base(tiny_dir: Path):
     return model, AutoTokenizer.from_pretrained(tiny_dir)
 
 
-def _make_adapter(tiny_dir: Path, out: Path, seed: int) -> Path:
+def _make_adapter(
+    tiny_dir: Path, out: Path, seed: int, *, rank: int = 4, targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj")
+) -> Path:
     """A LoRA adapter with random (non-zero) B, so it changes the model's outputs."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    config = LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"], init_lora_weights=False
-    )
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets), init_lora_weights=False)
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
@@ -471,7 +471,7 @@ def test_trainer_cycle_reuses_adapter_slots_and_serves_each_version_exactly(
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     core = CompletionServer(model, AutoTokenizer.from_pretrained(tiny_dir), model_name="tiny", max_loras=2)
-    other = _make_adapter_shaped(tiny_dir, tmp_path / "r8", rank=8)  # another shape: no slot fits it
+    other = _make_adapter(tiny_dir, tmp_path / "r8", 8, rank=8, targets=("q_proj", "v_proj"))  # no slot fits it
     sequence = [adapters[0], adapters[1], adapters[2], other, adapters[0], adapters[1]]
     body = {"prompt": PROMPT, "max_tokens": 6, "logprobs": 0, "return_token_ids": True, "ignore_eos": True, "seed": 5}
     in_place: list[tuple[str, bool]] = []
@@ -500,18 +500,3 @@ def test_trainer_cycle_reuses_adapter_slots_and_serves_each_version_exactly(
     finally:
         core.close()
 
-
-def _make_adapter_shaped(tiny_dir: Path, out: Path, *, rank: int) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(rank)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=rank, target_modules=["q_proj", "v_proj"],
-                                                  init_lora_weights=False))  # fmt: skip
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.5)
-    peft_model.save_pretrained(out)
-    return out
