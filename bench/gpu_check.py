@@ -12,7 +12,6 @@ throughput ratio.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import tempfile
@@ -73,6 +72,8 @@ def _run(model: str, k: int, steps: int, rollout: str, learner: str, out: Path) 
 
 
 def _summary(history: list[dict[str, Any]], skip: int = 1) -> dict[str, float]:
+    from trainer.bench import finite_max
+
     rows = history[skip:] or history
     wall = sum(r["perf/step_s"] for r in rows)
     return {
@@ -82,8 +83,7 @@ def _summary(history: list[dict[str, Any]], skip: int = 1) -> dict[str, float]:
         "sync_mean": statistics.fmean(r["async/sync_s"] for r in rows),
         "sync_max": max(r["async/sync_s"] for r in rows),
         "load_mean": statistics.fmean(r["async/load_s"] for r in rows),
-        # NaN on steps where no background check completed (k >= 1): the worst of the others
-        "mismatch_max": max((m for r in rows if not math.isnan(m := r["async/logprob_mismatch"])), default=math.nan),
+        "mismatch_max": finite_max(r["async/logprob_mismatch"] for r in rows),
         "rollout_idle": history[-1]["async/rollout_idle_frac"],
         "learner_idle": history[-1]["async/learner_idle_frac"],
     }

@@ -34,14 +34,14 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 __all__ = [
-    "BenchRun", "balance_of", "calibrated_epochs", "main", "overlap_slowdown", "pick_baseline",
+    "BenchRun", "balance_of", "calibrated_epochs", "finite_max", "main", "overlap_slowdown", "pick_baseline",
     "quickest_warmup_step", "summarize_run",
 ]  # fmt: skip
 
@@ -131,10 +131,18 @@ def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "staleness_hist": {str(s): n for s, n in sorted(hist.items()) if n},
         "dropped_stale": last.get("async/dropped_stale", 0.0) - (first.get("async/dropped_stale", 0.0) if first else 0.0),
         # NaN on a step where no background check completed (k >= 1): the worst of the others
-        "logprob_mismatch": max((m for r in rows if not math.isnan(m := r.get("async/logprob_mismatch", 0.0))),
-                                default=math.nan),
+        "logprob_mismatch": finite_max(r.get("async/logprob_mismatch", 0.0) for r in rows),
         "reward": mean("rewards/total"),
     }  # fmt: skip
+
+
+def finite_max(values: Iterable[float]) -> float:
+    """The largest value that is not NaN (NaN when there is none).
+
+    At ``k >= 1`` a step where no background sync check completed logs the mismatch as NaN, and
+    Python's ``max`` over a sequence that starts with NaN returns NaN.
+    """
+    return max((v for v in values if not math.isnan(v)), default=math.nan)
 
 
 def calibrated_epochs(rollout_side_s: float, learner_other_s: float, pass_s: float) -> int:
@@ -214,7 +222,7 @@ def quickest_warmup_step(records: list[dict[str, Any]]) -> dict[str, Any]:
     if not records:
         raise ValueError("quickest_warmup_step: no warm-up steps were recorded")
     steady = records[1:] or records
-    return min(steady, key=lambda r: r.get("async/learner_wait_s", 0.0) + r.get("async/load_s", 0.0))
+    return min(steady, key=lambda r: balance_of(r, 1)["rollout_side_s"])
 
 
 def pick_baseline(results: dict[str, dict[str, Any]]) -> str:
