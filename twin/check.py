@@ -34,7 +34,7 @@ def _fail(twin: Twin, what: str) -> TwinCheckError:
 
 
 def check_twin(twin_or_id: Twin | str, *, cases: int = 5, env_check: bool = True) -> None:
-    """Check a twin (or a registered id) against the contracts of DESIGN.md.
+    """Check a twin (or a registered id) against the twin contracts (docs/architecture.md).
 
     Args:
         twin_or_id: A :class:`twin.core.Twin` instance, or an id / name for :func:`twin.make_twin`.
