@@ -30,6 +30,8 @@ decides).
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +45,8 @@ from trainer.config import AlgorithmConfig, OptimConfig
 from twin.errors import ConfigError
 
 __all__ = ["Learner", "TrainBatch", "build_lora_model", "trainable_parameters"]
+
+log = logging.getLogger("twinrl.trainer")
 
 #: Rows that share a loss-free prefix: ``(prefix length, rows)`` per unit.
 _Units = list[tuple[int, list[int]]]
@@ -187,6 +191,8 @@ class Learner:
             self.params, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
         )
         self.version = 0  # optimizer steps taken (the policy version)
+        #: Updates dropped because their loss or gradient norm was not finite (whole run).
+        self.skipped_updates = 0
         self._split: tuple[Any, Any] | tuple[()] | None = None
 
     @property
@@ -455,7 +461,10 @@ class Learner:
             ``losses/ratio_mean``, ``policy/entropy``, ``policy/grad_norm``,
             ``policy/tis_weight``, ``policy/tis_capped_frac``, ``policy/logprob_mismatch`` (mean
             ``|learner - sampler|`` logprob on sampled tokens, before the update),
-            ``perf/learner_tokens_per_s``, ``perf/learner_s``.
+            ``perf/learner_tokens_per_s``, ``perf/learner_s``, ``optim/skipped_nonfinite``
+            (optimizer steps of this call dropped because their loss or gradient norm was NaN or
+            infinite: the weights and AdamW state stay as they were) and
+            ``optim/skipped_nonfinite_total`` (the same over the learner's life).
         """
         started = time.perf_counter()
         cfg = self.algorithm
@@ -488,6 +497,7 @@ class Learner:
         self.model.train()
         grad_norms: list[float] = []
         losses: list[float] = []
+        skipped = 0
         chunks = [rows_all[k::mini] for k in range(mini)]
         for chunk in chunks:
             n_tokens = sum(sum(batch.loss_mask[i]) for i in chunk)
@@ -550,7 +560,20 @@ class Learner:
             lr = self.optim_config.lr_at(self.version)  # a function of the version: resumes exactly
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            self.optimizer.step()
+            if math.isfinite(chunk_loss) and math.isfinite(float(norm)):
+                self.optimizer.step()
+            else:
+                # One NaN/inf (a bad advantage, an overflowing logit) would poison every weight
+                # and AdamW moment for good: drop the update, keep the weights, count it.
+                self.optimizer.zero_grad(set_to_none=True)
+                self.skipped_updates += 1
+                skipped += 1
+                log.warning(
+                    "learner: update %d skipped: loss %s, gradient norm %s (not finite); %d skipped so far",
+                    self.version, chunk_loss, float(norm), self.skipped_updates,
+                )
+            # The version advances either way: every update attempt names a new policy version
+            # (the sync protocol expects that); a skipped one has the previous weights.
             self.version += 1
         self.model.eval()
         elapsed = time.perf_counter() - started
@@ -558,6 +581,8 @@ class Learner:
         metrics["losses/loss"] = sum(losses) / len(losses)
         metrics["policy/grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["optim/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["optim/skipped_nonfinite"] = float(skipped)
+        metrics["optim/skipped_nonfinite_total"] = float(self.skipped_updates)
         total_tokens = sum(len(ids) for ids in batch.input_ids)
         metrics["perf/learner_tokens_per_s"] = total_tokens / elapsed if elapsed > 0 else 0.0
         metrics["perf/learner_s"] = elapsed
@@ -601,6 +626,7 @@ class Learner:
             "weights": self.trainable_state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
+            "skipped_updates": self.skipped_updates,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -608,6 +634,7 @@ class Learner:
         self.load_trainable_state_dict(state["weights"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self.skipped_updates = int(state.get("skipped_updates", 0))
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -197,3 +197,30 @@ def test_entropy_bonus_is_the_mean_token_entropy_over_the_loss_mask() -> None:
     for n in want:
         assert torch.allclose(got[n], want[n], atol=1e-6, rtol=1e-3), n
     assert any(float(g.abs().max()) > 0 for g in got.values())
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_a_nan_batch_is_skipped_and_leaves_the_weights_bit_identical(mini_batches: int) -> None:
+    model, _ = _model()
+    learner = _learner(model, optim={"mini_batches": mini_batches})
+    learner.step(_batch(seed=1))  # AdamW has moments now: a poisoned step would change them too
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    moments = {k: v.clone() for s in learner.optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)}
+    bad = _batch(seed=2)
+    bad.advantages[0] = float("nan")
+    if mini_batches > 1:
+        bad.advantages[1] = float("nan")  # rows 0 and 1 land in different mini-batches: both skip
+    metrics = learner.step(bad)
+    assert all(torch.equal(weights[n], p.detach()) for n, p in model.named_parameters())
+    after = {k: v for s in learner.optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)}
+    assert after.keys() == moments.keys() and all(torch.equal(moments[k], after[k]) for k in moments)
+    assert learner.skipped_updates == mini_batches
+    assert metrics["optim/skipped_nonfinite"] == mini_batches
+    assert metrics["optim/skipped_nonfinite_total"] == mini_batches
+    # the next finite batch updates as usual, and the counter survives a checkpoint
+    good = learner.step(_batch(seed=3))
+    assert good["optim/skipped_nonfinite"] == 0 and good["optim/skipped_nonfinite_total"] == mini_batches
+    assert any(not torch.equal(weights[n], p.detach()) for n, p in model.named_parameters())
+    other = _learner(_model()[0])
+    other.load_state_dict(learner.state_dict())
+    assert other.skipped_updates == mini_batches
