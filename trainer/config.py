@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from twin.errors import ConfigError
+from twin.yamlsafe import clip, load_yaml_file, load_yaml_text
 
 __all__ = [
     "AlgorithmConfig",
@@ -33,12 +34,15 @@ __all__ = [
     "TrainConfig",
     "TwinSection",
     "apply_overrides",
+    "check_devices",
     "load_recipe",
 ]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # No recipe number means anything as infinity or NaN (`lr: .inf` used to pass and kill the
+    # run inside torch.multinomial at its second step): every float must be finite.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class TwinSection(_Section):
@@ -184,11 +188,18 @@ class TrainConfig(_Section):
     log_episodes: int = Field(1, ge=0, description="Episodes printed per step in verbose mode (0 = none).")
 
 
+_DEVICE = r"^(cpu|cuda|cuda:\d+)$"
+
+
 class DevicesConfig(_Section):
     """Where rollout and learning run."""
 
-    rollout: str = Field("cpu", description="Device of the sampler, e.g. 'cpu' or 'cuda:0'.")
-    learner: str = Field("cpu", description="Device of the learner, e.g. 'cpu' or 'cuda:1'.")
+    rollout: str = Field(
+        "cpu", pattern=_DEVICE, description="Device of the sampler: 'cpu', 'cuda' or 'cuda:N'."
+    )
+    learner: str = Field(
+        "cpu", pattern=_DEVICE, description="Device of the learner: 'cpu', 'cuda' or 'cuda:N'."
+    )
     cpu_threads: int | None = Field(
         None, ge=1, description="torch CPU threads (null = torch's default; 1 is fastest for tiny "
         "models on a busy machine)."
@@ -306,10 +317,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
             raise ConfigError(f"override {item!r} has an empty key")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        value = load_yaml_text(raw, what=f"override {clip(repr(item))}") if raw.strip() else None
         # YAML 1.1 reads '1e-4' as a string; a float is what anyone typing it means.
         if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
             value = float(value)
@@ -355,10 +363,7 @@ def load_recipe(path: str | Path | dict[str, Any], overrides: list[str] | None =
     else:
         resolved = _resolve_path(path)
         source = str(resolved)
-        try:
-            data = yaml.safe_load(resolved.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"recipe {source}: not valid YAML ({exc})") from None
+        data = load_yaml_file(resolved, what="recipe") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {source}: expected a mapping at the top, got {type(data).__name__}")
     data = apply_overrides(_fix_floats(data), list(overrides or []))
@@ -366,9 +371,41 @@ def load_recipe(path: str | Path | dict[str, Any], overrides: list[str] | None =
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        shown = 5  # a bad list can fail once per element; the first few say what is wrong
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or '(recipe)'}: {e['msg']}"
-            + ("" if e["type"] == "missing" else f" (got {e.get('input')!r})")
-            for e in exc.errors(include_url=False)
+            + ("" if e["type"] == "missing" else f" (got {clip(repr(e.get('input')), 80)})")
+            for e in errors[:shown]
         )
-        raise ConfigError(f"recipe {source}: {problems}") from None
+        more = f"; and {len(errors) - shown} more" if len(errors) > shown else ""
+        raise ConfigError(f"recipe {source}: {problems}{more}") from None
+
+
+def check_devices(recipe: Recipe, *, visible_only: bool = False) -> None:
+    """Check that the recipe's CUDA devices exist on this machine.
+
+    Args:
+        recipe: The recipe.
+        visible_only: Only check indices when CUDA is visible (``twin plan`` plans for GPUs
+            that this machine may not have).
+
+    Raises:
+        ConfigError: a ``cuda`` device while no GPU is visible, or an index past the last GPU.
+    """
+    used = [("learner", recipe.devices.learner)]
+    if recipe.sampler.kind != "server":  # an external server's placement is its own
+        used.append(("rollout", recipe.devices.rollout))
+    wanted = [(role, dev) for role, dev in used if dev.startswith("cuda")]
+    if not wanted:
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for role, dev in wanted:
+        index = int(dev.partition(":")[2] or 0)
+        if count == 0 and not visible_only:
+            raise ConfigError(f"devices.{role} {dev!r}: no CUDA device is visible on this machine; use 'cpu'")
+        if count and index >= count:
+            have = "cuda:0" if count == 1 else f"cuda:0 .. cuda:{count - 1}"
+            raise ConfigError(f"devices.{role} {dev!r}: this machine has {count} CUDA device(s) ({have})")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from trainer.config import Recipe, apply_overrides, load_recipe
 from twin.errors import ConfigError
@@ -149,3 +152,101 @@ def test_linear_lr_decay() -> None:
     assert [round(o.lr_at(s), 6) for s in (0, 1, 2, 4, 9)] == [0.003, 0.0025, 0.002, 0.001, 0.001]
     with pytest.raises(ConfigError, match="lr_end"):
         load_recipe("toy-cpu", ["optim.lr_end=-1"])
+
+
+def _float_fields() -> list[tuple[str, str]]:
+    """``(dotted key, override value)`` for every float (or float pair) field of a recipe."""
+    out = []
+    for section, field in Recipe.model_fields.items():
+        model = field.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        for name, sub in model.model_fields.items():
+            if _has_float(sub.annotation):
+                pair = typing.get_origin(sub.annotation) is tuple
+                out.append((f"{field.alias or section}.{name}", "[0.9, {}]" if pair else "{}"))
+    return out
+
+
+def _has_float(annotation: object) -> bool:
+    return annotation is float or any(_has_float(a) for a in typing.get_args(annotation))
+
+
+@pytest.mark.parametrize("key,template", _float_fields(), ids=lambda v: v if "." in str(v) else "")
+@pytest.mark.parametrize("bad", [".inf", "-.inf", ".nan"])
+def test_every_recipe_float_must_be_finite(key: str, template: str, bad: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(key) + ".*finite number"):
+        load_recipe(BASE, [f"{key}={template.format(bad)}"])
+
+
+def test_float_fields_are_found() -> None:
+    keys = {k for k, _ in _float_fields()}
+    assert {"optim.lr", "optim.betas", "optim.grad_clip", "sampler.temperature", "algorithm.tis_cap"} <= keys
+
+
+BOMB = """twin: {name: Toy}
+seed: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+model: {path: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]}
+lora: {target_modules: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]}
+sampler: {base_url: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]}
+train: {output_dir: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]}
+devices: {learner: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]}
+async: {queue_size: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]}
+optim: {lr: [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]}
+"""
+
+
+def test_alias_bomb_is_refused_before_anything_walks_it(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)  # under 700 bytes; 10**9 values once its aliases are expanded
+    with pytest.raises(ConfigError, match=r"bomb\.yaml.*more than [\d,]+ nodes.*aliases") as info:
+        load_recipe(path)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 400
+
+
+def test_a_bad_value_is_quoted_briefly(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text(
+        "twin: {name: Toy, config: {x: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}}\n"
+        "model: {path: &b [*a, *a, *a, *a, *a, *a, *a, *a]}\n"
+        "lora: {target_modules: [*b, *b, *b, *b, *b, *b, *b, *b]}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    message = str(info.value)
+    assert "model.path" in message and "lora.target_modules.0" in message
+    assert "more" in message  # 8 bad list items and model.path: the first few are shown
+    assert len(message) < 1000 and "\n" not in message
+
+
+def test_binary_recipe_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "model.yaml"
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00\xf0\x9f\xff" * 20)
+    with pytest.raises(ConfigError, match=r"model\.yaml.*(not UTF-8|binary)"):
+        load_recipe(path)
+
+
+def test_devices_are_cpu_or_cuda() -> None:
+    for bad in ("gpu", "cuda:x", "cpu0", ""):
+        with pytest.raises(ConfigError, match=r"devices\.learner"):
+            load_recipe(BASE, [f"devices.learner={bad!r}"])
+    assert load_recipe(BASE, ["devices.learner=cuda:3"]).devices.learner == "cuda:3"
+
+
+def test_check_devices_refuses_gpus_this_machine_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from trainer.config import check_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_devices(load_recipe(BASE, ["devices.learner=cuda:1", "devices.rollout=cuda"]))
+    with pytest.raises(ConfigError, match=r"devices\.learner 'cuda:9': this machine has 2 CUDA device"):
+        check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]))
+    with pytest.raises(ConfigError, match=r"devices\.learner 'cuda:9'"):
+        check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match=r"devices\.rollout 'cuda:0': no CUDA device is visible"):
+        check_devices(load_recipe(BASE, ["devices.rollout=cuda:0"]))
+    check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True)  # planning for another box
