@@ -65,6 +65,7 @@ from trainer.config import Recipe
 # at import, not in the probe / load threads: an import compiles, and CPython 3.11's compiler is not
 # safe against a compile in another thread ("AST constructor recursion depth mismatch")
 from trainer.samplers import SamplerError
+from trainer.serving_http import auth_headers
 from trainer.workers import (
     AdapterSyncError,
     Lot,
@@ -111,7 +112,8 @@ class AdapterClient:
         self.timeout = timeout
 
     def _post(self, route: str, body: dict[str, Any]) -> httpx.Response:
-        with httpx.Client(transport=self.transport, timeout=self.timeout, verify=tls_context()) as client:
+        with httpx.Client(transport=self.transport, timeout=self.timeout, verify=tls_context(),
+                          headers=auth_headers()) as client:  # fmt: skip
             return client.post(f"{self.root}{route}", json=body)
 
     def load(self, name: str, path: str | Path) -> float:
@@ -166,6 +168,7 @@ def _make_server(cfg: Recipe, output_dir: Path) -> Any:
         return _Server(
             cfg.model.path, dtype=dtype, max_loras=cfg.async_.max_staleness + 3, served_model_name="base",
             device=device, threads=cfg.devices.cpu_threads, seed=cfg.seed, log_path=output_dir / "sampler.log",
+            adapter_root=output_dir,  # the learner writes every adapter under it
         )  # fmt: skip
     from trainer.models import resolve_model_path
     from trainer.vllm import VLLMServer
@@ -190,11 +193,14 @@ class AsyncTrainer:
     Args:
         cfg: The validated recipe (``lora.enabled: true``: new weights travel as adapters).
         resume: Continue from the newest checkpoint of ``cfg.train.output_dir``.
+        overwrite: Without ``resume``, delete the checkpoints an earlier run left in
+            ``cfg.train.output_dir`` (without it, :meth:`setup` refuses to start over them).
         on_step: Called with each step's metrics record.
     """
 
     def __init__(
-        self, cfg: Recipe, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None
+        self, cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if not cfg.lora.enabled:
             raise ConfigError(
@@ -203,6 +209,7 @@ class AsyncTrainer:
             )
         self.cfg = cfg
         self.resume = resume
+        self.overwrite = overwrite
         self.on_step = on_step
         self.output_dir = Path(cfg.train.output_dir)
         self.k = cfg.async_.max_staleness
@@ -242,7 +249,8 @@ class AsyncTrainer:
         """Learner, checkpoint, metrics, store; then the worker process and the sampler server."""
         import multiprocessing
 
-        from trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
+        from trainer.checkpoint import load_checkpoint, prepare_output_dir, restore_rng
+        from trainer.config import check_devices
         from trainer.learner import Learner, build_lora_model
         from trainer.metrics import MetricsLogger
         from trainer.models import load_model
@@ -250,6 +258,11 @@ class AsyncTrainer:
         from twin.registry import make_twin
 
         cfg = self.cfg
+        check_devices(cfg)
+        # before the model loads: a refused output folder should cost nothing
+        checkpoint = prepare_output_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
+        if self.resume and checkpoint is None:
+            log.warning("--resume: no checkpoint in %s; starting a fresh run", self.output_dir)
         # TRY NOT TO MODIFY: seeding, threads, the twin
         seed_everything(cfg.seed)
         # threads, and with devices.cpu_affinity: auto this process's cores (before the children start)
@@ -270,11 +283,6 @@ class AsyncTrainer:
             max_tokens=cfg.sampler.max_episode_tokens,
         )  # fmt: skip
 
-        checkpoint = latest_checkpoint(self.output_dir) if self.resume else None
-        if self.resume and checkpoint is None:
-            log.warning("--resume: no checkpoint in %s; starting a fresh run", self.output_dir)
-        if checkpoint is None:  # a fresh run must never resume from an older run's checkpoints
-            shutil.rmtree(self.output_dir / "checkpoints", ignore_errors=True)
         # Adapters are re-saved from the learner (a killed run may have left one half written).
         shutil.rmtree(self.output_dir / "adapters", ignore_errors=True)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -523,7 +531,8 @@ class AsyncTrainer:
         name = adapter_name(version)
         body = {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 1}
         try:
-            with httpx.Client(transport=self._probe_transport, timeout=300, verify=tls_context()) as client:
+            with httpx.Client(transport=self._probe_transport, timeout=300, verify=tls_context(),
+                              headers=auth_headers()) as client:  # fmt: skip
                 response = client.post(f"{self.adapters.root}/v1/completions", json=body)
         except httpx.HTTPError as exc:
             raise SamplerError(f"sync probe of {name}: sampler unreachable ({type(exc).__name__}: {exc})") from exc

@@ -40,11 +40,12 @@ import torch
 
 from trainer import algorithms as algo
 from trainer.cases import draw_cases
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
-from trainer.config import Recipe
+from trainer.checkpoint import load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
+from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, plot_rewards
 from trainer.rollouts import RolloutSettings, collect_groups, episode_tokens
+from trainer.serving_http import auth_headers
 from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.http import tls_context
@@ -133,14 +134,18 @@ class GRPORecipe:
         cfg: The validated recipe.
         resume: Continue from the newest checkpoint in ``cfg.train.output_dir`` (starts fresh,
             with a warning, when there is none).
+        overwrite: Without ``resume``, delete the checkpoints an earlier run left in
+            ``cfg.train.output_dir`` (without it, :meth:`setup` refuses to start over them).
         on_step: Called with each step's metrics record (the CLI's progress display).
     """
 
     def __init__(
-        self, cfg: Recipe, *, resume: bool = False, on_step: Callable[[dict[str, Any]], None] | None = None
+        self, cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.resume = resume
+        self.overwrite = overwrite
         self.on_step = on_step
         self.output_dir = Path(cfg.train.output_dir)
         self.step = 0  # steps completed
@@ -156,6 +161,11 @@ class GRPORecipe:
     def setup(self) -> None:
         """Seed, build the twin, model, learner, sampler, metrics and store; restore a checkpoint."""
         cfg = self.cfg
+        check_devices(cfg)
+        # before the model loads: a refused output folder should cost nothing
+        checkpoint = prepare_output_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
+        if self.resume and checkpoint is None:
+            log.warning("--resume: no checkpoint in %s; starting a fresh run", self.output_dir)
         # TRY NOT TO MODIFY: seeding and threads
         seed_everything(cfg.seed)
         if cfg.devices.cpu_threads:
@@ -195,12 +205,6 @@ class GRPORecipe:
             policy_name=f"{cfg.model.path}",
         )
 
-        checkpoint = latest_checkpoint(self.output_dir) if self.resume else None
-        if self.resume and checkpoint is None:
-            log.warning("--resume: no checkpoint in %s; starting a fresh run", self.output_dir)
-        if checkpoint is None and (self.output_dir / "checkpoints").exists():
-            # A fresh run must never resume from an older run's checkpoints later.
-            shutil.rmtree(self.output_dir / "checkpoints")
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "recipe.yaml").write_text(cfg.to_yaml())
         if checkpoint is not None:
@@ -255,7 +259,7 @@ class GRPORecipe:
 
             try:
                 models = httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=30,
-                                   verify=tls_context()).json()
+                                   verify=tls_context(), headers=auth_headers()).json()
                 name = models["data"][0]["id"]
             except Exception as exc:  # noqa: BLE001 - say which server failed and how
                 raise ConfigError(f"sampler server {base_url} did not list its models ({exc}); is it running?") from None
@@ -274,7 +278,7 @@ class GRPORecipe:
         root = sampler.base_url.removesuffix("/v1")
         response = httpx.post(
             f"{root}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=120,
-            verify=tls_context(),
+            verify=tls_context(), headers=auth_headers(),
         )
         if response.status_code != 200:
             raise ConfigError(
@@ -284,7 +288,8 @@ class GRPORecipe:
         previous, self._adapter_name = self._adapter_name, name
         sampler.model_name = name
         if previous is not None:
-            httpx.post(f"{root}/v1/unload_lora_adapter", json={"lora_name": previous}, timeout=30, verify=tls_context())
+            httpx.post(f"{root}/v1/unload_lora_adapter", json={"lora_name": previous}, timeout=30, verify=tls_context(),
+                       headers=auth_headers())
             shutil.rmtree(self.output_dir / "adapters" / previous, ignore_errors=True)
         return time.perf_counter() - started
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 
+import numpy as np
 import pytest
+import torch
 
 from envs.toy import ToyTwin
 from envs.toy.twin import closeness, prefix
 from rewards import Reward
-from trainer.checkpoint import latest_checkpoint
+from trainer.checkpoint import capture_rng, latest_checkpoint, load_checkpoint, prepare_output_dir, restore_rng
 from trainer.config import load_recipe
 from trainer.metrics import read_metrics
 from trainer.recipe import GRPORecipe
+from twin.errors import ConfigError
 from twin.registry import register, registry
 
 
@@ -85,10 +90,70 @@ def test_resume_matches_uninterrupted(tmp_path, lora: bool) -> None:
     assert all(r["policy/grad_norm"] > 0 for r in full)
 
 
-def test_fresh_run_clears_old_checkpoints(tmp_path) -> None:
+def test_fresh_run_refuses_old_checkpoints_unless_overwrite(tmp_path) -> None:
     _run(_cfg(tmp_path / "c", 2, False))
-    assert latest_checkpoint(tmp_path / "c") is not None
-    recipe = GRPORecipe(_cfg(tmp_path / "c", 1, False), resume=False)
+    first = latest_checkpoint(tmp_path / "c")
+    assert first is not None
+    with pytest.raises(ConfigError, match=r"already holds checkpoints \(latest: step-000002\).*--resume.*--overwrite"):
+        GRPORecipe(_cfg(tmp_path / "c", 1, False)).setup()
+    assert latest_checkpoint(tmp_path / "c") == first  # nothing was deleted
+    recipe = GRPORecipe(_cfg(tmp_path / "c", 1, False), overwrite=True)
     recipe.setup()
     recipe.cleanup()
     assert latest_checkpoint(tmp_path / "c") is None
+
+
+@pytest.mark.parametrize("runner", ["sync", "async"])
+def test_both_runners_refuse_to_start_over_checkpoints(tmp_path, runner: str) -> None:
+    from trainer.orchestrator import AsyncTrainer
+
+    cfg = load_recipe("toy-cpu", [f"train.output_dir={tmp_path}", "lora.enabled=true", "train.store=false"])
+    checkpoint = tmp_path / "checkpoints" / "step-000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.pt").write_bytes(b"from an earlier run")
+    cls = GRPORecipe if runner == "sync" else AsyncTrainer
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        cls(cfg).setup()  # refused before any model, worker or server is started
+    assert (checkpoint / "trainer_state.pt").read_bytes() == b"from an earlier run"
+
+
+def test_output_dir_that_is_a_file_is_a_clear_error(tmp_path) -> None:
+    (tmp_path / "out").write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"train\.output_dir .*out' is a file"):
+        prepare_output_dir(tmp_path / "out", resume=False, overwrite=True)
+
+
+class _Payload:
+    """What a hostile trainer_state.pt could hold: unpickling it would create a file."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.mkdir, (self.target,))
+
+
+def test_resume_never_unpickles_objects(tmp_path) -> None:
+    checkpoint = tmp_path / "checkpoints" / "step-000001"
+    checkpoint.mkdir(parents=True)
+    target = tmp_path / "pwned"
+    torch.save({"step": 1, "rng": _Payload(str(target))}, checkpoint / "trainer_state.pt")
+    with pytest.raises(ConfigError, match=r"unsafe \(pickle\) loading"):
+        load_checkpoint(checkpoint)
+    assert not target.exists()
+    # a checkpoint of an older twinrl (numpy's RNG state as an array) is refused the same way
+    torch.save({"step": 1, "rng": {"numpy": np.random.get_state()}}, checkpoint / "trainer_state.pt")
+    with pytest.raises(ConfigError, match="older twinrl"):
+        load_checkpoint(checkpoint)
+
+
+def test_rng_state_round_trips_through_a_weights_only_file(tmp_path) -> None:
+    np.random.seed(3)
+    random.seed(3)
+    torch.manual_seed(3)
+    np.random.standard_normal()  # numpy caches a gaussian: that state must survive too
+    state = capture_rng()
+    torch.save(state, tmp_path / "rng.pt")
+    expected = (np.random.standard_normal(3).tolist(), random.random(), torch.rand(2).tolist())
+    restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert (np.random.standard_normal(3).tolist(), random.random(), torch.rand(2).tolist()) == expected
