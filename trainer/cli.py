@@ -1,4 +1,4 @@
-"""``twin train RECIPE [--set key=value ...] [--resume]``: run a recipe with a progress display.
+"""``twin train RECIPE [--set key=value ...] [--resume | --overwrite]``: run a recipe with a progress display.
 
 ``twin/cli.py`` calls :func:`train`; it can also be called directly (tests do)::
 
@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from twin.errors import TwinError
@@ -25,28 +26,46 @@ def _fmt(record: dict[str, Any], key: str, spec: str = ".3f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
-def train(recipe: str, overrides: list[str] | None = None, resume: bool = False, *, console: Console | None = None) -> int:
+def _error(console: Console, exc: BaseException) -> int:
+    """Print ``exc`` as one ``error:`` line (no markup read from it, no wrapping); return 2."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    console.print(f"[red]error:[/red] {escape(text)}", soft_wrap=True)
+    return 2
+
+
+def train(
+    recipe: str,
+    overrides: list[str] | None = None,
+    resume: bool = False,
+    *,
+    overwrite: bool = False,
+    console: Console | None = None,
+) -> int:
     """Load a recipe, train, and print a rising reward; return a process exit code.
 
     Args:
         recipe: A recipe YAML path or the name of a shipped recipe (``toy-cpu``).
         overrides: ``section.key=value`` overrides.
         resume: Continue from the newest checkpoint of the run's output folder.
+        overwrite: Start a fresh run even though the output folder holds checkpoints (they are
+            deleted); without it such a run is refused.
         console: Where to print (default: stderr-aware rich console on stdout).
 
     Returns:
         0 on success, 2 for a bad recipe or setup error, 130 when interrupted.
     """
-    from trainer.config import load_recipe
+    from trainer.config import check_devices, load_recipe
     from trainer.recipe import GRPORecipe
 
     console = console or Console()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if resume and overwrite:
+        return _error(console, TwinError("give --resume (continue the run) or --overwrite (start over), not both"))
     try:
         cfg = load_recipe(recipe, list(overrides or []))
+        check_devices(cfg)
     except TwinError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+        return _error(console, exc)
     console.print(
         f"[bold]twin train[/bold] {recipe}: twin {cfg.twin.name}, model {cfg.model.path}, "
         f"{cfg.algorithm.groups_per_step} groups x {cfg.algorithm.group_size} per step, "
@@ -88,10 +107,9 @@ def train(recipe: str, overrides: list[str] | None = None, resume: bool = False,
 
             recipe_class = AsyncTrainer
         try:
-            runner = recipe_class(cfg, resume=resume, on_step=on_step)
+            runner = recipe_class(cfg, resume=resume, overwrite=overwrite, on_step=on_step)
         except TwinError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            return 2
+            return _error(console, exc)
         try:
             runner.setup()
             progress.update(task, completed=runner.step, info="sampling")
@@ -100,9 +118,8 @@ def train(recipe: str, overrides: list[str] | None = None, resume: bool = False,
             console.print("[yellow]interrupted[/yellow]; continue with --resume from the last checkpoint")
             runner.cleanup()
             return 130
-        except TwinError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            return 2
+        except (TwinError, OSError) as exc:  # OSError: an output folder that cannot be written
+            return _error(console, exc)
         plot = runner.cleanup()
     elapsed = time.perf_counter() - started
     if history:

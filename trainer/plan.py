@@ -36,6 +36,7 @@ __all__ = [
     "Component",
     "DevicePlan",
     "ModelDims",
+    "check_runnable",
     "lora_parameters",
     "main",
     "model_dims",
@@ -510,6 +511,24 @@ def _load(recipe: Any) -> Any:
     return load_recipe(recipe)
 
 
+def check_runnable(recipe: Any) -> None:
+    """What ``twin train`` would stop at before using any memory: the twin, its config, the
+    devices (indices checked when CUDA is visible) and the output folder.
+
+    Raises:
+        UnknownTwinError: ``twin.name`` is not registered.
+        ConfigError: a bad ``twin.config``, a GPU this machine lacks, an output folder that is a file.
+    """
+    from trainer.config import check_devices
+    from twin.registry import make_twin
+
+    make_twin(recipe.twin.name, **recipe.twin.config)  # validates the config; the world is built lazily
+    check_devices(recipe, visible_only=True)
+    out = Path(recipe.train.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)")
+
+
 def main(
     recipe: Any,
     gpu_memory_gb: float = 96.0,
@@ -517,6 +536,10 @@ def main(
     vllm_utilization: float = 0.9,
 ) -> int:
     """Print the per-device memory plan of ``recipe``; return 0 when every device fits, else 1.
+
+    Raises:
+        TwinError: the recipe does not load, or :func:`check_runnable` finds a problem (the
+            ``twin`` command prints it on one line and exits 2).
 
     Args:
         recipe: A recipe path, a shipped recipe name, a dict, or a ``Recipe``.
@@ -528,6 +551,7 @@ def main(
     from rich.table import Table
 
     loaded = _load(recipe)
+    check_runnable(loaded)
     plans = plan_recipe(
         loaded,
         gpu_memory_gb=gpu_memory_gb,
