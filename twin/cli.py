@@ -761,10 +761,16 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest checkpoint.")
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Start over in an output folder that holds checkpoints (deletes them)."
+        ),
+    ] = False,
 ) -> None:
     """Train a policy with GRPO from a recipe (trainer.cli.train)."""
     fn = _target("trainer.cli:train", "train")
-    _call(fn, recipe, list(overrides or []), resume)
+    _call(fn, recipe, list(overrides or []), resume, overwrite=overwrite)
 
 
 @app.command(context_settings=_EXTRA)
