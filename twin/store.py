@@ -17,14 +17,29 @@ step) and ``metrics`` (one row per training step, a JSON dict of named values).
 Every write is its own transaction, committed before the call returns: a run killed at any
 point loses nothing that a returned call wrote. SQLite runs in WAL mode so that ``twin runs``
 can read while a trainer writes.
+
+Liveness: a run records the process that writes it (pid and host) and a heartbeat, refreshed by
+a daemon thread of the writing :class:`RunStore` (every ``heartbeat_s`` seconds) and by each
+write. A ``running`` run whose process is gone (same host) or whose heartbeat is older than
+``stale_after_s`` reads back as ``interrupted``: a run killed with ``-9`` does not stay
+``running`` forever. Writing to an interrupted run (a resumed trainer) takes it over again.
+:meth:`RunStore.track_run` wraps a run's whole lifecycle::
+
+    with store.track_run("eval", twin="Returns", policy="random") as run:
+        run.add_episodes(trajectories)
+        run.metrics = summarize(groups)     # finished with these; failed if the block raises
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import logging
 import os
-from collections.abc import Iterable
+import socket
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,21 +55,42 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
+    text,
+    update,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DatabaseError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from twin.errors import ConfigError, TwinError
 from twin.trajectory import Trajectory
 
-__all__ = ["DEFAULT_STORE", "RUN_KINDS", "RunInfo", "RunNotFoundError", "RunStore", "resolve_url"]
+__all__ = [
+    "DEFAULT_STORE",
+    "RUN_KINDS",
+    "RUN_STATUSES",
+    "RunHandle",
+    "RunInfo",
+    "RunNotFoundError",
+    "RunStore",
+    "resolve_url",
+]
+
+log = logging.getLogger(__name__)
 
 #: Where the store lives unless ``url`` or ``$TWINRL_STORE`` says otherwise.
 DEFAULT_STORE = "runs/twinrl.db"
 #: The kinds of run the store records.
 RUN_KINDS = ("eval", "train", "demo", "bench")
+#: Statuses a run reads back with (``interrupted``: ``running`` but its process is gone).
+RUN_STATUSES = ("running", "finished", "failed", "interrupted")
+#: Seconds between heartbeats of a running run.
+HEARTBEAT_S = 20.0
+#: A running run whose heartbeat is older than this reads back as ``interrupted``.
+STALE_AFTER_S = 120.0
+_HOST = socket.gethostname()
 
 
 class RunNotFoundError(TwinError, KeyError):
@@ -84,6 +120,14 @@ class _Run(_Base):
     started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Liveness (added after the first release: _migrate adds them to older stores).
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+#: Columns of ``runs`` that older stores lack, with their SQL types.
+_ADDED_RUN_COLUMNS = {"pid": "INTEGER", "host": "VARCHAR(255)", "heartbeat_at": "TIMESTAMP"}
 
 
 class _Episode(_Base):
@@ -125,12 +169,16 @@ class RunInfo:
         twin: Twin name.
         policy: Policy spec or name.
         config: The run's configuration (CLI options, recipe).
-        status: ``running``, ``finished`` or ``failed`` (a killed run stays ``running``).
+        status: ``running``, ``finished``, ``failed`` or ``interrupted`` (stored as
+            ``running`` but its process is gone or its heartbeat is stale; or ended by Ctrl-C).
         started_at: UTC start time.
         finished_at: UTC end time, None while running.
         metrics: The summary written by :meth:`RunStore.finish_run`.
         episodes: Episodes stored for the run.
         reward_mean: Mean reward over the stored, scored episodes (None when there are none).
+        pid: Process id of the run's writer (None in stores older than liveness).
+        host: Host name of the run's writer.
+        heartbeat_at: UTC time of the writer's last sign of life.
     """
 
     id: int
@@ -144,6 +192,38 @@ class RunInfo:
     metrics: dict[str, Any] | None = None
     episodes: int = 0
     reward_mean: float | None = None
+    pid: int | None = None
+    host: str | None = None
+    heartbeat_at: dt.datetime | None = None
+
+
+@dataclass
+class RunHandle:
+    """The run of a :meth:`RunStore.track_run` block: write to it, set how it ends.
+
+    Attributes:
+        store: The store.
+        id: The run id.
+        metrics: Summary stored when the block ends (set it inside the block).
+        status: Status stored when the block ends without an exception (default ``finished``).
+    """
+
+    store: RunStore
+    id: int
+    metrics: dict[str, Any] | None = None
+    status: str = "finished"
+
+    def add_episodes(self, trajectories: Iterable[Trajectory], step: int | None = None) -> int:
+        """:meth:`RunStore.add_episodes` for this run."""
+        return self.store.add_episodes(self.id, trajectories, step=step)
+
+    def log_metrics(self, step: int, values: dict[str, Any]) -> None:
+        """:meth:`RunStore.log_metrics` for this run."""
+        self.store.log_metrics(self.id, step, values)
+
+    def count_episodes(self) -> int:
+        """Episodes stored so far."""
+        return self.store.count_episodes(self.id)
 
 
 def resolve_url(url: str | os.PathLike[str] | None = None) -> str:
@@ -180,12 +260,33 @@ class RunStore:
         url: A SQLAlchemy URL (``sqlite:///runs/x.db``, ``postgresql+psycopg://...``) or a file
             path (opened as SQLite). None: ``$TWINRL_STORE`` or ``runs/twinrl.db``.
         echo: Log SQL statements (debugging).
+        heartbeat_s: Seconds between heartbeats of the runs this store writes.
+        stale_after_s: A running run silent for longer reads back as ``interrupted``.
 
     Raises:
-        ConfigError: the URL cannot be parsed or its driver is not installed.
+        ConfigError: the URL cannot be parsed, its driver is not installed, or the file is not
+            a database.
     """
 
-    def __init__(self, url: str | os.PathLike[str] | None = None, *, echo: bool = False) -> None:
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | None = None,
+        *,
+        echo: bool = False,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after_s: float = STALE_AFTER_S,
+    ) -> None:
+        if not 0 < heartbeat_s < stale_after_s:
+            raise ConfigError(
+                f"need 0 < heartbeat_s < stale_after_s, got {heartbeat_s} and {stale_after_s}"
+            )
+        self.heartbeat_s = float(heartbeat_s)
+        self.stale_after_s = float(stale_after_s)
+        self._beating: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._thread_pid = 0
         self.url = resolve_url(url)
         try:
             parsed = make_url(self.url)
@@ -202,7 +303,15 @@ class RunStore:
             raise ConfigError(f"cannot open run store {self.url!r}: {exc}") from None
         if parsed.get_backend_name() == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        _Base.metadata.create_all(self.engine)
+        try:
+            _create_schema(self.engine)
+        except DatabaseError as exc:
+            self.engine.dispose()
+            reason = str(getattr(exc, "orig", exc) or exc).splitlines()[0]
+            raise ConfigError(
+                f"cannot use {self.url!r} as a run store: {reason}; give a new or existing "
+                "run-store file (e.g. runs/twinrl.db) or a database URL"
+            ) from None
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
     # -- runs ----------------------------------------------------------------------------------
@@ -233,21 +342,69 @@ class RunStore:
                 policy=policy,
                 config=_jsonable(config or {}),
                 status="running",
+                pid=os.getpid(),
+                host=_HOST,
+                heartbeat_at=_now(),
             )
             session.add(row)
             session.flush()
-            return row.id
+            run_id = row.id
+        self._beat_for(run_id)
+        return run_id
 
     def finish_run(
         self, run_id: int, metrics: dict[str, Any] | None = None, status: str = "finished"
     ) -> None:
-        """Mark a run finished (or ``failed``) and store its summary metrics."""
+        """Mark a run finished (or ``failed`` / ``interrupted``) and store its summary metrics.
+
+        Raises:
+            ConfigError: a status that is not one of :data:`RUN_STATUSES` (or is ``running``).
+        """
+        if status not in RUN_STATUSES or status == "running":
+            allowed = ", ".join(s for s in RUN_STATUSES if s != "running")
+            raise ConfigError(f"a run finishes as one of {allowed}; got {status!r}")
+        with self._lock:
+            self._beating.discard(run_id)
         with self._session.begin() as session:
             row = self._get_run(session, run_id)
             row.status = status
             row.finished_at = _now()
+            row.heartbeat_at = row.finished_at
             if metrics is not None:
                 row.metrics = _jsonable(metrics)
+
+    @contextlib.contextmanager
+    def track_run(
+        self, kind: str, twin: str, policy: str, config: dict[str, Any] | None = None
+    ) -> Iterator[RunHandle]:
+        """Start a run, yield its :class:`RunHandle`, and finish it however the block ends.
+
+        A block that returns finishes the run with ``handle.status`` (``finished``) and
+        ``handle.metrics``; Ctrl-C (KeyboardInterrupt) stores ``interrupted``, any other
+        exception ``failed``; the exception propagates. Episodes written before stay.
+        """
+        handle = RunHandle(self, self.start_run(kind, twin, policy, config))
+        try:
+            yield handle
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            try:
+                self.finish_run(handle.id, handle.metrics, status=status)
+            except Exception as store_exc:  # noqa: BLE001 - keep the block's own error
+                log.warning("run store: could not mark run %s %s: %s", handle.id, status, store_exc)
+            raise
+        self.finish_run(handle.id, handle.metrics, status=handle.status)
+
+    def claim_run(self, run_id: int) -> None:
+        """Make this process the writer of a ``running`` (possibly interrupted) run, e.g. on
+        resume: its heartbeat starts again. Writes to a run do this by themselves.
+
+        Raises:
+            RunNotFoundError: no such run.
+        """
+        with self._session.begin() as session:
+            self._touch(self._get_run(session, run_id))
+        self._beat_for(run_id)
 
     def run(self, run_id: int) -> RunInfo:
         """The run ``run_id`` with its episode count and mean reward.
@@ -262,7 +419,7 @@ class RunStore:
                     _Episode.run_id == run_id
                 )
             ).one()
-            return _info(row, count, mean)
+            return self._info(row, count, mean)
 
     def runs(
         self, limit: int | None = 50, *, kind: str | None = None, twin: str | None = None
@@ -289,7 +446,7 @@ class RunStore:
                 query = query.where(_Run.twin == twin)
             if limit is not None:
                 query = query.limit(limit)
-            return [_info(row, n or 0, mean) for row, n, mean in session.execute(query).all()]
+            return [self._info(row, n or 0, mean) for row, n, mean in session.execute(query).all()]
 
     # -- episodes ------------------------------------------------------------------------------
     def add_episodes(
@@ -322,8 +479,10 @@ class RunStore:
             for t in trajectories
         ]
         with self._session.begin() as session:
-            self._get_run(session, run_id)
+            claimed = self._touch(self._get_run(session, run_id))
             session.add_all(rows)
+        if claimed:
+            self._beat_for(run_id)
         return len(rows)
 
     def episodes(
@@ -362,8 +521,10 @@ class RunStore:
     def log_metrics(self, run_id: int, step: int, values: dict[str, Any]) -> None:
         """Store the named metrics of one training step (e.g. ``{"rewards/total": 0.4}``)."""
         with self._session.begin() as session:
-            self._get_run(session, run_id)
+            claimed = self._touch(self._get_run(session, run_id))
             session.add(_Metric(run_id=run_id, step=step, values=_jsonable(values)))
+        if claimed:
+            self._beat_for(run_id)
 
     def metrics(self, run_id: int) -> list[tuple[int, dict[str, Any]]]:
         """The logged ``(step, values)`` of run ``run_id``, in logging order."""
@@ -377,8 +538,70 @@ class RunStore:
 
     # -- plumbing ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Release the database connections."""
+        """Stop the heartbeat and release the database connections."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+        self._thread = None
         self.engine.dispose()
+
+    def _touch(self, row: _Run) -> bool:
+        """A write's sign of life: refresh the heartbeat; take over a running run written by
+        another (gone) process. True when the run is one this store should keep beating for."""
+        if row.status != "running":
+            return False
+        row.heartbeat_at = _now()
+        row.pid, row.host = os.getpid(), _HOST
+        return True
+
+    def _beat_for(self, run_id: int) -> None:
+        with self._lock:
+            self._beating.add(run_id)
+            alive = self._thread is not None and self._thread.is_alive()
+            # A forked child inherits the object but not the thread.
+            if alive and self._thread_pid == os.getpid():
+                return
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=self._heartbeat_loop,
+                args=(self._stop,),
+                name=f"twinrl-store-heartbeat-{id(self):x}",
+                daemon=True,
+            )
+            self._thread_pid = os.getpid()
+            self._thread.start()
+
+    def _heartbeat_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat_s):
+            with self._lock:
+                ids = sorted(self._beating)
+            if not ids:
+                continue
+            try:
+                with self._session.begin() as session:
+                    session.execute(
+                        update(_Run)
+                        .where(_Run.id.in_(ids), _Run.status == "running")
+                        .values(heartbeat_at=_now(), pid=os.getpid(), host=_HOST)
+                    )
+            except Exception as exc:  # noqa: BLE001 - a missed beat is retried next time
+                log.warning("run store heartbeat failed (%s); retrying", exc)
+
+    def _alive(self, row: _Run) -> bool:
+        """Whether the writer of a ``running`` row still lives."""
+        if row.pid is not None and row.host == _HOST and not _pid_alive(row.pid):
+            return False
+        last = row.heartbeat_at or row.started_at
+        if last is None:
+            return True
+        return (_now() - last).total_seconds() <= self.stale_after_s
+
+    def _info(self, row: _Run, count: int, mean: float | None) -> RunInfo:
+        info = _info(row, count, mean)
+        if info.status == "running" and not self._alive(row):
+            info.status = "interrupted"
+        return info
 
     def __enter__(self) -> RunStore:
         return self
@@ -401,12 +624,60 @@ class RunStore:
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    # WAL: readers (`twin runs`) never block the writer; a killed process loses only
-    # uncommitted transactions. busy_timeout: concurrent writers wait instead of failing.
-    cursor.execute("PRAGMA journal_mode=WAL")
+    # busy_timeout first: concurrent writers (and a concurrent switch to WAL) wait instead of
+    # failing. WAL: readers (`twin runs`) never block the writer; a killed process loses only
+    # uncommitted transactions.
     cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _is_schema_race(exc: DatabaseError) -> bool:
+    """A concurrent writer created the table, index or column first."""
+    text_ = str(getattr(exc, "orig", exc)).lower()
+    return "already exists" in text_ or "duplicate column" in text_
+
+
+def _create_schema(engine: Engine, attempts: int = 5) -> None:
+    """Create the tables and add missing columns; safe when several processes do it at once.
+
+    ``create_all`` checks, then creates: two processes on a fresh store both see no table and
+    the second fails with ``table ... already exists``. Losing that race just means the schema
+    is there now, so check again (a few times: several objects are created one by one).
+    """
+    for attempt in range(attempts):
+        try:
+            _Base.metadata.create_all(engine)
+            _migrate(engine)
+            return
+        except DatabaseError as exc:
+            if not _is_schema_race(exc) or attempt == attempts - 1:
+                raise
+
+
+def _migrate(engine: Engine) -> None:
+    """Add the ``runs`` columns that stores made before them lack."""
+    have = {c["name"] for c in inspect(engine).get_columns("runs")}
+    for name, sql_type in _ADDED_RUN_COLUMNS.items():
+        if name not in have:
+            with engine.begin() as conn:
+                conn.execute(text(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}"))
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (signal 0 checks without sending)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return True
+    return True
 
 
 def _info(row: _Run, count: int, mean: float | None) -> RunInfo:
@@ -422,4 +693,7 @@ def _info(row: _Run, count: int, mean: float | None) -> RunInfo:
         metrics=row.metrics,
         episodes=int(count),
         reward_mean=None if mean is None else float(mean),
+        pid=row.pid,
+        host=row.host,
+        heartbeat_at=row.heartbeat_at,
     )

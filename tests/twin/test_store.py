@@ -190,13 +190,15 @@ def test_sigkill_loses_nothing_committed(tmp_path):
                 break
             committed = int(line)
         assert committed >= 5, "the writer did not commit 5 batches"
+        assert RunStore(db).runs()[0].status == "running"  # its writer is alive
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     store = RunStore(db)
     (run,) = store.runs()
-    assert run.status == "running"  # killed: never finished
+    # killed: never finished, and its process is gone
+    assert run.status == "interrupted" and run.pid == proc.pid
     trajs = store.episodes(run.id)
     # every batch the writer reported is there, whole (batches are transactions: multiples of 10)
     assert len(trajs) >= committed * 10 and len(trajs) % 10 == 0
@@ -228,7 +230,152 @@ def test_threads_share_one_store(store):
     assert store.count_episodes(run) == 60 and len(store.metrics(run)) == 60
 
 
-@pytest.mark.parametrize("module", ["twin.store", "twin.rollout", "twin.policies", "twin.cli"])
+def _set_run(store: RunStore, run_id: int, **values) -> None:
+    """Rewrite a run's liveness columns, as another process (or host) would have left them."""
+    from sqlalchemy import update
+
+    from twin.store import _Run
+
+    with store.engine.begin() as conn:
+        conn.execute(update(_Run).where(_Run.id == run_id).values(**values))
+
+
+def test_stale_heartbeat_reads_interrupted_and_a_write_takes_the_run_over(tmp_path):
+    import datetime as dt
+
+    store = RunStore(tmp_path / "hb.db")
+    run = store.start_run("train", "x", "y")
+    info = store.run(run)
+    assert info.status == "running" and info.pid == os.getpid() and info.heartbeat_at is not None
+    long_ago = info.heartbeat_at - dt.timedelta(hours=1)
+    # a writer on another host that went silent an hour ago
+    _set_run(store, run, host="elsewhere", pid=1, heartbeat_at=long_ago)
+    assert store.run(run).status == "interrupted"
+    assert [r.status for r in store.runs()] == ["interrupted"]
+    # ... one that beat recently is still running
+    _set_run(store, run, heartbeat_at=info.heartbeat_at)
+    assert store.run(run).status == "running"
+    # a resumed trainer writes to it: the run is this process's again
+    _set_run(store, run, heartbeat_at=long_ago)
+    store.log_metrics(run, 0, {"a": 1.0})
+    again = store.run(run)
+    assert again.status == "running" and again.pid == os.getpid() and again.host != "elsewhere"
+    store.finish_run(run)
+    _set_run(store, run, heartbeat_at=long_ago)
+    assert store.run(run).status == "finished"  # only running runs can be interrupted
+    with pytest.raises(ConfigError, match="finishes as one of"):
+        store.finish_run(run, status="running")
+    store.close()
+
+
+def test_the_heartbeat_thread_keeps_a_quiet_run_alive(tmp_path):
+    import datetime as dt
+
+    store = RunStore(tmp_path / "beat.db", heartbeat_s=0.05, stale_after_s=60)
+    run = store.start_run("train", "x", "y")
+    old = store.run(run).heartbeat_at - dt.timedelta(hours=1)
+    _set_run(store, run, heartbeat_at=old)
+    deadline = time.monotonic() + 30
+    while store.run(run).heartbeat_at == old and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.run(run).heartbeat_at > old and store.run(run).status == "running"
+    store.close()
+
+
+def test_track_run_finishes_fails_or_interrupts(store):
+    with store.track_run("eval", "x", "y", {"n": 1}) as run:
+        run.add_episodes([_traj(0)])
+        run.metrics = {"reward_mean": 0.5}
+    done = store.run(run.id)
+    assert done.status == "finished" and done.metrics == {"reward_mean": 0.5}
+    assert done.episodes == 1
+    with pytest.raises(ValueError), store.track_run("eval", "x", "y") as broken:
+        broken.add_episodes([_traj(1)])
+        raise ValueError("boom")
+    assert store.run(broken.id).status == "failed" and store.run(broken.id).episodes == 1
+    with pytest.raises(KeyboardInterrupt), store.track_run("eval", "x", "y") as stopped:
+        raise KeyboardInterrupt
+    assert store.run(stopped.id).status == "interrupted"
+
+
+def test_a_store_made_before_liveness_columns_is_upgraded(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    RunStore(db).close()
+    with sqlite3.connect(db) as conn:
+        for column in ("pid", "host", "heartbeat_at"):
+            conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    store = RunStore(db)
+    run = store.start_run("eval", "x", "y")
+    assert store.run(run).status == "running"
+    store.close()
+
+
+SCHEMA_RACER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from twin.store import RunStore
+    Path(sys.argv[2], str(os.getpid())).touch()  # imported: ready
+    go = Path(sys.argv[3])
+    while not go.exists():
+        time.sleep(0.001)
+    store = RunStore(sys.argv[1])
+    store.start_run("eval", "race", "p")
+    store.close()
+    """
+)
+
+
+def test_concurrent_writers_on_a_fresh_store_all_create_the_schema(tmp_path):
+    """Nine processes open one new SQLite store at once: none dies in create_all."""
+    db, ready, go = tmp_path / "race.db", tmp_path / "ready", tmp_path / "go"
+    ready.mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCHEMA_RACER, str(db), str(ready), str(go)],
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        for _ in range(9)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(ready.iterdir())) < 9 and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), "a racer died before the start"
+            time.sleep(0.01)
+        go.touch()  # all at once
+        failures = []
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            if p.returncode != 0:
+                failures.append(err.strip().splitlines()[-1] if err.strip() else p.returncode)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert failures == []
+    store = RunStore(db)
+    assert len(store.runs()) == 9
+    store.close()
+
+
+def test_a_file_that_is_not_a_database_is_a_one_line_error(tmp_path):
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("root:x:0:0:root:/root:/bin/bash\n" * 50)
+    with pytest.raises(ConfigError, match="not a database") as err:
+        RunStore(text_file)
+    assert "\n" not in str(err.value) and "run-store file" in str(err.value)
+    if Path("/etc/passwd").is_file():
+        with pytest.raises(ConfigError, match="not a database"):
+            RunStore("/etc/passwd")
+
+
+@pytest.mark.parametrize(
+    "module", ["twin.store", "twin.rollout", "twin.policies", "twin.cli", "twin.evaluation"]
+)
 def test_public_names(module):
     import importlib
 
