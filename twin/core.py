@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twin.cases import DEFAULT_SPLITS, Case, case_rng
 from twin.errors import CaseError, ConfigError
-from twin.tools import Tool, tools_of
+from twin.tools import Tool, freeze, tools_of
 from twin.trajectory import Trajectory
 
 __all__ = ["RewardFn", "RewardResultLike", "Twin", "TwinConfig"]
@@ -67,6 +67,8 @@ class TwinConfig(BaseModel):
         max_turns: Assistant turns before the episode is truncated.
         max_action_chars: Longest assistant turn accepted; longer ones are rejected with a message.
         max_result_chars: Tool results longer than this are cut (with a note) before the agent sees them.
+        max_calls_per_turn: Most tool calls run in one assistant turn; the calls after them are
+            not run, each answered with a message and counted as an invalid call.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -75,8 +77,10 @@ class TwinConfig(BaseModel):
     max_turns: int = Field(8, ge=1)
     max_action_chars: int = Field(16_000, ge=1)
     max_result_chars: int = Field(8_000, ge=100)
+    max_calls_per_turn: int = Field(8, ge=1)
 
 
+_setattr = object.__setattr__  # sets a field of a frozen pydantic model
 _WORLDS: dict[tuple[type, str], Any] = {}
 _WORLDS_LOCK = threading.Lock()
 
@@ -170,6 +174,10 @@ class Twin:
             rng = case_rng(self.name, self.config.seed, split, index)
             kind, task, truth = self.make_case(rng, split, index)
             cached = Case(twin=self.name, split=split, index=index, kind=kind, task=task, truth=truth)
+            # The case is memoised and shared by every episode (tools get ``task``, the terminal
+            # info the truth): read-only, so no episode can change another's case.
+            _setattr(cached, "task", freeze(cached.task))
+            _setattr(cached, "truth", freeze(cached.truth))
             if len(self._cases) < 50_000:  # cases are cheap to rebuild; bound the memo
                 self._cases[key] = cached
         return cached

@@ -21,12 +21,21 @@ its components in ``info["reward"]``.
 
 **Episode end.** ``terminated`` when a terminal tool (e.g. ``submit``) succeeds; ``truncated``
 when ``config.max_turns`` assistant turns have been taken without one (the reward is still
-computed: no submission usually scores low).
+computed: no submission usually scores low). A one-turn twin (``max_turns == 1``) has no budget
+to run out: its single answer ends the episode, so that step is ``terminated`` whatever it held
+(``Trajectory.terminated`` still says whether a terminal call succeeded).
 
 **Bad actions never raise.** Unknown tools, malformed JSON, wrong argument types, missing
-arguments, oversized turns, turns without a call, calls after the terminal call, steps after the
-end and actions of the wrong type each become a message that says what was wrong and what is
-allowed; each counts in ``info["invalid_calls"]`` and ``Trajectory.invalid_calls``.
+arguments, oversized turns (``config.max_action_chars``, counting everything the agent sends:
+text, call names, ids and arguments), calls past ``config.max_calls_per_turn``, turns without a
+call, calls after the terminal call, steps after the end and actions of any other type or depth
+each become a short message that says what was wrong and what is allowed; each counts in
+``info["invalid_calls"]`` and ``Trajectory.invalid_calls``.
+
+**Episodes are isolated.** A tool result is stored and returned as the tool's own object only
+when it is read-only (a :class:`twin.tools.FrozenDict` / :class:`twin.tools.FrozenList`, or a
+scalar); anything else is copied (through its JSON) first, so no caller can change what a later
+episode sees through a trajectory. Every ``info`` is fresh data.
 """
 
 from __future__ import annotations
@@ -36,18 +45,19 @@ import json
 import logging
 import operator
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.error import ResetNeeded
-from pydantic_core import to_json
+from pydantic_core import from_json, to_json
 
 from twin.cases import Case
 from twin.core import Twin
-from twin.errors import ToolError
-from twin.parsing import CALL_FORMAT, ParsedCall, parse_tool_calls
+from twin.errors import CaseError, ToolError
+from twin.parsing import CALL_FORMAT, ParsedCall, ParsedTurn, parse_tool_calls, short_text
 from twin.spaces import AssistantTurn, ChatMessages
-from twin.tools import to_jsonable
+from twin.tools import FrozenDict, FrozenList, freeze, thaw, to_jsonable
 from twin.trajectory import ToolCallRecord, Trajectory
 
 __all__ = ["TwinEnv"]
@@ -61,9 +71,11 @@ def _dumps(value: Any) -> str:
     return to_json(value, fallback=str).decode()
 
 
-# Results of these types are stored as returned (no copy: a look-up may hand back the world's own
-# read-only dict, which keeps episodes small); pydantic-core serialises any models nested in them.
-_PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})
+# Results of these types are stored as returned: they cannot be changed, so sharing them (a
+# look-up handing back the world's own frozen record) keeps steps fast and episodes small.
+# Anything else is copied through its JSON text, which the agent sees anyway.
+_SHAREABLE = frozenset({FrozenDict, FrozenList, str, int, float, bool, type(None)})
+_OPTIONS = ("split", "index")
 
 
 class TwinEnv(gym.Env[list, Any]):
@@ -94,8 +106,12 @@ class TwinEnv(gym.Env[list, Any]):
         self._max_turns = cfg.max_turns
         self._max_action = cfg.max_action_chars
         self._max_result = cfg.max_result_chars
+        self._max_calls = cfg.max_calls_per_turn
+        self._one_turn = cfg.max_turns == 1
         self._tools = {t.name: t for t in twin.tools}
         self._schemas = twin.tool_schemas
+        # reset hands out a fresh copy of the schemas each time (callers own what they get)
+        self._schemas_json = to_json(self._schemas)
         names = list(self._tools)
         self._names_text = ", ".join(names) if names else "(none)"
         self._usage = "; ".join(t.signature_text() for t in twin.tools)
@@ -108,6 +124,7 @@ class TwinEnv(gym.Env[list, Any]):
         self._state: Any = None
         self._turn = 0
         self._done = False
+        self._end: tuple[bool, bool] = (False, False)
         self._late_invalid = 0
 
     # -- public properties -----------------------------------------------------------------------
@@ -145,25 +162,21 @@ class TwinEnv(gym.Env[list, Any]):
             The opening messages and ``{"tools", "case_id", "split", "index"}``.
 
         Raises:
-            CaseError: unknown split or index out of range.
+            CaseError: options that are not such a dict (another type, another key, a split that
+                is not a string or not the twin's, an index that is not an integer in range).
         """
         super().reset(seed=seed)
         twin = self._twin
-        split = "train"
-        index = None
-        if options:
-            split = options.get("split", "train")
-            index = options.get("index")
+        split, index = _read_options(options, twin)
         if index is None:
             index = int(self.np_random.integers(twin.num_cases(split)))
-        elif not isinstance(index, (int, bool)) and hasattr(index, "__index__"):
-            index = operator.index(index)  # numpy integers from vector envs and samplers
         case = twin.case(split, index)
         prompt = twin.prompt(case)
         self._case = case
         self._state = twin.new_state(case)
         self._turn = 0
         self._done = False
+        self._end = (False, False)
         self._late_invalid = 0
         self._traj = _construct(Trajectory, {
             "twin": twin.name,
@@ -189,7 +202,7 @@ class TwinEnv(gym.Env[list, Any]):
             "info": {},
         })
         return list(prompt), {
-            "tools": list(self._schemas),
+            "tools": from_json(self._schemas_json),
             "case_id": case.id,
             "split": split,
             "index": index,
@@ -227,19 +240,33 @@ class TwinEnv(gym.Env[list, Any]):
 
         call_errors: list[str] = []
         turn_errors: list[str] = []
-        size = _action_size(action)
-        if size > self._max_action:
-            messages.append(_assistant_record(action, None, self._max_action))
+        action = _plain_action(action)
+        limit = self._max_action
+        size = _action_size(action, limit)
+        if size > limit:
+            messages.append(_assistant_record(action, None, limit))
+            # a message dict's walk stops at the limit: its exact size is not known
+            has = f"{size}" if type(action) is str else f"more than {limit}"
             turn_errors.append(
-                f"your turn has {size} characters; the limit is {self._max_action}. Nothing was "
-                f"run. Send one short turn with the tool calls only, e.g. {CALL_FORMAT}"
+                f"your turn has {has} characters; the limit is {limit}. Nothing was run (the "
+                f"count covers text, call names, ids and arguments). Send one short turn with "
+                f"the tool calls only, e.g. {CALL_FORMAT}"
             )
         else:
-            parsed = parse_tool_calls(action, turn=turn)
-            messages.append(_assistant_record(action, parsed.calls, self._max_action))
+            parsed = _parse(action, turn)
+            messages.append(_assistant_record(action, parsed.calls, limit))
             turn_errors.extend(parsed.errors)
-            for call in parsed.calls:
-                record, content = self._run(call, turn, terminated)
+            max_calls = self._max_calls
+            for k, call in enumerate(parsed.calls):
+                if k < max_calls:
+                    record, content = self._run(call, turn, terminated)
+                else:
+                    record, content = _failed(
+                        call.id, short_text(call.name), call.arguments,
+                        f"not run: at most {max_calls} tool calls are run per turn; "
+                        "call it again in your next turn",
+                        turn,
+                    )
                 traj.calls.append(record)
                 rec_info = dict(record.__dict__)
                 del rec_info["latency_s"]  # wall time differs run to run; info stays deterministic
@@ -267,6 +294,11 @@ class TwinEnv(gym.Env[list, Any]):
         traj.num_turns = turn
         traj.invalid_calls += invalid
         truncated = not terminated and turn >= self._max_turns
+        if truncated and self._one_turn:
+            # a one-turn twin's answer is the whole episode: it ends it, nothing was cut short
+            terminated, truncated, submitted = True, False, False
+        else:
+            submitted = terminated
         info: dict[str, Any] = {
             "calls": calls_info,
             "errors": errors,
@@ -275,7 +307,8 @@ class TwinEnv(gym.Env[list, Any]):
         }
         reward = 0.0
         if terminated or truncated:
-            reward = self._finish(terminated, truncated, info)
+            self._end = (terminated, truncated)
+            reward = self._finish(submitted, truncated, info)
         return obs, reward, terminated, truncated, info
 
     def render(self) -> str | None:
@@ -297,7 +330,9 @@ class TwinEnv(gym.Env[list, Any]):
         name = call.name
         args = call.arguments
         if call.error is not None:
-            return _failed(call.id, name, args if args is not None else call.raw, call.error, turn)
+            return _failed(
+                call.id, short_text(name), args if args is not None else call.raw, call.error, turn
+            )
         if after_terminal:
             return _failed(
                 call.id, name, args,
@@ -307,11 +342,13 @@ class TwinEnv(gym.Env[list, Any]):
             )
         tool = self._tools.get(name)
         if tool is None:
-            close = difflib.get_close_matches(name, self._tools, n=1)
+            shown = short_text(name)
+            # names far longer than any tool's are no typo of one; difflib is quadratic in them
+            close = difflib.get_close_matches(name, self._tools, n=1) if len(name) <= 100 else []
             hint = f" Did you mean {close[0]!r}?" if close else ""
             return _failed(
-                call.id, name, args,
-                f"unknown tool {name!r}.{hint} Available tools: {self._names_text}",
+                call.id, shown, args,
+                f"unknown tool {shown!r}.{hint} Available tools: {self._names_text}",
                 turn,
             )
         started = time.perf_counter()
@@ -329,8 +366,6 @@ class TwinEnv(gym.Env[list, Any]):
                 elif inj == "task":
                     kwargs["task"] = self._case.task  # type: ignore[union-attr]
             result = tool.fn(**kwargs)
-            if type(result) not in _PLAIN:  # pydantic models, tuples, ...: make them JSON data
-                result = to_jsonable(result)
         except ToolError as exc:
             return _failed(call.id, name, args, str(exc), turn, time.perf_counter() - started)
         except Exception as exc:  # a bug in the tool, not the agent's fault: log it, tell the agent
@@ -345,9 +380,13 @@ class TwinEnv(gym.Env[list, Any]):
         latency = time.perf_counter() - started
         try:
             text = _dumps(result)
+            if type(result) not in _SHAREABLE:
+                # the episode's own copy: the tool may have handed out shared, mutable data
+                result = from_json(text)
         except Exception as exc:  # e.g. a lone surrogate or a cycle
             logger.warning("tool %s returned data that is not JSON: %s", name, exc)
-            text = json.dumps(repr(result), ensure_ascii=False)
+            text = json.dumps(_describe(result), ensure_ascii=False)
+            result = text
         if len(text) > self._max_result:
             text = (
                 f"{text[: self._max_result]}... [result cut at {self._max_result} of {len(text)} "
@@ -375,7 +414,9 @@ class TwinEnv(gym.Env[list, Any]):
         traj.components = dict(result.components)
         traj.weighted = dict(result.weighted)
         traj.reward_notes = list(result.notes)
-        outcome = self._twin.outcome(traj, case)
+        # the trajectory keeps a read-only outcome (it may hold the case's own truth); the info
+        # gets a fresh mutable copy, like every other info
+        outcome = freeze(self._twin.outcome(traj, case))
         traj.info["outcome"] = outcome
         info["reward"] = {
             "total": total,
@@ -383,7 +424,7 @@ class TwinEnv(gym.Env[list, Any]):
             "weighted": dict(traj.weighted),
             "notes": list(traj.reward_notes),
         }
-        info["outcome"] = outcome
+        info["outcome"] = thaw(outcome)
         info["trajectory"] = traj
         return total
 
@@ -392,13 +433,19 @@ class TwinEnv(gym.Env[list, Any]):
         traj = self._traj
         assert traj is not None
         self._late_invalid += 1
-        how = "a terminal call succeeded" if traj.terminated else "the turn budget ran out"
+        if traj.terminated:
+            how = "a terminal call succeeded"
+        elif traj.truncated:
+            how = "the turn budget ran out"
+        else:
+            how = "this twin takes one answer per episode"
         error = f"the episode has ended ({how}); call reset() to start a new one"
+        terminated, truncated = self._end
         return (
             [{"role": "user", "content": error}],
             0.0,
-            traj.terminated,
-            traj.truncated,
+            terminated,
+            truncated,
             {
                 "calls": [],
                 "errors": [error],
@@ -435,27 +482,107 @@ def _failed(
     return record, f"Error: {error}"
 
 
-def _action_size(action: Any) -> int:
+def _read_options(options: Any, twin: Twin) -> tuple[str, int | None]:
+    """``(split, index)`` out of ``reset``'s options, or a CaseError saying what is allowed."""
+    allowed = 'reset options must be a dict {"split": <str>, "index": <int>} (both optional)'
+    if options is None:
+        return "train", None
+    if not isinstance(options, Mapping):
+        raise CaseError(f"{allowed}, got {short_text(_describe(options))} ({type(options).__name__})")
+    unknown = [k for k in options if k not in _OPTIONS]
+    if unknown:
+        raise CaseError(f"{allowed}; unknown option(s) {short_text(', '.join(map(_describe, unknown)))}")
+    split = options.get("split", "train")
+    if split is None:
+        split = "train"
+    if not isinstance(split, str):
+        raise CaseError(
+            f"{allowed}; split must be one of {', '.join(twin.splits)}, got "
+            f"{short_text(_describe(split))} ({type(split).__name__})"
+        )
+    index = options.get("index")
+    if index is not None and not isinstance(index, int):
+        # numpy integers from vector envs and samplers are integers too
+        if isinstance(index, bool) or not hasattr(type(index), "__index__"):
+            raise CaseError(
+                f"{allowed}; index must be an integer, got {short_text(_describe(index))} "
+                f"({type(index).__name__})"
+            )
+        index = operator.index(index)
+    if isinstance(index, bool):
+        raise CaseError(f"{allowed}; index must be an integer, got {index!r}")
+    if index is not None and type(index) is not int:
+        index = int(index)  # an int subclass (e.g. IntEnum) must not reach the case memo
+    return split, index
+
+
+def _describe(value: Any) -> str:
+    """``repr(value)`` that never raises (deep nesting, huge ints, broken ``__repr__``)."""
+    try:
+        return repr(value)
+    except BaseException:  # noqa: BLE001 - RecursionError, ValueError, a user __repr__ ...
+        return f"<{type(value).__name__} that cannot be shown>"
+
+
+def _plain_action(action: Any) -> Any:
+    """The action with a str or dict subclass turned into the plain type (their overridden
+    methods must not run inside the env); anything else as it came."""
+    kind = type(action)
+    if kind is str or kind is dict:
+        return action
     if isinstance(action, str):
+        return str.__str__(action)
+    if isinstance(action, dict):
+        return dict(dict.items(action))
+    return action
+
+
+def _parse(action: Any, turn: int) -> ParsedTurn:
+    """:func:`parse_tool_calls`, with anything it could not foresee turned into a turn error."""
+    try:
+        return parse_tool_calls(action, turn=turn)
+    except Exception as exc:  # noqa: BLE001 - e.g. an object inside the dict whose methods raise
+        logger.warning("unreadable action of type %s: %s", type(action).__name__, type(exc).__name__)
+        return ParsedTurn(
+            "",
+            errors=[
+                "the action could not be read; send the assistant's text (str) or an assistant "
+                f"message dict with JSON data only, e.g. {CALL_FORMAT}"
+            ],
+        )
+
+
+# What one scalar of a dict action counts, at least: a number, true, null, ...
+_SCALAR_SIZE = 4
+
+
+def _action_size(action: Any, limit: int) -> int:
+    """Characters the agent sent: the text, or every key and value of a message dict (names, ids,
+    arguments, unknown fields alike). Walks the dict without recursion and stops once past
+    ``limit``, so depth, size and cycles cost at most ``limit`` steps."""
+    if type(action) is str:
         return len(action)
-    if not isinstance(action, dict):
+    if type(action) is not dict:
         return 0
     size = 0
-    content = action.get("content")
-    if isinstance(content, str):
-        size += len(content)
-    calls = action.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            fn = call.get("function") if isinstance(call, dict) else None
-            args = fn.get("arguments") if isinstance(fn, dict) else None
-            if isinstance(args, str):
-                size += len(args)
-            elif args is not None:
-                try:
-                    size += len(json.dumps(args, default=str))
-                except (TypeError, ValueError, RecursionError):
-                    size += len(repr(args))
+    stack: list[Any] = [action]
+    pop, push, extend = stack.pop, stack.append, stack.extend
+    while stack:
+        item = pop()
+        if isinstance(item, str):
+            size += len(item)
+        elif isinstance(item, dict):
+            size += 2
+            for key, value in dict.items(item):
+                push(key)
+                push(value)
+        elif isinstance(item, (list, tuple)):
+            size += 2
+            extend(item)
+        else:
+            size += _SCALAR_SIZE
+        if size > limit:
+            break
     return size
 
 
@@ -468,14 +595,14 @@ def _assistant_record(action: Any, calls: list[ParsedCall] | None, limit: int) -
     content = action.get("content")
     msg: dict[str, Any] = {
         "role": "assistant",
-        "content": content[:limit] if isinstance(content, str) else None,
+        "content": str.__str__(content[:limit]) if isinstance(content, str) else None,
     }
     if calls and isinstance(action.get("tool_calls"), list) and action["tool_calls"]:
         msg["tool_calls"] = [
             {
                 "id": c.id,
                 "type": "function",
-                "function": {"name": c.name, "arguments": c.raw[:limit]},
+                "function": {"name": c.name[:limit], "arguments": c.raw[:limit]},
             }
             for c in calls
         ]

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
-__all__ = ["CALL_FORMAT", "ParsedCall", "ParsedTurn", "parse_tool_calls"]
+__all__ = ["CALL_FORMAT", "ParsedCall", "ParsedTurn", "parse_tool_calls", "short_text"]
 
 #: How a call should look; error messages end with it.
 CALL_FORMAT = '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
@@ -211,6 +211,8 @@ def _call_from_fields(
     obj: dict[str, Any], call_id: str, raw: str, where: str | int, from_message: bool = False
 ) -> ParsedCall:
     name = obj.get("name")
+    if isinstance(name, str) and type(name) is not str:
+        name = str.__str__(name)  # a str subclass's own methods must not run in the env
     if type(name) is str and name.strip():
         args = obj.get("arguments", _MISSING)
         if type(args) is dict and not from_message:  # the common case: nothing to check
@@ -234,16 +236,18 @@ def _call_from_fields(
                 args = _loads(text)
             except (ValueError, RecursionError) as exc:
                 return ParsedCall(
-                    call_id, name, None, args, f'{where} ({name}): "arguments" {_json_error(exc)}'
+                    call_id, name, None, args,
+                    f'{where} ({short_text(name)}): "arguments" {_json_error(exc)}',
                 )
     elif isinstance(args, dict) and from_message:
         # A dict from a message may hold anything Python allows; keep only JSON data.
         try:
             args = json.loads(json.dumps(args, allow_nan=False))
         except (TypeError, ValueError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else short_text(str(exc), 120)
             return ParsedCall(
                 call_id, name, None, _safe_repr(args),
-                f'{where} ({name}): "arguments" must be JSON data ({exc})',
+                f'{where} ({short_text(name)}): "arguments" must be JSON data ({why})',
             )
     if args is None:
         args = {}
@@ -253,7 +257,7 @@ def _call_from_fields(
             name,
             None,
             raw,
-            f'{where} ({name}): "arguments" must be a JSON object, got {_json_type(args)}',
+            f'{where} ({short_text(name)}): "arguments" must be a JSON object, got {_json_type(args)}',
         )
     return ParsedCall(call_id, name, args, raw)
 
@@ -262,7 +266,13 @@ def _call_from_fields(
 def _parse_message(msg: dict[str, Any], turn: int) -> ParsedTurn:
     role = msg.get("role", "assistant")
     if role != "assistant":
-        return ParsedTurn("", errors=[f'the message role must be "assistant", got {role!r}'])
+        return ParsedTurn(
+            "",
+            errors=[
+                'the message role must be "assistant", got '
+                + (short_text(repr(role)) if isinstance(role, str) else _safe_repr(role, 60))
+            ],
+        )
     has_content = msg.get("content") is not None
     tool_calls = msg.get("tool_calls")
     if not has_content and not tool_calls:
@@ -360,8 +370,17 @@ def _json_type(value: Any) -> str:
 
 
 def _safe_repr(value: Any, limit: int = 200) -> str:
+    """``value`` as JSON (else its repr), cut to ``limit`` characters; never raises."""
     try:
         text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):
-        text = repr(value)
+    except Exception:  # noqa: BLE001 - not JSON data, nested too deeply, a cycle ...
+        try:
+            text = repr(value)
+        except Exception:  # noqa: BLE001 - RecursionError on deep nesting, a broken __repr__
+            text = f"<{type(value).__name__} nested too deeply or not printable>"
+    return short_text(text, limit)
+
+
+def short_text(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters (with ``...``), for echoing agent input in messages."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -36,7 +36,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from twin.errors import ToolArgumentError, ToolError
 
-__all__ = ["INJECTED", "Tool", "ToolError", "ToolArgumentError", "tool", "to_jsonable"]
+__all__ = [
+    "INJECTED",
+    "FrozenDict",
+    "FrozenList",
+    "Tool",
+    "ToolError",
+    "ToolArgumentError",
+    "freeze",
+    "thaw",
+    "tool",
+    "to_jsonable",
+]
 
 #: Parameter names the twin fills in; they never appear in the schema the agent sees.
 INJECTED: frozenset[str] = frozenset({"self", "world", "state", "task"})
@@ -202,7 +213,8 @@ class Tool:
         props = self.schema["function"]["parameters"].get("properties", {})
         lines = []
         for err in exc.errors(include_url=False):
-            loc = ".".join(str(p) for p in err["loc"]) or "(arguments)"
+            # an argument name is the agent's text: echo a bounded piece of it
+            loc = _short_name(".".join(str(p) for p in err["loc"])) or "(arguments)"
             top = str(err["loc"][0]) if err["loc"] else ""
             if err["type"] == "missing":
                 lines.append(f"missing required argument {loc!r} ({_type_text(props.get(top, {}))})")
@@ -228,9 +240,16 @@ def _type_text(prop: dict[str, Any]) -> str:
     return str(prop.get("type", "any"))
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+def _short_name(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    except Exception:  # noqa: BLE001 - nested too deeply for the encoder, a cycle
+        text = f"<{type(value).__name__} nested too deeply>"
+    return _short_name(text, limit)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -241,6 +260,101 @@ def to_jsonable(value: Any) -> Any:
         return [to_jsonable(v) for v in value]
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
+    return value
+
+
+# -- read-only results ---------------------------------------------------------------------------
+def _read_only(self: Any, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError(
+        f"this {type(self).__name__} is read-only: it may be shared by every episode of the "
+        "process; take a mutable copy with twin.tools.thaw(value) to change it"
+    )
+
+
+class FrozenDict(dict):  # type: ignore[type-arg]
+    """A read-only ``dict`` whose values are frozen too (see :func:`freeze`).
+
+    Twins hand these out for data every episode shares (world records, cached tool results), so
+    no episode, trajectory or caller can change what a later episode sees. It is a ``dict``:
+    JSON encoders, pydantic and ``==`` treat it as one. Copies are free (it is returned as is);
+    ``dict(d)`` or :func:`thaw` give a mutable copy.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data: Any = (), /, **kwargs: Any) -> None:
+        items = dict(data, **kwargs) if kwargs or not isinstance(data, dict) else data
+        dict.__init__(self, {k: freeze(v) for k, v in items.items()})
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # dict's default pickling refills the dict item by item, which a read-only dict refuses
+        return (FrozenDict, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+
+class FrozenList(list):  # type: ignore[type-arg]
+    """A read-only ``list`` whose items are frozen too (see :func:`FrozenDict`)."""
+
+    __slots__ = ()
+
+    def __init__(self, data: Any = (), /) -> None:
+        list.__init__(self, [freeze(v) for v in data])
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+    append = clear = extend = insert = pop = remove = reverse = sort = _read_only
+
+    def __copy__(self) -> FrozenList:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> FrozenList:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (list(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenList({list.__repr__(self)})"
+
+
+_FROZEN = (FrozenDict, FrozenList)
+
+
+def freeze(value: Any) -> Any:
+    """A read-only deep copy of JSON-like data: dicts become :class:`FrozenDict`, lists and
+    tuples :class:`FrozenList`, pydantic models their JSON dump; frozen parts are reused as is.
+
+    Use it once, when a twin builds data that many episodes share (a world record, a cached
+    result); handing the frozen value out afterwards costs nothing.
+    """
+    kind = type(value)
+    if kind is FrozenDict or kind is FrozenList:
+        return value
+    if isinstance(value, dict):
+        return FrozenDict(value)
+    if isinstance(value, (list, tuple)):
+        return FrozenList(value)
+    if isinstance(value, BaseModel):
+        return freeze(value.model_dump(mode="json"))
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """A plain, mutable deep copy of ``value`` (the inverse of :func:`freeze`)."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
     return value
 
 

@@ -378,3 +378,131 @@ def test_reset_is_byte_identical_across_processes():
         for seed in ("1", "2")
     ]
     assert outs[0] == outs[1] and len(outs[0]) > 500
+
+
+# -- hardening (issue #11) ----------------------------------------------------------------------
+def _nested(depth: int) -> dict:
+    """A dict nested ``depth`` levels deep, built without recursion."""
+    root: dict = {}
+    node = root
+    for _ in range(depth):
+        node["a"] = {}
+        node = node["a"]
+    return root
+
+
+class _BrokenDict(dict):
+    def get(self, *args, **kwargs):
+        raise RuntimeError("a dict whose methods raise")
+
+
+@pytest.mark.parametrize(
+    "make_action",
+    [
+        lambda deep: deep,
+        lambda deep: {"role": deep, "content": "x"},
+        lambda deep: {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "look", "arguments": deep}}]},
+        lambda deep: {"role": "assistant", "content": None, "tool_calls": [deep]},
+        lambda deep: [deep],
+        lambda deep: _BrokenDict(role="assistant", content="hi"),
+    ],
+    ids=["action", "role", "arguments", "call", "list", "broken-dict"],
+)
+def test_any_action_of_any_depth_is_a_short_counted_invalid_call(env, make_action):
+    obs, reward, terminated, truncated, info = env.step(make_action(_nested(5_000)))
+    assert obs in env.observation_space and info["invalid_calls"] == 1
+    assert all(len(m["content"]) < 600 for m in obs) and len(json.dumps(info["errors"])) < 600
+    assert len(env.trajectory.model_dump_json()) < 10_000
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ("test", "got 'test' (str)"),
+        (["dev", 1], "got ['dev', 1] (list)"),
+        ({"split": ["x"]}, "split must be one of train, dev, got ['x'] (list)"),
+        ({"split": "dev", "index": "3"}, "index must be an integer, got '3' (str)"),
+        ({"index": 1.5}, "index must be an integer, got 1.5 (float)"),
+        ({"index": True}, "index must be an integer, got True"),
+        ({"splt": "dev"}, "unknown option(s) 'splt'"),
+    ],
+)
+def test_reset_rejects_bad_options_with_a_case_error(options, problem):
+    with pytest.raises(twin.CaseError) as err:
+        TwinEnv(ToyTwin()).reset(options=options)
+    text = str(err.value)
+    assert text.startswith('reset options must be a dict {"split": <str>, "index": <int>}')
+    assert problem in text
+
+
+@pytest.mark.parametrize("field_name", ["name", "id"])
+def test_turn_size_counts_call_names_and_ids(env, field_name):
+    fn = {"name": "look", "arguments": '{"word": "w1"}'}
+    item = {"id": "c1", "type": "function", "function": fn}
+    (fn if field_name == "name" else item)[field_name] = "x" * 2_000_000
+    obs, _, _, _, info = env.step({"role": "assistant", "content": None, "tool_calls": [item]})
+    assert info["invalid_calls"] == 1 and info["calls"] == []
+    assert info["errors"][0].startswith("your turn has more than 16000 characters; the limit is 16000.")
+    assert sum(len(m["content"]) for m in obs) < 2_000
+    assert len(env.trajectory.model_dump_json()) < 20_000
+
+
+def test_calls_past_the_per_turn_cap_are_refused_and_counted():
+    e = TwinEnv(ToyTwin(max_calls_per_turn=3))
+    e.reset(options={"index": 0})
+    obs, _, _, _, info = e.step(call("look", word="w1") * 5)
+    assert [c["ok"] for c in info["calls"]] == [True, True, True, False, False]
+    assert obs[3]["content"] == (
+        "Error: not run: at most 3 tool calls are run per turn; call it again in your next turn"
+    )
+    assert info["invalid_calls"] == 2 and len(obs) == 5
+    assert TwinConfig().max_calls_per_turn == 8
+
+
+class _SharingTwin(ToyTwin):
+    """Hands out the world's own mutable dict, as a careless twin might."""
+
+    name = "SharingToy"
+
+    @tool
+    def words(self, world: dict) -> dict:
+        """All words and their numbers."""
+        return world["words"]
+
+
+def test_mutating_a_stored_result_changes_no_later_episode():
+    e = TwinEnv(_SharingTwin())
+    e.reset(options={"index": 0})
+    e.step(call("words"))
+    e.trajectory.calls[-1].result["w1"] = 999  # a caller edits the trajectory it was handed
+    e.reset(options={"index": 0})
+    obs, *_ = e.step(call("look", word="w1"))
+    assert json.loads(obs[0]["content"])["number"] == 1
+
+
+def test_infos_are_fresh_and_changing_them_changes_no_later_episode():
+    e = TwinEnv(ToyTwin())
+    _, info = e.reset(options={"index": 0})
+    info["tools"][0]["function"]["name"] = "changed"
+    truth = dict(e.case.truth)
+    *_, end = e.step(call("submit", answer=-1))
+    end["outcome"]["truth"]["answer"] = "changed"
+    _, info2 = e.reset(options={"index": 0})
+    assert info2["tools"][0]["function"]["name"] == "look"
+    assert e.case.truth == truth
+    *_, end2 = e.step(call("submit", answer=truth["answer"]))
+    assert end2["reward"]["total"] == 1.0 and end2["outcome"]["truth"] == truth
+    assert end2["outcome"] is not end["outcome"]
+
+
+def test_a_one_turn_twins_answer_terminates_the_episode():
+    e = TwinEnv(ToyTwin(max_turns=1))
+    e.reset(options={"index": 0})
+    obs, reward, terminated, truncated, info = e.step("no call at all")
+    assert (terminated, truncated) == (True, False) and "reward" in info
+    traj = info["trajectory"]
+    assert not traj.terminated and not traj.truncated and traj.submission is None
+    late = e.step("again")
+    assert late[2:4] == (True, False)
+    assert late[0][0]["content"].startswith("the episode has ended (this twin takes one answer")
