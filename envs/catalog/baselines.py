@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from envs.catalog.listings import parse_listing_id
+from envs.catalog.listings import find_listing_id
 
 __all__ = ["BASELINES", "HeuristicPolicy", "OraclePolicy", "make_random", "parse_prompt"]
 
@@ -223,10 +223,10 @@ class OraclePolicy:
     async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         """Submit the truth of the case named by the listing id in the prompt."""
         text = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
-        ref = parse_listing_id(text)
-        if ref is None:
-            return {"role": "assistant", "content": "no listing id in the prompt"}
-        truth = self.twin.case(*ref).truth
+        case = self.twin.case_of_listing(find_listing_id(text) or "")
+        if case is None:
+            return {"role": "assistant", "content": "no listing id of this twin in the prompt"}
+        truth = case.truth
         args = {"category_id": truth["category_id"], "attributes": dict(truth["attributes"]),
                 "verdict": truth["verdict"], "reason": "oracle: " + ", ".join(truth["signals"])}
         return _turn([_call("submit", args, "oracle_submit")])

@@ -5,7 +5,7 @@ category, the listing's values for the attributes that category requires, the po
 the signals that justify it. Every case is built from ``(world, rng, kind)`` alone, so the same
 seed gives the same bytes on every machine, on the generated world and on a Shopify taxonomy.
 
-Case kinds (``KINDS``), after the signals a trust-and-safety analyst checks (CATALOG.md):
+Case kinds (``KINDS``), after the signals a trust-and-safety analyst checks:
 
 ==================================  ============  =============================================
 kind                                verdict       what is planted
@@ -30,6 +30,8 @@ kind                                verdict       what is planted
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -50,8 +52,8 @@ __all__ = [
     "WorldIndex",
     "kind_for",
     "listing_id",
+    "find_listing_id",
     "make_listing",
-    "parse_listing_id",
     "phrases",
     "validate_mix",
     "world_index",
@@ -135,18 +137,32 @@ def phrases() -> dict[str, Any]:
 
 
 # -- case ids and the kind schedule ------------------------------------------------------------
-def listing_id(split: str, index: int) -> str:
-    """The listing id shown to the agent for case ``(split, index)``."""
-    return f"LST-{split}-{index:06d}"
+@lru_cache(maxsize=16)
+def _id_key(twin: str, seed: int) -> bytes:
+    return hashlib.sha256(f"{twin}\x1f{seed}\x1flisting-id-key".encode()).digest()
 
 
-_LISTING_RE = re.compile(r"LST-([A-Za-z0-9_]+)-(\d{6,})")
+def listing_id(twin: str, seed: int, split: str, index: int) -> str:
+    """The listing id shown to the agent for case ``(split, index)``: ``LST-`` and 12 letters
+    and digits of a keyed BLAKE2b hash of the case's address.
+
+    The id is opaque: it tells the agent nothing about the split, the index or (through the
+    kind schedule, a public function of both) the case's kind, yet the same seed gives the same
+    ids on every machine. Only the twin maps an id back (:meth:`CatalogTwin.case_of_listing`).
+    """
+    digest = hashlib.blake2b(
+        f"{split}\x1f{index}".encode(), key=_id_key(twin, seed), digest_size=10
+    ).digest()
+    return "LST-" + base64.b32encode(digest).decode()[:12]
 
 
-def parse_listing_id(text: str) -> tuple[str, int] | None:
-    """Find a listing id in ``text`` and return its ``(split, index)`` (None when absent)."""
+_LISTING_RE = re.compile(r"LST-[A-Z2-7]{12}")
+
+
+def find_listing_id(text: str) -> str | None:
+    """The first listing id in ``text`` (None when there is none)."""
     match = _LISTING_RE.search(text)
-    return (match.group(1), int(match.group(2))) if match else None
+    return match.group(0) if match else None
 
 
 def validate_mix(mix: Mapping[str, float]) -> dict[str, float]:

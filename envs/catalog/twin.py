@@ -34,7 +34,7 @@ from pydantic import Field, field_validator
 from twin.cases import Case
 from twin.core import Twin, TwinConfig
 from twin.errors import ToolError
-from twin.tools import tool
+from twin.tools import freeze, tool
 from twin.trajectory import Trajectory
 
 from envs.catalog.listings import DEFAULT_MIX, kind_for, listing_id, make_listing, validate_mix
@@ -135,11 +135,15 @@ class CatalogTwin(Twin):
 
         # Bound to this instance's world: the reward must not build a world of another config.
         self.reward = make_catalog_reward(lambda cid: self.world.exists(cid))
+        # Tool results are cached frozen (twin.tools.freeze): every episode gets the same
+        # read-only object, so no episode can change what another sees, at no per-call cost.
+        # Keys are the agent's exact input, so a cached result never echoes another episode's.
         self._schema_cache: dict[str, dict[str, Any]] = {}
         self._brand_cache: OrderedDict[tuple[str, str | None], dict[str, Any]] = OrderedDict()
         self._search_cache: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
         self._recalls: dict[str, list[dict[str, Any]]] | None = None
         self._allowed: dict[str, frozenset[str]] = {}
+        self._listing_ids: dict[str, tuple[str, int]] | None = None
 
     # -- world ---------------------------------------------------------------------------------
     def world_key(self) -> str:
@@ -177,8 +181,26 @@ class CatalogTwin(Twin):
     def make_case(self, rng: Any, split: str, index: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """Plant one listing: the kind comes from the mix schedule, the rest from ``rng``."""
         kind = self.kind_of(split, index)
-        task, truth = make_listing(self.world, rng, kind, listing_id(split, index))
+        lid = listing_id(self.name, self.config.seed, split, index)
+        task, truth = make_listing(self.world, rng, kind, lid)
         return kind, task, truth
+
+    def case_of_listing(self, listing: str) -> Case | None:
+        """The case whose listing id is ``listing`` (None for an id of no case of this twin).
+
+        Ids are opaque hashes (:func:`envs.catalog.listings.listing_id`); the first call maps
+        every case of every split once (about 10 ms for 10,000 cases).
+        """
+        table = self._listing_ids
+        if table is None:
+            table = {
+                listing_id(self.name, self.config.seed, split, i): (split, i)
+                for split, size in self.splits.items()
+                for i in range(size)
+            }
+            self._listing_ids = table
+        ref = table.get(listing)
+        return self.case(*ref) if ref is not None else None
 
     # -- episode -------------------------------------------------------------------------------
     def prompt(self, case: Case) -> list[dict[str, Any]]:
@@ -235,7 +257,7 @@ class CatalogTwin(Twin):
             found: dict[str, Any] = {"results": results}
         else:
             found = {"results": [], "note": f"no category matches {query!r}; try fewer or more general words"}
-        self._search_cache[key] = found
+        found = self._search_cache[key] = freeze(found)
         # bounded (a result is ~2 KB): group episodes repeat a search within a few steps
         if len(self._search_cache) > 4096:
             self._search_cache.popitem(last=False)
@@ -258,7 +280,7 @@ class CatalogTwin(Twin):
             raise ToolError("lookup_brand: name is empty; pass the brand text from the listing")
         if category_id is not None and not self.world.exists(category_id):
             raise ToolError(self._unknown_category(category_id))
-        key = (text.lower(), category_id)
+        key = (text, category_id)
         cached = self._brand_cache.get(key)
         if cached is not None:
             return cached
@@ -275,7 +297,7 @@ class CatalogTwin(Twin):
         }
         if exact is None:
             result["note"] = "no brand is registered under exactly this name"
-        self._brand_cache[key] = result
+        result = self._brand_cache[key] = freeze(result)
         if len(self._brand_cache) > 20_000:  # bounded: group episodes repeat the same look-ups
             self._brand_cache.popitem(last=False)
         return result
@@ -309,8 +331,8 @@ class CatalogTwin(Twin):
                 {"id": c, "name": self.world.categories[c].name} for c in cat.children[:30]
             ]
             result["note"] = "not a leaf: listings belong in the most specific category; see children"
-        self._schema_cache[category_id] = result
-        return result
+        frozen = self._schema_cache[category_id] = freeze(result)
+        return frozen
 
     @tool(terminal=True)
     def submit(

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from rewards import Reward, invalid_call_penalty, submitted_gate, term
 from twin import Case, ToolError, Trajectory, Twin, stable_seed, tool
+from twin.tools import freeze
 
 WINDOW_DAYS, DAMAGE_DAYS, RESTOCKING_FEE = 30, 90, 0.20
 KINDS = ("within_window", "past_window", "damaged", "final_sale", "opened")
@@ -30,7 +31,8 @@ MESSAGES = {
     "damaged": "Order {oid}: the {item} arrived broken, the box was crushed. I want my money back.",
     "opened": "Hello, about order {oid}: I opened the {item} and used it once, but I don't like it.",
 }
-POLICY = {
+# Frozen (read-only): tools hand these shared objects to every episode.
+POLICY = freeze({
     "window_days": WINDOW_DAYS,
     "rules": [
         f"Unopened items delivered at most {WINDOW_DAYS} days ago: full refund.",
@@ -40,7 +42,7 @@ POLICY = {
         "final-sale items included.",
         f"Final-sale items (not damaged) and anything past {WINDOW_DAYS} days: deny, amount 0.",
     ],
-}
+})
 
 
 def expected_decision(order: dict[str, Any], reason: str) -> tuple[str, float]:
@@ -112,7 +114,8 @@ class ReturnsTwin(Twin):
             "opened": lambda o: o["days_since_delivery"] <= WINDOW_DAYS and not o["final_sale"],
         }
         pools = {kind: sorted(o for o in orders if fit(orders[o])) for kind, fit in fits.items()}
-        return {"orders": orders, "pools": pools}
+        # read-only: lookup_order hands the world's own records to every episode
+        return freeze({"orders": orders, "pools": pools})
 
     def make_case(self, rng: random.Random, split: str, index: int) -> tuple[str, dict, dict]:
         kind = KINDS[index % len(KINDS)]  # balanced kinds; the rng picks the order

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import json
 import os
 import subprocess
@@ -171,3 +172,41 @@ def test_shopify_world_cases(shopify_twin):
         check_case(shopify_twin, case)
         kinds.add(case.kind)
     assert kinds == set(KINDS)
+
+
+def _verdict_from_id_alone(text: str, twin) -> str | None:
+    """The attack on readable ids: read ``(split, index)`` off the listing id and look the kind
+    up in the public schedule (:func:`kind_for`). None when the id cannot be read."""
+    import re
+
+    match = re.search(r"LST-([A-Za-z0-9_]+)-(\d+)", text)
+    if match is None:
+        return None
+    kind = kind_for(twin.name, twin.config.seed, match.group(1), int(match.group(2)), DEFAULT_MIX)
+    return VERDICT_OF.get(kind, "counterfeit")  # prompt_injection: counterfeit or prohibited
+
+
+def test_listing_ids_tell_nothing_about_the_case(twin):
+    cases = [twin.case("test", i) for i in range(200)]
+    verdicts = [c.truth["verdict"] for c in cases]
+    majority = max(verdicts.count(v) for v in set(verdicts))
+    guessed = [_verdict_from_id_alone(c.task["listing_id"], twin) for c in cases]
+    hits = sum(g == v for g, v in zip(guessed, verdicts))
+    assert hits <= majority  # no better than always saying the most common verdict
+    ids = [c.task["listing_id"] for c in cases]
+    assert all(re.fullmatch(r"LST-[A-Z2-7]{12}", i) for i in ids)
+    assert not any("test" in i.lower() or f"{k:06d}" in i for k, i in enumerate(ids))
+
+
+def test_listing_ids_are_unique_keyed_by_seed_and_map_back(twin):
+    from envs.catalog import CatalogTwin
+    from envs.catalog.listings import listing_id
+
+    ids = {listing_id("Catalog", 0, s, i) for s, n in twin.splits.items() for i in range(n)}
+    assert len(ids) == sum(twin.splits.values())
+    case = twin.case("dev", 17)
+    assert case.task["listing_id"] == listing_id("Catalog", 0, "dev", 17)
+    assert listing_id("Catalog", 1, "dev", 17) != case.task["listing_id"]
+    assert twin.case_of_listing(case.task["listing_id"]) == case
+    assert twin.case_of_listing("LST-AAAAAAAAAAAA") is None
+    assert CatalogTwin(seed=0).case("dev", 17).task["listing_id"] == case.task["listing_id"]

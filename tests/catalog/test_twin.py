@@ -168,3 +168,43 @@ def test_shopify_world_tools(shopify_twin):
     for g in run_episodes(shopify_twin, oracle, cases, progress=False):
         t = g.trajectories[0]
         assert t.terminated and t.reward == pytest.approx(1.0), (t.case_id, t.reward_notes)
+
+
+def test_lookup_brand_echoes_each_callers_own_spelling(twin, world):
+    brand = next(iter(world.brands.values()))
+    first, second = _env(twin), _env(twin)
+    first.reset(options={"split": "test", "index": 0})
+    first.step(_call("lookup_brand", {"name": brand.name.upper()}))
+    second.reset(options={"split": "test", "index": 1})
+    obs, *_ = second.step(_call("lookup_brand", {"name": brand.name.lower()}))
+    assert json.loads(obs[0]["content"])["query"] == brand.name.lower()
+    assert second.trajectory.calls[-1].result["query"] == brand.name.lower()
+
+
+@pytest.mark.parametrize(
+    ("tool_name", "args", "path"),
+    [
+        ("get_attribute_schema", None, ("policy",)),
+        ("search_taxonomy", {"query": "running shoes", "limit": 3}, ("results", 0, "name")),
+        ("lookup_brand", None, ("similar",)),
+    ],
+)
+def test_changing_a_stored_result_changes_no_later_episode(twin, world, tool_name, args, path):
+    import contextlib
+
+    case = twin.case("test", 0)
+    if args is None:
+        args = ({"category_id": case.truth["category_id"]} if tool_name == "get_attribute_schema"
+                else {"name": next(iter(world.brands.values())).name})
+    env = _env(twin)
+    env.reset(options={"split": "test", "index": 0})
+    first, *_ = env.step(_call(tool_name, args))
+    node = env.trajectory.calls[-1].result
+    for key in path[:-1]:
+        node = node[key]
+    with contextlib.suppress(TypeError):  # read-only results refuse; copies may change freely
+        node[path[-1]] = "changed"
+    env.reset(options={"split": "test", "index": 1})
+    again, *_ = env.step(_call(tool_name, args))
+    assert again[0]["content"] == first[0]["content"]
+    assert "changed" not in again[0]["content"]

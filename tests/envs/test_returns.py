@@ -125,3 +125,20 @@ def test_the_define_your_own_twin_example_runs():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("1.0 {'correct_decision': 1.0")
+
+
+def test_changing_a_stored_result_changes_no_later_episode():
+    import contextlib
+
+    env = twin.make("returns")
+    env.reset(options={"split": "test", "index": 0})
+    oid = env.case.task["order_id"]
+    lookup = f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{oid}"}}}}</tool_call>'
+    first, *_ = env.step(lookup)
+    price = json.loads(first[0]["content"])["price"]
+    with contextlib.suppress(TypeError):  # read-only results refuse; copies may change freely
+        env.trajectory.calls[-1].result["price"] = 0.01
+    env.reset(options={"split": "test", "index": 0})
+    again, *_ = env.step(lookup)
+    assert json.loads(again[0]["content"])["price"] == price != 0.01
+    assert env.case.truth["amount"] in (price, 0.0, round(price * 0.8, 2))
