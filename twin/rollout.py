@@ -18,6 +18,7 @@ mean reward, every reward component and per-case-kind figures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import statistics
@@ -33,10 +34,12 @@ __all__ = [
     "Group",
     "Trajectory",
     "arun_episodes",
+    "error_reasons",
     "max_reward",
     "pass_at_k",
     "pass_hat_k",
     "run_episodes",
+    "storable",
     "success_fn",
     "summarize",
 ]
@@ -46,6 +49,10 @@ OnGroup = Callable[[Group], Any]
 
 #: Extra turns allowed past ``max_turns`` before the runner gives up on an env that never ends.
 _TURN_SLACK = 4
+#: Seconds between refreshes of the progress bar's live figures.
+_PROGRESS_TICK_S = 1.0
+#: Characters of an error message kept in a summary's reason table.
+_REASON_CHARS = 160
 
 
 # -- runner ------------------------------------------------------------------------------------
@@ -75,7 +82,15 @@ async def arun_episodes(
     Returns:
         One group per case, in the order of ``cases``; trajectories in episode order. An episode
         whose policy (or env) raised keeps its partial trajectory, unscored (``reward`` None),
-        with the error in ``info["error"]``; the other episodes are not affected.
+        with the error in ``info["error"]`` (``"Type: message"``), ``info["error_type"]``,
+        ``info["error_turn"]`` (the 1-based turn it failed on) and, when the exception has a
+        ``hint`` (what to change), ``info["error_hint"]``; the other episodes are not affected.
+        So is an episode whose trajectory cannot be stored as JSON (say, the model wrote a lone
+        surrogate): its strings are made storable and it is recorded as errored.
+
+    The progress bar shows episodes done and, live, turns done, errors and what the policy
+    reports through an optional ``progress() -> dict`` (the ``openai:`` policy: requests in
+    flight, tokens received, retries).
     """
     from twin.env import TwinEnv  # the env imports the registry; keep `import twin.rollout` light
 
@@ -95,40 +110,66 @@ async def arun_episodes(
     bar = _progress_bar(
         len(cases) * group_size, enabled=progress, desc=f"{twin.name} x {policy.name}"
     )
-    errors = 0
+    counts = {"turns": 0, "errors": 0}
+
+    def refresh() -> None:
+        if bar is not None:
+            bar.set_postfix(_progress_figures(counts, policy), refresh=True)
 
     async def episode(ci: int, k: int) -> None:
-        nonlocal errors
         split, index = cases[ci]
         async with semaphore:
             # Envs are reused (reset gives each episode a fresh Trajectory): at most
             # `concurrency` of them are ever built.
             env = pool.pop() if pool else TwinEnv(twin)
             try:
-                traj = await _run_one(env, policy, split, index, k, blocking, max_turns)
+                traj = await _run_one(env, policy, split, index, k, blocking, max_turns, counts)
             finally:
                 pool.append(env)
         if "error" in traj.info:
-            errors += 1
-            if bar is not None:
-                bar.set_postfix(errors=errors)
+            counts["errors"] += 1
         results[ci][k] = traj
         if bar is not None:
             bar.update(1)
+            refresh()
         remaining[ci] -= 1
         if remaining[ci] == 0 and on_group is not None:
             outcome = on_group(_group(results[ci]))
             if inspect.isawaitable(outcome):
                 await outcome
 
+    async def ticker() -> None:
+        # Between episode ends (minutes apart on a slow server) the bar still moves.
+        while True:
+            await asyncio.sleep(_PROGRESS_TICK_S)
+            refresh()
+
+    tick = asyncio.ensure_future(ticker()) if bar is not None else None
     try:
         await asyncio.gather(
             *(episode(ci, k) for ci in range(len(cases)) for k in range(group_size))
         )
     finally:
+        if tick is not None:
+            tick.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tick
         if bar is not None:
             bar.close()
     return [_group(trajs) for trajs in results]
+
+
+def _progress_figures(counts: dict[str, int], policy: Any) -> dict[str, Any]:
+    figures: dict[str, Any] = {"turns": counts["turns"]}
+    report = getattr(policy, "progress", None)
+    if callable(report):
+        try:
+            figures.update(report())
+        except Exception:  # noqa: BLE001, S110 - a progress figure is never worth an episode
+            pass
+    if counts["errors"]:
+        figures["errors"] = counts["errors"]
+    return figures
 
 
 def run_episodes(
@@ -156,13 +197,22 @@ def run_episodes(
 
 
 async def _run_one(
-    env: Any, policy: Policy, split: str, index: int, k: int, blocking: bool, max_turns: int
+    env: Any,
+    policy: Policy,
+    split: str,
+    index: int,
+    k: int,
+    blocking: bool,
+    max_turns: int,
+    counts: dict[str, int] | None = None,
 ) -> Trajectory:
     start = time.perf_counter()
     policy_s = env_s = 0.0
     actor = policy
     info: dict[str, Any] = {}
     error: str | None = None
+    failure: dict[str, Any] = {}
+    turn = 0
     was_reset = False
     try:
         t0 = time.perf_counter()
@@ -171,7 +221,7 @@ async def _run_one(
         env_s += time.perf_counter() - t0
         tools = info["tools"]
         actor = policy_for_episode(policy, f"{info['case_id']}#{k}")
-        for _ in range(max_turns):
+        for turn in range(1, max_turns + 1):
             t0 = time.perf_counter()
             message = await actor.act(env.messages, tools)
             t1 = time.perf_counter()
@@ -181,22 +231,74 @@ async def _run_one(
                 _, _, terminated, truncated, info = env.step(message)
             policy_s += t1 - t0
             env_s += time.perf_counter() - t1
+            if counts is not None:
+                counts["turns"] += 1
             if terminated or truncated:
                 break
         else:
             error = f"RuntimeError: the env did not end the episode within {max_turns} turns"
+            failure = {"error_type": "RuntimeError", "error_turn": max_turns}
     except Exception as exc:  # one failing episode must not take the others down
-        error = f"{type(exc).__name__}: {exc}"
+        error, failure = _describe(exc, turn)
     traj: Trajectory | None = info.get("trajectory") if error is None else None
     if traj is None:
         # A pooled env still holds its previous episode until a reset succeeds.
         traj = _partial_trajectory(env if was_reset else None, _twin_name(env), split, index)
         traj.reward = None
-    if error is not None:
-        traj.info["error"] = error
     traj.policy = getattr(actor, "name", "") or policy.name
     traj.timings.update({"policy": policy_s, "env": env_s, "total": time.perf_counter() - start})
-    return traj
+    if error is not None:
+        traj.info["error"] = error
+        traj.info.update(failure)
+    return storable(traj)
+
+
+def _describe(exc: BaseException, turn: int) -> tuple[str, dict[str, Any]]:
+    """``"Type: message"`` and the structured fields of a failed episode."""
+    name = type(exc).__name__
+    message = str(exc).strip()
+    failure: dict[str, Any] = {"error_type": name, "error_turn": turn}
+    cause = getattr(exc, "cause", None)
+    if not isinstance(cause, str) and exc.__cause__ is not None:
+        cause = type(exc.__cause__).__name__
+    if isinstance(cause, str) and cause:
+        failure["error_cause"] = cause
+    hint = getattr(exc, "hint", None)
+    if isinstance(hint, str) and hint:
+        failure["error_hint"] = hint
+    return (f"{name}: {message}" if message else name), failure
+
+
+def storable(traj: Trajectory) -> Trajectory:
+    """``traj`` if it serializes to JSON, else a copy whose strings are made encodable, marked
+    as an error (the run store and every JSON consumer need UTF-8; a lone surrogate such as
+    ``"\\ud800"`` from a model's output is not)."""
+    try:
+        traj.model_dump_json()
+        return traj
+    except Exception as exc:  # noqa: BLE001 - pydantic wraps the UnicodeEncodeError
+        reason = str(exc).splitlines()[0]
+    data = _encodable(traj.model_dump(mode="python"))
+    fixed = Trajectory.model_validate(data)
+    fixed.reward = None
+    if "error" not in fixed.info:
+        fixed.info["error"] = (
+            f"UnserializableTrajectory: the episode's text cannot be stored as JSON ({reason}); "
+            "offending characters are kept as backslash escapes"
+        )
+        fixed.info["error_type"] = "UnserializableTrajectory"
+        fixed.info["error_turn"] = fixed.num_turns
+    return fixed
+
+
+def _encodable(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encodable(v) for v in value]
+    return value
 
 
 def _twin_name(env: Any) -> str:
@@ -316,7 +418,8 @@ def summarize(
         ``pass@k`` and ``pass^k`` (``{"1": .., ..., str(group_size): ..}``, averaged over groups),
         ``mean_turns``, ``invalid_calls`` (mean per episode), ``invalid_calls_total``,
         ``terminated_rate``, ``truncated_rate``, ``by_kind`` (``{kind: {episodes, reward_mean,
-        success_rate}}``) and ``timings`` (mean seconds per episode of policy, env, total).
+        success_rate}}``), ``timings`` (mean seconds per episode of policy, env, total) and
+        ``error_reasons`` (see :func:`error_reasons`).
     """
     if success is None:
         limit = 1.0 - 1e-6 if success_threshold is None else success_threshold
@@ -381,7 +484,46 @@ def summarize(
             key: _mean([float(t.timings.get(key, 0.0)) for t in trajs])
             for key in ("policy", "env", "total")
         },
+        "error_reasons": error_reasons(all_trajs),
     }
+
+
+def error_reasons(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
+    """Why episodes failed: one row per (exception class, message excerpt), most common first.
+
+    Each row: ``type`` (the exception class, with its cause when it has one: ``PolicyError
+    (ReadTimeout)``), ``message`` (the start of its message, without the class name), ``count``, ``turns`` (the sorted turns they failed on; 0 is the reset) and
+    ``hint`` (what to change, when the exception said; else None).
+    """
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for t in trajectories:
+        error = t.info.get("error")
+        if error is None:
+            continue
+        text_ = str(error)
+        kind = str(t.info.get("error_type") or text_.partition(":")[0])
+        message = text_[len(kind) + 2 :] if text_.startswith(kind + ": ") else text_
+        cause = t.info.get("error_cause")
+        if isinstance(cause, str) and cause:
+            kind = f"{kind} ({cause})"
+        message = " ".join(message.split())
+        if len(message) > _REASON_CHARS:
+            message = message[: _REASON_CHARS - 3] + "..."
+        row = rows.setdefault(
+            (kind, message),
+            {"type": kind, "message": message, "count": 0, "turns": [], "hint": None},
+        )
+        row["count"] += 1
+        turn = t.info.get("error_turn")
+        if isinstance(turn, int) and turn not in row["turns"]:
+            row["turns"].append(turn)
+        hint = t.info.get("error_hint")
+        if row["hint"] is None and isinstance(hint, str):
+            row["hint"] = hint
+    out = sorted(rows.values(), key=lambda r: (-r["count"], r["type"], r["message"]))
+    for row in out:
+        row["turns"].sort()
+    return out
 
 
 def _mean(values: Sequence[float]) -> float:

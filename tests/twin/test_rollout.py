@@ -427,3 +427,111 @@ def test_a_failing_reset_is_recorded_for_its_own_case(key_twin_cls):
     assert bad.case_id == "KeyTest/test/1" and bad.messages == [] and bad.reward is None
     assert bad.info["error"] == "KeyError: 'template field missing'"
     assert groups[0].trajectories[0].reward == 1.0 and groups[2].trajectories[0].reward == 1.0
+
+
+# -- failures that must stay inside their own episode ---------------------------------------------
+class SurrogateSometimes:
+    """Solves every case, but on cases whose index is 0 mod 7 first writes a lone surrogate."""
+
+    name = "surrogate"
+
+    async def act(self, messages, tools):
+        key = messages[1]["content"].split("key ")[1].split(" ")[0]
+        if int(key[1:]) % 7 == 0 and len(messages) == 2:
+            return {"role": "assistant", "content": "I think \ud800 is it"}
+        return await SolverPolicy().act(messages, tools)
+
+
+def test_an_unstorable_episode_is_an_error_and_the_others_are_stored(twin, tmp_path):
+    """A lone surrogate in a policy's text made the store's JSON dump fail inside on_group;
+    the error escaped gather and the other episodes were lost. Now that episode alone is an
+    error (with the reason), stored with its text escaped, and the run finishes."""
+    from twin.store import RunStore
+
+    store = RunStore(tmp_path / "s.db")
+    run = store.start_run("eval", twin.name, "surrogate")
+    cases = [("test", i) for i in range(40)]
+    groups = run_episodes(
+        twin,
+        SurrogateSometimes(),
+        cases,
+        concurrency=8,
+        progress=False,
+        on_group=lambda g: store.add_episodes(run, g.trajectories),
+    )
+    stored = store.episodes(run)
+    assert len(stored) == 40
+    bad = [t for t in stored if "error" in t.info]
+    surrogate_cases = sorted(
+        i
+        for split, i in cases
+        if int(twin.prompt(twin.case(split, i))[1]["content"].split("key k")[1].split(" ")[0]) % 7
+        == 0
+    )
+    assert surrogate_cases and sorted(t.index for t in bad) == surrogate_cases
+    for t in bad:
+        assert t.info["error_type"] == "UnserializableTrajectory" and t.reward is None
+        assert "surrogates not allowed" in t.info["error"]
+        assert any("\\ud800" in str(m.get("content")) for m in t.messages)  # kept, escaped
+    assert all(t.reward == 1.0 for t in stored if "error" not in t.info)
+    summary = summarize(groups)
+    assert summary["errors"] == len(bad) and summary["episodes"] == 40 - len(bad)
+    (reason,) = summary["error_reasons"]
+    assert reason["type"] == "UnserializableTrajectory" and reason["count"] == len(bad)
+    store.close()
+
+
+def test_error_reasons_group_by_class_and_message_with_turns_and_hints(twin):
+    from twin.policies import PolicyError
+
+    class Failing:
+        name = "failing"
+
+        async def act(self, messages, tools):
+            key = int(messages[1]["content"].split("key ")[1].split(" ")[0][1:])
+            turn = sum(m["role"] == "assistant" for m in messages) + 1
+            if key % 3 == 0 and turn == 2:
+                raise PolicyError("no reply within 1 s", hint="raise --timeout", cause="ReadTimeout")
+            if key % 3 == 1:
+                raise ValueError("bad " + "x" * 400)
+            return await SolverPolicy().act(messages, tools)
+
+    cases = [("test", i) for i in range(12)]
+    keys = {
+        i: int(twin.prompt(twin.case(s, i))[1]["content"].split("key k")[1].split(" ")[0])
+        for s, i in cases
+    }
+    slow = [i for i, k in keys.items() if k % 3 == 0]
+    bad = [i for i, k in keys.items() if k % 3 == 1]
+    assert slow and bad
+    groups = run_episodes(twin, Failing(), cases, progress=False)
+    by_index = {t.index: t for g in groups for t in g.trajectories}
+    timed_out = by_index[slow[0]]
+    assert timed_out.info["error"] == "PolicyError: no reply within 1 s"
+    assert timed_out.info["error_turn"] == 2 and timed_out.info["error_hint"] == "raise --timeout"
+    assert timed_out.num_turns == 1  # the partial trajectory: the turn before the failure
+    reasons = summarize(groups)["error_reasons"]
+    expected = [
+        ("PolicyError (ReadTimeout)", len(slow), [2], "raise --timeout"),
+        ("ValueError", len(bad), [1], None),
+    ]
+    assert [(r["type"], r["count"], r["turns"], r["hint"]) for r in reasons] == sorted(
+        expected, key=lambda r: -r[1]
+    )
+    assert reasons[1]["message"].startswith("bad xxx") and len(reasons[1]["message"]) <= 160
+
+
+def test_progress_bar_shows_turns_and_the_policys_figures(twin, capsys, monkeypatch):
+    import twin.rollout as rollout
+
+    monkeypatch.setattr(rollout, "_PROGRESS_TICK_S", 0.01)
+
+    class Reporting(SolverPolicy):
+        name = "reporting"
+
+        def progress(self):
+            return {"in_flight": 0, "tokens": 123}
+
+    run_episodes(twin, Reporting(delay=0.05), [("test", i) for i in range(3)], progress=True)
+    err = capsys.readouterr().err
+    assert "turns=" in err and "tokens=123" in err and "in_flight=0" in err
