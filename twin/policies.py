@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twin.cases import stable_seed
 from twin.errors import ConfigError, TwinError
@@ -42,8 +43,10 @@ __all__ = [
     "OpenAIChatPolicy",
     "Policy",
     "PolicyError",
+    "PolicySettings",
     "RandomPolicy",
     "ReplayPolicy",
+    "load_policy_file",
     "make_policy",
     "policy_for_episode",
     "tool_call",
@@ -53,7 +56,19 @@ Message = dict[str, Any]
 
 
 class PolicyError(TwinError):
-    """A policy could not produce a turn (e.g. the model server answered with an error)."""
+    """A policy could not produce a turn (e.g. the model server answered with an error).
+
+    Args:
+        message: What went wrong, with the URL and the server's words.
+        hint: What to change, e.g. ``"raise --timeout"`` (shown in the eval summary).
+        cause: The short cause, e.g. ``"ReadTimeout"`` or ``"HTTP 401"`` (default: the class of
+            the exception this one was raised from).
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+        self.cause = cause
 
 
 @runtime_checkable
@@ -395,9 +410,12 @@ _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 class OpenAIChatPolicy:
     """Any OpenAI-compatible ``/chat/completions`` server (OpenAI, vLLM, llama.cpp, ...).
 
-    One ``httpx.AsyncClient`` carries every concurrent episode. Retries transport errors, 429 and
-    5xx with exponential backoff (honouring ``Retry-After``); other errors raise
-    :class:`PolicyError` with the status, the URL and the start of the body.
+    One ``httpx.AsyncClient`` carries every concurrent episode. Retries connection errors, 429
+    and 5xx with exponential backoff (honouring ``Retry-After``); other errors raise
+    :class:`PolicyError` with the status, the URL, the start of the body and a ``hint`` naming
+    the ``twin eval`` flag that fixes the common ones. A request that gets no reply within
+    ``timeout`` is not retried: the server is up but slower than the timeout, and asking again
+    only adds to its queue.
 
     Args:
         base_url: Server root including ``/v1`` (default ``$OPENAI_BASE_URL``, else OpenAI's).
@@ -408,8 +426,9 @@ class OpenAIChatPolicy:
         transport: An httpx transport, e.g. ``httpx.MockTransport(handler)`` in tests.
         timeout: Seconds per request.
         retries: Extra attempts after a retryable failure.
-        extra_body: Merged into each request body (e.g. ``{"top_p": 0.9}``).
+        extra_body: Merged into each request body (e.g. ``{"chat_template_kwargs": {...}}``).
         name: Name recorded in trajectories (default ``openai:<model>``).
+        top_p: Nucleus sampling threshold (not sent when None: the server's default).
     """
 
     def __init__(
@@ -425,7 +444,13 @@ class OpenAIChatPolicy:
         retries: int = 3,
         extra_body: dict[str, Any] | None = None,
         name: str | None = None,
+        top_p: float | None = None,
     ) -> None:
+        if timeout <= 0 or max_tokens < 1 or retries < 0:
+            raise ConfigError(
+                f"openai policy: need timeout > 0, max_tokens >= 1 and retries >= 0; got "
+                f"timeout={timeout}, max_tokens={max_tokens}, retries={retries}"
+            )
         self.base_url = (
             base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         ).rstrip("/")
@@ -433,6 +458,7 @@ class OpenAIChatPolicy:
         self.model = model
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.temperature = temperature
+        self.top_p = top_p
         self.max_tokens = max_tokens
         self.transport = transport
         self.timeout = timeout
@@ -440,6 +466,8 @@ class OpenAIChatPolicy:
         self.extra_body = dict(extra_body or {})
         self.name = name or f"openai:{model}"
         self.usage = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
+        self.in_flight = 0
+        self.last_retry: str | None = None
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -470,6 +498,8 @@ class OpenAIChatPolicy:
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
         if tools:
             body["tools"] = list(tools)
         body.update(self.extra_body)
@@ -483,14 +513,19 @@ class OpenAIChatPolicy:
                 without ``choices[0].message``.
         """
         body = self.request_body(messages, tools)
-        response = await self._post(body)
+        self.in_flight += 1
+        try:
+            response = await self._post(body)
+        finally:
+            self.in_flight -= 1
         try:
             data = response.json()
             message = data["choices"][0]["message"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise PolicyError(
                 f"POST {self.url}: expected a chat completion with choices[0].message, got "
-                f"{_excerpt(response.text)}"
+                f"{_excerpt(response.text)}",
+                cause="bad reply",
             ) from None
         usage = data.get("usage") or {}
         self.usage["requests"] += 1
@@ -508,6 +543,18 @@ class OpenAIChatPolicy:
             ]
         return out
 
+    def progress(self) -> dict[str, Any]:
+        """Live figures for a progress bar: requests in flight, completion tokens received,
+        retries so far (and why the last one happened)."""
+        figures: dict[str, Any] = {
+            "in_flight": self.in_flight,
+            "tokens": self.usage["completion_tokens"],
+        }
+        if self.usage["retries"]:
+            figures["retries"] = self.usage["retries"]
+            figures["last_retry"] = self.last_retry
+        return figures
+
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
         client = self._client()
         delay = 0.5
@@ -515,18 +562,32 @@ class OpenAIChatPolicy:
             last = attempt == self.retries
             try:
                 response = await client.post(self.url, json=body)
+            except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+                raise PolicyError(
+                    f"POST {self.url}: no reply within {self.timeout:g} s "
+                    f"({type(exc).__name__}); the server may be slow or generating up to "
+                    f"max_tokens={self.max_tokens} tokens",
+                    hint="raise --timeout (seconds per request) or lower --max-tokens",
+                ) from exc
             except httpx.TransportError as exc:
                 if last:
                     raise PolicyError(
                         f"POST {self.url} failed after {self.retries + 1} attempts: "
                         f"{type(exc).__name__}: {exc}. Is the server running? (base URL: "
-                        f"--base-url or $OPENAI_BASE_URL)"
+                        f"--base-url or $OPENAI_BASE_URL)",
+                        hint="check --base-url and that the server is running",
                     ) from exc
+                self.last_retry = type(exc).__name__
             else:
                 if response.status_code < 400:
                     return response
                 if last or response.status_code not in _RETRY_STATUS:
-                    raise PolicyError(_http_message(self.url, response, self.model))
+                    raise PolicyError(
+                        _http_message(self.url, response, self.model),
+                        hint=_http_hint(response),
+                        cause=f"HTTP {response.status_code}",
+                    )
+                self.last_retry = f"HTTP {response.status_code}"
                 retry_after = response.headers.get("retry-after", "")
                 if retry_after.replace(".", "", 1).isdigit():
                     delay = min(float(retry_after), 30.0)
@@ -582,6 +643,102 @@ def _http_message(url: str, response: httpx.Response, model: str) -> str:
         400: "the server rejected the request; see its message",
     }.get(response.status_code, "see the server's message")
     return f"POST {url} -> HTTP {response.status_code}: {_excerpt(response.text)}; {hint}"
+
+
+_CONTEXT_OVERFLOW = re.compile(
+    r"context length|context window|maximum context|too many tokens|prompt is too long|"
+    r"max_tokens|max_completion_tokens|exceeds? the model",
+    re.IGNORECASE,
+)
+
+
+def _http_hint(response: httpx.Response) -> str | None:
+    """The ``twin eval`` flag that fixes a failed request, when one does."""
+    code = response.status_code
+    if code == 401:
+        return "pass --api-key (or set $OPENAI_API_KEY)"
+    if code == 404:
+        return "check --base-url (it usually ends in /v1) and the model name after openai:"
+    if code in (400, 413, 422) and _CONTEXT_OVERFLOW.search(response.text):
+        return "lower --max-tokens (prompt + completion must fit the model's context)"
+    if code in _RETRY_STATUS:
+        return "the server is overloaded or failing: lower --concurrency or raise --retries"
+    return None
+
+
+# -- settings ----------------------------------------------------------------------------------
+class PolicySettings(BaseModel):
+    """A policy and its request settings, as a policy spec file holds them (YAML or JSON)::
+
+        policy: openai:smollm2
+        base_url: http://127.0.0.1:18000/v1
+        timeout: 600          # seconds per request
+        max_tokens: 128       # per turn
+        temperature: 0.0
+        top_p: 0.95
+        retries: 3
+        concurrency: 4        # episodes in flight
+        extra_body: {chat_template_kwargs: {enable_thinking: false}}
+
+    Every field but ``policy`` is optional (None: the command line's or the default value).
+    ``api_key`` is accepted but better left to ``$OPENAI_API_KEY``; it is never stored.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    retries: int | None = Field(default=None, ge=0)
+    concurrency: int | None = Field(default=None, ge=1)
+    extra_body: dict[str, Any] | None = None
+
+    def merged(self, **overrides: Any) -> PolicySettings:
+        """These settings with every non-None override on top (the command line wins)."""
+        data = self.model_dump()
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return PolicySettings.model_validate(data)
+
+    def request_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`OpenAIChatPolicy` that are set (base URL and key apart)."""
+        keys = ("timeout", "max_tokens", "temperature", "top_p", "retries", "extra_body")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+def load_policy_file(path: str | os.PathLike[str]) -> PolicySettings:
+    """Read a policy spec file (see :class:`PolicySettings`).
+
+    Raises:
+        ConfigError: the file is missing, not YAML/JSON, not a mapping, or has unknown or
+            invalid fields (the message names them and lists the allowed ones).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"policy file {str(p)!r} not found; give a YAML or JSON mapping")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigError(f"policy file {str(p)!r} is not valid YAML/JSON: {first}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"policy file {str(p)!r} must hold a mapping (policy: openai:MODEL, timeout: ...), "
+            f"got {type(data).__name__}"
+        )
+    try:
+        return PolicySettings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors()
+        )
+        allowed = ", ".join(PolicySettings.model_fields)
+        raise ConfigError(
+            f"policy file {str(p)!r}: {problems} (allowed fields: {allowed})"
+        ) from None
 
 
 # -- specs -------------------------------------------------------------------------------------

@@ -537,3 +537,102 @@ def test_make_policy_unknown_lists_forms(twin):
         make_policy("random:x", twin)
     with pytest.raises(ConfigError):
         make_policy("openai:", twin)
+
+
+# -- request settings, hints and progress ---------------------------------------------------------
+def test_openai_timeout_is_explained_not_retried():
+    calls = 0
+
+    def handler(request):
+        nonlocal calls
+        calls += 1
+        raise httpx.ReadTimeout("", request=request)
+
+    policy = OpenAIChatPolicy(
+        "http://m.test/v1", "m", transport=httpx.MockTransport(handler), timeout=1.5, max_tokens=64
+    )
+    with pytest.raises(PolicyError) as err:
+        asyncio.run(policy.act(PROMPT, []))
+    assert calls == 1  # a slow server is not asked again
+    assert "no reply within 1.5 s (ReadTimeout)" in str(err.value) and "max_tokens=64" in str(
+        err.value
+    )
+    assert "--timeout" in err.value.hint and isinstance(err.value.__cause__, httpx.ReadTimeout)
+    assert policy.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "flag"),
+    [
+        (401, '{"error": {"message": "Incorrect API key provided"}}', "--api-key"),
+        (400, "This model's maximum context length is 2048 tokens. However, you requested", "--max-tokens"),
+        (404, "no such model", "--base-url"),
+    ],
+)
+def test_openai_http_errors_carry_the_flag_that_fixes_them(status, text, flag):
+    policy = OpenAIChatPolicy(
+        "http://m.test/v1",
+        "m",
+        transport=httpx.MockTransport(lambda r: httpx.Response(status, text=text)),
+    )
+    with pytest.raises(PolicyError) as err:
+        asyncio.run(policy.act(PROMPT, []))
+    assert flag in err.value.hint and err.value.cause == f"HTTP {status}"
+
+
+def test_openai_top_p_progress_and_bad_settings(monkeypatch):
+    monkeypatch.setattr(asyncio, "sleep", _no_sleep)
+    bodies: list[dict] = []
+    codes = iter([503, 200])
+
+    def handler(request):
+        bodies.append(json.loads(request.content))
+        if next(codes) == 503:
+            return httpx.Response(503, text="busy")
+        return httpx.Response(200, json=_completion({"role": "assistant", "content": "hi"}))
+
+    policy = OpenAIChatPolicy(
+        "http://m.test/v1", "m", transport=httpx.MockTransport(handler), top_p=0.5
+    )
+    assert policy.progress() == {"in_flight": 0, "tokens": 0}
+    asyncio.run(policy.act(PROMPT, []))
+    assert bodies[-1]["top_p"] == 0.5
+    assert "top_p" not in OpenAIChatPolicy("http://m.test/v1", "m").request_body(PROMPT, [])
+    assert policy.progress() == {
+        "in_flight": 0,
+        "tokens": 3,
+        "retries": 1,
+        "last_retry": "HTTP 503",
+    }
+    with pytest.raises(ConfigError, match="timeout > 0"):
+        OpenAIChatPolicy("http://m.test/v1", "m", timeout=0)
+
+
+def test_policy_file_settings_and_errors(tmp_path):
+    from twin.policies import PolicySettings, load_policy_file
+
+    spec = tmp_path / "p.yaml"
+    spec.write_text(
+        "policy: openai:smollm2\nbase_url: http://h/v1\ntimeout: 600\nmax_tokens: 128\n"
+        "extra_body: {chat_template_kwargs: {enable_thinking: false}}\n"
+    )
+    settings = load_policy_file(spec).merged(max_tokens=64, top_p=None)
+    assert settings.policy == "openai:smollm2" and settings.max_tokens == 64  # the flag wins
+    assert settings.request_options() == {
+        "timeout": 600.0,
+        "max_tokens": 64,
+        "extra_body": {"chat_template_kwargs": {"enable_thinking": False}},
+    }
+    assert PolicySettings().request_options() == {}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: openai:x\ntimeot: 5\nmax_tokens: 0\n")
+    with pytest.raises(ConfigError) as err:
+        load_policy_file(bad)
+    text = str(err.value)
+    assert "timeot" in text and "max_tokens" in text and "allowed fields" in text
+    assert "\n" not in text
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_policy_file(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_policy_file(tmp_path / "missing.yaml")
