@@ -15,7 +15,6 @@ other packages (``envs.catalog``, ``rewards``, ``trainer``), imported only when 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import inspect
@@ -340,18 +339,46 @@ def _print_reward(info: dict[str, Any]) -> None:
 
 
 # -- eval --------------------------------------------------------------------------------------
+#: ``twin eval`` exit statuses (docs/cli.md): every episode ran; the command failed (an
+#: unexpected error, with a traceback); bad input (one line); some episodes failed (stored,
+#: with their reasons in the summary); interrupted (Ctrl-C).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_EPISODES_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def _extra_body(raw: str | None) -> dict[str, Any] | None:
+    """``--extra-body`` JSON -> a dict.
+
+    Raises:
+        ConfigError: not JSON, or not a JSON object.
+    """
+    from twin.errors import ConfigError
+
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"--extra-body must be a JSON object, e.g. "
+            f"'{{\"chat_template_kwargs\": {{\"enable_thinking\": false}}}}'; got {raw!r} ({exc})"
+        ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--extra-body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 @app.command("eval")
 def eval_(
     name: Annotated[str, typer.Argument(help="Twin name or id.")],
     policy: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--policy",
             "-p",
             help="random[:SEED] | replay:FILE | openai:MODEL | hf:PATH | a twin baseline"
-            " (heuristic, oracle).",
+            " (heuristic, oracle). Default: the policy file's, else random.",
         ),
-    ] = "random",
+    ] = None,
     episodes: Annotated[
         int,
         typer.Option(
@@ -370,20 +397,71 @@ def eval_(
         ),
     ] = 1,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Episodes in flight at once.")
-    ] = 64,
+        int | None,
+        typer.Option(
+            "--concurrency", "-c", min=1, help="Episodes in flight at once (default 64)."
+        ),
+    ] = None,
     store: StoreOpt = None,
     no_store: Annotated[
         bool, typer.Option("--no-store", help="Do not write the run store.")
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random policy.")] = 0,
+    policy_file: Annotated[
+        str | None,
+        typer.Option(
+            "--policy-file",
+            help="YAML/JSON policy spec: policy, base_url, timeout, max_tokens, temperature,"
+            " top_p, retries, concurrency, extra_body. Flags given on the command line win.",
+        ),
+    ] = None,
     base_url: Annotated[
         str | None,
         typer.Option("--base-url", help="OpenAI-compatible base URL (default $OPENAI_BASE_URL)."),
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="OPENAI_API_KEY",
+            show_envvar=True,
+            help="Bearer token of openai: policies (never stored).",
+        ),
+    ] = None,
     temperature: Annotated[
-        float, typer.Option("--temperature", help="Sampling temperature of openai: policies.")
-    ] = 0.0,
+        float | None,
+        typer.Option("--temperature", min=0.0, help="Sampling temperature (default 0)."),
+    ] = None,
+    top_p: Annotated[
+        float | None,
+        typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus threshold (default: server's)."),
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", min=1, help="Most tokens per model turn (default 1024)."),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout", min=0.001, help="Seconds per model request (default 120); not retried."
+        ),
+    ] = None,
+    retries: Annotated[
+        int | None,
+        typer.Option(
+            "--retries",
+            min=0,
+            help="Extra attempts after a connection error, 429 or 5xx, with backoff (default 3).",
+        ),
+    ] = None,
+    extra_body: Annotated[
+        str | None,
+        typer.Option(
+            "--extra-body",
+            help="JSON merged into each request, e.g."
+            ' \'{"chat_template_kwargs": {"enable_thinking": false}}\'.',
+        ),
+    ] = None,
     overrides: SetOpt = None,
     taxonomy: TaxonomyOpt = None,
     progress: Annotated[
@@ -391,15 +469,37 @@ def eval_(
     ] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate a policy on a twin's cases: reward, components, pass@k, pass^k; store the run."""
-    from twin.policies import make_policy
-    from twin.rollout import arun_episodes, success_fn, summarize
+    """Evaluate a policy on a twin's cases: reward, components, pass@k, pass^k; store the run.
+
+    Exit status: 0 every episode ran; 3 some episodes failed (stored, reasons in the summary);
+    2 bad input; 1 the command failed; 130 interrupted.
+    """
+    from twin.evaluation import EvalInterrupted, evaluate
+    from twin.policies import PolicySettings, load_policy_file, make_policy
 
     with _errors():
+        settings = load_policy_file(policy_file) if policy_file else PolicySettings()
+        settings = settings.merged(
+            policy=policy,
+            base_url=base_url,
+            api_key=api_key,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            timeout=timeout,
+            retries=retries,
+            concurrency=concurrency,
+            extra_body=_extra_body(extra_body),
+        )
+        spec = settings.policy or "random"
+        in_flight = settings.concurrency or 64
         config = _twin_config(overrides, taxonomy)
         twin = _make_twin(name, config)
-        options = {"temperature": temperature} if policy.startswith("openai:") else {}
-        agent = make_policy(policy, twin, seed=seed, base_url=base_url, **options)
+        is_openai = spec.startswith("openai:")
+        options = settings.request_options() if is_openai else {}
+        agent = make_policy(
+            spec, twin, seed=seed, base_url=settings.base_url, api_key=settings.api_key, **options
+        )
         n_cases = math.ceil(episodes / group_size)
         available = twin.num_cases(split) - start
         if n_cases > available:
@@ -411,80 +511,59 @@ def eval_(
                 "another --split"
             )
         cases = [(split, start + i) for i in range(n_cases)]
-        run_store = run_id = None
+        run_store = None
         if not no_store:
             from twin.store import RunStore
 
             run_store = RunStore(store)
-            run_id = run_store.start_run(
-                "eval",
-                twin.name,
-                policy,
-                {
-                    "twin_config": config,
-                    "split": split,
-                    "start": start,
-                    "episodes": n_cases * group_size,
-                    "cases": n_cases,
-                    "group_size": group_size,
-                    "concurrency": concurrency,
-                    "seed": seed,
-                    "base_url": base_url,
-                    "temperature": temperature,
-                },
-            )
-
-        def on_group(group: Any) -> None:
-            if run_store is not None:
-                run_store.add_episodes(run_id, group.trajectories)
-
-        async def go() -> list[Any]:
-            try:
-                return await arun_episodes(
-                    twin,
-                    agent,
-                    cases,
-                    group_size=group_size,
-                    concurrency=concurrency,
-                    progress=progress,
-                    on_group=on_group,
-                )
-            finally:
-                closer = getattr(agent, "aclose", None)
-                if closer is not None:
-                    await closer()
-
+        run_config = {
+            "twin_config": config,
+            "split": split,
+            "start": start,
+            "episodes": n_cases * group_size,
+            "cases": n_cases,
+            "group_size": group_size,
+            "concurrency": in_flight,
+            "seed": seed,
+            "base_url": settings.base_url,
+            "temperature": settings.temperature if settings.temperature is not None else 0.0,
+            "policy_file": policy_file,
+        }
+        if is_openai:  # the key is a secret: never in the store
+            run_config["request"] = {k: v for k, v in options.items() if k != "api_key"}
         if not as_json:
             err_console.print(
                 f"[dim]{twin.name}: {n_cases} cases x {group_size} = {n_cases * group_size} "
                 f"episodes of {escape(agent.name)} on split {split!r}[/]"
             )
         try:
-            groups = asyncio.run(go())
-        except KeyboardInterrupt:
+            result = evaluate(
+                twin,
+                agent,
+                cases,
+                group_size=group_size,
+                concurrency=in_flight,
+                store=run_store,
+                policy_spec=spec,
+                config=run_config,
+                progress=progress,
+            )
+        except EvalInterrupted as stop:
+            if stop.run_id is not None:
+                err_console.print(
+                    f"[yellow]interrupted: run {stop.run_id} keeps {stop.kept} episodes[/]"
+                )
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        finally:
             if run_store is not None:
-                run_store.finish_run(run_id, None, status="failed")
-                kept = run_store.count_episodes(run_id)
-                err_console.print(f"[yellow]interrupted: run {run_id} keeps {kept} episodes[/]")
-            raise typer.Exit(130) from None
-        except BaseException:
-            if run_store is not None:
-                run_store.finish_run(run_id, None, status="failed")
-            raise
-        summary = summarize(groups, success=success_fn(twin))
-        summary.update({"twin": twin.name, "policy": agent.name, "split": split, "run_id": run_id})
-        usage = getattr(agent, "usage", None)
-        if isinstance(usage, dict):
-            summary["usage"] = dict(usage)
-        if run_store is not None:
-            run_store.finish_run(run_id, summary)
-            summary["store"] = run_store.url
+                run_store.close()
+        summary = result.summary
     if as_json:
         _dump(summary)
     else:
         print_summary(summary)
-    if summary["errors"] and summary["episodes"] == 0:
-        raise typer.Exit(1)
+    if summary["errors"]:
+        raise typer.Exit(EXIT_EPISODES_FAILED)
 
 
 def print_summary(summary: dict[str, Any], out: Console | None = None) -> None:
@@ -545,6 +624,42 @@ def print_summary(summary: dict[str, Any], out: Console | None = None) -> None:
                 f"{row['success_rate']:.3f}",
             )
         out.print(kinds)
+    print_error_reasons(summary.get("error_reasons") or [], out)
+
+
+def print_error_reasons(reasons: list[dict[str, Any]], out: Console | None = None) -> None:
+    """The table of why episodes failed (:func:`twin.rollout.error_reasons`) and what to change."""
+    if not reasons:
+        return
+    out = out or console
+    table = Table(title="[red]failed episodes: reasons[/]", show_lines=True)
+    table.add_column("error")
+    table.add_column("message", overflow="fold")
+    table.add_column("count", justify="right")
+    table.add_column("turns")
+    for row in reasons:
+        table.add_row(
+            escape(str(row.get("type", ""))),
+            escape(str(row.get("message", ""))),
+            str(row.get("count", 0)),
+            _turns_text(row.get("turns") or []),
+        )
+    out.print(table)
+    hints = list(dict.fromkeys(str(r["hint"]) for r in reasons if r.get("hint")))
+    for hint in hints:
+        out.print(f"[yellow]hint:[/] {escape(hint)}")
+    out.print("[dim]failed episodes are stored with their partial trajectories: twin runs show ID[/]")
+
+
+def _turns_text(turns: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (turn 0 is the reset)."""
+    spans: list[list[int]] = []
+    for turn in sorted(set(turns)):
+        if spans and spans[-1][1] == turn - 1:
+            spans[-1][1] = turn
+        else:
+            spans.append([turn, turn])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 # -- runs --------------------------------------------------------------------------------------
@@ -564,11 +679,13 @@ def runs(
     from twin.store import RunStore
 
     with _errors():
-        rows = RunStore(store).runs(limit, kind=kind)
+        run_store = RunStore(store)
+        rows = run_store.runs(limit, kind=kind)
+        run_store.close()
     if as_json:
         _dump([r.__dict__ for r in rows])
         return
-    table = Table(title=f"runs ({escape(RunStore(store).url)})")
+    table = Table(title=f"runs ({escape(run_store.url)})")
     for col, justify in (
         ("id", "right"),
         ("kind", "left"),
@@ -586,7 +703,7 @@ def runs(
             r.kind,
             escape(r.twin),
             escape(r.policy),
-            r.status,
+            _status_text(r.status),
             r.started_at.strftime("%Y-%m-%d %H:%M:%S") if r.started_at else "",
             str(r.episodes),
             "" if r.reward_mean is None else f"{r.reward_mean:.4f}",
@@ -608,12 +725,13 @@ def runs_show(
         run_store = RunStore(store)
         info = run_store.run(run_id)
         trajs = run_store.episodes(run_id, limit=episodes)
+        run_store.close()
     if as_json:
         _dump({"run": info.__dict__, "episodes": [t.model_dump(mode="json") for t in trajs]})
         return
     console.rule(
         f"[bold]run {info.id}: {info.kind} {escape(info.twin)} x {escape(info.policy)} "
-        f"({info.status})"
+        f"({_status_text(info.status)})"
     )
     console.print(Syntax(json.dumps(info.config, indent=2, default=str), "json", word_wrap=True))
     if info.metrics and "reward_mean" in info.metrics:
@@ -621,21 +739,38 @@ def runs_show(
     table = Table(title=f"episodes ({len(trajs)} of {info.episodes})")
     for col in ("case", "kind", "reward", "turns", "invalid", "end"):
         table.add_column(col)
+    failed = any("error" in t.info for t in trajs)
+    if failed:
+        table.add_column("error", overflow="fold")
     for t in trajs:
         end = (
             "error"
             if "error" in t.info
             else ("submit" if t.terminated else "truncated" if t.truncated else "?")
         )
-        table.add_row(
+        cells = [
             escape(t.case_id),
             escape(t.case_kind),
             "" if t.reward is None else f"{t.reward:.4f}",
             str(t.num_turns),
             str(t.invalid_calls),
             end,
-        )
+        ]
+        if failed:
+            cells.append(escape(_short(str(t.info.get("error", "")), 200)))
+        table.add_row(*cells)
     console.print(table)
+
+
+def _status_text(status: str) -> str:
+    if status == "interrupted":
+        return "[yellow]interrupted[/]"
+    return "[red]failed[/]" if status == "failed" else status
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # -- wrappers over other areas -------------------------------------------------------------------

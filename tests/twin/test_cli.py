@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +266,7 @@ def test_wrappers_call_their_targets(monkeypatch):
     def demo_main(episodes: int = 10, quick: bool = False) -> None:
         calls.append(("demo", episodes, quick))
 
-    def train(recipe, overrides, resume):
+    def train(recipe, overrides, resume, overwrite=False):
         calls.append(("train", recipe, overrides, resume))
 
     def serve_main(model, host, port):
@@ -276,7 +279,7 @@ def test_wrappers_call_their_targets(monkeypatch):
     _fake(monkeypatch, "envs.catalog.bench", main=lambda **kw: calls.append(("bench catalog", kw)))
     _fake(monkeypatch, "trainer.bench", main=lambda **kw: calls.append(("bench trainer", kw)))
     _fake(
-        monkeypatch, "rewards.testing", cli_main=lambda files: calls.append(("reward", files)) or 1
+        monkeypatch, "rewards.testing", cli_main=lambda files, allow_import=False: calls.append(("reward", files)) or 1
     )
 
     assert runner.invoke(app, ["demo", "--episodes", "3", "--quick"]).exit_code == 0
@@ -318,3 +321,155 @@ def test_wrappers_exit_2_when_the_target_is_missing(monkeypatch):
     _fake(monkeypatch, "trainer.cli")  # the module is there, the function is not
     result = runner.invoke(app, ["train", "r.yaml"])
     assert result.exit_code == 2 and "no function 'train'" in result.output
+
+
+# -- twin eval against an OpenAI-compatible server on loopback ---------------------------------------
+class _FakeServer(BaseHTTPRequestHandler):
+    """/v1/chat/completions by model name: ``slow`` sleeps past any test timeout, ``locked``
+    answers 401, ``solver`` looks the key up and submits its value (tool calls)."""
+
+    requests: list[tuple[dict, str]] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((body, self.headers.get("Authorization", "")))
+        if body["model"] == "slow":
+            time.sleep(2.0)
+            self._send(200, {"choices": [{"message": {"role": "assistant", "content": "late"}}]})
+            return
+        if body["model"] == "locked":
+            self._send(401, {"error": {"message": "Incorrect API key provided"}})
+            return
+        messages = body["messages"]
+        if messages[-1]["role"] == "tool":
+            name, args = "submit", {"value": json.loads(messages[-1]["content"])["value"]}
+        else:
+            name, args = "lookup", {"key": messages[1]["content"].split("key ")[1].split(" ")[0]}
+        call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        usage = {"prompt_tokens": 20, "completion_tokens": 7}
+        self._send(200, {"choices": [{"message": message}], "usage": usage})
+
+    def _send(self, code: int, data: dict) -> None:
+        raw = json.dumps(data).encode()
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+        except OSError:  # the client gave up (the timeout test)
+            pass
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def fake_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeServer)
+    server.daemon_threads = True
+    _FakeServer.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def _eval(server: str, model: str, db: Path, *extra: str) -> Any:
+    return runner.invoke(
+        app,
+        ["eval", "clikey", "--policy", f"openai:{model}", "--base-url", server, "--episodes", "4",
+         "--store", str(db), "--no-progress", *extra],
+    )  # fmt: skip
+
+
+def test_eval_timeouts_are_explained_and_the_failed_episodes_stored(cli_twin, fake_server, tmp_path):
+    db = tmp_path / "t.db"
+    result = _eval(fake_server, "slow", db, "--timeout", "0.2")
+    assert result.exit_code == 3, result.output  # some episodes failed; the command did not
+    out = " ".join(result.output.split())
+    assert "failed episodes: reasons" in out and "PolicyError (ReadTimeout)" in out
+    assert "hint: raise --timeout" in out
+    store = RunStore(db)
+    (run,) = store.runs()
+    assert run.status == "finished" and run.episodes == 4
+    assert run.config["request"]["timeout"] == 0.2
+    for t in store.episodes(run.id):
+        assert t.info["error_type"] == "PolicyError" and t.info["error_cause"] == "ReadTimeout"
+        assert t.info["error_turn"] == 1 and t.messages  # the partial trajectory: the prompt
+        assert "no reply within 0.2 s (ReadTimeout)" in t.info["error"]
+    shown = runner.invoke(app, ["runs", "show", str(run.id), "--store", str(db)])
+    assert shown.exit_code == 0 and "no reply within" in " ".join(shown.output.split())
+    store.close()
+
+
+def test_eval_401_suggests_the_api_key_and_json_lists_reasons(cli_twin, fake_server, tmp_path):
+    result = _eval(fake_server, "locked", tmp_path / "k.db", "--json")
+    assert result.exit_code == 3, result.output
+    summary = json.loads(result.stdout)
+    (reason,) = summary["error_reasons"]
+    assert reason["type"] == "PolicyError (HTTP 401)" and reason["count"] == 4
+    assert reason["turns"] == [1] and "--api-key" in reason["hint"]
+
+
+def test_eval_request_settings_reach_the_server(cli_twin, fake_server, tmp_path, monkeypatch):
+    db = tmp_path / "ok.db"
+    spec = tmp_path / "policy.yaml"
+    spec.write_text(f"policy: openai:solver\nbase_url: {fake_server}\nmax_tokens: 999\nretries: 1\n")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    result = runner.invoke(
+        app,
+        ["eval", "clikey", "--policy-file", str(spec), "--episodes", "3", "--max-tokens", "128",
+         "--top-p", "0.9", "--temperature", "0.3", "--timeout", "30", "--concurrency", "2",
+         "--extra-body", '{"chat_template_kwargs": {"enable_thinking": false}}',
+         "--store", str(db), "--no-progress"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    body, auth = _FakeServer.requests[0]
+    assert body["max_tokens"] == 128 and body["top_p"] == 0.9 and body["temperature"] == 0.3
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert auth == "Bearer sk-secret" and len(_FakeServer.requests) == 6  # 3 x (lookup, submit)
+    store = RunStore(db)
+    (run,) = store.runs()
+    assert run.policy == "openai:solver" and run.config["concurrency"] == 2
+    assert run.config["request"]["retries"] == 1 and "sk-secret" not in json.dumps(run.config)
+    trajs = store.episodes(run.id)
+    assert all(t.reward == 1.0 and [c.name for c in t.calls] == ["lookup", "submit"] for t in trajs)
+    store.close()
+
+
+def test_eval_bad_request_settings_are_one_line_errors(cli_twin, tmp_path):
+    for extra, words in (
+        (["--extra-body", "{nope"], "--extra-body must be a JSON object"),
+        (["--extra-body", "[1]"], "must be a JSON object, got list"),
+        (["--policy-file", str(tmp_path / "none.yaml")], "not found"),
+    ):
+        result = runner.invoke(app, ["eval", "clikey", "--policy", "openai:m", "--no-store", *extra])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert result.output.count("error:") == 1
+
+
+def test_runs_shows_killed_runs_as_interrupted_and_rejects_a_non_database(tmp_path):
+    db = tmp_path / "r.db"
+    store = RunStore(db)
+    run = store.start_run("eval", "Returns", "random")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    from sqlalchemy import update
+
+    from twin.store import _Run
+
+    with store.engine.begin() as conn:
+        conn.execute(update(_Run).values(pid=int(dead.stdout)))
+    listing = runner.invoke(app, ["runs", "--store", str(db)])
+    assert listing.exit_code == 0 and "interrupted" in listing.output
+    assert json.loads(runner.invoke(app, ["runs", "--store", str(db), "--json"]).stdout)[0][
+        "status"
+    ] == "interrupted"
+    store.close()
+    text = tmp_path / "passwd"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n" * 40)
+    bad = runner.invoke(app, ["runs", "--store", str(text)])
+    assert bad.exit_code == 2 and "not a database" in bad.output
+    assert len(bad.output.strip().splitlines()) == 1

@@ -1,0 +1,154 @@
+"""Evaluate a policy on a twin's cases and record the run: the workflow behind ``twin eval``.
+
+::
+
+    from twin.evaluation import evaluate
+    from twin.policies import make_policy
+    from twin.registry import make_twin
+    from twin.store import RunStore
+
+    twin = make_twin("returns")
+    result = evaluate(twin, make_policy("random", twin), [("test", i) for i in range(20)],
+                      store=RunStore())
+    result.summary["reward_mean"], result.summary["errors"], result.run_id
+
+Every finished group is written to the store as it completes (one transaction), failed episodes
+included, each with its reason (``info["error"]``, ``error_type``, ``error_turn``, and
+``error_hint`` when the policy said what to change) and its partial trajectory. The run is
+finished with the summary when every episode has ended, however many failed; it is marked
+``interrupted`` on Ctrl-C and ``failed`` when the evaluation itself breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from twin.rollout import CaseRef, arun_episodes, success_fn, summarize
+from twin.store import RunStore
+from twin.trajectory import Group
+
+__all__ = ["EvalInterrupted", "EvalResult", "evaluate"]
+
+
+@dataclass
+class EvalResult:
+    """What :func:`evaluate` returns.
+
+    Attributes:
+        summary: :func:`twin.rollout.summarize`'s figures plus ``twin``, ``policy``, ``split``,
+            ``run_id``, ``store`` (the store URL, when stored) and ``usage`` (when the policy
+            counts requests and tokens).
+        groups: One group per case, in case order.
+        run_id: The stored run, or None without a store.
+    """
+
+    summary: dict[str, Any]
+    groups: list[Group] = field(default_factory=list)
+    run_id: int | None = None
+
+    @property
+    def failed_episodes(self) -> int:
+        """Episodes that ended with an error (stored, with their reason)."""
+        return int(self.summary.get("errors", 0))
+
+
+class EvalInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`evaluate`; the run is stored as ``interrupted`` with what finished.
+
+    Attributes:
+        run_id: The run (None without a store).
+        kept: Episodes the store holds for it.
+    """
+
+    def __init__(self, run_id: int | None, kept: int) -> None:
+        super().__init__(f"evaluation interrupted; run {run_id} keeps {kept} episodes")
+        self.run_id = run_id
+        self.kept = kept
+
+
+def evaluate(
+    twin: Any,
+    policy: Any,
+    cases: Sequence[CaseRef],
+    *,
+    group_size: int = 1,
+    concurrency: int = 64,
+    store: RunStore | None = None,
+    policy_spec: str | None = None,
+    config: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> EvalResult:
+    """Run ``group_size`` episodes of ``policy`` on each case, store them, summarize them.
+
+    Args:
+        twin: The twin.
+        policy: A :class:`twin.policies.Policy`; its ``aclose()`` (if any) is awaited at the end.
+        cases: ``(split, index)`` pairs.
+        group_size: Episodes per case.
+        concurrency: Most episodes in flight.
+        store: Where to record the run (kind ``eval``); None records nothing.
+        policy_spec: The policy as the run records it (default ``policy.name``).
+        config: The run's configuration, stored with it (must not hold secrets).
+        progress: Progress bar on stderr.
+
+    Returns:
+        The summary, the groups and the run id.
+
+    Raises:
+        EvalInterrupted: Ctrl-C; the run is stored as ``interrupted``.
+        CaseError: a case that does not exist (before any episode starts; nothing stored).
+    """
+    for split, index in cases:
+        twin.case(split, index)  # fail before a run is recorded
+
+    async def run_all(on_group: Any) -> list[Group]:
+        try:
+            return await arun_episodes(
+                twin,
+                policy,
+                cases,
+                group_size=group_size,
+                concurrency=concurrency,
+                progress=progress,
+                on_group=on_group,
+            )
+        finally:
+            closer = getattr(policy, "aclose", None)
+            if closer is not None:
+                await closer()
+
+    def summary_of(groups: list[Group], run_id: int | None) -> dict[str, Any]:
+        summary = summarize(groups, success=success_fn(twin))
+        summary.update(
+            {
+                "twin": twin.name,
+                "policy": policy.name,
+                "split": cases[0][0] if cases else "",
+                "run_id": run_id,
+            }
+        )
+        usage = getattr(policy, "usage", None)
+        if isinstance(usage, dict):
+            summary["usage"] = dict(usage)
+        return summary
+
+    if store is None:
+        try:
+            groups = asyncio.run(run_all(None))
+        except KeyboardInterrupt:
+            raise EvalInterrupted(None, 0) from None
+        return EvalResult(summary_of(groups, None), groups, None)
+
+    spec = policy_spec or policy.name
+    with store.track_run("eval", twin.name, spec, config) as run:
+        try:
+            groups = asyncio.run(run_all(lambda group: run.add_episodes(group.trajectories)))
+        except KeyboardInterrupt:
+            raise EvalInterrupted(run.id, run.count_episodes()) from None
+        summary = summary_of(groups, run.id)
+        run.metrics = summary
+    summary["store"] = store.url
+    return EvalResult(summary, groups, run.id)
