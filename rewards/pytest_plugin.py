@@ -3,7 +3,9 @@ file becomes a test item, as ``check_env`` does for environments.
 
 ``pytest data/rollouts/`` (or a path to one file) checks each hand-written rollout against
 its twin's reward; a failure shows expected vs got and the full breakdown. Heavy imports
-(the twin, its world) happen only when such a file is collected.
+(the twin, its world) happen only when such a file is collected. A file's ``reward:
+module:attr`` outside the reward library and the registered twins' packages needs
+``pytest --rollouts-allow-import`` (see :mod:`rewards.testing`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,19 @@ from typing import Any
 
 import pytest
 
-__all__ = ["RolloutItem", "RolloutYamlFile", "pytest_collect_file"]
+__all__ = ["RolloutItem", "RolloutYamlFile", "pytest_addoption", "pytest_collect_file"]
 
 SUFFIX = ".rollouts.yaml"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--rollouts-allow-import``: let rollout files import their ``reward:`` from any module."""
+    parser.getgroup("twin_rewards").addoption(
+        "--rollouts-allow-import",
+        action="store_true",
+        default=False,
+        help="let *.rollouts.yaml files import `reward: module:attr` from any module (runs its code)",
+    )
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -65,7 +77,8 @@ class RolloutItem(pytest.Item):
         """Score the case; raise :class:`RolloutMismatch` when it does not meet ``expect``."""
         from rewards.testing import score_case
 
-        outcome = score_case(self.spec, self.case, file=str(self.path))
+        allow = bool(self.config.getoption("rollouts_allow_import", default=False))
+        outcome = score_case(self.spec, self.case, file=str(self.path), allow_import=allow)
         if not outcome.passed:
             raise RolloutMismatch(outcome.describe())
 

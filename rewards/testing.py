@@ -26,6 +26,12 @@ episode runs on; the file's ``truth`` replaces that case's truth when scoring; w
 ``truth`` the case's own is used). Expected values are numbers or arithmetic such as ``"5/7"``;
 ``total: max`` means the reward's upper bound; ``expect: 0.2`` is short for ``{total: 0.2}``.
 
+A file's ``reward: module:attr`` is imported only from the reward library (``rewards``) and
+the packages of registered twins (built in, or installed through the ``twin.envs`` entry
+points): a rollout file is data, and naming any module would let it run any code. Other modules
+need an explicit ``allow_import=True`` (``twin reward test --allow-import``,
+``pytest --rollouts-allow-import``).
+
 Run ``twin reward test FILE...`` (:func:`cli_main`), or ``pytest FILE...`` (the plugin in
 :mod:`rewards.pytest_plugin` collects each case as a test item).
 """
@@ -77,6 +83,7 @@ __all__ = [
     "resolve_scorer",
     "run_rollout_file",
     "score_case",
+    "trusted_reward_packages",
     "unregister_reward",
 ]
 
@@ -97,8 +104,24 @@ _OPS: dict[type, Callable[..., float]] = {
 }
 
 
+#: Longest arithmetic text of an expected value (deeper or longer text is not a reward value).
+MAX_ARITH_CHARS = 200
+
+
 def _arith(text: str) -> float:
-    """Evaluate ``"0.3*0.5 + 2/7"``: numbers, + - * /, parentheses; nothing else."""
+    """Evaluate ``"0.3*0.5 + 2/7"``: numbers, + - * /, parentheses; nothing else.
+
+    The text is at most :data:`MAX_ARITH_CHARS` characters and the result must be a finite
+    float: anything else (a 2,000-term product that would exhaust the parser's recursion, a
+    401-digit literal that overflows a float) is a ``ValueError`` that names the problem.
+    """
+    from twin.yamlsafe import clip
+
+    if len(text) > MAX_ARITH_CHARS:
+        raise ValueError(
+            f"expected a number or short arithmetic such as '5/7', got {len(text)} characters "
+            f"({clip(repr(text), 60)}); at most {MAX_ARITH_CHARS} are read"
+        )
 
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
@@ -112,9 +135,14 @@ def _arith(text: str) -> float:
         raise ValueError(f"only numbers, + - * / and parentheses are allowed, got {ast.dump(node)[:60]}")
 
     try:
-        return ev(ast.parse(text.strip(), mode="eval"))
-    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
-        raise ValueError(f"expected a number or arithmetic such as '5/7', got {text!r} ({exc})") from None
+        result = ev(ast.parse(text.strip(), mode="eval"))
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError) as exc:
+        why = {OverflowError: "a number too large for a float", RecursionError: "nested too deeply",
+               MemoryError: "too large"}.get(type(exc), str(exc))
+        raise ValueError(f"expected a number or arithmetic such as '5/7', got {text!r} ({why})") from None
+    if not math.isfinite(result):
+        raise ValueError(f"expected a finite number, {text!r} evaluates to {result}")
+    return result
 
 
 def _number(value: Any) -> float | str:
@@ -123,8 +151,16 @@ def _number(value: Any) -> float | str:
             return "max"
         return _arith(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"expected a number, got {value!r}")
-    return float(value)
+        from twin.yamlsafe import clip
+
+        raise ValueError(f"expected a number, got {clip(repr(value), 80)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"expected a number a float can hold, got an integer of {len(str(value))} digits") from None
+    if not math.isfinite(number):
+        raise ValueError(f"expected a finite number, got {number}")
+    return number
 
 
 # -- file model --------------------------------------------------------------------------------
@@ -202,7 +238,7 @@ class RolloutCase(BaseModel):
         tolerance: Absolute tolerance (default: the file's).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `tolerance: .inf` would pass anything
 
     name: str
     truth: dict[str, Any] | None = None
@@ -249,7 +285,7 @@ class RolloutFile(BaseModel):
         cases: The rollouts.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     twin: str
     description: str | None = None
@@ -266,27 +302,27 @@ def load_rollout_file(path: str | Path) -> RolloutFile:
         ConfigError: the file is missing, not YAML, or not in the format above; the message
             names the file, the case and the field.
     """
-    import yaml
+    from twin.yamlsafe import load_yaml_file
 
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"rollout file {str(p)!r} could not be read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"rollout file {str(p)!r} is not valid YAML: {exc}") from None
+    data = load_yaml_file(p, what="rollout file")  # bounded: no alias bombs, no binary files
     try:
         return RolloutFile.model_validate(data)
     except ValidationError as exc:
+        from twin.yamlsafe import clip
+
         problems = []
-        for e in exc.errors(include_url=False):
+        errors = exc.errors(include_url=False)
+        if len(errors) > 10:  # one bad list can fail per element: the first ten say what is wrong
+            errors = [*errors[:10], {"loc": (), "msg": f"... and {len(errors) - 10} more problems"}]
+        for e in errors:
             loc = list(e["loc"])
             if len(loc) >= 2 and loc[0] == "cases" and isinstance(loc[1], int) and isinstance(data, dict):
                 try:
                     loc[1] = f"{loc[1]} ({data['cases'][loc[1]].get('name', '?')!r})"
                 except (KeyError, IndexError, AttributeError, TypeError):
                     pass
-            problems.append(f"{'.'.join(map(str, loc)) or '<file>'}: {e['msg']}")
+            problems.append(f"{'.'.join(map(str, loc)) or '<file>'}: {clip(e['msg'], 300)}")
         raise ConfigError(
             f"rollout file {str(p)!r} is not valid:\n  " + "\n  ".join(problems)
             + "\n(see rewards.testing's docstring for the format)"
@@ -343,6 +379,35 @@ def _make_twin(name: str, config: dict[str, Any]) -> Any:
         return _TWINS[key]
 
 
+def trusted_reward_packages() -> list[str]:
+    """The packages a rollout file's ``reward: module:attr`` may import from by default: the
+    reward library and the package of every registered twin (entry-point plugins included)."""
+    packages = {"rewards"}
+    try:
+        from twin.registry import registry
+    except ImportError:  # the registry is optional for shorthand cases
+        registry = {}
+    for spec in registry.values():
+        module = spec.entry_point.partition(":")[0]
+        packages.add(module.rpartition(".")[0] or module)
+    return sorted(packages)
+
+
+def _check_import_allowed(spec: str, allow_import: bool) -> None:
+    module = spec.partition(":")[0].strip()
+    if allow_import or not module:
+        return
+    trusted = trusted_reward_packages()
+    if any(module == p or module.startswith(p + ".") for p in trusted):
+        return
+    raise ConfigError(
+        f"reward {spec!r}: a rollout file may only name rewards of the reward library or of registered "
+        f"twins (modules under {', '.join(trusted)}); importing {module!r} would run its code. If you "
+        "trust the file, run `twin reward test --allow-import` (Python: allow_import=True; pytest: "
+        "--rollouts-allow-import)"
+    )
+
+
 def _import_reward(spec: str) -> Scorer:
     module, _, attr = spec.partition(":")
     if not module or not attr:
@@ -362,15 +427,27 @@ def _import_reward(spec: str) -> Scorer:
     raise ConfigError(f"reward {spec!r} is {obj!r}, not a Reward, scorer or factory")
 
 
-def resolve_scorer(twin: str, config: dict[str, Any] | None = None, reward: str | None = None) -> Scorer:
+def resolve_scorer(
+    twin: str, config: dict[str, Any] | None = None, reward: str | None = None, *, allow_import: bool = False
+) -> Scorer:
     """The scorer rollout files for ``twin`` are checked against.
 
     Order: the file's ``reward:`` entry; a reward registered with ``override=True``; the twin
     made through ``twin.registry.make_twin`` (its ``score``); a registered reward.
 
+    Args:
+        twin: The twin's name or id.
+        config: The twin's config.
+        reward: ``module:attr`` of a reward (or of a zero-argument factory of one).
+        allow_import: Import ``reward`` from any module; by default only from
+            :func:`trusted_reward_packages`.
+
     Raises:
         UnknownTwinError: nothing could be resolved; the message says what was tried.
+        ConfigError: ``reward`` is outside the trusted packages and ``allow_import`` is false.
     """
+    if reward:
+        _check_import_allowed(reward, allow_import)  # before the cache: a trusted caller's import is no licence
     config = dict(config or {})
     key = (twin.lower(), json.dumps(config, sort_keys=True), reward or "")
     with _LOCK:
@@ -474,15 +551,21 @@ def _replay(f: RolloutFile, c: RolloutCase) -> tuple[Trajectory, Case]:
     return trajectory, case
 
 
-def score_case(f: RolloutFile, c: RolloutCase, *, file: str = "<memory>") -> CaseOutcome:
+def score_case(f: RolloutFile, c: RolloutCase, *, file: str = "<memory>", allow_import: bool = False) -> CaseOutcome:
     """Score one case of a rollout file and compare it with its expectations.
 
     Never raises for a broken reward: the error is recorded in the outcome (and fails it).
+
+    Args:
+        f: The rollout file.
+        c: One of its cases.
+        file: The file's name in the outcome.
+        allow_import: Let the file's ``reward:`` import any module (see :func:`resolve_scorer`).
     """
     tol = c.tolerance if c.tolerance is not None else f.tolerance
     out = CaseOutcome(file=file, name=c.name, tolerance=tol)
     try:
-        scorer = resolve_scorer(f.twin, f.config, f.reward)
+        scorer = resolve_scorer(f.twin, f.config, f.reward, allow_import=allow_import)
         if c.turns is not None:
             trajectory, case = _replay(f, c)
         else:
@@ -520,18 +603,25 @@ def score_case(f: RolloutFile, c: RolloutCase, *, file: str = "<memory>") -> Cas
     return out
 
 
-def run_rollout_file(path: str | Path) -> list[CaseOutcome]:
-    """Check every case of a rollout file (a file that cannot be loaded gives one failed outcome)."""
+def run_rollout_file(path: str | Path, *, allow_import: bool = False) -> list[CaseOutcome]:
+    """Check every case of a rollout file (a file that cannot be loaded gives one failed outcome).
+
+    Args:
+        path: The rollout file.
+        allow_import: Let the file's ``reward:`` import any module (see :func:`resolve_scorer`).
+    """
     try:
         f = load_rollout_file(path)
     except ConfigError as exc:
         return [CaseOutcome(file=str(path), name="<file>", error=str(exc))]
-    return [score_case(f, c, file=str(path)) for c in f.cases]
+    except Exception as exc:  # noqa: BLE001 - one unreadable file must not stop the others
+        return [CaseOutcome(file=str(path), name="<file>", error=f"{type(exc).__name__}: {exc}")]
+    return [score_case(f, c, file=str(path), allow_import=allow_import) for c in f.cases]
 
 
-def check_rollout_file(path: str | Path) -> list[CaseOutcome]:
+def check_rollout_file(path: str | Path, *, allow_import: bool = False) -> list[CaseOutcome]:
     """Like :func:`run_rollout_file` but raise ``AssertionError`` listing every failed case."""
-    outcomes = run_rollout_file(path)
+    outcomes = run_rollout_file(path, allow_import=allow_import)
     failed = [o for o in outcomes if not o.passed]
     if failed:
         raise AssertionError("\n\n".join(o.describe() for o in failed))
@@ -588,11 +678,12 @@ def render_outcomes(outcomes: Sequence[CaseOutcome], console: Any = None) -> Non
     console.print(f"[red]{msg}[/red]" if failed else f"[green]{msg}[/green]")
 
 
-def cli_main(files: list[str]) -> int:
+def cli_main(files: list[str], allow_import: bool = False) -> int:
     """``twin reward test FILE...``: check rollout files, print the tables.
 
     Args:
         files: Rollout files (glob patterns are expanded when the shell did not).
+        allow_import: Let the files' ``reward: module:attr`` import any module (``--allow-import``).
 
     Returns:
         0 when every case passes, 1 when any case fails or errors, 2 when no file was given
@@ -616,6 +707,6 @@ def cli_main(files: list[str]) -> int:
         return 2
     outcomes: list[CaseOutcome] = []
     for p in paths:
-        outcomes.extend(run_rollout_file(p))
+        outcomes.extend(run_rollout_file(p, allow_import=allow_import))
     render_outcomes(outcomes, console)
     return 0 if all(o.passed for o in outcomes) else 1

@@ -140,7 +140,65 @@ def test_reward_entry_in_the_file(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     p = write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: Other\nreward: my_rewards:catalog"))
-    assert all(o.passed for o in run_rollout_file(p))
+    refused = run_rollout_file(p)  # a module outside the reward library and the twins' packages
+    assert all("--allow-import" in (o.error or "") and "my_rewards" in (o.error or "") for o in refused)
+    assert all(o.passed for o in run_rollout_file(p, allow_import=True))
+    # the permission is checked each time, not cached with the scorer
+    assert not any(o.passed for o in run_rollout_file(p))
+
+
+def test_a_rollout_file_cannot_call_arbitrary_callables(tmp_path, monkeypatch, capsys):
+    made = []
+    monkeypatch.setattr("tempfile.mkdtemp", lambda *a, **k: made.append(1) or str(tmp_path))
+    p = write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: KitCatalog\nreward: 'tempfile:mkdtemp'"))
+    assert cli_main([str(p)]) == 1
+    assert made == []
+    assert "allow-import" in capsys.readouterr().out
+
+
+def test_rewards_of_registered_twins_load_without_the_flag(tmp_path):
+    p = write(tmp_path, """
+        twin: Other
+        reward: envs.returns.twin:returns_reward
+        cases:
+          - name: right refund
+            truth: {decision: refund, amount: 25.0, reason: changed_mind}
+            task: {order_id: R-1}
+            submit: {order_id: R-1, decision: refund, amount: 25.0, reason: policy}
+            expect: {total: 0.9, components: {correct_decision: 1, correct_amount: 1, checked_order: 0}}
+        """)
+    (outcome,) = run_rollout_file(p)
+    assert outcome.passed, outcome.describe()
+    assert "envs" in testing.trusted_reward_packages() and "rewards" in testing.trusted_reward_packages()
+
+
+BAD_FILES = {
+    "binary.rollouts.yaml": bytes(range(256)) * 8,
+    "deep.rollouts.yaml": GOOD.replace("{total: -0.4}", "{total: '" + "*".join(["99"] * 2000) + "'}").encode(),
+    "huge.rollouts.yaml": GOOD.replace("{total: -0.4}", "{total: " + "9" * 401 + "}").encode(),
+    "huge-text.rollouts.yaml": GOOD.replace("{total: -0.4}", "{total: '" + "9" * 401 + "'}").encode(),
+    "inf.rollouts.yaml": GOOD.replace("{total: -0.4}", "{total: '1e308*10'}").encode(),
+    "tolerance.rollouts.yaml": GOOD.replace("twin: KitCatalog", "twin: KitCatalog\ntolerance: .inf").encode(),
+}
+
+
+def test_bad_files_are_per_file_errors_and_the_others_still_run(tmp_path, capsys):
+    for name, data in BAD_FILES.items():
+        (tmp_path / name).write_bytes(data)
+    write(tmp_path, GOOD, "good.rollouts.yaml")
+    names = sorted(BAD_FILES) + ["good.rollouts.yaml"]
+    assert cli_main([str(tmp_path / n) for n in names]) == 1
+    out = capsys.readouterr().out
+    assert "Traceback" not in out
+    assert "3/9 rollouts pass" in out  # the good file's three cases; one error per bad file
+    for name in BAD_FILES:
+        (outcome,) = run_rollout_file(tmp_path / name)
+        assert outcome.name == "<file>" and outcome.error and len(outcome.error) < 1500, (name, outcome)
+    assert "not UTF-8" in run_rollout_file(tmp_path / "binary.rollouts.yaml")[0].error
+    assert "at most 200" in run_rollout_file(tmp_path / "deep.rollouts.yaml")[0].error
+    assert "float can hold" in run_rollout_file(tmp_path / "huge.rollouts.yaml")[0].error
+    assert "finite" in run_rollout_file(tmp_path / "inf.rollouts.yaml")[0].error
+    assert "finite" in run_rollout_file(tmp_path / "tolerance.rollouts.yaml")[0].error
 
 
 def test_the_shipped_rollouts_pass_against_the_catalog_reward():
@@ -172,7 +230,7 @@ def test_pytest_plugin_collects_rollout_files(tmp_path):
     write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"), "good.rollouts.yaml")
     write(tmp_path, WRONG.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"), "wrong.rollouts.yaml")
     # one subprocess (pytest start-up is the slow part): every case is an item, one fails
-    done = _run_pytest(tmp_path, "-rA", "good.rollouts.yaml", "wrong.rollouts.yaml")
+    done = _run_pytest(tmp_path, "-rA", "--rollouts-allow-import", "good.rollouts.yaml", "wrong.rollouts.yaml")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed, 4 passed" in done.stdout
     assert "PASSED good.rollouts.yaml::gold" in done.stdout
