@@ -32,6 +32,7 @@ __all__ = [
     "completion_trajectory",
     "component_metrics",
     "flatten_result",
+    "terminal_tool_names",
 ]
 
 #: TRL's reward function signature.
@@ -182,28 +183,50 @@ def _score_all(
     return results
 
 
+def terminal_tool_names(twin: Any = None, terminal_tools: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The terminal tools a completion is scored by: ``terminal_tools`` when given, else the
+    twin's ``@tool(terminal=True)`` tools, else ``("submit",)`` (no twin to ask).
+
+    Raises:
+        ValueError: the twin declares no terminal tool (nothing could ever be submitted).
+    """
+    if terminal_tools is not None:
+        return tuple(terminal_tools)
+    tools = getattr(twin, "tools", None) if twin is not None else None
+    if tools is None:
+        return ("submit",)
+    names = tuple(t.name for t in tools if getattr(t, "terminal", False))
+    if not names:
+        raise ValueError(
+            f"twin {getattr(twin, 'name', twin)!r} has no terminal tool (@tool(terminal=True)); "
+            "pass terminal_tools= with the tool whose call ends an episode"
+        )
+    return names
+
+
 def as_trl_reward(
     reward: Callable[[Trajectory, Case], Any],
     *,
     twin: Any = None,
     name: str | None = None,
     truth_column: str = "truth",
-    terminal_tools: Iterable[str] = ("submit",),
+    terminal_tools: Iterable[str] | None = None,
     component: str | None = None,
 ) -> TRLRewardFunc:
     """``reward`` as a TRL reward function ``f(prompts, completions, **kwargs) -> list[float]``.
 
     Args:
         reward: A :class:`Reward` or any ``(trajectory, case) -> RewardResult``.
-        twin: Optional twin: its tool names and argument validation are used, and rows without
-            a truth column are looked up with ``twin.case(split, index)``.
+        twin: Optional twin: its tool names, terminal tools and argument validation are used,
+            and rows without a truth column are looked up with ``twin.case(split, index)``.
         name: ``__name__`` of the function (TRL logs under it); default the reward's name.
         truth_column: Dataset column holding the case truth (dict or JSON text).
-        terminal_tools: Names of terminal tools.
+        terminal_tools: Names of terminal tools (default: :func:`terminal_tool_names`, the
+            twin's ``@tool(terminal=True)`` tools, or ``("submit",)`` without a twin).
         component: Return this component instead of the total (for logging with weight 0).
     """
     twin_name = getattr(twin, "name", None) or "twin"
-    terminal = tuple(terminal_tools)
+    terminal = terminal_tool_names(twin, terminal_tools)
 
     def reward_func(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
         results = _score_all(
@@ -221,13 +244,15 @@ def as_trl_reward(
 
 
 def as_trl_reward_funcs(
-    reward: Reward, *, twin: Any = None, truth_column: str = "truth", terminal_tools: Iterable[str] = ("submit",)
+    reward: Reward, *, twin: Any = None, truth_column: str = "truth", terminal_tools: Iterable[str] | None = None
 ) -> tuple[list[TRLRewardFunc], list[float]]:
     """The total (weight 1) plus one function per term and penalty (weight 0: logged only).
 
     Pass the lists as ``reward_funcs`` and ``GRPOConfig(reward_weights=...)``; TRL then trains on
-    the total and logs ``rewards/<reward>/<term>`` for every component.
+    the total and logs ``rewards/<reward>/<term>`` for every component. ``terminal_tools`` as in
+    :func:`as_trl_reward` (default: the twin's terminal tools).
     """
+    terminal_tools = terminal_tool_names(twin, terminal_tools)
     funcs = [as_trl_reward(reward, twin=twin, truth_column=truth_column, terminal_tools=terminal_tools)]
     names = [t.name for t in reward.terms] + [p.name for p in reward.penalties]
     for n in names:

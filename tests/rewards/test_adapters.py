@@ -13,6 +13,7 @@ from rewards.adapters import (
     completion_trajectory,
     component_metrics,
     flatten_result,
+    terminal_tool_names,
 )
 from twin import Case
 
@@ -75,3 +76,23 @@ def test_component_funcs_and_metrics():
 def test_missing_truth_column_is_a_clear_error():
     with pytest.raises(KeyError, match="no 'truth' column"):
         as_trl_reward(REWARD)(["p"], [submit()])
+
+
+def test_terminal_tools_come_from_the_twin():
+    from envs.returns.twin import ReturnsTwin
+
+    twin = ReturnsTwin()
+    case = twin.case("train", 0)
+    answer = {"order_id": case.task["order_id"], "decision": case.truth["decision"],
+              "amount": case.truth["amount"], "reason": "per policy"}
+    lookup = {"name": "lookup_order", "arguments": {"order_id": case.task["order_id"]}}
+    decide = "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in (lookup, {"name": "decide", "arguments": answer}))
+    f = as_trl_reward(twin.score, twin=twin)
+    assert f(["p"], [decide], split=["train"], index=[0]) == [pytest.approx(twin.reward.bounds[1])]
+    funcs, _ = as_trl_reward_funcs(twin.reward, twin=twin)
+    assert funcs[0](["p"], [decide], split=["train"], index=[0]) == [pytest.approx(twin.reward.bounds[1])]
+    # an explicit list still wins, and without a twin `submit` stays the default
+    assert as_trl_reward(twin.score, twin=twin, terminal_tools=["submit"])(["p"], [decide], split=["train"],
+                                                                         index=[0])[0] < 1.0
+    assert terminal_tool_names() == ("submit",)
+    assert terminal_tool_names(twin) == ("decide",)
