@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twin.cases import stable_seed
@@ -134,10 +133,9 @@ class ReplayPolicy:
             raise ConfigError(
                 f"replay file {str(p)!r} not found; give a YAML or JSON list of turns"
             )
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))  # YAML is a superset of JSON
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"replay file {str(p)!r} is not valid YAML/JSON: {exc}") from None
+        from twin.yamlsafe import load_yaml_file
+
+        data = load_yaml_file(p, what="replay file")  # YAML is a superset of JSON; bounded size
         if isinstance(data, dict) and "turns" in data:
             data = data["turns"]
         if not isinstance(data, list):
@@ -719,11 +717,9 @@ def load_policy_file(path: str | os.PathLike[str]) -> PolicySettings:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"policy file {str(p)!r} not found; give a YAML or JSON mapping")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        raise ConfigError(f"policy file {str(p)!r} is not valid YAML/JSON: {first}") from None
+    from twin.yamlsafe import load_yaml_file
+
+    data = load_yaml_file(p, what="policy file")  # YAML is a superset of JSON; bounded size
     if not isinstance(data, dict):
         raise ConfigError(
             f"policy file {str(p)!r} must hold a mapping (policy: openai:MODEL, timeout: ...), "
