@@ -880,10 +880,18 @@ def bench_trl(ctx: typer.Context) -> None:
 @reward_app.command("test")
 def reward_test(
     files: Annotated[list[str], typer.Argument(help="*.rollouts.yaml files.")],
+    allow_import: Annotated[
+        bool,
+        typer.Option(
+            "--allow-import",
+            help="Let the files' `reward: module:attr` import any module (runs its code); by default "
+            "only the reward library and registered twins' packages.",
+        ),
+    ] = False,
 ) -> None:
     """Score hand-written rollouts against their expectations (exit 1 on a mismatch)."""
     fn = _target("rewards.testing:cli_main", "reward test")
-    _call(fn, list(files))
+    _call(fn, list(files), allow_import=allow_import)
 
 
 @app.command()
