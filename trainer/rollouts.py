@@ -9,7 +9,11 @@ This is the rollout side of the trainer. Each episode runs the real :class:`twin
         obs, reward, terminated, truncated, info = env.step(decoded text)
         renderer.add_messages(obs)                  # tool results + next assistant header
 
-All episodes of a call advance together: their next turns go to the sampler as one batch. The
+All episodes of a call advance together: their next turns go to the sampler as one batch, each
+prompt with its own ``max_new_tokens``: the least of ``max_new_tokens``, the episode's token
+budget left (``max_episode_tokens`` minus the episode so far) and the context left
+(``context_length`` minus the episode so far), so no request ever asks a server for more than
+its context holds. An episode with no budget left ends as overlong (truncated, scored). The
 G episodes of a case open with the same messages, so their prompt is rendered once and forked
 (``Renderer.fork``), and an :class:`~trainer.samplers.HFSampler` prefills it once. The
 token record of each episode is stored in ``Trajectory.token_turns`` (prompt ids, sampled ids,
@@ -44,6 +48,8 @@ class RolloutSettings:
         temperature: Sampling temperature.
         top_p: Nucleus threshold.
         policy_name: Written to ``Trajectory.policy``.
+        context_length: The sampler's context length (prompt + completion), when it is shorter
+            than ``max_episode_tokens``; None = ``max_episode_tokens`` is the limit.
     """
 
     max_new_tokens: int = 64
@@ -51,6 +57,18 @@ class RolloutSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     policy_name: str = "policy"
+    context_length: int | None = None
+
+    @property
+    def token_limit(self) -> int:
+        """Most tokens an episode may hold: ``max_episode_tokens`` or the context, the smaller."""
+        if self.context_length is None:
+            return self.max_episode_tokens
+        return min(self.max_episode_tokens, self.context_length)
+
+    def budget(self, episode_len: int) -> int:
+        """``max_new_tokens`` for the next turn of an episode of ``episode_len`` tokens (0 = none left)."""
+        return max(0, min(self.max_new_tokens, self.token_limit - episode_len))
 
 
 @dataclass
@@ -60,6 +78,26 @@ class _Live:
     done: bool = False
     overlong: bool = False
     sample_s: float = 0.0
+
+
+def _refused_step(env: Any, text: str, refusal: str) -> tuple[list[dict[str, Any]], bool, bool]:
+    """Step ``env`` with a turn the chat template refused: nothing runs, one invalid turn counts.
+
+    The env has no notion of the policy's chat template, so it is given an empty turn (it runs
+    nothing, counts one invalid turn and answers with a user note); the recorded assistant
+    message then gets the sampled text back and the note says what the template refused.
+    """
+    obs, _reward, terminated, truncated, _info = env.step("")
+    messages = env.trajectory.messages
+    at = len(messages) - len(obs) - 1
+    if at >= 0 and messages[at].get("role") == "assistant":
+        messages[at]["content"] = text
+    for m in obs:
+        if m.get("role") == "user":
+            tools = m["content"].rfind(". Tools: ")
+            usage = m["content"][tools:] if tools >= 0 else "."
+            m["content"] = f"Your last turn had a problem: {refusal}{usage}"
+    return obs, terminated, truncated
 
 
 def _finish_cut(env: Any, twin: Twin) -> None:
@@ -121,7 +159,7 @@ def collect_groups(
                     opening = (obs, info["tools"], renderer)
             env.trajectory.policy = settings.policy_name
             item = _Live(env, renderer)
-            if len(renderer.ids) >= settings.max_episode_tokens:
+            if settings.budget(len(renderer.ids)) == 0:
                 item.done = item.overlong = True
                 _finish_cut(env, twin)
             live.append(item)
@@ -137,11 +175,12 @@ def collect_groups(
         active = [e for e in live if not e.done]
         if not active:
             break
-        budgets = [min(settings.max_new_tokens, settings.max_episode_tokens - len(e.renderer.ids)) for e in active]
+        budgets = [settings.budget(len(e.renderer.ids)) for e in active]
         t0 = time.perf_counter()
         samples = sampler.sample(
             [e.renderer.ids for e in active],
-            max_new_tokens=max(budgets),
+            # one number when all agree: any Sampler takes it, and a server gets one batch
+            max_new_tokens=budgets[0] if len(set(budgets)) == 1 else budgets,
             temperature=settings.temperature,
             top_p=settings.top_p,
             stop_ids=stop_ids,
@@ -154,12 +193,16 @@ def collect_groups(
             ids, lps = list(sample.ids[:budget]), list(sample.logprobs[:budget])
             item.renderer.add_completion(ids, lps)
             body = ids[:-1] if ids and ids[-1] in item.renderer.stop_ids else ids
-            obs, _reward, terminated, truncated, _info = item.env.step(decode(body))
+            refusal = getattr(item.renderer, "refusal", None)
+            if refusal:
+                obs, terminated, truncated = _refused_step(item.env, decode(body), refusal)
+            else:
+                obs, _reward, terminated, truncated, _info = item.env.step(decode(body))
             if terminated or truncated:
                 item.done = True
                 continue
             item.renderer.add_messages(obs)
-            if len(item.renderer.ids) >= settings.max_episode_tokens:
+            if settings.budget(len(item.renderer.ids)) == 0:
                 item.done = item.overlong = True
                 _finish_cut(item.env, twin)
 

@@ -10,11 +10,16 @@ One interface, two implementations:
 Logprobs are those of the distribution sampled from at temperature ``T``:
 ``log_softmax(logits / T)`` of the sampled token (top-p truncation is not folded in, matching what
 the learner recomputes). Both samplers are deterministic given ``seed``.
+
+``max_new_tokens`` is one number for every prompt or one per prompt: a multi-turn rollout gives
+each episode what its context has left, so a request never asks a server (vLLM answers HTTP 400)
+for more tokens than fit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -26,7 +31,10 @@ from twin.cases import stable_seed
 from twin.errors import ConfigError, TwinError
 from twin.http import tls_context
 
-__all__ = ["HFSampler", "Sample", "Sampler", "SamplerError", "ServerSampler"]
+__all__ = ["HFSampler", "Sample", "Sampler", "SamplerError", "ServerSampler", "per_prompt_budgets"]
+
+#: Most new tokens: one number for all prompts, or one per prompt.
+Budget = int | Sequence[int]
 
 
 class SamplerError(TwinError):
@@ -56,14 +64,52 @@ class Sampler(Protocol):
         self,
         prompts: list[list[int]],
         *,
-        max_new_tokens: int,
+        max_new_tokens: Budget,
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_ids: Sequence[int] | None = None,
         seed: int | None = None,
     ) -> list[Sample]:
-        """Sample one completion per prompt, in order."""
+        """Sample one completion per prompt, in order (``max_new_tokens``: one or per prompt)."""
         ...
+
+
+def per_prompt_budgets(max_new_tokens: Budget, n: int) -> list[int]:
+    """``max_new_tokens`` as one limit per prompt.
+
+    Args:
+        max_new_tokens: One limit for all prompts, or one per prompt.
+        n: Number of prompts.
+
+    Returns:
+        ``n`` limits.
+
+    Raises:
+        ConfigError: A list of another length, or a negative limit.
+    """
+    if isinstance(max_new_tokens, int):
+        budgets = [int(max_new_tokens)] * n
+    else:
+        budgets = [int(b) for b in max_new_tokens]
+        if len(budgets) != n:
+            raise ConfigError(
+                f"max_new_tokens has {len(budgets)} limits for {n} prompts; pass one number or one "
+                "per prompt"
+            )
+    for i, b in enumerate(budgets):
+        if b < 0:
+            raise ConfigError(f"max_new_tokens must be >= 0, got {b} for prompt {i}")
+    return budgets
+
+
+def _within(samples: list[Sample], budgets: list[int]) -> list[Sample]:
+    # Rows sampled under a larger shared limit, cut to their own (a cut row did not stop).
+    out = []
+    for sample, b in zip(samples, budgets):
+        if len(sample.ids) > b:
+            sample = Sample(sample.ids[:b], sample.logprobs[:b], "length")
+        out.append(sample)
+    return out
 
 
 def _cut(ids: list[int], logprobs: list[float], stop: set[int]) -> Sample:
@@ -128,7 +174,7 @@ class HFSampler:
         self,
         prompts: list[list[int]],
         *,
-        max_new_tokens: int,
+        max_new_tokens: Budget,
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_ids: Sequence[int] | None = None,
@@ -139,7 +185,8 @@ class HFSampler:
 
         Args:
             prompts: Token-id prompts (non-empty lists).
-            max_new_tokens: Most tokens to sample per prompt.
+            max_new_tokens: Most tokens to sample, for all prompts or one per prompt (the batch
+                runs to the largest; each row is cut to its own).
             temperature: Sampling temperature (> 0).
             top_p: Nucleus threshold.
             stop_ids: Ids that end a completion (default: the tokenizer's eos).
@@ -161,14 +208,17 @@ class HFSampler:
                 f"got {temperature}"
             )
         stops = list(stop_ids) if stop_ids else [self.tokenizer.eos_token_id]
+        budgets = per_prompt_budgets(max_new_tokens, len(prompts))
         if self.store is not None:
-            return self._sample_cached(prompts, max_new_tokens, temperature, top_p, stops, seed, row_seeds)
+            rows = self._sample_cached(prompts, max(budgets), temperature, top_p, stops, seed, row_seeds)
+            return _within(rows, budgets)
         out: list[Sample] = []
         for start in range(0, len(prompts), self.max_batch):
             chunk = prompts[start : start + self.max_batch]
             chunk_seed = None if seed is None else stable_seed("hf-sampler", seed, start)
-            out.extend(self._sample_batch(chunk, max_new_tokens, temperature, top_p, stops, chunk_seed))
-        return out
+            limit = max(budgets[start : start + self.max_batch])
+            out.extend(self._sample_batch(chunk, limit, temperature, top_p, stops, chunk_seed))
+        return _within(out, budgets)
 
     def _sample_cached(
         self,
@@ -318,7 +368,7 @@ class ServerSampler:
     Args:
         base_url: Server root, e.g. ``http://127.0.0.1:8000`` (``/v1`` is appended when missing).
         model_name: Model or adapter name to request (e.g. ``policy@3``).
-        api_key: Bearer token, if the server wants one.
+        api_key: Bearer token, if the server wants one (default ``$TWINRL_API_KEY``).
         timeout: Seconds per request.
         transport: An httpx transport (tests pass ``httpx.MockTransport``).
         concurrency: Most requests in flight at once.
@@ -337,7 +387,7 @@ class ServerSampler:
         url = base_url.rstrip("/")
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self.model_name = model_name
-        self.api_key = api_key
+        self.api_key = api_key if api_key is not None else os.environ.get("TWINRL_API_KEY")
         self.timeout = timeout
         self.transport = transport
         self.concurrency = concurrency
@@ -346,7 +396,7 @@ class ServerSampler:
         self,
         prompts: list[list[int]],
         *,
-        max_new_tokens: int,
+        max_new_tokens: Budget,
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_ids: Sequence[int] | None = None,
@@ -368,7 +418,7 @@ class ServerSampler:
         self,
         prompts: list[list[int]],
         *,
-        max_new_tokens: int,
+        max_new_tokens: Budget,
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_ids: Sequence[int] | None = None,
@@ -376,14 +426,17 @@ class ServerSampler:
     ) -> list[Sample]:
         """Sample one completion per prompt, in order.
 
+        Each request's ``max_tokens`` is its prompt's own limit: seeded prompts go one request
+        each; unseeded prompts go as one request per distinct limit.
+
         Raises:
             SamplerError: the server is unreachable or answered with an error or a malformed body.
         """
         if not prompts:
             return []
+        budgets = per_prompt_budgets(max_new_tokens, len(prompts))
         base: dict[str, Any] = {
             "model": self.model_name,
-            "max_tokens": int(max_new_tokens),
             "temperature": float(temperature),
             "top_p": float(top_p),
             "logprobs": 1,
@@ -399,12 +452,27 @@ class ServerSampler:
             base_url=self.base_url, timeout=self.timeout, transport=self.transport, headers=headers,
             verify=tls_context(),
         ) as client:
-            if seed is None:
-                return await self._request(client, {**base, "prompt": [list(p) for p in prompts]}, len(prompts), stop_set)
             limit = asyncio.Semaphore(self.concurrency)
+            if seed is None:
+                rows: dict[int, list[int]] = {}
+                for i, b in enumerate(budgets):
+                    rows.setdefault(b, []).append(i)
+
+                async def batch(b: int, index: list[int]) -> list[Sample]:
+                    body = {**base, "max_tokens": b, "prompt": [list(prompts[i]) for i in index]}
+                    async with limit:
+                        return await self._request(client, body, len(index), stop_set)
+
+                parts = await asyncio.gather(*(batch(b, index) for b, index in rows.items()))
+                out: list[Sample | None] = [None] * len(prompts)
+                for index, samples in zip(rows.values(), parts):
+                    for i, sample in zip(index, samples):
+                        out[i] = sample
+                return [s for s in out if s is not None]
 
             async def one(i: int, prompt: list[int]) -> Sample:
-                body = {**base, "prompt": [list(prompt)], "seed": stable_seed("server-sampler", seed, i) % (2**31)}
+                body = {**base, "max_tokens": budgets[i], "prompt": [list(prompt)],
+                        "seed": stable_seed("server-sampler", seed, i) % (2**31)}
                 async with limit:
                     return (await self._request(client, body, 1, stop_set))[0]
 

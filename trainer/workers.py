@@ -413,7 +413,7 @@ def _batched_sampler(base_url: str) -> Any:
         async def asample(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
                           top_p: float = 1.0, stop_ids: Any = None, seed: int | None = None) -> list[Any]:  # fmt: skip
             request = getattr(self, "_request", None)
-            if seed is None or not prompts or request is None:
+            if seed is None or not prompts or request is None or not isinstance(max_new_tokens, int):
                 return await super().asample(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                              top_p=top_p, stop_ids=stop_ids, seed=seed)  # fmt: skip
             from twin.cases import stable_seed

@@ -103,3 +103,82 @@ def test_episode_tokens_requires_token_turns() -> None:
 
     with pytest.raises(ValueError, match="token_turns"):
         episode_tokens(Trajectory(twin="Toy", case_id="Toy/train/0"))
+
+
+# ------------------------------------------------------------------ per-request token budgets
+CONTEXT = 374  # the issue's case: a 358-token episode, max_new_tokens 64, a 374-token context
+
+
+def _vllm_like(tok, seen: list[tuple[int, int]]):
+    """A /v1/completions handler that, like vLLM, answers HTTP 400 when prompt + max_tokens
+    exceeds the context. First turn: the "green" episode writes 60 tokens, the other one 1;
+    later turns write max_tokens tokens without stopping."""
+    import httpx
+
+    filler = tok.encode("a", add_special_tokens=False)[0]
+    green = tok.encode("green", add_special_tokens=False)[0]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+
+        body = json.loads(request.content)
+        choices = []
+        for k, prompt in enumerate(body["prompt"]):
+            seen.append((len(prompt), body["max_tokens"]))
+            if len(prompt) + body["max_tokens"] > CONTEXT:
+                return httpx.Response(400, json={"error": {"message": (
+                    f"This model's maximum context length is {CONTEXT} tokens. However, you "
+                    f"requested {len(prompt) + body['max_tokens']} tokens")}})
+            if len(prompt) == FIRST_PROMPT:
+                ids = [filler] * (60 if green in prompt else 1) + [tok.eos_token_id]
+            else:
+                ids = [filler] * body["max_tokens"]
+            choices.append({"index": k, "token_ids": ids, "finish_reason": "length",
+                            "logprobs": {"token_logprobs": [-1.0] * len(ids)}})
+        return httpx.Response(200, json={"model": body["model"], "choices": choices})
+
+    return handler
+
+
+FIRST_PROMPT = 211  # the toy twin's opening on the tiny tokenizer (asserted in the test)
+
+
+@pytest.mark.parametrize("client", ["server", "async-worker"])
+def test_no_request_asks_for_more_than_the_context_left(tiny, client: str) -> None:
+    import httpx
+
+    from trainer.samplers import ServerSampler
+    from trainer.workers import ModelCheckTransport, _batched_sampler
+
+    _, tok = tiny
+    seen: list[tuple[int, int]] = []
+    mock = httpx.MockTransport(_vllm_like(tok, seen))
+    if client == "server":
+        sampler = ServerSampler("http://vllm:8000", "policy@0", transport=mock)
+    else:  # the async trainer's rollout worker (one batched request per call to `twin serve`)
+        sampler = _batched_sampler("http://serve:8000")
+        sampler.transport = ModelCheckTransport(mock)
+    twin = make_twin("Toy", max_turns=5)
+    groups = collect_groups(
+        twin, [("train", 0), ("train", 2)], sampler, lambda tools: Renderer(tok, tools),
+        group_size=1, settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=CONTEXT),
+        seed=0,
+    )
+    assert seen[0][0] == FIRST_PROMPT
+    # the second turn: the green episode holds 211 + 61 + 86 = 358 tokens, the other 299
+    assert (358, CONTEXT - 358) in seen and (299, 64) in seen
+    assert all(n + m <= CONTEXT for n, m in seen), seen
+    ends = []
+    for group in groups:  # both out of budget: overlong, scored, no error
+        (t,) = group.trajectories
+        assert t.info["overlong"] and t.truncated and t.reward is not None
+        _, mask, _ = episode_tokens(t)
+        ends.append(max(i for i, m in enumerate(mask) if m) + 1)  # end of the last sampled turn
+    assert ends == [CONTEXT, 299 + 64]  # the green episode's last turn filled the context
+
+
+def test_budget_is_the_least_of_turn_episode_and_context() -> None:
+    s = RolloutSettings(max_new_tokens=64, max_episode_tokens=1000, context_length=374)
+    assert s.token_limit == 374
+    assert [s.budget(n) for n in (0, 310, 358, 374, 400)] == [64, 64, 16, 0, 0]
+    assert RolloutSettings(max_new_tokens=64, max_episode_tokens=300).budget(250) == 50

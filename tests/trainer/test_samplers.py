@@ -200,3 +200,36 @@ def test_prefix_store_is_bounded_and_supersedes(tiny) -> None:
     store.add(KVEntry([5], [t], [t]))
     store.add(KVEntry([6], [t], [t]))
     assert len(store) == 3 and store.nbytes <= store.max_bytes
+
+
+# ------------------------------------------------------------------ per-prompt budgets
+def test_hf_per_prompt_budgets_cut_each_row(tiny) -> None:
+    model, tok = tiny
+    prompts = [_prompt(tok, "Say red."), _prompt(tok, "Say blue.")]
+    never = [10**6]  # no stop id: every row runs to its limit
+    wide = HFSampler(model, tok).sample(prompts, max_new_tokens=8, stop_ids=never, seed=5)
+    each = HFSampler(model, tok).sample(prompts, max_new_tokens=[3, 8], stop_ids=never, seed=5)
+    assert each[0] == Sample(wide[0].ids[:3], wide[0].logprobs[:3], "length")
+    assert each[1] == wide[1]
+
+
+def test_server_sampler_sends_each_prompt_its_own_budget() -> None:
+    seen: list[dict] = []
+    sampler = ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)))
+    out = sampler.sample([[1], [2], [3]], max_new_tokens=[4, 9, 4], stop_ids=[99], seed=1)
+    assert sorted((b["prompt"][0][0], b["max_tokens"]) for b in seen) == [(1, 4), (2, 9), (3, 4)]
+    assert [s.ids[0] for s in out] == [2, 3, 4]
+    seen.clear()  # unseeded: one request per distinct budget, answers back in prompt order
+    out = sampler.sample([[1], [2], [3]], max_new_tokens=[4, 9, 4], stop_ids=[99])
+    assert sorted((b["max_tokens"], b["prompt"]) for b in seen) == [(4, [[1], [3]]), (9, [[2]])]
+    assert [s.ids[0] for s in out] == [2, 3, 4]
+
+
+def test_budget_list_must_match_the_prompts() -> None:
+    from twin.errors import ConfigError
+
+    sampler = ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler([])))
+    with pytest.raises(ConfigError, match="2 limits for 3 prompts"):
+        sampler.sample([[1], [2], [3]], max_new_tokens=[4, 4])
+    with pytest.raises(ConfigError, match="must be >= 0, got -1 for prompt 1"):
+        sampler.sample([[1], [2]], max_new_tokens=[4, -1])
