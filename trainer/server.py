@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import collections
 import inspect
-import json
 import logging
 import os
 import socket
@@ -42,12 +41,23 @@ import uuid
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ValidationError
 
+from trainer.serving_http import (
+    API_KEY_ENV,
+    LoadAdapterRequest,
+    ServeLimits,
+    ServerError,
+    UnloadAdapterRequest,
+    completion_request_model,
+    exposure_warnings,
+    make_http_server,
+    validation_message,
+)
 from twin.errors import ConfigError, TwinError
 from twin.http import tls_context
 
@@ -56,6 +66,7 @@ __all__ = [
     "ManagedServer",
     "ServerError",
     "ServerProcess",
+    "ServeLimits",
     "free_port",
     "main",
     "make_http_server",
@@ -64,34 +75,6 @@ __all__ = [
 log = logging.getLogger("twinrl.serve")
 
 LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
-
-
-class ServerError(TwinError):
-    """A request the server rejects, with the HTTP status it is answered with.
-
-    ``code`` 400 is a bad request, 404 an unknown model or adapter path, 500 a failure while
-    loading or generating.
-    """
-
-    def __init__(self, message: str, code: int = 400) -> None:
-        super().__init__(message)
-        self.code = code
-
-    @property
-    def error_type(self) -> str:
-        """The OpenAI/vLLM error type name of ``code``."""
-        return {400: "BadRequestError", 404: "NotFoundError"}.get(self.code, "InternalServerError")
-
-    def body(self) -> dict[str, Any]:
-        """The JSON error body, as vLLM answers it."""
-        return {
-            "error": {
-                "message": str(self),
-                "type": self.error_type,
-                "param": None,
-                "code": self.code,
-            }
-        }
 
 
 # -- adapters -------------------------------------------------------------------------------------
@@ -109,7 +92,11 @@ class _Adapter:
 
 @dataclass(eq=False)
 class _Request:
-    """One ``/v1/completions`` call, expanded into rows (prompt x n) for the worker."""
+    """One ``/v1/completions`` call, expanded into rows (prompt x n) for the worker.
+
+    The worker samples it in chunks of at most ``max_batch_rows`` rows: ``next_row`` is the first
+    row not yet given to a batch, ``rows_done`` counts the rows sampled.
+    """
 
     adapter: _Adapter | None
     prompts: list[list[int]]
@@ -124,6 +111,13 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     result: list[dict[str, Any]] | None = None
     error: BaseException | None = None
+    next_row: int = 0
+    rows_done: int = 0
+
+    @property
+    def rows(self) -> int:
+        """Sequences to sample: prompts x n."""
+        return len(self.prompts) * self.n
 
 
 #: Free adapter slots kept for in-place loads (each holds one adapter's LoRA weights).
@@ -141,12 +135,6 @@ def _lora_shape(config: Any) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _is_id_list(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    )
-
-
 class CompletionServer:
     """The model, its adapters and the batching worker; HTTP-free so tests can call it directly.
 
@@ -160,6 +148,9 @@ class CompletionServer:
             ``max_position_embeddings``).
         logprobs_mode: ``processed_logprobs`` (after temperature/top-p) or ``raw_logprobs``.
         seed: Seed of the generator used by requests that give no ``seed``.
+        limits: What one request may ask for (default :class:`ServeLimits` ()).
+        adapter_root: Only adapters under this folder load (symlinks and ``..`` resolved first);
+            None: any folder the process can read.
     """
 
     def __init__(
@@ -173,6 +164,8 @@ class CompletionServer:
         max_model_len: int | None = None,
         logprobs_mode: LogprobsMode = "processed_logprobs",
         seed: int = 0,
+        limits: ServeLimits | None = None,
+        adapter_root: str | Path | None = None,
     ) -> None:
         if max_loras < 1:
             raise ConfigError(f"max_loras must be >= 1, got {max_loras}")
@@ -186,6 +179,9 @@ class CompletionServer:
         self.max_loras = max_loras
         self.max_batch_rows = max_batch_rows
         self.logprobs_mode = logprobs_mode
+        self.limits = limits or ServeLimits()
+        self._request_model = completion_request_model(self.limits)
+        self.adapter_root = Path(adapter_root).resolve() if adapter_root is not None else None
         cfg = getattr(model, "config", None)
         self.max_model_len = max_model_len or int(
             getattr(cfg, "max_position_embeddings", 0) or 1 << 30
@@ -258,7 +254,7 @@ class CompletionServer:
                     {
                         "id": a.name,
                         "created": a.created,
-                        "root": a.path,
+                        "root": a.name,  # not the path: clients need not learn the server's folders
                         "parent": self.model_name,
                         **card,
                     }
@@ -272,13 +268,8 @@ class CompletionServer:
             ServerError: 400 missing fields or an existing name without ``load_inplace``;
                 404 the path holds no ``adapter_config.json``; 500 peft failed to load it.
         """
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
-            raise ServerError(
-                f"load_lora_adapter expects non-empty 'lora_name' and 'lora_path', got {body!r}",
-                400,
-            )
-        inplace = bool(body.get("load_inplace", False))
+        request = self._validate(LoadAdapterRequest, body, "load_lora_adapter request")
+        name, inplace = request.lora_name, request.load_inplace
         if name == self.model_name:
             raise ServerError(
                 f"The lora adapter name '{name}' is the base model's name; choose another.", 400
@@ -290,8 +281,9 @@ class CompletionServer:
                     'Pass "load_inplace": true to replace it, or load it under a new name.',
                     400,
                 )
-        if not (Path(path) / "adapter_config.json").is_file():
-            raise ServerError(f"Loading lora {name} failed: No adapter found for {path}", 404)
+        path = self._adapter_path(request.lora_path)
+        if not (path / "adapter_config.json").is_file():
+            raise ServerError(f"Loading lora {name} failed: No adapter found for {request.lora_path}", 404)
         with self._lock:
             self._loaded_keys += 1
             version = _Adapter(name=name, path=str(path), key=f"lora{self._loaded_keys}")
@@ -301,7 +293,7 @@ class CompletionServer:
                 self._make_resident(version)
             except Exception as exc:
                 raise ServerError(
-                    f"Loading lora {name} from {path} failed: {type(exc).__name__}: {exc}", 500
+                    f"Loading lora {name} from {request.lora_path} failed: {type(exc).__name__}: {exc}", 500
                 ) from exc
             with self._lock:
                 old = self._adapters.get(name)
@@ -318,11 +310,7 @@ class CompletionServer:
         Raises:
             ServerError: 400 no ``lora_name``; 404 no adapter of that name is loaded.
         """
-        name = body.get("lora_name")
-        if not isinstance(name, str) or not name:
-            raise ServerError(
-                f"unload_lora_adapter expects a non-empty 'lora_name', got {body!r}", 400
-            )
+        name = self._validate(UnloadAdapterRequest, body, "unload_lora_adapter request").lora_name
         with self._lock:
             version = self._adapters.pop(name, None)
             if version is None:
@@ -332,6 +320,35 @@ class CompletionServer:
             self._collect()
         log.info("unloaded adapter %s", name)
         return f"Success: LoRA adapter '{name}' removed successfully."
+
+    @staticmethod
+    def _validate(model: type[BaseModel], body: dict[str, Any], what: str) -> Any:
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise ServerError(validation_message(exc, what), 400) from None
+
+    def _adapter_path(self, lora_path: str) -> Path:
+        """The folder to load ``lora_path`` from; with an adapter root, its resolved form under it.
+
+        Raises:
+            ServerError: 403 the resolved path is outside the adapter root (checked before its
+                existence, so a client learns nothing about folders outside the root).
+        """
+        path = Path(lora_path)
+        if self.adapter_root is None:
+            return path
+        try:
+            resolved = path.resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop
+            raise ServerError(f"lora_path {lora_path!r} cannot be resolved: {exc}", 400) from None
+        if not resolved.is_relative_to(self.adapter_root):
+            raise ServerError(
+                f"lora_path {lora_path!r} is outside this server's adapter root (twin serve --adapter-root); "
+                "only adapters under it load",
+                403,
+            )
+        return resolved  # load what was checked, not a path whose links may change
 
     def _make_resident(self, version: _Adapter) -> None:
         """Load ``version`` into the model if it is not (evicting the least recently used). Holds the model lock."""
@@ -343,14 +360,32 @@ class CompletionServer:
         if self._peft is None:
             # Wraps (and injects LoRA layers into) self.model in place; generation keeps calling
             # self.model, whose LoRA layers follow the PeftModel's active adapter.
-            self._peft = PeftModel.from_pretrained(
-                self.model, version.path, adapter_name=version.key
-            )
+            try:
+                self._peft = PeftModel.from_pretrained(
+                    self.model, version.path, adapter_name=version.key
+                )
+            except BaseException:
+                _strip_lora_layers(self.model)
+                raise
         elif not self._load_into_free_slot(version):
-            self._peft.load_adapter(version.path, adapter_name=version.key)
+            try:
+                self._peft.load_adapter(version.path, adapter_name=version.key)
+            except BaseException:
+                self._drop_partial_adapter(version.key)
+                raise
         self._resident[version.key] = version
         while len(self._resident) > self.max_loras:
             self._delete(next(iter(self._resident)))
+
+    def _drop_partial_adapter(self, key: str) -> None:
+        """Remove what a failed ``load_adapter`` added (peft builds the LoRA modules, then loads weights)."""
+        if key not in self._peft.peft_config:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self._peft.delete_adapter(key)
+        # delete_adapter may make what it left active; the served adapters are set per batch anyway
+        self._peft.base_model.disable_adapter_layers()
 
     def _load_into_free_slot(self, version: _Adapter) -> bool:
         """Copy ``version``'s weights into a free slot of the same LoRA shape; False when none fits.
@@ -411,7 +446,7 @@ class CompletionServer:
         Raises:
             ServerError: 400 for a malformed request, 404 for an unknown model name.
         """
-        request, name = self._parse(body)
+        request, name, req = self._parse(body)
         with self._lock:
             if self._closed:
                 raise ServerError("the server is shutting down", 503)
@@ -426,45 +461,21 @@ class CompletionServer:
             raise ServerError(
                 f"generation failed: {type(request.error).__name__}: {request.error}", 500
             )
-        return self._response(body, request, name)
+        return self._response(req, request, name)
 
-    def _parse(self, body: dict[str, Any]) -> tuple[_Request, str]:
-        if body.get("stream"):
-            raise ServerError("stream=true is not supported by twin serve; use stream=false", 400)
-        name = body.get("model") or self.model_name
+    def _parse(self, body: dict[str, Any]) -> tuple[_Request, str, Any]:
+        """Validate a completions body against the limits; the queued request, model name and body."""
+        req = self._validate(self._request_model, body, "completions request")
+        name = req.model or self.model_name
         adapter = None
         if name != self.model_name:
             with self._lock:
                 adapter = self._adapters.get(name)
             if adapter is None:
                 raise ServerError(f"The model `{name}` does not exist.", 404)
-        prompts = self._prompts(body.get("prompt"))
-        n = self._int(body, "n", 1, low=1)
-        max_tokens = self._int(body, "max_tokens", 16, low=0)
-        temperature = self._float(body, "temperature", 1.0, low=0.0)
-        top_p = self._float(body, "top_p", 1.0, low=0.0)
-        if not 0.0 < top_p <= 1.0:
-            raise ServerError(f"top_p must be in (0, 1], got {top_p}", 400)
-        seed = body.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise ServerError(f"seed must be an integer or null, got {seed!r}", 400)
-        logprobs = body.get("logprobs")
-        prompt_logprobs = body.get("prompt_logprobs")
-        for key, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0
-            ):
-                raise ServerError(
-                    f"{key} must be a non-negative integer or null, got {value!r}", 400
-                )
-        stop_ids = body.get("stop_token_ids") or []
-        if not _is_id_list(stop_ids):
-            raise ServerError(f"stop_token_ids must be a list of token ids, got {stop_ids!r}", 400)
-        if body.get("stop"):
-            raise ServerError(
-                "'stop' strings are not supported by twin serve; pass 'stop_token_ids'", 400
-            )
-        stops = frozenset(stop_ids) | (frozenset() if body.get("ignore_eos") else self.eos_ids)
+        prompts = self._prompts(req.prompt)
+        max_tokens = 16 if req.max_tokens is None else req.max_tokens
+        stops = frozenset(req.stop_token_ids or ()) | (frozenset() if req.ignore_eos else self.eos_ids)
         for ids in prompts:
             if len(ids) + max_tokens > self.max_model_len:
                 raise ServerError(
@@ -476,64 +487,36 @@ class CompletionServer:
         request = _Request(
             adapter=adapter,
             prompts=prompts,
-            n=n,
+            n=req.n or 1,
             max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
             stop_ids=stops,
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
+            logprobs=req.logprobs,
+            prompt_logprobs=req.prompt_logprobs,
         )
-        return request, name
+        return request, name, req
 
-    def _prompts(self, prompt: Any) -> list[list[int]]:
-        if isinstance(prompt, str):
-            prompt = [prompt]
-        if _is_id_list(prompt) and prompt:
-            prompts = [prompt]
-        elif (
-            isinstance(prompt, list)
-            and prompt
-            and all(_is_id_list(p) or isinstance(p, str) for p in prompt)
-        ):
-            prompts = [self.tokenizer(p)["input_ids"] if isinstance(p, str) else p for p in prompt]
-        else:
-            raise ServerError(
-                "prompt must be a string, a list of token ids, or a list of either; got "
-                f"{type(prompt).__name__} {str(prompt)[:80]!r}",
-                400,
-            )
-        for ids in prompts:
+    def _prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        """Token ids of validated prompts (text is tokenized), checked against the vocabulary."""
+        out = []
+        for prompt in prompts:
+            ids = list(self.tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else list(prompt)
             if not ids:
                 raise ServerError("a prompt is empty; give at least one token", 400)
+            if len(ids) > self.limits.max_prompt_tokens:
+                raise ServerError(
+                    f"a prompt has {len(ids)} tokens; at most {self.limits.max_prompt_tokens} are allowed", 400
+                )
             bad = [i for i in ids if not 0 <= i < self.vocab_size]
             if bad:
                 raise ServerError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}", 400)
-        return [list(p) for p in prompts]
+            out.append(ids)
+        return out
 
-    @staticmethod
-    def _int(body: dict[str, Any], key: str, default: int, *, low: int) -> int:
-        value = body.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise ServerError(f"{key} must be an integer >= {low}, got {value!r}", 400)
-        return value
-
-    @staticmethod
-    def _float(body: dict[str, Any], key: str, default: float, *, low: float) -> float:
-        value = body.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < low:
-            raise ServerError(f"{key} must be a number >= {low}, got {value!r}", 400)
-        return float(value)
-
-    def _response(self, body: dict[str, Any], request: _Request, name: str) -> dict[str, Any]:
-        as_ids = bool(body.get("return_tokens_as_token_ids"))
-        with_ids = bool(body.get("return_token_ids"))
-        skip_special = bool(body.get("skip_special_tokens", True))
+    def _response(self, req: Any, request: _Request, name: str) -> dict[str, Any]:
+        as_ids, with_ids, skip_special = req.return_tokens_as_token_ids, req.return_token_ids, req.skip_special_tokens
         choices = []
         prompt_tokens = completion_tokens = 0
         for index, row in enumerate(request.result or []):
@@ -590,30 +573,51 @@ class CompletionServer:
         return self.tokenizer.decode([token_id])
 
     # -- the worker ------------------------------------------------------------------------------
-    def _next_batch(self) -> list[_Request] | None:
-        """Wait for requests; take the oldest and every queued request of the same adapter version."""
+    def _next_batch(self) -> list[tuple[_Request, int, int]] | None:
+        """Wait for requests; the next batch as ``(request, first row, end row)`` slices.
+
+        The scheduling policy (docs/security.md): the oldest request gives up to
+        ``max_batch_rows`` of its rows; queued requests of the same adapter version join whole
+        while they fit. A request with rows left goes to the back of the queue, so requests take
+        turns in chunks and a small one waits at most one chunk of each request ahead of it.
+        """
         with self._lock:
-            while not self._queue and not self._closed:
-                self._wakeup.wait()
-            if self._closed:
-                for r in self._queue:
-                    r.error = ServerError("the server is shutting down", 503)
-                    r.done.set()
-                self._queue.clear()
-                return None
-            first = self._queue.popleft()
-            batch, rows = [first], len(first.prompts) * first.n
+            while True:
+                while not self._queue and not self._closed:
+                    self._wakeup.wait()
+                if self._closed:
+                    for r in self._queue:
+                        r.error = ServerError("the server is shutting down", 503)
+                        self._finish(r)
+                    self._queue.clear()
+                    return None
+                first = self._queue.popleft()
+                if first.error is None:
+                    break
+                self._finish(first)  # an earlier chunk failed: the rest is not worth sampling
+            end = min(first.rows, first.next_row + self.max_batch_rows)
+            batch, rows = [(first, first.next_row, end)], end - first.next_row
+            first.next_row = end
             rest: collections.deque[_Request] = collections.deque()
             while self._queue:
                 r = self._queue.popleft()
-                size = len(r.prompts) * r.n
-                if r.adapter is first.adapter and rows + size <= self.max_batch_rows:
-                    batch.append(r)
+                size = r.rows - r.next_row
+                if r.adapter is first.adapter and r.error is None and rows + size <= self.max_batch_rows:
+                    batch.append((r, r.next_row, r.rows))
+                    r.next_row = r.rows
                     rows += size
                 else:
                     rest.append(r)
+            if first.next_row < first.rows:
+                rest.append(first)
             self._queue = rest
             return batch
+
+    def _finish(self, request: _Request) -> None:
+        """Release a request's adapter and wake its caller. Holds the lock."""
+        if request.adapter is not None:
+            request.adapter.pending -= 1
+        request.done.set()
 
     def _work(self) -> None:
         while True:
@@ -622,20 +626,25 @@ class CompletionServer:
                 return
             try:
                 with self._model_lock:
-                    self._activate(batch[0].adapter)
+                    self._activate(batch[0][0].adapter)
                     self._run(batch)
             except BaseException as exc:
                 log.exception("generation failed")
-                for r in batch:
+                for r, _, _ in batch:
                     r.error = exc
             finally:
                 with self._lock:
-                    for r in batch:
+                    finished = []
+                    for r, start, end in batch:
+                        r.rows_done += end - start
+                        if r.rows_done == r.rows or (r.error is not None and r not in self._queue):
+                            finished.append(r)
+                    for r in finished:
                         if r.adapter is not None:
                             r.adapter.pending -= 1
                 with self._model_lock:
                     self._collect()
-                for r in batch:
+                for r in finished:
                     r.done.set()
 
     def _activate(self, adapter: _Adapter | None) -> None:
@@ -648,31 +657,30 @@ class CompletionServer:
         self._peft.set_adapter(adapter.key)
 
     @torch.inference_mode()
-    def _run(self, batch: list[_Request]) -> None:
+    def _run(self, batch: list[tuple[_Request, int, int]]) -> None:
         rows: list[dict[str, Any]] = []
-        for r in batch:
-            r.result = []
-            for p_index, prompt in enumerate(r.prompts):
-                for k in range(r.n):
-                    gen = None
-                    if r.seed is not None:
-                        # Each row gets its own stream: the same request gives the same bytes
-                        # whatever else shares its batch.
-                        gen = torch.Generator(device="cpu").manual_seed(
-                            r.seed + 1_000_003 * (p_index * r.n + k)
-                        )
-                    row = {
-                        "request": r,
-                        "prompt": prompt,
-                        "gen": gen or self._generator,
-                        "ids": [],
-                        "logprobs": [],
-                        "top": [],
-                        "finish_reason": None,
-                        "stop_reason": None,
-                    }
-                    r.result.append(row)
-                    rows.append(row)
+        for r, start, end in batch:
+            if r.result is None:
+                r.result = [{} for _ in range(r.rows)]
+            for index in range(start, end):
+                prompt = r.prompts[index // r.n]
+                gen = None
+                if r.seed is not None:
+                    # Each row gets its own stream: the same request gives the same bytes
+                    # whatever else shares its batch (or however it is chunked).
+                    gen = torch.Generator(device="cpu").manual_seed(_row_seed(r.seed, index))
+                row = {
+                    "request": r,
+                    "prompt": prompt,
+                    "gen": gen or self._generator,
+                    "ids": [],
+                    "logprobs": [],
+                    "top": [],
+                    "finish_reason": None,
+                    "stop_reason": None,
+                }
+                r.result[index] = row
+                rows.append(row)
         self._decode(rows)
         for row in rows:
             for key in ("request", "prompt", "gen"):
@@ -776,6 +784,7 @@ class CompletionServer:
         tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
         processed = torch.where(greedy.unsqueeze(1), raw, processed)
         table = raw if self.logprobs_mode == "raw_logprobs" else processed
+        table = table.clamp(min=-9999.0)  # vLLM's floor: -inf (a token top-p removed) is not JSON
         chosen = table.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
         token_list = tokens.tolist()
         for j, (row, r) in enumerate(zip(rows, requests, strict=True)):
@@ -819,6 +828,24 @@ class CompletionServer:
         return result
 
 
+def _row_seed(seed: int, row: int) -> int:
+    """The seed of one row of a seeded request, kept in the range torch generators take."""
+    value = seed + 1_000_003 * row
+    return value if value < 1 << 64 else value % (1 << 64)
+
+
+def _strip_lora_layers(model: Any) -> None:
+    """Put back every layer peft wrapped in ``model`` (a failed first load leaves them active)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if name and isinstance(module, BaseTunerLayer):
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, module.get_base_layer())
+    if "peft_config" in vars(model):
+        del model.peft_config
+
+
 def _top_p_filter(logits: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
     """Keep the smallest set of top tokens whose probability reaches ``top_p`` (at least one).
 
@@ -829,87 +856,6 @@ def _top_p_filter(logits: torch.Tensor, top_p: float | torch.Tensor) -> torch.Te
     drop = probs.cumsum(-1) - probs >= top_p  # the mass before this token already reaches top_p
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-
-
-# -- HTTP ------------------------------------------------------------------------------------------
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def _send(self, code: int, payload: Any) -> None:
-        if isinstance(payload, str):
-            data, kind = payload.encode(), "text/plain; charset=utf-8"
-        else:
-            data, kind = json.dumps(payload).encode(), "application/json"
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            body = json.loads(raw or b"{}")
-        except json.JSONDecodeError as exc:
-            raise ServerError(f"the request body is not valid JSON: {exc}", 400) from None
-        if not isinstance(body, dict):
-            raise ServerError(
-                f"the request body must be a JSON object, got {type(body).__name__}", 400
-            )
-        return body
-
-    def do_GET(self) -> None:
-        core = self.server.core
-        path = self.path.split("?", 1)[0]
-        if path in ("/health", "/ping"):
-            self._send(200, "")
-        elif path == "/v1/models":
-            self._send(200, core.models())
-        elif path == "/version":
-            self._send(200, {"version": "twinrl"})
-        else:
-            self._send(404, ServerError(f"no route GET {path}", 404).body())
-
-    def do_POST(self) -> None:
-        core = self.server.core
-        path = self.path.split("?", 1)[0]
-        routes = {
-            "/v1/completions": core.completions,
-            "/v1/load_lora_adapter": core.load_lora_adapter,
-            "/v1/unload_lora_adapter": core.unload_lora_adapter,
-        }
-        handler = routes.get(path)
-        try:
-            if handler is None:
-                raise ServerError(f"no route POST {path}; routes: {', '.join(routes)}", 404)
-            self._send(200, handler(self._body()))
-        except ServerError as exc:
-            self._send(exc.code, exc.body())
-        except Exception as exc:
-            log.exception("request failed")
-            self._send(500, ServerError(f"{type(exc).__name__}: {exc}", 500).body())
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    # socketserver's default backlog is 5: a trainer opening 64+ connections at once would see
-    # refused connections. Requests wait in the batching queue instead.
-    request_queue_size = 1024
-    core: CompletionServer
-
-
-def make_http_server(
-    core: CompletionServer, host: str = "127.0.0.1", port: int = 8000
-) -> ThreadingHTTPServer:
-    """A threading HTTP server answering vLLM's routes with ``core`` (call ``serve_forever``)."""
-    httpd = _HTTPServer((host, port), _Handler)
-    httpd.core = core
-    return httpd
 
 
 def _load(model: str, dtype: str, device: str) -> tuple[Any, Any]:
@@ -933,12 +879,15 @@ def main(
     seed: int = 0,
     threads: int | None = None,
     cpus: str | None = None,
+    api_key: str | None = None,
+    adapter_root: str | None = None,
+    **limits: Any,
 ) -> None:
     """Serve ``model`` until interrupted (``twin serve MODEL``).
 
     Args:
         model: ``tiny``, ``smollm2`` or a local HF model dir.
-        host: Interface to bind (loopback by default: the server has no authentication).
+        host: Interface to bind (loopback by default; see ``docs/security.md`` before exposing it).
         port: TCP port.
         dtype: ``float32`` (CPU default), ``bfloat16`` or ``float16``.
         max_loras: Adapters resident at once.
@@ -953,7 +902,18 @@ def main(
         cpus: Cores to pin the server to, ``taskset -c`` syntax (``0`` or ``0,2-3``); default
             ``$TWINRL_ROLLOUT_CPUS``, which the async trainer exports with
             ``devices.cpu_affinity: auto``.
+        api_key: Required as ``Authorization: Bearer`` on every route but ``/health``
+            (default ``$TWINRL_API_KEY``; prefer the variable: arguments show in ``ps``).
+        adapter_root: Only adapters under this folder load.
+        limits: :class:`ServeLimits` fields (``max_n``, ``max_tokens``, ``read_timeout``, ...).
+
+    Raises:
+        ConfigError: a limit is not a valid value.
     """
+    try:
+        serve_limits = ServeLimits(**limits)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, "twin serve option")) from None
     from trainer.workers import place_rollout_process
 
     pinned = place_rollout_process(threads, cpus)
@@ -961,6 +921,9 @@ def main(
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
         )
+    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+    for warning in exposure_warnings(host, api_key, adapter_root):
+        log.warning("%s", warning)
     if pinned:
         log.info("pinned to cores %s with %d thread(s)", ",".join(map(str, pinned)), torch.get_num_threads())
     net, tokenizer = _load(model, dtype, device)
@@ -972,10 +935,13 @@ def main(
         max_batch_rows=max_batch_rows,
         logprobs_mode=logprobs_mode,
         seed=seed,
+        limits=serve_limits,
+        adapter_root=adapter_root,
     )
-    httpd = make_http_server(core, host, port)
+    httpd = make_http_server(core, host, port, api_key=api_key)
     print(
-        f"twin serve: {served_model_name or model} on http://{host}:{httpd.server_address[1]}/v1",
+        f"twin serve: {served_model_name or model} on http://{host}:{httpd.server_address[1]}/v1"
+        + (" (API key required)" if api_key else ""),
         flush=True,
     )
     try:
@@ -1144,6 +1110,9 @@ class ServerProcess(ManagedServer):
             it also gets ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` and ``OMP_WAIT_POLICY=PASSIVE``
             (idle threads sleep instead of spinning on cores the learner needs).
         cpus: Cores to pin the child to (``taskset -c`` syntax); default ``$TWINRL_ROLLOUT_CPUS``.
+        api_key: The child's API key, handed over in ``$TWINRL_API_KEY`` (not on its command
+            line); None: the child inherits this process's ``$TWINRL_API_KEY``, if any.
+        adapter_root: Only adapters under this folder load (``--adapter-root``).
         host, port, log_path, startup_timeout: See :class:`ManagedServer`.
     """
 
@@ -1162,9 +1131,13 @@ class ServerProcess(ManagedServer):
         threads: int | None = None,
         seed: int = 0,
         cpus: str | None = None,
+        api_key: str | None = None,
+        adapter_root: str | Path | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.api_key = api_key
+        self.adapter_root = Path(adapter_root).resolve() if adapter_root is not None else None
         self.model = model
         self.dtype = dtype
         self.max_loras = max_loras
@@ -1201,6 +1174,7 @@ class ServerProcess(ManagedServer):
             str(self.seed),
             *(["--threads", str(self.threads)] if self.threads else []),
             *(["--cpus", self.cpus] if self.cpus else []),
+            *(["--adapter-root", str(self.adapter_root)] if self.adapter_root else []),
         ]
 
     def environment(self) -> dict[str, str]:
@@ -1210,6 +1184,8 @@ class ServerProcess(ManagedServer):
         env["PYTHONUNBUFFERED"] = "1"
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        if self.api_key is not None:
+            env[API_KEY_ENV] = self.api_key
         if self.threads:
             from trainer.workers import thread_env
 
@@ -1239,21 +1215,15 @@ def _cli(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cpus", default=None, help="cores to pin to, e.g. 0 or 0,2-3")
-    args = parser.parse_args(argv)
-    main(
-        args.model,
-        args.host,
-        args.port,
-        args.dtype,
-        args.max_loras,
-        served_model_name=args.served_model_name,
-        device=args.device,
-        logprobs_mode=args.logprobs_mode,
-        max_batch_rows=args.max_batch_rows,
-        seed=args.seed,
-        threads=args.threads,
-        cpus=args.cpus,
-    )
+    parser.add_argument("--api-key", default=None, help=f"bearer key required on /v1 routes (default ${API_KEY_ENV})")
+    parser.add_argument("--adapter-root", default=None, help="only adapters under this folder load")
+    for name, info in ServeLimits.model_fields.items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=info.annotation, default=info.default,
+            help=f"{info.description} (default {info.default})",
+        )  # fmt: skip
+    args = vars(parser.parse_args(argv))
+    main(**args)
 
 
 if __name__ == "__main__":
