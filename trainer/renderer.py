@@ -18,12 +18,25 @@ How the ids after a sample are made (:meth:`Renderer.add_messages`)::
 sample cut off by ``max_new_tokens`` (no end-of-turn token) is closed with the end-of-turn token
 plus the glue, unmasked, and counted in ``stats["unterminated"]``.
 
-When a template rewrites earlier turns (e.g. Qwen3 drops ``<think>`` blocks of older assistant
-turns), ``full`` no longer starts with ``prev``. The renderer then logs a warning, counts it in
-``stats["prefix_breaks"]`` and renders the new messages after a fixed stand-in conversation
-(system + "user" + "assistant", as SkyRL does) instead; the ids already in the episode are never
-changed. :meth:`Renderer.check_prefix` compares the decoded episode with the template's rendering
-of the whole conversation and says where they first differ.
+When a template rewrites earlier turns (Qwen3 drops ``<think>`` blocks of older assistant turns
+and adds an empty one only to the last turn; Mistral moves the tools and system text to the last
+user turn), ``full`` no longer starts with ``prev``. The renderer then applies the *append-only
+rule*: the ids already in the episode are never changed, and the new messages are what the
+template writes after the last assistant turn's end-of-turn token in ``full`` (found by rendering
+that turn with a marker in it). The first time a template does this a warning names it, and every
+such turn is counted in ``stats["prefix_breaks"]``; :meth:`Renderer.check_prefix` says where the
+episode and the template's own rendering of the whole conversation first differ. The shipped
+``qwen3_append_only`` template renders Qwen3 episodes without any rewrite (docs/training.md,
+"Chat templates").
+
+A template that refuses an assistant turn (Llama 3.x raises on two or more tool calls in one turn)
+never crashes an episode: the turn is kept as its raw text for the template and
+:attr:`Renderer.refusal` holds a message for the agent (``trainer.rollouts`` shows it as an
+invalid turn and runs nothing).
+
+The chat template is the tokenizer's own unless one is given (``chat_template=``: a template
+shipped in ``trainer/templates/`` by name, a ``.jinja`` path, or the template text; see
+:func:`load_chat_template`).
 
 Templates that ignore ``tools`` (e.g. SmolLM2-135M-Instruct's) get the tool schemas through a
 Hermes-style preamble appended to the system message (the same wording as the tiny model's
@@ -38,19 +51,70 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from jinja2 import TemplateError
 
 from twin.errors import ConfigError
 from twin.trajectory import TokenTurn
 
-__all__ = ["EpisodeTokens", "PrefixReport", "Renderer", "tools_preamble"]
+__all__ = [
+    "TEMPLATES_DIR",
+    "EpisodeTokens",
+    "PrefixReport",
+    "Renderer",
+    "load_chat_template",
+    "shipped_templates",
+    "tools_preamble",
+]
 
 log = logging.getLogger("twinrl.renderer")
 
 Message = dict[str, Any]
 
+#: Folder of the chat templates twinrl ships (``<name>.jinja``).
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
 # chat template text -> does it render `tools`? (a property of the template alone)
 _TOOLS_SUPPORT: dict[str, bool] = {}
+# templates already reported as rewriting earlier turns (warned once per process)
+_REWRITE_WARNED: set[str] = set()
+# Put into the last assistant turn to find where that turn ends in a rewritten rendering.
+_MARK = "twinrlTurnMark7q"
+
+
+def shipped_templates() -> list[str]:
+    """Names of the chat templates in ``trainer/templates/`` (``chatml_tools``, ``qwen3``, ...)."""
+    return sorted(p.stem for p in TEMPLATES_DIR.glob("*.jinja"))
+
+
+def load_chat_template(spec: str) -> str:
+    """The text of a chat template given by name, path, or as the template itself.
+
+    Args:
+        spec: The name of a template in ``trainer/templates/`` (e.g. ``"qwen3_append_only"``),
+            a path to a ``.jinja`` file, or Jinja text (anything containing ``{{`` or ``{%``).
+
+    Returns:
+        The template text.
+
+    Raises:
+        ConfigError: No such shipped template or file.
+    """
+    if "{{" in spec or "{%" in spec:
+        return spec
+    names = shipped_templates()
+    if spec in names:
+        return (TEMPLATES_DIR / f"{spec}.jinja").read_text(encoding="utf-8")
+    path = Path(spec).expanduser()
+    if spec.endswith(".jinja"):
+        if not path.is_file():
+            raise ConfigError(f"chat template file {spec!r} does not exist")
+        return path.read_text(encoding="utf-8")
+    raise ConfigError(
+        f"unknown chat template {spec!r}: use one of {', '.join(names)} or a path to a .jinja file"
+    )
 
 _PROBE_TOOL = {
     "type": "function",
@@ -163,12 +227,17 @@ class Renderer:
         stop_ids: Ids that end an assistant turn (default: the tokenizer's eos id).
         template_kwargs: Extra variables for the chat template on every render, e.g.
             ``{"enable_thinking": False}`` for Qwen3.
+        chat_template: Use this template instead of the tokenizer's own (see
+            :func:`load_chat_template`: a shipped name, a ``.jinja`` path or the text).
 
     Attributes:
-        stats: Counters: ``turns``, ``prefix_breaks``, ``unterminated``, ``unparsed_turns``.
+        stats: Counters: ``turns``, ``prefix_breaks`` (turns rendered with the append-only rule),
+            ``unterminated``, ``unparsed_turns``, ``refused_turns``.
         messages: The conversation as the template sees it.
         tools_in_template: The chat template renders ``tools`` itself (else the preamble
             fallback is used).
+        refusal: After :meth:`add_completion`: why the template refused that turn (a message for
+            the agent), or None when it rendered.
     """
 
     def __init__(
@@ -178,11 +247,15 @@ class Renderer:
         *,
         stop_ids: Sequence[int] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
     ) -> None:
-        if getattr(tokenizer, "chat_template", None) is None:
+        self.chat_template: str | None = (
+            load_chat_template(chat_template) if chat_template is not None else None
+        )
+        if self.chat_template is None and getattr(tokenizer, "chat_template", None) is None:
             raise ConfigError(
                 f"Renderer: the tokenizer {type(tokenizer).__name__} has no chat template; "
-                "load a chat/instruct model or set tokenizer.chat_template"
+                "load a chat/instruct model, set tokenizer.chat_template or pass chat_template="
             )
         self.tokenizer = tokenizer
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
@@ -203,9 +276,11 @@ class Renderer:
         self._end_text = tokenizer.decode(
             [end_id], skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
-        self.tools_in_template = _template_renders_tools(tokenizer)
+        self.tools_in_template = _template_renders_tools(tokenizer, self.chat_template)
         self.stats: dict[str, int] = {}
         self.messages: list[Message] = []
+        self.refusal: str | None = None
+        self._prev: str | None = None  # rendering of self.messages (no generation prompt)
         self._pieces: list[_Piece] = []
         self._ids: list[int] = []  # the pieces' ids, flattened as they arrive
         self._open = False  # the sequence ends with a generation prompt (awaiting a sample)
@@ -220,9 +295,14 @@ class Renderer:
 
         Returns:
             The rendered text (not tokenized).
+
+        Raises:
+            jinja2.TemplateError: The template refused the messages.
         """
         msgs = [dict(m) for m in messages]
         kwargs: dict[str, Any] = dict(self.template_kwargs)
+        if self.chat_template is not None:
+            kwargs["chat_template"] = self.chat_template
         if self.tools and self.tools_in_template:
             kwargs["tools"] = self.tools
         elif not self.tools_in_template:
@@ -285,8 +365,17 @@ class Renderer:
             add_generation_prompt=True)``, tokenized without extra special tokens.
         """
         self.messages = [dict(m) for m in messages]
-        self.stats = {"turns": 0, "prefix_breaks": 0, "unterminated": 0, "unparsed_turns": 0}
-        ids = self._encode(self.render(self.messages, add_generation_prompt=True))
+        self.stats = {"turns": 0, "prefix_breaks": 0, "unterminated": 0, "unparsed_turns": 0,
+                      "refused_turns": 0}
+        self.refusal = None
+        self._prev = None
+        try:
+            text = self.render(self.messages, add_generation_prompt=True)
+        except TemplateError as exc:
+            raise ConfigError(
+                f"Renderer.start: the chat template cannot render the opening messages: {exc}"
+            ) from None
+        ids = self._encode(text)
         self._pieces = [_Piece(ids, sampled=False)]
         self._ids = list(ids)
         self._open = True
@@ -326,7 +415,9 @@ class Renderer:
                 decoded text (content + parsed ``tool_calls``).
 
         Returns:
-            The assistant message (OpenAI format), ready for ``env.step``.
+            The assistant message (OpenAI format), ready for ``env.step``. When the chat template
+            refuses it (e.g. Llama 3.x and two tool calls), :attr:`refusal` says why and the
+            template is shown the turn's raw text instead.
 
         Raises:
             ConfigError: Called before :meth:`start`, twice in a row, or with logprobs of
@@ -352,8 +443,27 @@ class Renderer:
         self._open = False
         self._count("turns")
         body = ids[:-1] if ids and ids[-1] in self.stop_ids else ids
+        text = self._decode(body)
         if message is None:
-            message = self._assistant_message(self._decode(body))
+            message = self._assistant_message(text)
+        self.refusal = None
+        try:
+            self._prev = self.render([*self.messages, message], add_generation_prompt=False)
+        except TemplateError as exc:
+            # The template cannot represent this turn: the agent is told (no traceback), and the
+            # template sees the sampled text as plain content, which any template renders.
+            self._count("refused_turns")
+            self.refusal = (
+                f"this model's chat template cannot represent your turn ({exc}); nothing was run"
+            )
+            message = {"role": "assistant", "content": text}
+            try:
+                self._prev = self.render([*self.messages, message], add_generation_prompt=False)
+            except TemplateError as again:
+                raise ConfigError(
+                    f"Renderer: the chat template cannot render an assistant turn of plain text "
+                    f"({again}); use another chat template"
+                ) from None
         self.messages.append(message)
         return message
 
@@ -403,31 +513,34 @@ class Renderer:
                 "a sampled assistant turn)"
             )
         new = [dict(m) for m in messages]
-        prev = self.render(self.messages, add_generation_prompt=False)
-        full = self.render([*self.messages, *new], add_generation_prompt=True)
+        prev = self._prev if self._prev is not None else self._render_or_fail(self.messages, False)
+        full = self._render_or_fail([*self.messages, *new], True)
         if full.startswith(prev):
-            delta = full[len(prev):]
+            text = self._glue(prev) + full[len(prev):]
         else:
             self._count("prefix_breaks")
-            at = _first_difference(prev, full)
-            log.warning(
-                "chat template breaks the prefix property at char %d (%r vs %r); rendering the "
-                "new messages after a stand-in conversation instead (earlier ids are unchanged)",
-                at, prev[at:at + 40], full[at:at + 40],
-            )
-            delta = self._suffix_after_standin(new)
-        glue = self._glue(prev)
+            text = self._after_last_turn(new, prev, full)
         last = self._pieces[-1]
         extra = ""
         if not last.ids or last.ids[-1] not in self.stop_ids:
             self._count("unterminated")
             extra = self._end_text  # close the cut-off turn (not sampled, so not trained on)
-        ids = self._encode(extra + glue + delta)
+        ids = self._encode(extra + text)
         self._pieces.append(_Piece(ids, sampled=False))
         self._ids.extend(ids)
         self.messages.extend(new)
+        self._prev = None
         self._open = True
         return ids
+
+    def _render_or_fail(self, messages: Sequence[Message], gen: bool) -> str:
+        try:
+            return self.render(messages, add_generation_prompt=gen)
+        except TemplateError as exc:
+            raise ConfigError(
+                f"Renderer: the chat template refused the conversation ({exc}); the twin's "
+                "messages must be ones this template can render"
+            ) from None
 
     def _glue(self, prev: str) -> str:
         # Text the template writes after the end-of-turn token of the last assistant turn.
@@ -436,19 +549,37 @@ class Renderer:
             return ""
         return prev[at + len(self._end_text):]
 
-    def _suffix_after_standin(self, new: list[Message]) -> str:
-        system = [m for m in self.messages[:1] if m.get("role") == "system"]
-        base = [*system, {"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
-        prev = self.render(base, add_generation_prompt=False)
-        full = self.render([*base, *new], add_generation_prompt=True)
-        if not full.startswith(prev):
-            at = _first_difference(prev, full)
-            raise ConfigError(
-                "Renderer: the chat template rewrites earlier turns even after a fixed stand-in "
-                f"conversation (char {at}: {prev[at:at + 40]!r} vs {full[at:at + 40]!r}); "
-                "this template cannot be rendered incrementally, use another chat template"
+    def _after_last_turn(self, new: list[Message], prev: str, full: str) -> str:
+        """The append-only rule: what the template writes after the last assistant turn's end.
+
+        The template rewrote text of earlier turns, so ``full`` does not start with ``prev``.
+        The last assistant turn is rendered once more with a marker in it (in its text, or in
+        its last tool call's name when it has calls); the new messages are what follows that
+        turn's end-of-turn token.
+        """
+        template = self.chat_template or str(self.tokenizer.chat_template)
+        at = _first_difference(prev, full)
+        if template not in _REWRITE_WARNED:
+            _REWRITE_WARNED.add(template)
+            log.warning(
+                "the chat template rewrites earlier turns (first difference at char %d: %r "
+                "became %r); the episode keeps its ids and gets the new messages appended "
+                "(append-only rule; counted in stats['prefix_breaks'], see docs/training.md, "
+                "'Chat templates')",
+                at, prev[at:at + 40], full[at:at + 40],
             )
-        return full[len(prev):]
+        marked = _with_mark(self.messages[-1])
+        probe = self._render_or_fail([*self.messages[:-1], marked, *new], True)
+        where = probe.find(_MARK)
+        end = probe.find(self._end_text, where) if where >= 0 and self._end_text else -1
+        if end < 0:
+            raise ConfigError(
+                "Renderer: the chat template rewrites earlier turns and does not render the last "
+                f"assistant turn where it can be found (char {at}: {prev[at:at + 40]!r} vs "
+                f"{full[at:at + 40]!r}); this template cannot be rendered incrementally, use "
+                "another chat template"
+            )
+        return probe[end + len(self._end_text):]
 
     # ---------------------------------------------------------------- outputs
     def episode(self) -> EpisodeTokens:
@@ -534,15 +665,37 @@ def _first_difference(a: str, b: str) -> int:
     return n
 
 
-def _template_renders_tools(tokenizer: Any) -> bool:
-    template = tokenizer.chat_template
+def _with_mark(message: Message) -> Message:
+    # The assistant message with _MARK where every template renders it: the last tool call's
+    # name (a template that has calls renders names, not always the text), else the text.
+    marked = dict(message)
+    calls = message.get("tool_calls") or []
+    if calls:
+        last = dict(calls[-1])
+        if isinstance(last.get("function"), dict):
+            fn = dict(last["function"])
+            fn["name"] = f"{fn.get('name') or ''}{_MARK}"
+            last["function"] = fn
+        else:
+            last["name"] = f"{last.get('name') or ''}{_MARK}"
+        marked["tool_calls"] = [*calls[:-1], last]
+    else:
+        content = message.get("content")
+        marked["content"] = (content if isinstance(content, str) else "") + _MARK
+    return marked
+
+
+def _template_renders_tools(tokenizer: Any, template: str | None = None) -> bool:
+    if template is None:
+        template = tokenizer.chat_template
     if not isinstance(template, str):  # a dict of named templates: take the default one
         template = json.dumps(template, sort_keys=True)
     if template not in _TOOLS_SUPPORT:
         msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         try:
             with_tools = tokenizer.apply_chat_template(
-                msgs, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True
+                msgs, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True,
+                chat_template=template,
             )
         except Exception:  # noqa: BLE001 - a template that fails on tools does not support them
             with_tools = ""

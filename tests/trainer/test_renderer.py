@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainer import renderer as renderer_module
 from trainer.renderer import Renderer, tools_preamble
 from trainer.tiny import build_tiny
 from twin.errors import ConfigError
@@ -120,7 +121,9 @@ def test_episode_is_the_concatenation_of_the_pieces(tok) -> None:
     p, a = len(prompt), len(c1)
     assert ep.turn_spans == [(p, p + a), (p + a + len(obs), len(ep))]
     assert ep.prompt_len == p and ep.num_sampled == len(c1) + len(c2)
-    assert r.stats == {"turns": 2, "prefix_breaks": 0, "unterminated": 0, "unparsed_turns": 0}
+    assert r.stats == {
+        "turns": 2, "prefix_breaks": 0, "unterminated": 0, "unparsed_turns": 0, "refused_turns": 0
+    }
 
 
 def test_loss_mask_excludes_tool_result_tokens(tok) -> None:
@@ -310,6 +313,7 @@ def test_prefix_break_is_reported_and_repaired(tiny_dir: Path, caplog) -> None:
 
     tok = AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)
     tok.chat_template = THINK_STRIPPING
+    renderer_module._REWRITE_WARNED.discard(THINK_STRIPPING)  # warned once per process
     r = Renderer(tok, TOOLS)
     assert not r.tools_in_template
     prompt = r.start(OPENING)
@@ -318,7 +322,7 @@ def test_prefix_break_is_reported_and_repaired(tiny_dir: Path, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="twinrl.renderer"):
         obs = r.add_messages([{"role": "tool", "content": RESULT}])
     assert r.stats["prefix_breaks"] == 1
-    assert "breaks the prefix property" in caplog.text
+    assert "rewrites earlier turns" in caplog.text and "append-only rule" in caplog.text
     assert tok.decode(obs) == (
         "\n<|im_start|>user\n<tool_response>\n" + RESULT + "\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
