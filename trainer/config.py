@@ -71,6 +71,25 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "auto", description="Weights dtype; 'auto' = float32 on CPU, bfloat16 on GPU."
     )
+    chat_template: str | None = Field(
+        None,
+        description="Chat template the episodes are rendered with: null = the tokenizer's own; a "
+        "template in trainer/templates/ by name (chatml_tools, qwen3, qwen3_append_only, llama3, "
+        "mistral) or a path to a .jinja file.",
+    )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra chat template variables on every render, e.g. {enable_thinking: false} for Qwen3.",
+    )
+
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            from trainer.renderer import load_chat_template
+
+            load_chat_template(value)  # a ConfigError (a ValueError) names the shipped templates
+        return value
 
 
 class LoraConfig(_Section):

@@ -196,7 +196,7 @@ class GRPORecipe:
             max_tokens=cfg.sampler.max_episode_tokens,
         )
         tokenizer = self.tokenizer
-        self.renderer_factory = lambda tools: Renderer(tokenizer, tools)
+        self.renderer_factory = lambda tools: Renderer(tokenizer, tools, chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs)  # fmt: skip
         self.settings = RolloutSettings(
             max_new_tokens=cfg.sampler.max_new_tokens,
             max_episode_tokens=cfg.sampler.max_episode_tokens,

@@ -511,7 +511,7 @@ class _RolloutLoop:
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path), local_files_only=True)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self.renderer_factory = lambda tools: Renderer(tokenizer, tools)
+        self.renderer_factory = lambda tools: Renderer(tokenizer, tools, chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs)  # fmt: skip
         self.settings = RolloutSettings(
             max_new_tokens=cfg.sampler.max_new_tokens,
             max_episode_tokens=cfg.sampler.max_episode_tokens,

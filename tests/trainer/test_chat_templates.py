@@ -277,3 +277,20 @@ def test_template_names_and_paths(tmp_path: Path) -> None:
         load_chat_template("qwen4")
     with pytest.raises(ConfigError, match="does not exist"):
         load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_recipe_fields_reach_the_renderer(tmp_path: Path) -> None:
+    from trainer.config import load_recipe
+    from trainer.recipe import GRPORecipe
+
+    cfg = load_recipe("toy-cpu", [
+        "model.chat_template=qwen3_append_only", "model.template_kwargs={enable_thinking: false}",
+        f"train.output_dir={tmp_path}", "train.store=false",
+    ])
+    recipe = GRPORecipe(cfg)
+    recipe.setup()
+    r = recipe.renderer_factory(TOOLS)
+    assert r.chat_template == load_chat_template("qwen3_append_only")
+    assert dec(recipe.tokenizer, r.start(OPENING)).endswith("<|im_start|>assistant\n" + EMPTY_THINK)
+    with pytest.raises(ConfigError, match="unknown chat template 'qwen4': use one of"):
+        load_recipe("toy-cpu", ["model.chat_template=qwen4"])
