@@ -182,3 +182,69 @@ def test_async_training_with_vllm_sampler(tmp_path: Path, monkeypatch: pytest.Mo
         assert r["async/sync_s"] < 10.0, r
     assert max(r["async/staleness"] for r in history) <= 1.0
     assert (tmp_path / "run" / "vllm.log").exists()
+
+
+# -- `twin eval` through the openai: policy, against vLLM with a tool parser -------------------------
+def _tool_call_regex(tool_names: list[str]) -> str:
+    """Hermes tool-call text the random tiny model is constrained to write (vLLM structured
+    outputs): a well-formed ``<tool_call>`` of one of the twin's tools, with empty arguments."""
+    import re
+
+    names = "|".join(re.escape(n) for n in tool_names)
+    return '<tool_call>\\n\\{"name": "(' + names + ')", "arguments": \\{\\}\\}\\n</tool_call>'
+
+
+def test_twin_eval_against_vllm_with_a_tool_parser(tmp_path: Path) -> None:
+    """vLLM parses the model's ``<tool_call>`` text (``--tool-call-parser hermes``); ``twin eval``
+    stores Returns and Catalog episodes with those tool calls; a tiny ``--timeout`` gives stored,
+    explained failures and exit status 3."""
+    import json as json_
+
+    from typer.testing import CliRunner
+
+    from trainer.vllm import VLLMServer, build_vllm_tiny
+    from twin.cli import app
+    from twin.registry import make_twin
+    from twin.store import RunStore
+
+    server = VLLMServer(
+        build_vllm_tiny(), python=PYTHON, device="cpu", dtype="float32", max_model_len=4096,
+        served_model_name="tiny", startup_timeout=600, log_path=tmp_path / "vllm.log",
+        extra_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+    )  # fmt: skip
+    db = tmp_path / "runs.db"
+    runner = CliRunner()
+
+    def twin_eval(twin: str, *extra: str) -> Any:
+        return runner.invoke(
+            app,
+            ["eval", twin, "--policy", "openai:tiny", "--base-url", server.base_url, "--episodes", "2",
+             "--store", str(db), "--no-progress", "--json", "--set", "max_turns=2", *extra],
+        )  # fmt: skip
+
+    with server:
+        for name in ("returns", "catalog"):
+            tools = [t["function"]["name"] for t in make_twin(name).tool_schemas]
+            body = {"structured_outputs": {"regex": _tool_call_regex(tools)}}
+            result = twin_eval(
+                name, "--max-tokens", "64", "--timeout", "300", "--extra-body", json_.dumps(body)
+            )
+            assert result.exit_code == 0, result.output
+            summary = json_.loads(result.stdout)
+            assert summary["episodes"] == 2 and summary["errors"] == 0
+            assert summary["usage"]["completion_tokens"] > 0
+            trajs = RunStore(db).episodes(summary["run_id"])
+            assert len(trajs) == 2
+            for t in trajs:
+                # the server's parser turned the text into tool_calls; the env ran them
+                assert t.calls and all(c.name in tools for c in t.calls), t.messages
+                assert any(m.get("tool_calls") for m in t.messages if m["role"] == "assistant")
+
+        slow = twin_eval("returns", "--max-tokens", "256", "--timeout", "0.05")
+    assert slow.exit_code == 3, slow.output
+    summary = json_.loads(slow.stdout)
+    assert summary["errors"] == 2 and summary["episodes"] == 0
+    (reason,) = summary["error_reasons"]
+    assert reason["type"] == "PolicyError (ReadTimeout)" and "--timeout" in reason["hint"]
+    failed = RunStore(db).episodes(summary["run_id"])
+    assert len(failed) == 2 and all("no reply within 0.05 s" in t.info["error"] for t in failed)
