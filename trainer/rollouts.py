@@ -67,7 +67,7 @@ class RolloutSettings:
         return min(self.max_episode_tokens, self.context_length)
 
     def budget(self, episode_len: int) -> int:
-        """``max_new_tokens`` for the next turn of an episode of ``episode_len`` tokens (0 = none left)."""
+        """``max_new_tokens`` of the next turn, an ``episode_len``-token episode (0: none left)."""
         return max(0, min(self.max_new_tokens, self.token_limit - episode_len))
 
 
@@ -91,7 +91,7 @@ def _refused_step(env: Any, text: str, refusal: str) -> tuple[list[dict[str, Any
     messages = env.trajectory.messages
     at = len(messages) - len(obs) - 1
     if at >= 0 and messages[at].get("role") == "assistant":
-        messages[at]["content"] = text
+        messages[at]["content"] = text[: env.twin.config.max_action_chars]  # as the env stores it
     for m in obs:
         if m.get("role") == "user":
             tools = m["content"].rfind(". Tools: ")

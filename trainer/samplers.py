@@ -210,7 +210,8 @@ class HFSampler:
         stops = list(stop_ids) if stop_ids else [self.tokenizer.eos_token_id]
         budgets = per_prompt_budgets(max_new_tokens, len(prompts))
         if self.store is not None:
-            rows = self._sample_cached(prompts, max(budgets), temperature, top_p, stops, seed, row_seeds)
+            limit = max(budgets)
+            rows = self._sample_cached(prompts, limit, temperature, top_p, stops, seed, row_seeds)
             return _within(rows, budgets)
         out: list[Sample] = []
         for start in range(0, len(prompts), self.max_batch):

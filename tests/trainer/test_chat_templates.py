@@ -216,7 +216,8 @@ def test_llama3_refused_turn_is_an_invalid_turn_for_the_agent(llama_tok) -> None
 
     twin = make_twin("Toy", max_turns=2)
     (group,) = collect_groups(
-        twin, [("train", 2)], Twice(), lambda tools: Renderer(llama_tok, tools, chat_template="llama3"),
+        twin, [("train", 2)], Twice(),
+        lambda tools: Renderer(llama_tok, tools, chat_template="llama3"),
         group_size=1, settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=4000), seed=0,
     )
     (t,) = group.trajectories
