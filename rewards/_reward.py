@@ -399,17 +399,13 @@ class Reward:
         optionally nested under a top-level ``reward:`` key).
 
         Raises:
-            ConfigError: the file is missing, not YAML, or names unknown terms.
+            ConfigError: the file is missing, not YAML, too large once its aliases are expanded, or
+                names unknown terms.
         """
-        import yaml  # lazy: keep `import rewards` light
+        from twin.yamlsafe import load_yaml_file  # lazy: keep `import rewards` light
 
         p = Path(path)
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"reward overrides file {str(p)!r} could not be read: {exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"reward overrides file {str(p)!r} is not valid YAML: {exc}") from None
+        data = load_yaml_file(p, what="reward overrides file")
         if isinstance(data, Mapping) and set(data) == {"reward"}:
             data = data["reward"]
         try:

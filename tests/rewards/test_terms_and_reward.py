@@ -179,6 +179,22 @@ def test_with_overrides_and_from_yaml(tmp_path):
         Reward.from_yaml(tmp_path / "missing.yaml", r)
 
 
+def test_from_yaml_refuses_alias_bombs_and_binary_files(tmp_path):
+    r = Reward({correct: 0.5, close: 0.5})
+    bomb = tmp_path / "bomb.yaml"
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    lines.append("weights: {correct: *a8}")  # an error message that quoted it would never end
+    bomb.write_text("\n".join(lines) + "\n")  # 10**9 nodes once expanded, ~700 bytes on disk
+    with pytest.raises(ConfigError, match="bomb.yaml") as info:
+        Reward.from_yaml(bomb, r)
+    assert len(str(info.value)) < 400
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\x00\x01\x02weights")
+    with pytest.raises(ConfigError, match="binary file"):
+        Reward.from_yaml(binary, r)
+
+
 def test_explain_and_metrics():
     r = Reward({correct: 0.5, close: 0.5}, penalties=[Penalty("invalid", lambda t, c: 1.0, per_unit=0.1)])
     res = r(traj(9, invalid=1), CASE)
