@@ -658,7 +658,10 @@ def _http_hint(response: httpx.Response) -> str | None:
     if code == 404:
         return "check --base-url (it usually ends in /v1) and the model name after openai:"
     if code in (400, 413, 422) and _CONTEXT_OVERFLOW.search(response.text):
-        return "lower --max-tokens (prompt + completion must fit the model's context)"
+        return (
+            "lower --max-tokens (prompt + completion must fit the model's context), or give the "
+            "server a longer context or the twin fewer turns (--set max_turns=N)"
+        )
     if code in _RETRY_STATUS:
         return "the server is overloaded or failing: lower --concurrency or raise --retries"
     return None
