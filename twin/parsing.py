@@ -215,7 +215,7 @@ def _call_from_fields(
         name = str.__str__(name)  # a str subclass's own methods must not run in the env
     if type(name) is str and name.strip():
         args = obj.get("arguments", _MISSING)
-        if type(args) is dict and not from_message:  # the common case: nothing to check
+        if type(args) is dict and not from_message and _shallow(args):  # the common case
             return ParsedCall(call_id, name, args, raw)
     where = _label(where)
     if name is None:
@@ -258,6 +258,12 @@ def _call_from_fields(
             None,
             raw,
             f'{where} ({short_text(name)}): "arguments" must be a JSON object, got {_json_type(args)}',
+        )
+    if not _shallow(args):
+        return ParsedCall(
+            call_id, name, None, raw if isinstance(raw, str) else _safe_repr(raw),
+            f'{where} ({short_text(name)}): "arguments" are nested more than {MAX_DEPTH} levels '
+            "deep; send flat JSON arguments",
         )
     return ParsedCall(call_id, name, args, raw)
 
@@ -327,6 +333,22 @@ def _parse_message(msg: dict[str, Any], turn: int) -> ParsedTurn:
 
 # -- helpers ------------------------------------------------------------------------------------
 _MISSING = object()
+
+#: Deepest nesting of lists and objects accepted in a call's arguments. No tool needs more, and
+#: a trajectory holding deeper data could not be written as JSON (pydantic stops near 255).
+MAX_DEPTH = 64
+
+
+def _shallow(args: dict[str, Any]) -> bool:
+    """True when ``args`` nests at most :data:`MAX_DEPTH` levels (checked without recursion)."""
+    stack = [(v, 2) for v in args.values() if type(v) is dict or type(v) is list]
+    while stack:
+        value, level = stack.pop()
+        if level > MAX_DEPTH:
+            return False
+        children = value.values() if type(value) is dict else value
+        stack.extend((v, level + 1) for v in children if type(v) is dict or type(v) is list)
+    return True
 
 
 def _label(where: str | int) -> str:

@@ -283,3 +283,18 @@ def test_non_json_constants_are_rejected_with_a_message(constant):
         {"id": "i", "type": "function", "function": {"name": "look", "arguments": f'{{"": {constant}}}'}}]}
     call = parse_tool_calls(message).calls[0]
     assert call.arguments is None and "not a JSON value" in call.error
+
+
+def test_arguments_nested_too_deeply_are_refused():
+    from twin.parsing import MAX_DEPTH
+
+    deep = '{"a":' * 300 + "1" + "}" * 300
+    for action in (
+        f'<tool_call>{{"name": "f", "arguments": {deep}}}</tool_call>',
+        {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep}}]},
+    ):
+        call = parse_tool_calls(action).calls[0]
+        assert call.arguments is None
+        assert call.error.endswith(f'"arguments" are nested more than {MAX_DEPTH} levels deep; send flat JSON arguments')
+    ok = '{"a":' * (MAX_DEPTH - 1) + "1" + "}" * (MAX_DEPTH - 1)
+    assert parse_tool_calls(f'<tool_call>{{"name": "f", "arguments": {ok}}}</tool_call>').calls[0].error is None
