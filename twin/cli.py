@@ -648,7 +648,9 @@ def print_error_reasons(reasons: list[dict[str, Any]], out: Console | None = Non
     hints = list(dict.fromkeys(str(r["hint"]) for r in reasons if r.get("hint")))
     for hint in hints:
         out.print(f"[yellow]hint:[/] {escape(hint)}")
-    out.print("[dim]failed episodes are stored with their partial trajectories: twin runs show ID[/]")
+    out.print(
+        "[dim]failed episodes are stored with their partial trajectories: twin runs show ID[/]"
+    )
 
 
 def _turns_text(turns: list[int]) -> str:

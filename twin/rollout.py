@@ -492,7 +492,8 @@ def error_reasons(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
     """Why episodes failed: one row per (exception class, message excerpt), most common first.
 
     Each row: ``type`` (the exception class, with its cause when it has one: ``PolicyError
-    (ReadTimeout)``), ``message`` (the start of its message, without the class name), ``count``, ``turns`` (the sorted turns they failed on; 0 is the reset) and
+    (ReadTimeout)``), ``message`` (the start of its message, without the class name),
+    ``count``, ``turns`` (the sorted turns they failed on; 0 is the reset) and
     ``hint`` (what to change, when the exception said; else None).
     """
     rows: dict[tuple[str, str], dict[str, Any]] = {}

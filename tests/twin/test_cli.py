@@ -279,7 +279,9 @@ def test_wrappers_call_their_targets(monkeypatch):
     _fake(monkeypatch, "envs.catalog.bench", main=lambda **kw: calls.append(("bench catalog", kw)))
     _fake(monkeypatch, "trainer.bench", main=lambda **kw: calls.append(("bench trainer", kw)))
     _fake(
-        monkeypatch, "rewards.testing", cli_main=lambda files, allow_import=False: calls.append(("reward", files)) or 1
+        monkeypatch,
+        "rewards.testing",
+        cli_main=lambda files, allow_import=False: calls.append(("reward", files)) or 1,
     )
 
     assert runner.invoke(app, ["demo", "--episodes", "3", "--quick"]).exit_code == 0
@@ -323,7 +325,7 @@ def test_wrappers_exit_2_when_the_target_is_missing(monkeypatch):
     assert result.exit_code == 2 and "no function 'train'" in result.output
 
 
-# -- twin eval against an OpenAI-compatible server on loopback ---------------------------------------
+# -- twin eval against an OpenAI-compatible server on loopback -------------------------------
 class _FakeServer(BaseHTTPRequestHandler):
     """/v1/chat/completions by model name: ``slow`` sleeps past any test timeout, ``locked``
     answers 401, ``solver`` looks the key up and submits its value (tool calls)."""
@@ -345,7 +347,8 @@ class _FakeServer(BaseHTTPRequestHandler):
             name, args = "submit", {"value": json.loads(messages[-1]["content"])["value"]}
         else:
             name, args = "lookup", {"key": messages[1]["content"].split("key ")[1].split(" ")[0]}
-        call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        function = {"name": name, "arguments": json.dumps(args)}
+        call = {"id": "c1", "type": "function", "function": function}
         message = {"role": "assistant", "content": None, "tool_calls": [call]}
         usage = {"prompt_tokens": 20, "completion_tokens": 7}
         self._send(200, {"choices": [{"message": message}], "usage": usage})
@@ -385,7 +388,7 @@ def _eval(server: str, model: str, db: Path, *extra: str) -> Any:
     )  # fmt: skip
 
 
-def test_eval_timeouts_are_explained_and_the_failed_episodes_stored(cli_twin, fake_server, tmp_path):
+def test_eval_timeouts_are_explained_and_failed_episodes_stored(cli_twin, fake_server, tmp_path):
     db = tmp_path / "t.db"
     result = _eval(fake_server, "slow", db, "--timeout", "0.2")
     assert result.exit_code == 3, result.output  # some episodes failed; the command did not
@@ -417,7 +420,9 @@ def test_eval_401_suggests_the_api_key_and_json_lists_reasons(cli_twin, fake_ser
 def test_eval_request_settings_reach_the_server(cli_twin, fake_server, tmp_path, monkeypatch):
     db = tmp_path / "ok.db"
     spec = tmp_path / "policy.yaml"
-    spec.write_text(f"policy: openai:solver\nbase_url: {fake_server}\nmax_tokens: 999\nretries: 1\n")
+    spec.write_text(
+        f"policy: openai:solver\nbase_url: {fake_server}\nmax_tokens: 999\nretries: 1\n"
+    )
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     result = runner.invoke(
         app,
@@ -446,7 +451,8 @@ def test_eval_bad_request_settings_are_one_line_errors(cli_twin, tmp_path):
         (["--extra-body", "[1]"], "must be a JSON object, got list"),
         (["--policy-file", str(tmp_path / "none.yaml")], "not found"),
     ):
-        result = runner.invoke(app, ["eval", "clikey", "--policy", "openai:m", "--no-store", *extra])
+        args = ["eval", "clikey", "--policy", "openai:m", "--no-store", *extra]
+        result = runner.invoke(app, args)
         assert result.exit_code == 2 and words in result.output, result.output
         assert result.output.count("error:") == 1
 
@@ -455,7 +461,9 @@ def test_runs_shows_killed_runs_as_interrupted_and_rejects_a_non_database(tmp_pa
     db = tmp_path / "r.db"
     store = RunStore(db)
     run = store.start_run("eval", "Returns", "random")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     from sqlalchemy import update
 
     from twin.store import _Run

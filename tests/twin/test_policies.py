@@ -565,7 +565,7 @@ def test_openai_timeout_is_explained_not_retried():
     ("status", "text", "flag"),
     [
         (401, '{"error": {"message": "Incorrect API key provided"}}', "--api-key"),
-        (400, "This model's maximum context length is 2048 tokens. However, you requested", "--max-tokens"),
+        (400, "This model's maximum context length is 2048 tokens.", "--max-tokens"),
         (404, "no such model", "--base-url"),
     ],
 )

@@ -491,7 +491,9 @@ def test_error_reasons_group_by_class_and_message_with_turns_and_hints(twin):
             key = int(messages[1]["content"].split("key ")[1].split(" ")[0][1:])
             turn = sum(m["role"] == "assistant" for m in messages) + 1
             if key % 3 == 0 and turn == 2:
-                raise PolicyError("no reply within 1 s", hint="raise --timeout", cause="ReadTimeout")
+                raise PolicyError(
+                    "no reply within 1 s", hint="raise --timeout", cause="ReadTimeout"
+                )
             if key % 3 == 1:
                 raise ValueError("bad " + "x" * 400)
             return await SolverPolicy().act(messages, tools)
