@@ -109,9 +109,8 @@ class TwinEnv(gym.Env[list, Any]):
         self._max_calls = cfg.max_calls_per_turn
         self._one_turn = cfg.max_turns == 1
         self._tools = {t.name: t for t in twin.tools}
-        self._schemas = twin.tool_schemas
-        # reset hands out a fresh copy of the schemas each time (callers own what they get)
-        self._schemas_json = to_json(self._schemas)
+        # read-only and shared: each reset hands out a new list of the same frozen schemas
+        self._schemas = freeze(twin.tool_schemas)
         names = list(self._tools)
         self._names_text = ", ".join(names) if names else "(none)"
         self._usage = "; ".join(t.signature_text() for t in twin.tools)
@@ -202,7 +201,7 @@ class TwinEnv(gym.Env[list, Any]):
             "info": {},
         })
         return list(prompt), {
-            "tools": from_json(self._schemas_json),
+            "tools": list(self._schemas),
             "case_id": case.id,
             "split": split,
             "index": index,
@@ -379,8 +378,9 @@ class TwinEnv(gym.Env[list, Any]):
             )
         latency = time.perf_counter() - started
         try:
-            text = _dumps(result)
-            if type(result) not in _SHAREABLE:
+            kind = type(result)
+            text = result.json_text() if kind is FrozenDict or kind is FrozenList else _dumps(result)
+            if kind not in _SHAREABLE:
                 # the episode's own copy: the tool may have handed out shared, mutable data
                 result = from_json(text)
         except Exception as exc:  # e.g. a lone surrogate or a cycle
@@ -564,6 +564,9 @@ def _action_size(action: Any, limit: int) -> int:
         return len(action)
     if type(action) is not dict:
         return 0
+    size = _message_size(action, limit)
+    if size is not None:
+        return size
     size = 0
     stack: list[Any] = [action]
     pop, push, extend = stack.pop, stack.append, stack.extend
@@ -583,6 +586,46 @@ def _action_size(action: Any, limit: int) -> int:
             size += _SCALAR_SIZE
         if size > limit:
             break
+    return size
+
+
+def _message_size(msg: dict[str, Any], limit: int) -> int | None:
+    """:func:`_action_size` of the usual message (string fields, ``tool_calls`` of
+    ``{"id", "type", "function": {"name", "arguments"}}``) in one flat pass, counted the same
+    way; None for any other shape."""
+    size = 2
+    for key, value in msg.items():
+        if type(key) is not str:
+            return None
+        size += len(key)
+        if type(value) is str:
+            size += len(value)
+        elif value is None:
+            size += _SCALAR_SIZE
+        elif type(value) is list:
+            size += 2
+            for call in value:
+                if type(call) is not dict:
+                    return None
+                size += 2
+                for ckey, cval in call.items():
+                    if type(ckey) is not str:
+                        return None
+                    size += len(ckey)
+                    if type(cval) is str:
+                        size += len(cval)
+                    elif type(cval) is dict:
+                        size += 2
+                        for fkey, fval in cval.items():
+                            if type(fkey) is not str or type(fval) is not str:
+                                return None
+                            size += len(fkey) + len(fval)
+                    else:
+                        return None
+                if size > limit:
+                    return size
+        else:
+            return None
     return size
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import docstring_parser
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
 
 from twin.errors import ToolArgumentError, ToolError
 
@@ -277,10 +278,11 @@ class FrozenDict(dict):  # type: ignore[type-arg]
     Twins hand these out for data every episode shares (world records, cached tool results), so
     no episode, trajectory or caller can change what a later episode sees. It is a ``dict``:
     JSON encoders, pydantic and ``==`` treat it as one. Copies are free (it is returned as is);
-    ``dict(d)`` or :func:`thaw` give a mutable copy.
+    ``dict(d)`` or :func:`thaw` give a mutable copy. Its JSON text is computed once
+    (:meth:`json_text`): a cached result costs the env no serialisation at all.
     """
 
-    __slots__ = ()
+    __slots__ = ("_json",)
 
     def __init__(self, data: Any = (), /, **kwargs: Any) -> None:
         items = dict(data, **kwargs) if kwargs or not isinstance(data, dict) else data
@@ -302,11 +304,15 @@ class FrozenDict(dict):  # type: ignore[type-arg]
     def __repr__(self) -> str:
         return f"FrozenDict({dict.__repr__(self)})"
 
+    def json_text(self) -> str:
+        """Compact JSON of the dict (non-ASCII kept), computed on first use and remembered."""
+        return _json_text(self)
+
 
 class FrozenList(list):  # type: ignore[type-arg]
     """A read-only ``list`` whose items are frozen too (see :func:`FrozenDict`)."""
 
-    __slots__ = ()
+    __slots__ = ("_json",)
 
     def __init__(self, data: Any = (), /) -> None:
         list.__init__(self, [freeze(v) for v in data])
@@ -325,6 +331,20 @@ class FrozenList(list):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return f"FrozenList({list.__repr__(self)})"
+
+    def json_text(self) -> str:
+        """Compact JSON of the list (non-ASCII kept), computed on first use and remembered."""
+        return _json_text(self)
+
+
+def _json_text(value: FrozenDict | FrozenList) -> str:
+    try:
+        return value._json  # type: ignore[no-any-return]
+    except AttributeError:
+        # a frozen value never changes, so its text never goes stale
+        text = to_json(value, fallback=str).decode()
+        object.__setattr__(value, "_json", text)
+        return text
 
 
 _FROZEN = (FrozenDict, FrozenList)
