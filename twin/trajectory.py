@@ -71,7 +71,8 @@ class Trajectory(BaseModel):
             a second terminal call) plus assistant turns that contained no tool call.
         num_turns: Assistant turns taken.
         terminated: A terminal tool succeeded.
-        truncated: The turn or token budget ran out first.
+        truncated: The turn or token budget ran out first (never for a one-turn twin, whose
+            single answer is the whole episode).
         completion_tokens: Tokens the agent generated (0 when unknown).
         token_turns: Token-level turns when a trainer's sampler acted.
         reward: Total reward, once scored.

@@ -36,7 +36,8 @@ nearly the same next-token distribution, so anything a call earns whatever the p
 call for every prompt (measured: 0.675, half right). With the wrong call under random text the
 only way up is to read the word, and a policy that collapsed onto one call is pushed off it.
 
-**Episode end.** ``submit`` succeeds, or ``max_turns`` turns (default 1) pass.
+**Episode end.** ``submit`` succeeds, or ``max_turns`` turns (default 1) pass. With one turn
+the answer ends the episode whatever it holds (``terminated``; see :class:`twin.env.TwinEnv`).
 
 **Version history.** v0: first version (reward reworked to the terms above, same cases).
 v0, revision 2: a wrong word is penalised (``wrong``, -0.5; ``word`` logged only), the prefix

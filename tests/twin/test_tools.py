@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 import pytest
@@ -148,3 +149,46 @@ def test_overriding_a_tool_keeps_its_place():
     tools = tools_of(Shop2())
     assert [t.name for t in tools] == ["find", "finish"]  # the override keeps the original position
     assert Shop2().tool("find").description == "Find better."
+
+
+# -- read-only results --------------------------------------------------------------------------
+def test_frozen_data_refuses_changes_and_behaves_as_json_data():
+    import copy
+    import pickle
+
+    from pydantic_core import to_json
+
+    from twin.tools import FrozenDict, FrozenList, freeze, thaw
+    from twin.trajectory import ToolCallRecord, Trajectory
+
+    data = {"a": [1, {"b": 2}], "t": (1, 2), "s": "x"}
+    frozen = freeze(data)
+    assert type(frozen) is FrozenDict and type(frozen["a"]) is FrozenList and type(frozen["a"][1]) is FrozenDict
+    assert frozen == {"a": [1, {"b": 2}], "t": [1, 2], "s": "x"}
+    for change in (
+        lambda: frozen.__setitem__("a", 1), lambda: frozen.update(a=1), lambda: frozen.pop("a"),
+        lambda: frozen["a"].append(3), lambda: frozen["a"][1].setdefault("c", 1),
+        lambda: frozen["a"].__setitem__(0, 9), lambda: frozen["a"].sort(),
+    ):
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    assert frozen == freeze(data) and freeze(frozen) is frozen
+    assert copy.deepcopy(frozen) is frozen and pickle.loads(pickle.dumps(frozen)) == frozen
+    assert json.loads(json.dumps(frozen)) == json.loads(frozen.json_text()) == json.loads(to_json(frozen))
+    mutable = thaw(frozen)
+    mutable["a"].append(3)
+    assert type(mutable) is dict and frozen["a"] == [1, {"b": 2}]
+    traj = Trajectory(twin="t", case_id="t/train/0",
+                      calls=[ToolCallRecord(id="c", name="n", ok=True, result=frozen)])
+    assert Trajectory.model_validate_json(traj.model_dump_json()) == traj
+
+
+def test_frozen_data_from_a_pydantic_model():
+    from twin.tools import FrozenDict, freeze
+
+    class Point(BaseModel):
+        x: int
+        tags: list[str]
+
+    frozen = freeze({"p": Point(x=1, tags=["a"])})
+    assert type(frozen["p"]) is FrozenDict and frozen["p"] == {"x": 1, "tags": ["a"]}
