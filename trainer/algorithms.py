@@ -31,6 +31,7 @@ from twin.errors import ConfigError
 
 __all__ = [
     "ADVANTAGES",
+    "IS_CORRECTIONS",
     "LOSS_AGGREGATIONS",
     "AdvantageFn",
     "Aggregation",
@@ -42,13 +43,18 @@ __all__ = [
     "dr_grpo_advantages",
     "entropy_from_logits",
     "grpo_advantages",
+    "importance_ratio",
+    "is_weights",
     "keep_informative_groups",
     "kl_k3",
     "overlong_penalty",
     "policy_loss",
     "rloo_advantages",
+    "sampler_kl",
+    "sequence_mask_weights",
     "seq_mean_token_mean",
     "tis_weights",
+    "token_mask_weights",
     "token_logprobs",
     "token_mean",
 ]
@@ -157,7 +163,8 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float =
     ``-factor`` beyond. ``buffer = 0`` disables it (all zeros).
 
     Args:
-        lengths: Completion lengths in tokens.  # [B]
+        lengths: Tokens the policy wrote in each episode (its sampled tokens; not the
+            prompt or tool results).  # [B]
         max_len: The generation budget ``L_max``.
         buffer: The soft zone ``L_cache`` before the budget.
         factor: Penalty at (and beyond) the budget.
@@ -224,8 +231,21 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.exp(log_ratio) - log_ratio - 1.0
 
 
+def importance_ratio(old_logprobs: Tensor, sampler_logprobs: Tensor) -> Tensor:
+    """Learner over sampler probability of each sampled token ``rho = exp(lp_old - lp_sampler)``.
+
+    Args:
+        old_logprobs: The learner's logprobs of the sampled tokens (before this update).  # [B, T]
+        sampler_logprobs: The sampler's logprobs of the same tokens.  # [B, T]
+
+    Returns:
+        ``rho``, detached.  # [B, T]
+    """
+    return torch.exp(old_logprobs.detach() - sampler_logprobs.detach())
+
+
 def tis_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, cap: float) -> Tensor:
-    """Truncated importance sampling against the sampler: ``min(exp(old - sampler), cap)``.
+    """Truncated importance sampling against the sampler: ``w_t = min(rho_t, C)``.
 
     Corrects for the sampler (vLLM, bf16, a stale adapter) not being exactly the learner's
     policy; the weight is detached and multiplies the per-token policy loss.
@@ -233,12 +253,119 @@ def tis_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, cap: float) -> T
     Args:
         old_logprobs: The learner's logprobs of the sampled tokens (before this update).  # [B, T]
         sampler_logprobs: The sampler's logprobs of the same tokens.  # [B, T]
-        cap: Upper bound of the weight (e.g. 2.0).
+        cap: Upper bound ``C`` of the weight (e.g. 2.0).
 
     Returns:
         Weights, detached.  # [B, T]
     """
-    return torch.exp(old_logprobs.detach() - sampler_logprobs.detach()).clamp(max=cap)
+    return importance_ratio(old_logprobs, sampler_logprobs).clamp(max=cap)
+
+
+def token_mask_weights(
+    old_logprobs: Tensor, sampler_logprobs: Tensor, high: float, low: float = 0.0
+) -> Tensor:
+    """Token-level masked importance sampling: ``w_t = rho_t * 1[low <= rho_t <= high]``.
+
+    A token the two policies disagree on too much is dropped instead of down-weighted (its
+    gradient would be mostly sampler noise); the others keep their full ratio.
+
+    Args:
+        old_logprobs: The learner's logprobs of the sampled tokens.  # [B, T]
+        sampler_logprobs: The sampler's logprobs of the same tokens.  # [B, T]
+        high: Largest ratio kept.
+        low: Smallest ratio kept (0 = no lower bound).
+
+    Returns:
+        Weights, detached; 0 on dropped tokens.  # [B, T]
+    """
+    rho = importance_ratio(old_logprobs, sampler_logprobs)
+    keep = (rho >= low) & (rho <= high)
+    return torch.where(keep, rho, rho.new_zeros(()))
+
+
+def sequence_mask_weights(
+    old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, high: float, low: float = 0.0
+) -> Tensor:
+    """Sequence-level masked importance sampling: ``w_t = rho_t * 1[low <= rho_seq <= high]``
+    with ``rho_seq = exp(mean_t log rho_t)`` over the sequence's sampled tokens.
+
+    The geometric mean does not grow with the sequence's length (the product of the ratios
+    would); one sequence far off the learner's policy is dropped whole.
+
+    Args:
+        old_logprobs: The learner's logprobs of the sampled tokens.  # [B, T]
+        sampler_logprobs: The sampler's logprobs of the same tokens.  # [B, T]
+        mask: 1 on sampled tokens.  # [B, T]
+        high: Largest sequence ratio kept.
+        low: Smallest sequence ratio kept (0 = no lower bound).
+
+    Returns:
+        Weights, detached; 0 on every token of a dropped sequence.  # [B, T]
+    """
+    log_rho = old_logprobs.detach() - sampler_logprobs.detach()  # [B, T]
+    m = mask.to(log_rho.dtype)
+    rho_seq = torch.exp((log_rho * m).sum(-1) / m.sum(-1).clamp(min=1.0))  # [B]
+    keep = ((rho_seq >= low) & (rho_seq <= high)).unsqueeze(-1)  # [B, 1]
+    return torch.where(keep, torch.exp(log_rho), log_rho.new_zeros(()))
+
+
+def is_weights(
+    correction: str,
+    old_logprobs: Tensor,  # [B, T]
+    sampler_logprobs: Tensor,  # [B, T]
+    mask: Tensor,  # [B, T]
+    *,
+    high: float,
+    low: float = 0.0,
+) -> Tensor:
+    """The importance weights a config names (``algorithm.is_correction``).
+
+    Args:
+        correction: ``truncate``, ``token_mask`` or ``sequence_mask``.
+        old_logprobs: The learner's logprobs of the sampled tokens.  # [B, T]
+        sampler_logprobs: The sampler's logprobs.  # [B, T]
+        mask: 1 on sampled tokens.  # [B, T]
+        high: ``tis_cap``: the cap (truncate) or the upper bound (masks).
+        low: ``is_mask_low``: the masks' lower bound (ignored by truncate).
+
+    Returns:
+        Weights, detached.  # [B, T]
+
+    Raises:
+        ConfigError: unknown correction.
+    """
+    if correction == "truncate":
+        return tis_weights(old_logprobs, sampler_logprobs, high)
+    if correction == "token_mask":
+        return token_mask_weights(old_logprobs, sampler_logprobs, high, low)
+    if correction == "sequence_mask":
+        return sequence_mask_weights(old_logprobs, sampler_logprobs, mask, high, low)
+    raise ConfigError(
+        f"algorithm.is_correction: unknown {correction!r}; expected one of {list(IS_CORRECTIONS)}"
+    )
+
+
+#: Config names of :func:`is_weights` (``algorithm.is_correction``).
+IS_CORRECTIONS = ("truncate", "token_mask", "sequence_mask")
+
+
+def sampler_kl(logprobs: Tensor, sampler_logprobs: Tensor) -> Tensor:
+    """Per-token KL(pi_sampler || pi_learner), k3 estimator on the sampler's tokens:
+    ``rho - 1 - log rho`` with ``rho = exp(lp - lp_sampler)``, never negative.
+
+    Zero when the learner scores the sampled tokens exactly as the sampler did; grows with
+    the mismatch the importance weights correct for (a stale adapter, bf16 kernels, a wrong
+    chat template).
+
+    Args:
+        logprobs: Learner logprobs of the sampled tokens.  # [B, T]
+        sampler_logprobs: The sampler's logprobs of the same tokens.  # [B, T]
+
+    Returns:
+        Per-token KL estimate.  # [B, T]
+    """
+    log_rho = logprobs.detach() - sampler_logprobs.detach()
+    return torch.exp(log_rho) - 1.0 - log_rho
 
 
 class SurrogateOut(NamedTuple):
@@ -445,8 +572,10 @@ class LossStats(NamedTuple):
         clip_frac_high: Fraction clipped at ``1 + eps_high`` (positive advantage).
         ratio_mean: Mean importance ratio ``exp(lp - lp_old)``.
         ratio_max: Largest ratio.
-        tis_mean: Mean truncated-IS weight (1 without sampler logprobs).
-        tis_capped_frac: Fraction of tokens whose IS weight hit the cap.
+        tis_mean: Mean importance weight (1 without sampler logprobs).
+        tis_capped_frac: Fraction of tokens whose weight was truncated at the cap or masked out.
+        sampler_kl: Mean per-token KL(sampler || learner), :func:`sampler_kl` (0 without
+            sampler logprobs).
         num_tokens: Masked-in tokens in this call.
     """
 
@@ -459,6 +588,7 @@ class LossStats(NamedTuple):
     ratio_max: Tensor
     tis_mean: Tensor
     tis_capped_frac: Tensor
+    sampler_kl: Tensor
     num_tokens: Tensor
 
     def metrics(self, prefix: str = "losses/") -> dict[str, float]:
@@ -479,13 +609,16 @@ def policy_loss(
     eps_high: float = 0.28,
     kl_coef: float = 0.0,
     tis_cap: float | None = 2.0,
+    is_correction: str = "truncate",
+    is_mask_low: float = 0.0,
     num_seqs: int | None = None,
     num_tokens: float | None = None,
 ) -> tuple[Tensor, LossStats]:
-    """The GRPO-family policy loss: clipped surrogate x TIS weight + beta * KL, aggregated.
+    """The GRPO-family policy loss: clipped surrogate x IS weight + beta * KL, aggregated.
 
     ``loss = aggregate(w_t * -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A)
-    + beta * KL_k3_t, mask)`` with ``w_t = min(exp(lp_old - lp_sampler), cap)``.
+    + beta * KL_k3_t, mask)`` with ``w_t`` from :func:`is_weights` (``truncate``:
+    ``min(exp(lp_old - lp_sampler), cap)``).
 
     Args:
         logprobs: Learner logprobs of the sampled tokens (with grad).  # [B, T]
@@ -499,7 +632,9 @@ def policy_loss(
         eps_low: Lower clip range.
         eps_high: Upper clip range (clip-higher when > ``eps_low``).
         kl_coef: beta, weight of the k3 KL term (0 disables it).
-        tis_cap: Cap of the IS weight; None disables TIS.
+        tis_cap: Cap (truncate) or upper bound (masks) of the IS weight; None disables it.
+        is_correction: ``truncate``, ``token_mask`` or ``sequence_mask`` (:func:`is_weights`).
+        is_mask_low: Lower bound of the masks.
         num_seqs: Whole-batch sequence count for micro-batching (see :class:`Aggregation`).
         num_tokens: Whole-batch token count for micro-batching.
 
@@ -525,8 +660,8 @@ def policy_loss(
 
     per_token = surr.loss  # [B, T]
     if sampler_logprobs is not None and tis_cap is not None:
-        w = tis_weights(old, sampler_logprobs, tis_cap)  # [B, T], detached
-        per_token = per_token * w
+        w = is_weights(is_correction, old, sampler_logprobs, mask_f, high=tis_cap, low=is_mask_low)
+        per_token = per_token * w  # [B, T], w detached
     else:
         w = torch.ones_like(per_token)
         tis_cap = None  # nothing was capped
@@ -562,7 +697,14 @@ def policy_loss(
             ratio_mean=mean(surr.ratio.detach()),
             ratio_max=surr.ratio.detach()[on].max() if on.any() else mask_f.new_ones(()),
             tis_mean=mean(w),
-            tis_capped_frac=mean(w >= tis_cap) if tis_cap is not None else mask_f.new_zeros(()),
+            tis_capped_frac=(
+                mean((w >= tis_cap) | (w == 0)) if tis_cap is not None else mask_f.new_zeros(())
+            ),
+            sampler_kl=(
+                mean(sampler_kl(old, sampler_logprobs))
+                if sampler_logprobs is not None
+                else mask_f.new_zeros(())
+            ),
             num_tokens=mask_f.sum(),
         )
     return loss, stats

@@ -115,7 +115,12 @@ class SamplerConfig(_Section):
     )
     base_url: str | None = Field(None, description="Server URL (kind 'server'), e.g. http://127.0.0.1:8000.")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (logprobs use logits / T).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    top_p: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="Nucleus sampling threshold. Training needs 1.0: the learner scores tokens under "
+        "the full softmax of logits / temperature, and a nucleus-renormalised sampler logprob "
+        "(vLLM's) is not comparable with it (docs/algorithms.md).",
+    )  # fmt: skip
     max_new_tokens: int = Field(64, ge=1, description="Most tokens sampled per assistant turn.")
     length_curriculum: Literal["none", "linear", "plateau"] = Field(
         "none",
@@ -134,6 +139,20 @@ class SamplerConfig(_Section):
     def _server_needs_url(self) -> SamplerConfig:
         if self.kind == "server" and not self.base_url:
             raise ValueError("sampler.kind 'server' needs sampler.base_url (e.g. http://127.0.0.1:8000)")
+        return self
+
+    @model_validator(mode="after")
+    def _full_softmax(self) -> SamplerConfig:
+        # One definition of a sampler logprob: log softmax(logits / T) over the whole vocabulary.
+        # With top_p < 1 vLLM renormalises over the nucleus while the learner (and the importance
+        # weights built on the difference) cannot, so the weights would depend on the sampler.
+        if self.top_p < 1.0:
+            raise ValueError(
+                f"sampler.top_p {self.top_p:g} < 1 is not supported for training: the learner's "
+                "logprobs are of the full softmax of logits / temperature and a nucleus-renormalised "
+                "sampler logprob would bias the importance weights; use top_p: 1.0 (lower "
+                "temperature to sharpen sampling)"
+            )
         return self
 
 
@@ -164,7 +183,20 @@ class AlgorithmConfig(_Section):
     )
     overlong_penalty: float = Field(1.0, ge=0.0, description="Largest overlong penalty.")
     tis_cap: float | None = Field(
-        2.0, description="Truncated importance sampling cap for learner/sampler mismatch (null = off)."
+        2.0, gt=0.0,
+        description="Importance-sampling threshold C against the learner/sampler mismatch (null = "
+        "no correction): the weight's cap for 'truncate', the upper bound for the masks.",
+    )  # fmt: skip
+    is_correction: Literal["truncate", "token_mask", "sequence_mask"] = Field(
+        "truncate",
+        description="How the learner corrects for the sampler not being its policy, with "
+        "rho = exp(lp_learner - lp_sampler): 'truncate' = weight min(rho, tis_cap) per token (TIS); "
+        "'token_mask' = weight rho per token, tokens with rho outside [is_mask_low, tis_cap] "
+        "dropped; 'sequence_mask' = weight rho per token, whole sequences dropped when the geometric "
+        "mean of rho over their tokens is outside [is_mask_low, tis_cap]. See docs/algorithms.md.",
+    )
+    is_mask_low: float = Field(
+        0.0, ge=0.0, description="Lower bound of rho for the masking corrections (0 = no lower bound)."
     )
     group_size: int = Field(8, ge=2, description="Episodes per case (G).")
     groups_per_step: int = Field(4, ge=1, description="Cases per optimizer step (N).")
@@ -182,6 +214,13 @@ class OptimConfig(_Section):
     )
     mini_batches: int = Field(
         1, ge=1, description="Optimizer steps per batch of episodes (> 1 makes the ratio clipping bite)."
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Keep only each decoder layer's input for backward and recompute the layer there "
+        "(activation memory: layers x hidden + one layer, instead of every layer's saved tensors; "
+        "about a third more learner compute). Works with LoRA and the shared-prompt path. "
+        "`twin plan` shows both figures.",
     )
     lr_end: float | None = Field(
         None, gt=0.0, description="Learning rate reached by a linear decay from lr over lr_decay_steps "
@@ -263,6 +302,19 @@ class Recipe(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Run length and outputs.")
     devices: DevicesConfig = Field(default_factory=DevicesConfig, description="Placement.")
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", description="Async options.")
+
+    @model_validator(mode="after")
+    def _episode_fits_micro_batch(self) -> Recipe:
+        # An episode is one sequence: it is never split across micro-batches, so one longer than
+        # the budget would silently exceed the memory the budget (and `twin plan`) stands for.
+        if self.sampler.max_episode_tokens > self.optim.micro_batch_tokens:
+            raise ValueError(
+                f"sampler.max_episode_tokens ({self.sampler.max_episode_tokens}) exceeds "
+                f"optim.micro_batch_tokens ({self.optim.micro_batch_tokens}): an episode is never "
+                "split across micro-batches; raise micro_batch_tokens (twin plan says what fits, "
+                "optim.gradient_checkpointing: true makes room) or lower max_episode_tokens"
+            )
+        return self
 
     @model_validator(mode="after")
     def _kl_needs_reference(self) -> Recipe:

@@ -179,6 +179,7 @@ class Learner:
         self.temperature = float(temperature)
         self.max_tokens = int(max_tokens)
         self.is_peft = _is_peft(model)
+        self.gradient_checkpointing = bool(optim.gradient_checkpointing)
         if algorithm.kl_coef > 0 and not self.is_peft:
             raise ConfigError(
                 "kl_coef > 0 needs a LoRA model: the KL reference is the base model with the "
@@ -194,6 +195,7 @@ class Learner:
         #: Updates dropped because their loss or gradient norm was not finite (whole run).
         self.skipped_updates = 0
         self._split: tuple[Any, Any] | tuple[()] | None = None
+        self._kappa: float | None = None
 
     @property
     def device(self) -> torch.device:
@@ -224,7 +226,9 @@ class Learner:
         A unit is ``(L, rows)``: rows whose first ``L`` tokens are equal and carry no loss, with
         ``L`` one short of the first loss token (the position that predicts it must be in the
         suffix). Rows of a micro-batch are listed unit by unit. A micro-batch costs
-        ``units x longest prefix + rows x longest suffix`` padded tokens, within the budget.
+        ``units x longest prefix + rows x (longest suffix + kappa x longest prefix)`` tokens,
+        within the budget, where ``kappa`` (:func:`trainer.plan.shared_prompt_weight`) is what a
+        row's copy of a prompt token's keys and values costs in tokens' activations.
         """
         units = self._units(rows, batch) if self.shared_prefix and self._parts() is not None else None
         if units is None:
@@ -232,6 +236,7 @@ class Learner:
                 yield mrows, None
             return
         budget = self.optim_config.micro_batch_tokens
+        kappa = self._shared_prompt_weight()
         current: list[tuple[int, list[int]]] = []
         prefix_w = suffix_w = count = 0
         for length, urows in units:
@@ -240,7 +245,8 @@ class Learner:
                 suffix = len(batch.input_ids[i]) - length
                 new_pw, new_sw = max(prefix_w, length), max(suffix_w, suffix)
                 n_units = len(current) + (0 if opened else 1)
-                if current and n_units * new_pw + (count + 1) * new_sw > budget:
+                # every row also holds the prompt's keys/values, expanded to it: kappa tokens each
+                if current and n_units * new_pw + (count + 1) * (new_sw + kappa * new_pw) > budget:
                     yield [r for _, rs in current for r in rs], current
                     current, count, opened = [], 0, False
                     new_pw, new_sw = length, suffix
@@ -251,6 +257,27 @@ class Learner:
                 prefix_w, suffix_w, count = new_pw, new_sw, count + 1
         if current:
             yield [r for _, rs in current for r in rs], current
+
+    def _shared_prompt_weight(self) -> float:
+        """Budget tokens charged per row and shared-prompt token (0 when the shapes are unknown)."""
+        if self._kappa is None:
+            from trainer.plan import dims_from_hf_config, shared_prompt_weight
+
+            base = self.model.get_base_model() if self.is_peft else self.model
+            try:
+                dims = dims_from_hf_config(base.config)
+            except (ConfigError, AttributeError, TypeError, ValueError):
+                self._kappa = 0.0
+                return self._kappa
+            targets, rank = None, 8
+            if self.is_peft:
+                cfg = self.model.peft_config.get("default")
+                targets, rank = sorted(getattr(cfg, "target_modules", None) or []), int(getattr(cfg, "r", 8))
+            b = next(base.parameters()).element_size()
+            self._kappa = shared_prompt_weight(
+                dims, b, lora_targets=targets, lora_rank=rank, checkpointing=self.gradient_checkpointing
+            )
+        return self._kappa
 
     @staticmethod
     def _units(rows: Sequence[int], batch: TrainBatch) -> list[tuple[int, list[int]]] | None:
@@ -386,6 +413,13 @@ class Learner:
         ``every_position``: on a multi-turn episode most tokens are prompt and tool results,
         and the vocabulary projection is the largest matmul of a small model.
         """
+        ckpt = self.gradient_checkpointing and torch.is_grad_enabled()
+        with _checkpointed_layers(self.model) if ckpt else contextlib.nullcontext():
+            return self._forward_body(mb, entropy=entropy, every_position=every_position, entropy_grad=entropy_grad)
+
+    def _forward_body(
+        self, mb: dict[str, torch.Tensor], *, entropy: bool, every_position: bool, entropy_grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         targets = mb["input_ids"][:, 1:]  # [B, T-1]
         select = torch.ones_like(mb["mask"], dtype=torch.bool) if every_position else mb["mask"] > 0
         parts = self._parts()
@@ -459,8 +493,10 @@ class Learner:
         Returns:
             Metrics: ``losses/loss``, ``losses/kl``, ``losses/clipfrac`` (and ``_low``/``_high``),
             ``losses/ratio_mean``, ``policy/entropy``, ``policy/grad_norm``,
-            ``policy/tis_weight``, ``policy/tis_capped_frac``, ``policy/logprob_mismatch`` (mean
-            ``|learner - sampler|`` logprob on sampled tokens, before the update),
+            ``policy/tis_weight``, ``policy/tis_capped_frac`` (truncated or masked tokens),
+            ``policy/logprob_mismatch`` (mean ``|learner - sampler|`` logprob on sampled tokens,
+            before the update), ``policy/sampler_kl`` (mean k3 KL(sampler || learner) on the same
+            tokens, :func:`trainer.algorithms.sampler_kl`),
             ``perf/learner_tokens_per_s``, ``perf/learner_s``, ``optim/skipped_nonfinite``
             (optimizer steps of this call dropped because their loss or gradient norm was NaN or
             infinite: the weights and AdamW state stay as they were) and
@@ -471,6 +507,14 @@ class Learner:
         n = len(batch)
         if n == 0:
             raise ValueError("Learner.step: empty batch")
+        budget = self.optim_config.micro_batch_tokens
+        longest = max(len(ids) for ids in batch.input_ids)
+        if longest > budget:
+            raise ConfigError(
+                f"Learner.step: an episode of {longest} tokens exceeds optim.micro_batch_tokens "
+                f"({budget}); an episode is never split across micro-batches: raise micro_batch_tokens "
+                "(optim.gradient_checkpointing: true makes room) or lower sampler.max_episode_tokens"
+            )
         rows_all = list(range(n))
         mini = max(1, min(self.optim_config.mini_batches, n))
         # Precompute per-row tensors that must come from the weights *before* any update.
@@ -523,6 +567,8 @@ class Learner:
                     eps_high=cfg.eps_high,
                     kl_coef=cfg.kl_coef,
                     tis_cap=cfg.tis_cap,
+                    is_correction=cfg.is_correction,
+                    is_mask_low=cfg.is_mask_low,
                     num_seqs=len(chunk),
                     num_tokens=n_tokens,
                 )
@@ -546,6 +592,7 @@ class Learner:
                     ("policy/tis_weight", stats.tis_mean),
                     ("policy/tis_capped_frac", stats.tis_capped_frac),
                     ("policy/logprob_mismatch", mismatch),
+                    ("policy/sampler_kl", stats.sampler_kl),
                 ):
                     add(name, float(value), tok)
                 if ent is not None and tok > 0:
@@ -635,6 +682,81 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.skipped_updates = int(state.get("skipped_updates", 0))
+
+
+def _decoder_layers(model: Any) -> list[torch.nn.Module]:
+    base = model.get_base_model() if _is_peft(model) else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ConfigError(
+            f"optim.gradient_checkpointing: {type(base).__name__} has no decoder.layers to checkpoint; "
+            "set gradient_checkpointing: false"
+        )
+    return list(layers)
+
+
+@contextlib.contextmanager
+def _checkpointed_layers(model: Any) -> Iterator[None]:
+    """Run every decoder layer under non-reentrant activation checkpointing while inside.
+
+    Only each layer's inputs are kept for backward; the layer is recomputed there. Not
+    transformers' own switch: it turns the KV cache off, and the shared-prompt path needs the
+    prompt's cache. A layer writes its keys and values into that cache, so before a recompute
+    the cache is put back as it was when the layer first ran (else the replay would append them
+    a second time and see other shapes).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    from trainer.memory import note_kept
+
+    layers = _decoder_layers(model)
+    for index, layer in enumerate(layers):
+        original = layer.forward
+
+        def forward(*args: Any, _original: Any = original, _index: int = index, **kwargs: Any) -> Any:
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            saved = _cache_state(cache, _index)
+            calls = [0]
+
+            note_kept(*args, *(v for v in kwargs.values() if isinstance(v, torch.Tensor)))
+            if saved is not None and saved[1] is not None:
+                note_kept(*(t for t in saved[1].values() if isinstance(t, torch.Tensor)))
+
+            def run(*inner: Any) -> Any:
+                if calls[0]:
+                    _restore_cache(cache, saved)
+                calls[0] += 1
+                return _original(*inner, **kwargs)
+
+            return checkpoint(run, *args, use_reentrant=False)
+
+        layer.forward = forward  # an instance attribute shadows the class's forward
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
+
+
+def _cache_state(cache: Any, index: int) -> tuple[int, dict[str, Any] | None] | None:
+    """Layer ``index``'s cache entry as it is now (None: no cache; ``(index, None)``: no entry yet)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return None
+    return index, (dict(layers[index].__dict__) if index < len(layers) else None)
+
+
+def _restore_cache(cache: Any, state: tuple[int, dict[str, Any] | None] | None) -> None:
+    if state is None:
+        return
+    index, saved = state
+    if saved is None:
+        del cache.layers[index:]  # appended by the first run; the replay appends it again
+        return
+    layer = cache.layers[index]
+    layer.__dict__.clear()
+    layer.__dict__.update(saved)
 
 
 def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:

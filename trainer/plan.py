@@ -36,11 +36,14 @@ __all__ = [
     "Component",
     "DevicePlan",
     "ModelDims",
+    "activation_bytes_per_token_layer",
     "check_runnable",
+    "dims_from_hf_config",
     "lora_parameters",
     "main",
     "model_dims",
     "plan_recipe",
+    "shared_prompt_weight",
 ]
 
 GIB = 1024**3
@@ -137,13 +140,16 @@ _ALIASES = {"smollm2": "smollm2-135m"}
 
 
 def _from_config(path: Path) -> ModelDims:
-    cfg = json.loads(path.read_text())
-    cfg = cfg.get("text_config", cfg)
+    return _dims_from_dict(json.loads(path.read_text()), path.parent.name, where=str(path))
+
+
+def _dims_from_dict(cfg: dict[str, Any], name: str, where: str = "config") -> ModelDims:
+    cfg = cfg.get("text_config") or cfg
     try:
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         model_type = str(cfg.get("model_type", ""))
         return ModelDims(
-            name=path.parent.name,
+            name=name,
             hidden=hidden,
             layers=int(cfg["num_hidden_layers"]),
             heads=heads,
@@ -158,7 +164,7 @@ def _from_config(path: Path) -> ModelDims:
         )
     except KeyError as exc:
         raise ConfigError(
-            f"{path}: config.json lacks {exc.args[0]!r}; twin plan needs a decoder-only LM config"
+            f"{where}: lacks {exc.args[0]!r}; twin plan needs a decoder-only LM config"
         ) from None
 
 
@@ -356,6 +362,98 @@ def _rollout(
     return parts, notes
 
 
+_F32 = 4  # peft keeps adapters in fp32 and casts each adapter's input to it
+
+
+def activation_bytes_per_token_layer(
+    dims: ModelDims,
+    bytes_per_value: int,
+    *,
+    lora_targets: list[str] | None = None,
+    lora_rank: int = 8,
+    checkpointing: bool = False,
+) -> float:
+    """Bytes one decoder layer keeps for backward per token of a learner micro-batch.
+
+    Counted tensor by tensor from what a transformers decoder layer (sdpa attention, RMSNorm in
+    fp32, gated MLP) and peft save, measured on Qwen3-8B shapes by :mod:`trainer.memory`:
+
+    - each RMSNorm: its fp32 input (``hidden x 4``); Qwen3's q/k norms: ``(q + kv) x 4``;
+    - attention (sdpa with a padding mask: transformers repeats k and v to every head):
+      q, k, v and the output, ``4 x heads x head_dim x b``;
+    - MLP: gate and up outputs and the activation, ``3 x intermediate x b``;
+    - LoRA (``lora_targets``): per target, its input cast to fp32 (``in x 4``) and the
+      ``rank x 4`` of ``A x``; the frozen base projections keep nothing (their weight gradient
+      is not needed);
+    - full fine-tuning instead: each projection's input (``(2 hidden + q + intermediate) x b``,
+      q/k/v and gate/up share theirs) and each norm weight's input (``(2 hidden + q + kv) x b``).
+
+    With ``checkpointing`` a layer keeps only its input, ``hidden x b`` (and one layer is
+    recomputed at a time in backward: the planner adds one ``checkpointing=False`` layer).
+
+    Args:
+        dims: The model's shapes.
+        bytes_per_value: Bytes of the weights' dtype (2 for bf16).
+        lora_targets: The LoRA target projections (None: full fine-tuning).
+        lora_rank: LoRA rank.
+        checkpointing: Activation checkpointing on.
+    """
+    b = bytes_per_value
+    if checkpointing:
+        return float(dims.hidden * b)
+    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    per = 2 * dims.hidden * _F32  # the two RMSNorms' fp32 inputs
+    if dims.qk_norm:
+        per += (q + kv) * _F32
+    per += 4 * q * b  # sdpa: q, k and v repeated to every head, the output
+    per += 3 * dims.intermediate * b  # gate, up, act(gate)
+    if dims.norms_per_layer > 2:  # Gemma 2's extra norms: their fp32 inputs
+        per += (dims.norms_per_layer - 2) * dims.hidden * _F32
+    if lora_targets is None:
+        per += (2 * dims.hidden + q + dims.intermediate) * b  # projection inputs
+        per += (dims.norms_per_layer * dims.hidden + ((q + kv) if dims.qk_norm else 0)) * b  # norm weights' inputs
+    else:
+        shapes = dims.linear_shapes()
+        targets = list(shapes) if lora_targets in (["all-linear"], ["all_linear"]) else lora_targets
+        per += sum((shapes[t][0] + lora_rank) * _F32 for t in targets if t in shapes)
+    return float(per)
+
+
+def shared_prompt_weight(
+    dims: ModelDims,
+    bytes_per_value: int,
+    *,
+    lora_targets: list[str] | None = None,
+    lora_rank: int = 8,
+    checkpointing: bool = False,
+) -> float:
+    """What one row's copy of one shared-prompt token costs, in micro-batch tokens.
+
+    On the shared-prompt path each row attends to the prompt's keys and values expanded to it:
+    without checkpointing attention keeps them repeated to every head (``2 x heads x head_dim x
+    b`` per layer); with it the layers' cache inputs keep them at ``2 x kv_heads x head_dim x b``
+    per layer. The learner charges ``rows x prompt x`` this weight to ``optim.micro_batch_tokens``,
+    so the budget bounds the memory on both paths.
+    """
+    b = bytes_per_value
+    full = activation_bytes_per_token_layer(dims, b, lora_targets=lora_targets, lora_rank=lora_rank)
+    if checkpointing:
+        kept = activation_bytes_per_token_layer(dims, b, checkpointing=True)
+        per_budget_token = dims.layers * kept + full
+        return dims.layers * 2 * dims.kv_heads * dims.head_dim * b / per_budget_token
+    return 2 * dims.heads * dims.head_dim * b / full
+
+
+def dims_from_hf_config(cfg: Any, name: str = "model") -> ModelDims:
+    """:class:`ModelDims` of a transformers config (an object or its dict).
+
+    Raises:
+        ConfigError: the config lacks a decoder-only LM's sizes.
+    """
+    data = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    return _dims_from_dict(data, name)
+
+
 def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> list[Component]:
     dtype = _dtype(recipe, device)
     b = _BYTES[dtype]
@@ -383,16 +481,19 @@ def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> 
         Component("gradients", trainable * trainable_bytes, f"{trainable / 1e6:.1f} M trainable")
     )
     parts.append(Component("AdamW state", trainable * 8, "2 fp32 moments per trainable param"))
-    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    # Saved for backward per token and layer: the two norm inputs and outputs, q, k, v, the
-    # attention output, o_proj's input, gate, up, their product and down's input.
-    per_token_layer = (4 * dims.hidden + q + 2 * kv + 2 * q + 4 * dims.intermediate) * b
+    targets = recipe.lora.target_modules if recipe.lora.enabled else None
+    rank = recipe.lora.rank
+    full = activation_bytes_per_token_layer(dims, b, lora_targets=targets, lora_rank=rank)
     if checkpointing:
-        layers = tokens * (dims.layers * dims.hidden * b + per_token_layer)
-        how = f"{tokens} tok: layer inputs + 1 recomputed layer (gradient checkpointing)"
+        kept = activation_bytes_per_token_layer(dims, b, lora_targets=targets, lora_rank=rank, checkpointing=True)
+        layers = tokens * (dims.layers * kept + full)
+        how = (
+            f"{tokens} tok x ({dims.layers} layers x {kept / 1024:.0f} KiB/tok kept + 1 layer "
+            f"recomputed x {full / 1024:.0f} KiB/tok) (gradient checkpointing)"
+        )
     else:
-        layers = tokens * dims.layers * per_token_layer
-        how = f"{tokens} tok x {dims.layers} layers x {per_token_layer / 1024:.0f} KiB/tok"
+        layers = tokens * dims.layers * full
+        how = f"{tokens} tok x {dims.layers} layers x {full / 1024:.0f} KiB/tok"
     parts.append(Component("activations", layers, how))
     # logits in the model dtype, then fp32 log-softmax and its gradient
     parts.append(
@@ -573,7 +674,7 @@ def main(
         for c in p.components:
             table.add_row(c.name, f"{c.bytes / GIB:.2f}", c.note)
         table.add_section()
-        table.add_row("[bold]total[/]", f"[bold]{p.total / GIB:.2f}[/]", "")
+        table.add_row("[bold]peak[/]", f"[bold]{p.total / GIB:.2f}[/]", "the most this device holds at once")
         table.add_row("capacity", f"{p.capacity / GIB:.2f}", p.capacity_source)
         console.print(table)
         for note in p.notes:

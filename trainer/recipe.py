@@ -318,10 +318,10 @@ class GRPORecipe:
         return cases
 
     def _shaped_rewards(self, group: Group) -> list[float]:
-        """Env reward plus DAPO's soft overlong penalty (on the episode's token count)."""
+        """Env reward plus DAPO's soft overlong penalty (on the tokens the policy wrote)."""
         cfg = self.cfg
         rewards = torch.tensor(group.rewards, dtype=torch.float32)
-        lengths = torch.tensor([t.info.get("episode_tokens", 0) for t in group.trajectories])
+        lengths = torch.tensor([t.completion_tokens for t in group.trajectories])
         penalty = algo.overlong_penalty(
             lengths, cfg.sampler.max_episode_tokens, cfg.algorithm.overlong_buffer, cfg.algorithm.overlong_penalty
         )

@@ -593,7 +593,7 @@ class _RolloutLoop:
                 )  # fmt: skip
                 for g in groups:
                     rewards = torch.tensor(g.rewards, dtype=torch.float32)
-                    lengths = torch.tensor([t.info.get("episode_tokens", 0) for t in g.trajectories])
+                    lengths = torch.tensor([t.completion_tokens for t in g.trajectories])  # policy-written
                     shaped = rewards + algo.overlong_penalty(
                         lengths, cfg.sampler.max_episode_tokens, cfg.algorithm.overlong_buffer,
                         cfg.algorithm.overlong_penalty,

@@ -145,6 +145,7 @@ def test_plan_covers_every_row_once_unit_by_unit(prompts, sizes, tails, budget) 
     learner.shared_prefix = True
     learner.optim_config = OptimConfig(micro_batch_tokens=budget)
     learner._split = ("decoder", "head")
+    learner._kappa = 0.25  # each row's copy of a prompt token costs a quarter token
     seen: list[int] = []
     for rows, units in learner._plan(range(len(batch)), batch):
         seen.extend(rows)
@@ -153,8 +154,9 @@ def test_plan_covers_every_row_once_unit_by_unit(prompts, sizes, tails, budget) 
         assert rows == [r for _, us in units for r in us]
         for length, urows in units:
             assert len({tuple(batch.input_ids[i][:length]) for i in urows}) == 1
-        cost = len(units) * max(n for n, _ in units) + len(rows) * max(
-            len(batch.input_ids[i]) - n for n, us in units for i in us
+        prefix = max(n for n, _ in units)
+        cost = len(units) * prefix + len(rows) * (
+            max(len(batch.input_ids[i]) - n for n, us in units for i in us) + 0.25 * prefix
         )
         assert cost <= budget or len(rows) == 1
     assert sorted(seen) == list(range(len(batch)))

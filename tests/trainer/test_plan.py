@@ -58,7 +58,7 @@ def _toy_recipe(tmp_path: Path, **devices: str) -> object:
             "lora": {"rank": 2, "target_modules": ["q_proj", "v_proj"]},
             "sampler": {"kind": "hf", "max_episode_tokens": 16},
             "algorithm": {"group_size": 2, "groups_per_step": 1},
-            "optim": {"micro_batch_tokens": 10},
+            "optim": {"micro_batch_tokens": 16},
             "devices": devices or {"rollout": "cpu", "learner": "cpu"},
         }
     )
@@ -83,10 +83,12 @@ def test_toy_figures_computed_by_hand(tmp_path: Path) -> None:
         "learner gradients": 112 * 4,
         "learner AdamW state": 112 * 8,
         # per token and layer: (4 hidden + q + 2 kv + 2 q + 4 intermediate) x 4 B = 512 B
-        "learner activations": 10 * 2 * 512,
-        "learner logits": 10 * 32 * (4 + 4 + 4),
+        # per token and layer: 2 norms' fp32 inputs 2x8x4 + sdpa q, k/v repeated, out 4x8x4
+        # + MLP 3x16x4 + LoRA q and v: (8 in + rank 2) x 4 each = 464 bytes
+        "learner activations": 16 * 2 * 464,
+        "learner logits": 16 * 32 * (4 + 4 + 4),
     }
-    assert cpu.total == 24736
+    assert cpu.total == 10656 + 16 * 2 * 464 + 16 * 32 * 12  # weights, LoRA, KV, ... + the two above
     assert cpu.fits
 
 
@@ -94,7 +96,7 @@ def test_checkpointing_keeps_layer_inputs_and_one_layer(tmp_path: Path) -> None:
     recipe = _toy_recipe(tmp_path)
     (cpu,) = plan_recipe(recipe, gradient_checkpointing=True)
     parts = {c.name: c.bytes for c in cpu.components}
-    assert parts["learner activations"] == 10 * (2 * 8 * 4 + 512)
+    assert parts["learner activations"] == 16 * (2 * 8 * 4 + 464)  # 2 layer inputs + 1 layer
 
 
 def test_two_devices_get_two_tables_with_runtime(tmp_path: Path) -> None:

@@ -1,0 +1,231 @@
+"""Measure what a learner step keeps for backward, per token and decoder layer.
+
+``twin plan`` (:mod:`trainer.plan`) budgets the learner's activations from constants per token
+and layer; this module measures them, so that the constants can be checked against a real
+architecture's shapes on CPU (``tests/trainer/test_memory_plan.py``)::
+
+    python -m trainer.memory --model qwen3-8b --layers 2 --tokens 256 --lora-rank 64
+    python -m trainer.memory --model qwen3-8b --checkpointing
+
+The model is randomly initialised from the published shapes (:data:`trainer.plan.KNOWN_MODELS`)
+with a small vocabulary: what a layer keeps per token does not depend on the vocabulary.
+
+Counting: every tensor autograd saves while a decoder layer runs
+(:func:`torch.autograd.graph.saved_tensors_hooks`), once per storage, weights excluded; with
+activation checkpointing autograd saves nothing inside a layer, and what the checkpoint keeps to
+recompute it (the layer's inputs, the KV cache it reads) is counted instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+__all__ = ["Measured", "SavedBytes", "measure_learner_activations", "note_kept", "saved_bytes"]
+
+_ACTIVE: list[SavedBytes] = []
+
+
+@dataclass
+class SavedBytes:
+    """Bytes of the distinct storages kept for backward while counting."""
+
+    total: int = 0
+    _keep: dict[int, Any] = field(default_factory=dict, repr=False)
+    _excluded: set[int] = field(default_factory=set, repr=False)
+    _inside: int = 0
+    _within: bool = False
+
+    def add(self, tensor: Any) -> None:
+        """Count ``tensor``'s storage once (when inside a counted module, if any are given)."""
+        if not isinstance(tensor, torch.Tensor) or (self._within and self._inside == 0):
+            return
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key in self._excluded or key in self._keep or storage.nbytes() == 0:
+            return
+        self._keep[key] = storage  # held: a freed storage's address could come back
+        self.total += storage.nbytes()
+
+
+@contextlib.contextmanager
+def saved_bytes(
+    exclude: Iterable[torch.Tensor] = (), within: Iterable[torch.nn.Module] | None = None
+) -> Iterator[SavedBytes]:
+    """Count the bytes autograd keeps for backward inside the block.
+
+    Args:
+        exclude: Tensors not to count (the model's parameters: resident anyway).
+        within: Count only while one of these modules runs (e.g. the decoder layers).
+
+    Yields:
+        A :class:`SavedBytes` whose ``total`` grows as tensors are saved.
+    """
+    counted = SavedBytes(_excluded={p.untyped_storage().data_ptr() for p in exclude})
+    handles = []
+    if within is not None:
+        counted._within = True
+
+        def enter(*_: Any) -> None:
+            counted._inside += 1
+
+        def leave(*_: Any) -> None:
+            counted._inside -= 1
+
+        for module in within:
+            handles.append(module.register_forward_pre_hook(enter))
+            handles.append(module.register_forward_hook(leave))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        counted.add(t)
+        return t
+
+    _ACTIVE.append(counted)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield counted
+    finally:
+        _ACTIVE.remove(counted)
+        for h in handles:
+            h.remove()
+
+
+def note_kept(*tensors: Any) -> None:
+    """Count tensors held outside autograd's saved tensors (a checkpoint's inputs)."""
+    for counted in _ACTIVE:
+        for t in tensors:
+            counted.add(t)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Saved bytes of one learner forward pass, per token and decoder layer."""
+
+    per_token_layer: float
+    tokens: int
+    layers: int
+
+
+def measure_learner_activations(
+    model: str = "qwen3-8b",
+    *,
+    layers: int = 2,
+    tokens: int = 256,
+    rows: int = 1,
+    prompt: int = 0,
+    lora_rank: int | None = 64,
+    target_modules: list[str] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    checkpointing: bool = False,
+    vocab: int = 256,
+    attn_implementation: str = "sdpa",
+) -> Measured:
+    """Build a random-init model with ``model``'s layer shapes and count one forward's saved bytes.
+
+    Args:
+        model: A name of :data:`trainer.plan.KNOWN_MODELS` (hidden, heads, MLP sizes).
+        layers: Decoder layers to build.
+        tokens: Tokens per row.
+        rows: Rows; with ``prompt > 0`` they share their first ``prompt`` tokens and go through
+            the shared-prompt path (the prompt once, its KV cache expanded to the rows).
+        prompt: Shared prompt length (0: the padded path).
+        lora_rank: LoRA rank (None: full fine-tuning).
+        target_modules: LoRA targets (default: all seven projections).
+        dtype: Base weights' dtype.
+        checkpointing: Activation checkpointing on.
+        vocab: Vocabulary of the built model (kept small; it does not change per-layer figures).
+        attn_implementation: transformers attention kernel.
+
+    Returns:
+        :class:`Measured`: bytes saved inside decoder layers (all but the first, whose input
+        needs no gradient under LoRA) / (budget tokens x those layers), where the budget tokens
+        are what the learner charges to ``optim.micro_batch_tokens`` for the micro-batch
+        (``rows x tokens`` padded; with a shared prompt ``prompt + rows x (suffix + kappa x prompt)``).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.config import AlgorithmConfig, OptimConfig
+    from trainer.learner import Learner, TrainBatch, _decoder_layers, build_lora_model
+    from trainer.plan import KNOWN_MODELS
+
+    dims = replace(KNOWN_MODELS[model], layers=layers, vocab=vocab)
+    kind = "qwen3" if dims.qk_norm else ("qwen2" if dims.qkv_bias else "llama")
+    config = AutoConfig.for_model(
+        kind, hidden_size=dims.hidden, num_hidden_layers=layers, num_attention_heads=dims.heads,
+        num_key_value_heads=dims.kv_heads, head_dim=dims.head_dim, intermediate_size=dims.intermediate,
+        vocab_size=vocab, tie_word_embeddings=dims.tied, max_position_embeddings=max(4096, tokens),
+    )  # fmt: skip
+    config._attn_implementation = attn_implementation
+    with torch.device("cpu"):
+        lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if lora_rank is None:
+        for p in lm.parameters():
+            p.requires_grad_(True)
+    else:
+        targets = target_modules or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        lm = build_lora_model(lm, lora_rank=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets)
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(5, vocab, (prompt,), generator=g).tolist()
+    # the last row one token short: a padded batch, as in training (sdpa then gets a mask)
+    lengths = [tokens] * (rows - 1) + [tokens - 1]
+    ids = [shared + torch.randint(5, vocab, (n - prompt,), generator=g).tolist() for n in lengths]
+    first = max(prompt, 1)
+    mask = [[0] * first + [1] * (n - first) for n in lengths]
+    batch = TrainBatch(ids, mask, [[0.0] * n for n in lengths], [1.0] * rows)
+    learner = Learner(
+        lm, algorithm=AlgorithmConfig(),
+        optim=OptimConfig(micro_batch_tokens=10 * rows * tokens, gradient_checkpointing=checkpointing),
+        shared_prefix=prompt > 0,
+    )  # fmt: skip
+    ((mrows, units),) = list(learner._plan(list(range(rows)), batch))
+    mb = learner._pad(mrows, batch, units)
+    lm.train()
+    # The first layer's input (the embeddings) needs no gradient under LoRA: count the others.
+    counted_layers = _decoder_layers(lm)[1:] if layers > 1 else _decoder_layers(lm)
+    with saved_bytes(exclude=lm.parameters(), within=counted_layers) as counted:
+        logp, _ = learner._forward(mb)
+    del logp
+    if prompt:  # what the learner charges to the budget for this micro-batch
+        budget = prompt + rows * ((tokens - prompt) + learner._shared_prompt_weight() * prompt)
+    else:
+        budget = rows * tokens
+    return Measured(counted.total / (budget * len(counted_layers)), int(budget), len(counted_layers))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print measured and planned KiB per token per layer."""
+    from trainer.plan import KNOWN_MODELS, activation_bytes_per_token_layer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen3-8b", choices=sorted(KNOWN_MODELS))
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--lora-rank", type=int, default=64, help="0: full fine-tuning")
+    ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    m = measure_learner_activations(
+        args.model, layers=args.layers, tokens=args.tokens, lora_rank=args.lora_rank or None,
+        dtype=dtype, checkpointing=args.checkpointing,
+    )  # fmt: skip
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    planned = activation_bytes_per_token_layer(
+        KNOWN_MODELS[args.model], dtype.itemsize, lora_targets=targets if args.lora_rank else None,
+        lora_rank=args.lora_rank, checkpointing=args.checkpointing,
+    )  # fmt: skip
+    print(
+        f"{args.model} x {args.layers} layers, {args.tokens} tok, {args.dtype}, "
+        f"{'LoRA r' + str(args.lora_rank) if args.lora_rank else 'full'}, checkpointing {args.checkpointing}: "
+        f"measured {m.per_token_layer / 1024:.1f} KiB/tok/layer, planned {planned / 1024:.1f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
