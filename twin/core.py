@@ -225,5 +225,14 @@ class Twin:
         """OpenAI function schemas of every tool, in declaration order."""
         return [t.schema for t in self.tools]
 
+    @property
+    def frozen_tool_schemas(self) -> list[dict[str, Any]]:
+        """:attr:`tool_schemas`, read-only (:func:`twin.tools.freeze`), made once per twin: every
+        env of this twin hands the same schemas to its callers."""
+        frozen = self.__dict__.get("_frozen_tool_schemas")
+        if frozen is None:
+            frozen = self.__dict__["_frozen_tool_schemas"] = freeze(self.tool_schemas)
+        return frozen  # type: ignore[no-any-return]
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} twin/{self.name}-v{self.version} seed={self.config.seed}>"

@@ -110,7 +110,7 @@ class TwinEnv(gym.Env[list, Any]):
         self._one_turn = cfg.max_turns == 1
         self._tools = {t.name: t for t in twin.tools}
         # read-only and shared: each reset hands out a new list of the same frozen schemas
-        self._schemas = freeze(twin.tool_schemas)
+        self._schemas = twin.frozen_tool_schemas
         names = list(self._tools)
         self._names_text = ", ".join(names) if names else "(none)"
         self._usage = "; ".join(t.signature_text() for t in twin.tools)
