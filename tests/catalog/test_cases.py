@@ -177,8 +177,6 @@ def test_shopify_world_cases(shopify_twin):
 def _verdict_from_id_alone(text: str, twin) -> str | None:
     """The attack on readable ids: read ``(split, index)`` off the listing id and look the kind
     up in the public schedule (:func:`kind_for`). None when the id cannot be read."""
-    import re
-
     match = re.search(r"LST-([A-Za-z0-9_]+)-(\d+)", text)
     if match is None:
         return None
