@@ -749,6 +749,10 @@ POLICY_FORMS = (
 )
 
 
+# What the ``train`` extra installs: the ``hf:`` policy (the trainer's model) needs them.
+_TRAIN_PACKAGES = frozenset({"torch", "transformers", "tokenizers", "peft", "gguf"})
+
+
 def make_policy(
     spec: str,
     twin: Any = None,
@@ -793,12 +797,17 @@ def make_policy(
     if kind == "hf" and arg:
         try:
             module = importlib.import_module("trainer.policy")
+            return module.HFPolicy.from_spec(spec, twin)
         except ImportError as exc:
+            if (exc.name or "").split(".")[0] not in _TRAIN_PACKAGES:
+                raise ConfigError(
+                    f"policy {spec!r} needs trainer/policy.py (the trainer), which could not be "
+                    f"imported ({exc})"
+                ) from None
             raise ConfigError(
-                f"policy {spec!r} needs trainer/policy.py (the trainer), which could not be "
-                f"imported ({exc})"
+                f"policy {spec!r} runs a local model and needs {exc.name}, which is not "
+                "installed; install the training extra: pip install 'twinrl[train]'"
             ) from None
-        return module.HFPolicy.from_spec(spec, twin)
     forms = list(POLICY_FORMS) + [f"{name} (a baseline of this twin)" for name in baselines]
     raise ConfigError(f"unknown policy spec {spec!r}; allowed: " + "; ".join(forms))
 
