@@ -932,6 +932,25 @@ def serve(
     _call(fn, model=model, host=host, port=port, **_passthrough(list(ctx.args)))
 
 
+@app.command("mcp")
+def mcp(
+    twin_name: Annotated[str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Returns.")],
+    http: Annotated[
+        bool, typer.Option("--http", help="Streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
+    ] = False,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8765,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Twin option KEY=VALUE, repeatable.")
+    ] = None,
+) -> None:
+    """Serve a twin's tools as an MCP server (integrations.mcp_server; docs/integrations.md)."""
+    fn = _target("integrations.mcp_server:serve", "mcp")
+    with _errors():
+        config = parse_overrides(overrides)
+    _call(fn, twin_name, transport="http" if http else "stdio", host=host, port=port, **config)
+
+
 @app.command(context_settings=_EXTRA)
 def plan(ctx: typer.Context, recipe: Annotated[str, typer.Argument(help="Recipe YAML.")]) -> None:
     """Print the per-device memory plan of a recipe (trainer.plan); e.g. --gpu-memory-gb 80."""
