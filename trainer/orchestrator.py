@@ -87,6 +87,9 @@ log = logging.getLogger("twinrl.trainer.async")
 PROBE_POSITIONS = 16
 #: Longest probe sequence (the twin's first prompt, cut here).
 PROBE_MAX_TOKENS = 512
+#: vLLM's ``--gpu-memory-utilization`` for the sampler the trainer starts (unset: vLLM's 0.9);
+#: lower it when rollout and learner share a GPU (``twin plan --vllm-utilization`` sizes it).
+VLLM_UTILIZATION_ENV = "TWINRL_VLLM_GPU_MEMORY_UTILIZATION"
 #: Sampler restarts allowed before one training step succeeds (a server that cannot serve the
 #: recipe, e.g. an unsupported model, must fail the run, not restart forever).
 MAX_RESTARTS_WITHOUT_PROGRESS = 2
@@ -177,9 +180,15 @@ def _make_server(cfg: Recipe, output_dir: Path) -> Any:
         def command(self) -> list[str]:
             return guarded_command(super().command())
 
+    # rollout and learner sharing one GPU: vLLM must leave the learner room (its default takes 90 %)
+    utilization = os.environ.get(VLLM_UTILIZATION_ENV)
+    try:
+        extra = {"gpu_memory_utilization": float(utilization)} if utilization else {}
+    except ValueError:
+        raise ConfigError(f"${VLLM_UTILIZATION_ENV} must be a fraction in (0, 1], got {utilization!r}") from None
     return _VLLM.from_recipe(
         cfg, model=resolve_model_path(cfg.model.path), python=os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"),
-        served_model_name="base", max_loras=cfg.async_.max_staleness + 2, log_path=output_dir / "vllm.log",
+        served_model_name="base", max_loras=cfg.async_.max_staleness + 2, log_path=output_dir / "vllm.log", **extra,
     )  # fmt: skip
 
 
@@ -339,7 +348,9 @@ class AsyncTrainer:
 
         env = TwinEnv(self.twin)
         obs, info = env.reset(options={"split": self.cfg.twin.split, "index": 0})
-        return list(Renderer(self.tokenizer, info["tools"]).start(obs))[:PROBE_MAX_TOKENS]
+        renderer = Renderer(self.tokenizer, info["tools"], chat_template=self.cfg.model.chat_template,
+                            template_kwargs=self.cfg.model.template_kwargs)  # fmt: skip
+        return list(renderer.start(obs))[:PROBE_MAX_TOKENS]
 
     def _setup_store(self) -> None:
         if not self.cfg.train.store:

@@ -218,6 +218,11 @@ class GRPORecipe:
             log.info("resumed from %s (step %d)", checkpoint, self.step)
         self.metrics = MetricsLogger(self.output_dir, resume_step=self.step if checkpoint else None)
         self.sampler = self._setup_sampler(model, tokenizer)
+        if cfg.sampler.kind != "hf":  # a server sampler: no request may ask for more than its context
+            from trainer.workers import sampler_context_length
+
+            context = sampler_context_length(self.sampler.base_url)
+            self.settings = RolloutSettings(**{**self.settings.__dict__, "context_length": context})
         self._setup_store()
 
     def _setup_sampler(self, model: Any, tokenizer: Any) -> Any:

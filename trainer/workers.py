@@ -65,6 +65,7 @@ __all__ = [
     "place_rollout_process",
     "plan_cpu_placement",
     "rollout_worker",
+    "sampler_context_length",
     "thread_env",
 ]
 
@@ -240,6 +241,32 @@ def place_rollout_process(threads: int | None = None, cpus: str | None = None) -
 
             torch.set_num_threads(count)
     return chosen
+
+
+# -- the sampler's context ----------------------------------------------------------------------
+def sampler_context_length(base_url: str, *, transport: httpx.BaseTransport | None = None) -> int | None:
+    """The sampler server's context length (prompt + completion), from its ``/v1/models``.
+
+    vLLM and ``twin serve`` list ``max_model_len`` on each model card; the smallest is returned
+    (they agree in practice). None when the server lists none or cannot be asked: the episode
+    budget (``sampler.max_episode_tokens``) is then the only limit, as before.
+
+    Args:
+        base_url: Server root or OpenAI base URL.
+        transport: An httpx transport (tests pass ``httpx.MockTransport``).
+    """
+    from trainer.serving_http import auth_headers
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        with httpx.Client(transport=transport, timeout=30.0, verify=tls_context(), headers=auth_headers()) as client:
+            response = client.get(f"{root}/v1/models")
+        cards = response.json().get("data", []) if response.status_code == 200 else []
+        lengths = [int(c["max_model_len"]) for c in cards if isinstance(c, dict) and c.get("max_model_len")]
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
+        log.warning("could not read the context length of the sampler at %s: %s", root, exc)
+        return None
+    return min(lengths) if lengths else None
 
 
 # -- the model-name check ------------------------------------------------------------------------
@@ -629,6 +656,7 @@ class _RolloutLoop:
         )
 
     def run(self) -> None:
+        from trainer.rollouts import RolloutSettings
         from trainer.samplers import SamplerError
 
         self.events.put(("ready",))
@@ -638,6 +666,9 @@ class _RolloutLoop:
                 raise _Stopped
             time.sleep(0.01)
         self.started = time.perf_counter()
+        # the server is up now: no request may ask for more than its context holds
+        context = sampler_context_length(self.spec.base_url)
+        self.settings = RolloutSettings(**{**self.settings.__dict__, "context_length": context})
         while True:
             self._wait(lambda: self.shared.may_sample(self.produced, self.k))
             published, _claimed, _consumed, epoch, _stop = self.shared.get()
