@@ -453,16 +453,20 @@ def load_recipe(path: str | Path | dict[str, Any], overrides: list[str] | None =
         raise ConfigError(f"recipe {source}: {problems}{more}") from None
 
 
-def check_devices(recipe: Recipe, *, visible_only: bool = False) -> None:
+def check_devices(recipe: Recipe, *, visible_only: bool = False, planned_gpus: int = 2) -> None:
     """Check that the recipe's CUDA devices exist on this machine.
 
     Args:
         recipe: The recipe.
-        visible_only: Only check indices when CUDA is visible (``twin plan`` plans for GPUs
-            that this machine may not have).
+        visible_only: Plan mode: when no GPU is visible, check the indices against
+            ``planned_gpus`` instead of refusing (``twin plan`` plans for GPUs that this machine
+            may not have).
+        planned_gpus: GPUs of the machine planned for when none is visible (the 2 x 96 GB
+            workstation by default).
 
     Raises:
-        ConfigError: a ``cuda`` device while no GPU is visible, or an index past the last GPU.
+        ConfigError: a ``cuda`` device while no GPU is visible, or an index past the last GPU
+            (of this machine, or of the planned one).
     """
     used = [("learner", recipe.devices.learner)]
     if recipe.sampler.kind != "server":  # an external server's placement is its own
@@ -480,3 +484,9 @@ def check_devices(recipe: Recipe, *, visible_only: bool = False) -> None:
         if count and index >= count:
             have = "cuda:0" if count == 1 else f"cuda:0 .. cuda:{count - 1}"
             raise ConfigError(f"devices.{role} {dev!r}: this machine has {count} CUDA device(s) ({have})")
+        if not count and index >= planned_gpus:
+            have = "cuda:0" if planned_gpus == 1 else f"cuda:0 .. cuda:{planned_gpus - 1}"
+            raise ConfigError(
+                f"devices.{role} {dev!r}: the plan is for a machine with {planned_gpus} GPU(s) ({have}); "
+                "pass --gpus N to plan for a larger one"
+            )

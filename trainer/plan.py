@@ -612,19 +612,22 @@ def _load(recipe: Any) -> Any:
     return load_recipe(recipe)
 
 
-def check_runnable(recipe: Any) -> None:
+def check_runnable(recipe: Any, gpus: int = 2) -> None:
     """What ``twin train`` would stop at before using any memory: the twin, its config, the
     devices (indices checked when CUDA is visible) and the output folder.
 
     Raises:
         UnknownTwinError: ``twin.name`` is not registered.
-        ConfigError: a bad ``twin.config``, a GPU this machine lacks, an output folder that is a file.
+        ConfigError: a bad ``twin.config``, a GPU this machine lacks (or, when none is visible, one
+            past the ``gpus`` planned for), an output folder that is a file.
     """
     from trainer.config import check_devices
     from twin.registry import make_twin
 
     make_twin(recipe.twin.name, **recipe.twin.config)  # validates the config; the world is built lazily
-    check_devices(recipe, visible_only=True)
+    if gpus < 1:
+        raise ConfigError(f"--gpus {gpus}: plan for at least 1 GPU")
+    check_devices(recipe, visible_only=True, planned_gpus=gpus)
     out = Path(recipe.train.output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)")
@@ -635,6 +638,7 @@ def main(
     gpu_memory_gb: float = 96.0,
     gradient_checkpointing: bool | None = None,
     vllm_utilization: float = 0.9,
+    gpus: int = 2,
 ) -> int:
     """Print the per-device memory plan of ``recipe``; return 0 when every device fits, else 1.
 
@@ -647,12 +651,14 @@ def main(
         gpu_memory_gb: Memory of a GPU that is not visible on this machine (decimal GB).
         gradient_checkpointing: Plan the learner with gradient checkpointing (None: the recipe's).
         vllm_utilization: vLLM's ``--gpu-memory-utilization``.
+        gpus: GPUs of the machine planned for when none is visible here (devices past them are
+            an error).
     """
     from rich.console import Console
     from rich.table import Table
 
     loaded = _load(recipe)
-    check_runnable(loaded)
+    check_runnable(loaded, gpus=gpus)
     plans = plan_recipe(
         loaded,
         gpu_memory_gb=gpu_memory_gb,

@@ -56,6 +56,19 @@ def test_a_gpu_this_machine_lacks(tmp_path: Path, command: str, monkeypatch: pyt
     _one_line_error(runner.invoke(app, [command, path]), "devices.learner 'cuda:9'", "1 CUDA device")
 
 
+def test_plan_without_gpus_checks_devices_against_the_planned_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    path = _recipe(tmp_path, extra="devices: {learner: 'cuda:9', rollout: cpu}\n")
+    _one_line_error(runner.invoke(app, ["plan", path]), "devices.learner 'cuda:9'", "2 GPU(s)", "--gpus")
+    _one_line_error(runner.invoke(app, ["plan", path, "--gpus", "0"]), "--gpus 0")
+    result = runner.invoke(app, ["plan", path, "--gpus", "10"])
+    assert result.exit_code in (0, 1), result.output  # a plan (fits or not), not an error
+    assert "cuda:9" in result.output and "peak" in result.output
+
+
 def test_train_on_a_cpu_machine_refuses_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     path = _recipe(tmp_path, extra="devices: {learner: 'cuda:0', rollout: cpu}\n")

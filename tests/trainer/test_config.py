@@ -249,4 +249,8 @@ def test_check_devices_refuses_gpus_this_machine_lacks(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ConfigError, match=r"devices\.rollout 'cuda:0': no CUDA device is visible"):
         check_devices(load_recipe(BASE, ["devices.rollout=cuda:0"]))
-    check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True)  # planning for another box
+    # planning for another box: its GPU count (2 by default) bounds the indices
+    check_devices(load_recipe(BASE, ["devices.learner=cuda:1"]), visible_only=True)
+    with pytest.raises(ConfigError, match=r"devices\.learner 'cuda:9': the plan is for a machine with 2 GPU.*--gpus"):
+        check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True)
+    check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True, planned_gpus=10)
