@@ -59,10 +59,10 @@ except ConfigError as exc:
     assert "torch" in line and "pip install 'twinrl[train]'" in line
 
 
-def _pip_reaches_an_index(python: Path) -> str | None:
+def _pip_reaches_an_index(python: Path, into: Path) -> str | None:
     """None when pip can find packages (an index, or find-links); else why not."""
     proc = subprocess.run(
-        [str(python), "-m", "pip", "download", "--no-deps", "-q", "-d", os.devnull, "typer"],
+        [str(python), "-m", "pip", "download", "--no-deps", "-q", "-d", str(into), "typer"],
         capture_output=True, text=True, timeout=300,
     )
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -73,7 +73,7 @@ def test_fresh_venv_without_extras_lists_and_evaluates_without_torch(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    why = _pip_reaches_an_index(python)
+    why = _pip_reaches_an_index(python, tmp_path / "probe")
     if why is not None:
         pytest.skip(f"no package index or find-links reachable for the fresh venv: {why}")
     install = subprocess.run(

@@ -1,20 +1,34 @@
-"""Training metrics: JSONL always, TensorBoard when installed, a PNG reward curve at the end.
+"""Training metrics: JSONL always, TensorBoard, Weights & Biases and trackio on request, a PNG curve.
 
 Names are stable and namespaced (CleanRL style): ``rewards/total``, ``rewards/<component>`` for
 every reward component, ``losses/loss``, ``losses/pg_loss``, ``losses/kl``, ``losses/clipfrac``,
 ``policy/entropy``, ``policy/grad_norm``, ``perf/tokens_per_s``, ``perf/step_s``, ...
 Each line of ``metrics.jsonl`` is ``{"step": s, "<name>": value, ...}``.
+
+Sinks (``train.log`` in a recipe): ``jsonl`` (always written: resuming reads it back),
+``tensorboard``, ``wandb`` and ``trackio``. W&B and trackio get every finite scalar per step
+(``rewards/<component>`` included) and, when the trainer passes the step's episodes, a table
+``episodes`` with one row per episode: case, prompt, tool calls, tool results, reward and its
+breakdown. Their own settings apply (``WANDB_MODE=offline``, ``WANDB_PROJECT``, ``TRACKIO_DIR``;
+trackio logs locally unless given a Space).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "plot_rewards", "read_metrics"]
+__all__ = ["LOG_SINKS", "MetricsLogger", "episode_rows", "plot_rewards", "read_metrics"]
+
+#: The metric sinks a recipe's ``train.log`` may name.
+LOG_SINKS = ("jsonl", "tensorboard", "wandb", "trackio")
+EPISODE_COLUMNS = ["case_id", "prompt", "calls", "tool_results", "reward", "breakdown"]
+_CELL = 2000  # characters kept per table cell: a table is for reading, the run store keeps all
 
 log = logging.getLogger("twinrl.trainer")
 
@@ -28,17 +42,40 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class MetricsLogger:
-    """Append metrics per step to ``<output_dir>/metrics.jsonl`` (and TensorBoard if available).
+    """Append metrics per step to ``<output_dir>/metrics.jsonl`` and the chosen sinks.
 
     Args:
         output_dir: The run's folder.
         resume_step: When resuming after step ``k`` (the checkpoint's step count), records of
             later steps (written after that checkpoint by the killed run) are dropped first.
-        tensorboard: None = use TensorBoard when installed; False = never.
+        tensorboard: None = use TensorBoard when installed; False = never (without ``sinks``).
+        sinks: Names from :data:`LOG_SINKS`; None = ``jsonl`` plus TensorBoard when installed.
+            ``wandb`` / ``trackio`` must be installed (``pip install 'twinrl[integrations]'``).
+        project: The W&B / trackio project.
+        run_name: The W&B / trackio run name (default: the output folder's name).
+        config: The run's configuration, stored with the W&B / trackio run.
+
+    Raises:
+        ValueError: an unknown sink name, or a sink whose library is not installed.
     """
 
-    def __init__(self, output_dir: str | Path, *, resume_step: int | None = None, tensorboard: bool | None = None) -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        resume_step: int | None = None,
+        tensorboard: bool | None = None,
+        sinks: Sequence[str] | None = None,
+        project: str = "twinrl",
+        run_name: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.dir = Path(output_dir)
+        unknown = [name for name in sinks or () if name not in LOG_SINKS]
+        if unknown:
+            raise ValueError(
+                f"unknown log sink(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(LOG_SINKS)}"
+            )
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         if resume_step is None:
@@ -47,6 +84,8 @@ class MetricsLogger:
         else:
             self.history = [r for r in read_metrics(self.path) if r["step"] < resume_step]
             self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+        if sinks is not None:
+            tensorboard = "tensorboard" in sinks
         self._tb = None
         if tensorboard is not False:
             try:
@@ -56,27 +95,111 @@ class MetricsLogger:
             except Exception:  # noqa: BLE001 - tensorboard is optional
                 if tensorboard:
                     log.warning("tensorboard requested but not installed (pip install tensorboard)")
+        name = run_name or self.dir.resolve().name
+        self._wandb = self._trackio = None
+        if sinks is not None and "wandb" in sinks:
+            wandb = _import_sink("wandb")
+            self._wandb = wandb.init(
+                project=project, name=name, dir=str(self.dir), config=config or {},
+                resume="allow" if resume_step is not None else None, reinit="create_new",
+            )
+        if sinks is not None and "trackio" in sinks:
+            self._trackio = _import_sink("trackio")
+            self._trackio_run = self._trackio.init(
+                project=project, name=name, config=config or {},
+                resume="allow" if resume_step is not None else "never",
+            )
 
-    def log(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Record the metrics of ``step``; returns the record."""
+    def log(
+        self, step: int, metrics: dict[str, Any], episodes: Sequence[Any] | None = None
+    ) -> dict[str, Any]:
+        """Record the metrics of ``step`` (and its episodes' table, for W&B / trackio).
+
+        Args:
+            step: The optimizer step.
+            metrics: ``{name: value}``; numbers become floats.
+            episodes: The step's sampled :class:`twin.trajectory.Trajectory` objects.
+
+        Returns:
+            The JSONL record.
+        """
         record: dict[str, Any] = {"step": int(step)}
         for k, v in metrics.items():
             record[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
         self.history.append(record)
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
+        scalars = {
+            k: v for k, v in record.items()
+            if k != "step" and isinstance(v, float) and math.isfinite(v)
+        }
         if self._tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, float) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
             self._tb.flush()
+        rows = episode_rows(episodes) if episodes else None
+        if self._wandb is not None:
+            import wandb
+
+            payload: dict[str, Any] = dict(scalars)
+            if rows:
+                payload["episodes"] = wandb.Table(columns=EPISODE_COLUMNS, data=rows)
+            self._wandb.log(payload, step=int(step))
+        if self._trackio is not None:
+            payload = dict(scalars)
+            if rows:
+                payload["episodes"] = self._trackio.Table(columns=EPISODE_COLUMNS, data=rows)
+            self._trackio_run.log(payload, step=int(step))
         return record
 
     def close(self) -> None:
-        """Flush and close TensorBoard."""
+        """Flush and close TensorBoard, W&B and trackio."""
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+        if self._trackio is not None:
+            self._trackio_run.finish()
+            self._trackio = None
+
+
+def _import_sink(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ValueError(
+            f"log sink {name!r} needs the {name} package, which is not installed; "
+            "pip install 'twinrl[integrations]'"
+        ) from None
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= _CELL else text[: _CELL - 1] + "\u2026"
+
+
+def episode_rows(episodes: Sequence[Any]) -> list[list[Any]]:
+    """One table row per trajectory: case, prompt, calls, tool results, reward, breakdown.
+
+    The prompt is the chat before the first assistant turn; calls are ``name(arguments)``
+    lines; tool results are the ``tool`` messages; the breakdown is the weighted terms and
+    penalties (or the raw components when nothing is weighted).
+    """
+    rows = []
+    for t in episodes:
+        messages = list(t.messages)
+        first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+        prompt = "\n\n".join(f"[{m.get('role')}] {m.get('content') or ''}" for m in messages[:first])
+        calls = "\n".join(
+            f"{c.name}({json.dumps(c.arguments, default=str, ensure_ascii=False)})" for c in t.calls
+        )
+        results = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
+        breakdown = dict(t.weighted) or dict(t.components)
+        reward = float(t.reward) if t.reward is not None else float("nan")
+        rows.append([t.case_id, _cell(prompt), _cell(calls), _cell(results), reward, _cell(breakdown)])
+    return rows
 
 
 def plot_rewards(history: list[dict[str, Any]], path: str | Path, *, title: str = "reward") -> Path | None:
