@@ -244,6 +244,11 @@ class TrainConfig(_Section):
     output_dir: str = Field("runs/train", description="Folder for metrics, checkpoints, plots.")
     store: bool = Field(True, description="Write every episode to the run store as a 'train' run.")
     log_episodes: int = Field(1, ge=0, description="Episodes printed per step in verbose mode (0 = none).")
+    log: list[Literal["jsonl", "tensorboard", "wandb", "trackio"]] | None = Field(
+        None, description="Metric sinks, e.g. [jsonl, tensorboard, wandb] (null = jsonl, plus "
+        "TensorBoard when installed); wandb/trackio: pip install 'twinrl[integrations]' "
+        "(trainer/metrics.py)."
+    )
 
 
 _DEVICE = r"^(cpu|cuda|cuda:\d+)$"
