@@ -41,7 +41,7 @@ from typing import Any
 
 from integrations._episode import ToolCallEpisode, resolve_twin
 from twin.core import Twin
-from twin.errors import CaseError
+from twin.errors import CaseError, MissingDependencyError
 
 __all__ = ["EPISODE_URI", "build_server", "serve"]
 
@@ -54,9 +54,10 @@ def _require_mcp() -> Any:
     try:
         import mcp_types
         from mcp.server.lowlevel import Server
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError(
-            f"twin mcp needs the MCP SDK (mcp>=2): pip install 'twinrl[integrations]' ({exc})"
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"twin mcp needs the MCP SDK (mcp>=2), which is not installed ({exc}): "
+            "pip install 'twinrl[integrations]'"
         ) from None
     return Server, mcp_types
 

@@ -776,6 +776,16 @@ def _short(text: str, limit: int) -> str:
 
 
 # -- wrappers over other areas -------------------------------------------------------------------
+_OUR_PACKAGES = frozenset({"twin", "rewards", "envs", "trainer", "integrations", "twinrl_data"})
+#: The extra that installs an optional library (pyproject.toml's optional-dependencies).
+_EXTRA_OF = {
+    "torch": "train", "transformers": "train", "peft": "train", "tokenizers": "train", "gguf": "train",
+    "mcp": "integrations", "mcp_types": "integrations", "trl": "integrations",
+    "verifiers": "integrations", "wandb": "integrations", "trackio": "integrations",
+    "datasets": "integrations", "psycopg": "postgres",
+}  # fmt: skip
+
+
 def _target(spec: str, command: str) -> Callable[..., Any]:
     """Import ``module:function`` for ``command``; exit 2 with a clear message if it is missing."""
     module_name, _, attr = spec.partition(":")
@@ -787,6 +797,14 @@ def _target(spec: str, command: str) -> Callable[..., Any]:
             err_console.print(
                 f"[bold red]error:[/] `twin {command}` needs {module_name} ({spec}), which is not "
                 "available in this installation."
+            )
+            raise typer.Exit(2) from None
+        top = missing.partition(".")[0]
+        if top and top not in _OUR_PACKAGES:  # an optional library, not a broken install of ours
+            extra = _EXTRA_OF.get(top, "train,integrations")
+            err_console.print(
+                f"[bold red]error:[/] `twin {command}` needs the package {top!r}, which is not "
+                + escape(f"installed: pip install 'twinrl[{extra}]'")
             )
             raise typer.Exit(2) from None
         raise

@@ -18,6 +18,7 @@ from __future__ import annotations
 __all__ = [
     "CaseError",
     "ConfigError",
+    "MissingDependencyError",
     "ParseError",
     "ToolArgumentError",
     "ToolError",
@@ -59,3 +60,7 @@ class CaseError(TwinError, ValueError):
 
 class ConfigError(TwinError, ValueError):
     """A configuration value, recipe or override that is not valid."""
+
+
+class MissingDependencyError(TwinError, ImportError):
+    """An optional library a feature needs is not installed; the message names the install command."""

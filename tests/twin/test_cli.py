@@ -325,6 +325,32 @@ def test_wrappers_exit_2_when_the_target_is_missing(monkeypatch):
     assert result.exit_code == 2 and "no function 'train'" in result.output
 
 
+def test_a_missing_optional_library_is_a_one_line_install_hint(monkeypatch):
+    for name in ("mcp", "mcp_types", "integrations.mcp_server"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if the integrations extra were not installed
+    monkeypatch.setitem(sys.modules, "mcp_types", None)
+    result = runner.invoke(app, ["mcp", "returns"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert "Traceback" not in result.output and len(lines) == 1, result.output
+    assert "pip install 'twinrl[integrations]'" in lines[0]
+    # a target module that imports a missing library at its top: the hint names the library's extra
+    import twin.cli as cli
+
+    real_import = cli.importlib.import_module
+
+    def import_without_torch(name, *args):
+        if name == "trainer.plan":
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(cli.importlib, "import_module", import_without_torch)
+    result = runner.invoke(app, ["plan", "r.yaml"])
+    assert result.exit_code == 2, result.output
+    assert "needs the package 'torch'" in result.output and "twinrl[train]" in result.output
+
+
 # -- twin eval against an OpenAI-compatible server on loopback -------------------------------
 class _FakeServer(BaseHTTPRequestHandler):
     """/v1/chat/completions by model name: ``slow`` sleeps past any test timeout, ``locked``
