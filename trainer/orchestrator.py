@@ -309,7 +309,10 @@ class AsyncTrainer:
             self.curriculum = dict(state.get("curriculum", self.curriculum))
             restore_rng(state["rng"])
             log.info("resumed from %s (step %d)", checkpoint, self.step)
-        self.metrics = MetricsLogger(self.output_dir, resume_step=self.step if checkpoint else None)
+        self.metrics = MetricsLogger(
+            self.output_dir, resume_step=self.step if checkpoint else None, sinks=self.cfg.train.log,
+            config=self.cfg.model_dump(mode="json", by_alias=True),
+        )
         self._setup_store()
 
         # the rollout worker (spawned first: its imports overlap the server's start-up)
@@ -807,7 +810,7 @@ class AsyncTrainer:
                 "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
                 "data/cursor": float(self.cursor),
             }
-            record = self.metrics.log(step, record)
+            record = self.metrics.log(step, record, episodes=[t for g in every for t in g.trajectories])
             if self.store is not None and self.run_id is not None:
                 try:
                     self.store.add_episodes(self.run_id, [t for g in every for t in g.trajectories], step=step)

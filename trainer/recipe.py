@@ -216,7 +216,10 @@ class GRPORecipe:
             self.curriculum = dict(state.get("curriculum", self.curriculum))
             restore_rng(state["rng"])
             log.info("resumed from %s (step %d)", checkpoint, self.step)
-        self.metrics = MetricsLogger(self.output_dir, resume_step=self.step if checkpoint else None)
+        self.metrics = MetricsLogger(
+            self.output_dir, resume_step=self.step if checkpoint else None, sinks=self.cfg.train.log,
+            config=self.cfg.model_dump(mode="json", by_alias=True),
+        )
         self.sampler = self._setup_sampler(model, tokenizer)
         if cfg.sampler.kind != "hf":  # a server sampler: no request may ask for more than its context
             from trainer.workers import sampler_context_length
@@ -462,7 +465,7 @@ class GRPORecipe:
                 "perf/tokens_per_s": sampled_tokens / step_s if step_s > 0 else 0.0,
                 "data/cursor": float(self.cursor),
             }
-            record = self.metrics.log(step, record)
+            record = self.metrics.log(step, record, episodes=[t for g in every for t in g.trajectories])
             if self.store is not None and self.run_id is not None:
                 try:
                     self.store.add_episodes(self.run_id, [t for g in every for t in g.trajectories], step=step)
