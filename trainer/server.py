@@ -910,6 +910,10 @@ def main(
     Raises:
         ConfigError: a limit is not a valid value.
     """
+    unknown = sorted(set(limits) - set(ServeLimits.model_fields))
+    if unknown:
+        options = ", ".join("--" + name.replace("_", "-") for name in ServeLimits.model_fields)
+        raise ConfigError(f"unknown twin serve option(s) {', '.join(unknown)}; the limits are {options}")
     try:
         serve_limits = ServeLimits(**limits)
     except ValidationError as exc:
@@ -921,7 +925,8 @@ def main(
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
         )
-    api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+    # str(): `twin serve --api-key 123` arrives as an int through the CLI's YAML values
+    api_key = str(api_key) if api_key is not None else os.environ.get(API_KEY_ENV) or None
     for warning in exposure_warnings(host, api_key, adapter_root):
         log.warning("%s", warning)
     if pinned:

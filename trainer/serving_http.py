@@ -163,7 +163,7 @@ def completion_request_model(limits: ServeLimits) -> type[BaseModel]:
         model_config = ConfigDict(extra="ignore")
 
         model: Annotated[str, Field(strict=True, max_length=512)] | None = None
-        prompt: Any = None
+        prompt: Any  # required; the validator below gives it its shape
         n: Annotated[int, Field(strict=True, ge=1, le=limits.max_n)] | None = None
         max_tokens: Annotated[int, Field(strict=True, ge=0, le=limits.max_tokens)] | None = None
         temperature: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] | None = None

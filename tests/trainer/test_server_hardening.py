@@ -189,6 +189,10 @@ MALFORMED = {
     "deeply nested JSON": b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     "a JSON number too long for Python": b'{"prompt": [1], "seed": ' + b"9" * 5000 + b"}",
     "not an object": b"[1, 2, 3]",
+    "no prompt": b'{"model": "tiny", "max_tokens": 1}',
+    "prompt null": b'{"prompt": null}',
+    "prompt of nested lists": _ok(prompt=[[[1, 2]]]),
+    "bool token ids": _ok(prompt=[True, False]),
 }
 
 
@@ -357,7 +361,7 @@ def test_serve_options_are_validated_with_a_clear_error() -> None:
 
     with pytest.raises(ConfigError, match="max_n"):
         main("tiny", max_n=0)
-    with pytest.raises(ConfigError, match="max_tokns"):
+    with pytest.raises(ConfigError, match="max_tokns.*--max-tokens"):
         main("tiny", max_tokns=5)
 
 
