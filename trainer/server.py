@@ -14,8 +14,14 @@ and ``vllm serve`` (GPU) by changing a URL:
   a path without an adapter is 404, an unknown adapter in a request is 404.
 - ``GET /health``.
 
+Every body is validated against :class:`ServeLimits` (400 with the field and what is allowed);
+the HTTP layer and the optional API key are in ``trainer/serving_http.py``. With an adapter root,
+only adapters under it load. See ``docs/security.md``.
+
 Adapters are peft LoRA adapters on one copy of the base model. One worker thread owns the model:
-it takes every queued request of one adapter as one batch, sets that adapter, and samples with
+it takes up to ``max_batch_rows`` rows of the oldest request plus the queued requests of the same
+adapter that fit (a larger request goes back to the end of the queue with the rows it has left),
+sets that adapter, and samples with
 its own decoding loop (per-row temperature, top-p, length and seed; logprobs of the sampled tokens
 from the same logits it sampled from). An adapter is resolved when its request arrives, so a
 request finishes on the adapter it started with even if the name is unloaded or replaced
