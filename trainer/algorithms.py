@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from rewards import overlong_fraction
 from twin.errors import ConfigError
 
 __all__ = [
@@ -157,10 +158,14 @@ def keep_informative_groups(rewards: Tensor, atol: float = 1e-6) -> Tensor:
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float = 1.0) -> Tensor:
-    """DAPO soft overlong punishment, added to the reward.
+    """DAPO soft overlong punishment, added to the reward: ``-factor * overlong_fraction(L)``.
 
     ``0`` for ``L <= max_len - buffer``; then linear down to ``-factor`` at ``L = max_len``;
-    ``-factor`` beyond. ``buffer = 0`` disables it (all zeros).
+    ``-factor`` beyond (DAPO's ``R_length``). ``buffer = 0`` leaves only the last case, a hard
+    cut: ``-factor`` for ``L > max_len``, else 0. The fraction is the reward library's
+    (:func:`rewards.overlong_fraction`), so a reward's ``overlong_penalty`` term and the
+    trainer's shaping agree everywhere. The trainer passes the tokens the policy wrote and the
+    episode budget, which holds the prompt too: ``L < max_len``, so ``overlong_buffer: 0`` is off.
 
     Args:
         lengths: Tokens the policy wrote in each episode (its sampled tokens; not the
@@ -170,18 +175,18 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float =
         factor: Penalty at (and beyond) the budget.
 
     Returns:
-        Penalties, ``<= 0``.  # [B]
+        Penalties, ``<= 0``.  # like ``lengths``
+
+    Raises:
+        ConfigError: ``buffer > max_len`` or ``buffer < 0``.
     """
-    lengths = lengths.float()
-    if buffer <= 0:
-        return torch.zeros_like(lengths)
-    if buffer > max_len:
+    if not 0 <= buffer <= max_len:
         raise ConfigError(
-            f"overlong_penalty: buffer ({buffer}) must not exceed max_len ({max_len}); "
-            "lower algorithm.overlong_buffer"
+            f"overlong_penalty: buffer ({buffer}) must be in [0, max_len ({max_len})]; "
+            "set algorithm.overlong_buffer within sampler.max_episode_tokens"
         )
-    over = (lengths - (max_len - buffer)).clamp(min=0.0, max=float(buffer))  # [B] in [0, buffer]
-    return -factor * over / buffer
+    fractions = [overlong_fraction(float(n), max_len, buffer) for n in lengths.reshape(-1).tolist()]
+    return -factor * torch.tensor(fractions, dtype=torch.float32).reshape(lengths.shape)
 
 
 # ==================================================================== per-token pieces
@@ -577,6 +582,8 @@ class LossStats(NamedTuple):
         sampler_kl: Mean per-token KL(sampler || learner), :func:`sampler_kl` (0 without
             sampler logprobs).
         num_tokens: Masked-in tokens in this call.
+        entropy: Mean per-token entropy (0 without entropies).
+        logprob_mismatch: Mean ``|lp_old - lp_sampler|`` (0 without sampler logprobs).
     """
 
     policy_loss: Tensor
@@ -590,6 +597,8 @@ class LossStats(NamedTuple):
     tis_capped_frac: Tensor
     sampler_kl: Tensor
     num_tokens: Tensor
+    entropy: Tensor
+    logprob_mismatch: Tensor
 
     def metrics(self, prefix: str = "losses/") -> dict[str, float]:
         """Stats as floats under stable names (``losses/clip_frac``, ...)."""
@@ -605,20 +614,22 @@ def policy_loss(
     old_logprobs: Tensor | None = None,  # [B, T]
     sampler_logprobs: Tensor | None = None,  # [B, T]
     ref_logprobs: Tensor | None = None,  # [B, T]
+    entropy: Tensor | None = None,  # [B, T]
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
     tis_cap: float | None = 2.0,
     is_correction: str = "truncate",
     is_mask_low: float = 0.0,
     num_seqs: int | None = None,
     num_tokens: float | None = None,
 ) -> tuple[Tensor, LossStats]:
-    """The GRPO-family policy loss: clipped surrogate x IS weight + beta * KL, aggregated.
+    """The GRPO-family policy loss with its settings as arguments (:func:`trainer.objective.objective`).
 
     ``loss = aggregate(w_t * -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A)
-    + beta * KL_k3_t, mask)`` with ``w_t`` from :func:`is_weights` (``truncate``:
-    ``min(exp(lp_old - lp_sampler), cap)``).
+    + beta * KL_k3_t, mask) - entropy_coef * token mean of H_t`` with ``w_t`` from
+    :func:`is_weights` (``truncate``: ``min(exp(lp_old - lp_sampler), cap)``).
 
     Args:
         logprobs: Learner logprobs of the sampled tokens (with grad).  # [B, T]
@@ -627,11 +638,13 @@ def policy_loss(
         aggregate: One of :data:`LOSS_AGGREGATIONS` (see :func:`aggregation`).
         old_logprobs: Learner logprobs before this update; default ``logprobs.detach()``
             (one update per batch: ratio 1, clipping inactive).  # [B, T]
-        sampler_logprobs: The sampler's logprobs; enables truncated IS.  # [B, T]
+        sampler_logprobs: The sampler's logprobs; enables the IS correction.  # [B, T]
         ref_logprobs: Reference logprobs (adapter disabled); needed when ``kl_coef > 0``.
+        entropy: Per-token entropy (with grad); needed when ``entropy_coef > 0``.
         eps_low: Lower clip range.
         eps_high: Upper clip range (clip-higher when > ``eps_low``).
         kl_coef: beta, weight of the k3 KL term (0 disables it).
+        entropy_coef: Weight of the entropy bonus (0 disables it).
         tis_cap: Cap (truncate) or upper bound (masks) of the IS weight; None disables it.
         is_correction: ``truncate``, ``token_mask`` or ``sequence_mask`` (:func:`is_weights`).
         is_mask_low: Lower bound of the masks.
@@ -642,69 +655,12 @@ def policy_loss(
         ``(loss, stats)``: the scalar to backpropagate and its :class:`LossStats`.
 
     Raises:
-        ConfigError: ``kl_coef > 0`` without ``ref_logprobs``, or mismatched shapes.
+        ConfigError: ``kl_coef > 0`` without ``ref_logprobs``, ``entropy_coef > 0`` without
+            ``entropy``, or mismatched shapes.
     """
-    if mask.shape != logprobs.shape:
-        raise ConfigError(
-            f"policy_loss: mask {tuple(mask.shape)} must have the shape of logprobs "
-            f"{tuple(logprobs.shape)} ([B, T])"
-        )
-    if kl_coef > 0 and ref_logprobs is None:
-        raise ConfigError(
-            "policy_loss: kl_coef > 0 needs ref_logprobs (score the batch with the adapter "
-            "disabled), or set algorithm.kl_coef: 0"
-        )
-    mask_f = mask.to(logprobs.dtype)
-    old = logprobs.detach() if old_logprobs is None else old_logprobs
-    surr = clipped_surrogate(logprobs, old, advantages, eps_low, eps_high)
+    # imported here: trainer.objective composes this module's functions
+    from trainer.objective import Scored, Settings, objective
 
-    per_token = surr.loss  # [B, T]
-    if sampler_logprobs is not None and tis_cap is not None:
-        w = is_weights(is_correction, old, sampler_logprobs, mask_f, high=tis_cap, low=is_mask_low)
-        per_token = per_token * w  # [B, T], w detached
-    else:
-        w = torch.ones_like(per_token)
-        tis_cap = None  # nothing was capped
-    pg = aggregate(per_token, mask_f, num_seqs=num_seqs, num_tokens=num_tokens)
-
-    if kl_coef > 0:
-        kl_tok = kl_k3(logprobs, ref_logprobs)  # [B, T]
-        loss = aggregate(
-            per_token + kl_coef * kl_tok, mask_f, num_seqs=num_seqs, num_tokens=num_tokens
-        )
-    else:
-        # still measured when the reference is given (to watch the drift), not trained on
-        kl_tok = (
-            kl_k3(logprobs.detach(), ref_logprobs)
-            if ref_logprobs is not None
-            else torch.zeros_like(per_token)
-        )
-        loss = pg
-
-    with torch.no_grad():
-        n = mask_f.sum().clamp(min=1.0)
-
-        def mean(x: Tensor) -> Tensor:
-            return _masked(x.to(mask_f.dtype), mask_f).sum() / n
-
-        on = mask_f > 0
-        stats = LossStats(
-            policy_loss=pg.detach(),
-            kl=mean(kl_tok.detach()),
-            clip_frac=mean(surr.clipped_low | surr.clipped_high),
-            clip_frac_low=mean(surr.clipped_low),
-            clip_frac_high=mean(surr.clipped_high),
-            ratio_mean=mean(surr.ratio.detach()),
-            ratio_max=surr.ratio.detach()[on].max() if on.any() else mask_f.new_ones(()),
-            tis_mean=mean(w),
-            tis_capped_frac=(
-                mean((w >= tis_cap) | (w == 0)) if tis_cap is not None else mask_f.new_zeros(())
-            ),
-            sampler_kl=(
-                mean(sampler_kl(old, sampler_logprobs))
-                if sampler_logprobs is not None
-                else mask_f.new_zeros(())
-            ),
-            num_tokens=mask_f.sum(),
-        )
-    return loss, stats
+    scored = Scored(logprobs, mask, advantages, sampler_logprobs, old_logprobs, ref_logprobs, entropy)
+    settings = Settings(eps_low, eps_high, kl_coef, entropy_coef, tis_cap, is_correction, is_mask_low)
+    return objective(scored, settings, aggregate=aggregate, num_seqs=num_seqs, num_tokens=num_tokens)

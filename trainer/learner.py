@@ -3,14 +3,13 @@
 The learning side of the trainer. :meth:`Learner.step` takes a :class:`TrainBatch` (token
 sequences with loss masks, the sampler's logprobs and one advantage per sequence) and runs::
 
-    old  = logprobs under the current weights (no grad)        # the proximal policy
-    ref  = logprobs with the adapter disabled (no grad)        # only when kl_coef > 0
+    old  = logprobs under the current weights (no grad)     # the proximal policy; mini_batches > 1
+    ref  = logprobs with the adapter disabled (no grad)     # only when kl_coef > 0
     for each mini-batch (optim.mini_batches):
-        for each micro-batch (<= micro_batch_tokens padded tokens):
-            loss = policy_loss(logp, old, A, mask, eps_low, eps_high, TIS weights) + kl_coef * k3
-                   - entropy_coef * mean token entropy                 # only when entropy_coef > 0
-            loss.backward()                                    # gradients accumulate
-        clip_grad_norm_; optimizer.step()
+        for scored in learner.score(mini-batch):            # micro-batches, shared prompts run once
+            loss = objective(scored, algorithm)             # trainer/objective.py: the equations
+            loss.backward()                                 # gradients accumulate
+        clip_grad_norm_; optimizer.step() unless the loss or the norm is not finite
 
 With one mini-batch ``old`` is ``logp.detach()`` of the same forward pass (the ratio is 1 and its
 gradient is the policy gradient), so no extra forward pass is spent.
@@ -42,6 +41,7 @@ import torch
 
 from trainer import algorithms as algo
 from trainer.config import AlgorithmConfig, OptimConfig
+from trainer.objective import Scored, objective
 from twin.errors import ConfigError
 
 __all__ = ["Learner", "TrainBatch", "build_lora_model", "trainable_parameters"]
@@ -490,6 +490,10 @@ class Learner:
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One update on ``batch`` (``optim.mini_batches`` optimizer steps).
 
+        Per mini-batch: score each micro-batch with grad (:meth:`score`), take its share of
+        the objective (:func:`trainer.objective.objective`), backpropagate, then one guarded
+        optimizer step (:meth:`_optimizer_step`).
+
         Returns:
             Metrics: ``losses/loss``, ``losses/kl``, ``losses/clipfrac`` (and ``_low``/``_high``),
             ``losses/ratio_mean``, ``policy/entropy``, ``policy/grad_norm``,
@@ -503,9 +507,78 @@ class Learner:
             ``optim/skipped_nonfinite_total`` (the same over the learner's life).
         """
         started = time.perf_counter()
-        cfg = self.algorithm
-        n = len(batch)
-        if n == 0:
+        self._check_fits(batch)
+        cfg, n = self.algorithm, len(batch)
+        mini = max(1, min(self.optim_config.mini_batches, n))
+        # pi_old and pi_ref are scored before any update (pi_old = this pass's own with one mini-batch)
+        old = self._frozen_logprobs(batch, reference=False) if mini > 1 else None
+        ref = self._frozen_logprobs(batch, reference=True) if cfg.kl_coef > 0 else None
+        aggregate = algo.aggregation(cfg.loss_aggregation, max_tokens=self.max_tokens)
+        meter = _Meter()
+        self.model.train()
+        for chunk in (list(range(k, n, mini)) for k in range(mini)):
+            counts = {"num_seqs": len(chunk), "num_tokens": sum(sum(batch.loss_mask[i]) for i in chunk)}
+            self.optimizer.zero_grad(set_to_none=True)
+            chunk_loss = 0.0
+            for scored in self.score(batch, chunk, old=old, ref=ref):
+                loss, stats = objective(scored, cfg, aggregate=aggregate, **counts)
+                loss.backward()  # gradients accumulate over the micro-batches
+                chunk_loss += float(loss.detach())
+                meter.add(stats)
+            meter.update(chunk_loss, *self._optimizer_step(chunk_loss))
+        self.model.eval()
+        elapsed = time.perf_counter() - started
+        metrics = meter.metrics()
+        metrics["optim/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["optim/skipped_nonfinite"] = float(meter.skipped)
+        metrics["optim/skipped_nonfinite_total"] = float(self.skipped_updates)
+        total_tokens = sum(len(ids) for ids in batch.input_ids)
+        metrics["perf/learner_tokens_per_s"] = total_tokens / elapsed if elapsed > 0 else 0.0
+        metrics["perf/learner_s"] = elapsed
+        return metrics
+
+    def score(
+        self,
+        batch: TrainBatch,
+        rows: Sequence[int],
+        *,
+        old: dict[int, torch.Tensor] | None = None,
+        ref: dict[int, torch.Tensor] | None = None,
+    ) -> Iterator[Scored]:
+        """The rows' logprobs under the current weights, with grad, one micro-batch at a time.
+
+        Micro-batches hold at most ``optim.micro_batch_tokens`` (:meth:`_plan`); a prompt that
+        several rows share runs once per micro-batch (``shared_prefix``). Each micro-batch's
+        graph is freed once the caller has backpropagated its loss and asks for the next.
+
+        Args:
+            batch: The episodes.
+            rows: Which of them.
+            old: Per row, logprobs before the update (from :meth:`_frozen_logprobs`).
+            ref: Per row, reference logprobs (adapter disabled).
+
+        Yields:
+            :class:`trainer.objective.Scored` micro-batches; the entropy carries grad only
+            when ``algorithm.entropy_coef > 0`` (it is logged either way).
+        """
+        bonus = self.algorithm.entropy_coef > 0
+        for mrows, units in self._plan(rows, batch):
+            mb = self._pad(mrows, batch, units)
+            logp, ent = self._forward(mb, entropy=True, entropy_grad=bonus)  # [B, T-1]
+
+            def stacked(per_row: dict[int, torch.Tensor] | None) -> torch.Tensor | None:
+                if per_row is None:
+                    return None
+                return torch.stack([_pad_to(per_row[i], logp.shape[1]) for i in mrows])
+
+            yield Scored(
+                logprobs=logp, mask=mb["mask"], advantages=mb["advantages"],
+                sampler_logprobs=mb["sampler_logprobs"], old_logprobs=stacked(old),
+                ref_logprobs=stacked(ref), entropy=ent,
+            )  # fmt: skip
+
+    def _check_fits(self, batch: TrainBatch) -> None:
+        if len(batch) == 0:
             raise ValueError("Learner.step: empty batch")
         budget = self.optim_config.micro_batch_tokens
         longest = max(len(ids) for ids in batch.input_ids)
@@ -515,125 +588,44 @@ class Learner:
                 f"({budget}); an episode is never split across micro-batches: raise micro_batch_tokens "
                 "(optim.gradient_checkpointing: true makes room) or lower sampler.max_episode_tokens"
             )
-        rows_all = list(range(n))
-        mini = max(1, min(self.optim_config.mini_batches, n))
-        # Precompute per-row tensors that must come from the weights *before* any update.
-        need_old = mini > 1
-        old: dict[int, torch.Tensor] = {}
-        ref: dict[int, torch.Tensor] = {}
-        if need_old:
-            for mrows, logp in self._no_grad_logprobs(batch, rows_all, reference=False):
-                for r, i in enumerate(mrows):
-                    old[i] = logp[r, : len(batch.input_ids[i]) - 1].clone()
-        if cfg.kl_coef > 0:
-            for mrows, logp in self._no_grad_logprobs(batch, rows_all, reference=True):
-                for r, i in enumerate(mrows):
-                    ref[i] = logp[r, : len(batch.input_ids[i]) - 1].clone()
 
-        totals: dict[str, float] = {}
-        weights: dict[str, float] = {}
+    def _frozen_logprobs(self, batch: TrainBatch, *, reference: bool) -> dict[int, torch.Tensor]:
+        """Every row's logprobs without grad (``reference``: with the adapter disabled)."""
+        out: dict[int, torch.Tensor] = {}
+        for mrows, logp in self._no_grad_logprobs(batch, list(range(len(batch))), reference=reference):
+            for r, i in enumerate(mrows):
+                out[i] = logp[r, : len(batch.input_ids[i]) - 1].clone()
+        return out
 
-        def add(name: str, value: float, weight: float) -> None:
-            totals[name] = totals.get(name, 0.0) + value * weight
-            weights[name] = weights.get(name, 0.0) + weight
+    def _optimizer_step(self, loss: float) -> tuple[float, bool]:
+        """Clip and apply the accumulated gradients; ``(gradient norm, applied)``.
 
-        aggregate = algo.aggregation(cfg.loss_aggregation, max_tokens=self.max_tokens)
-        self.model.train()
-        grad_norms: list[float] = []
-        losses: list[float] = []
-        skipped = 0
-        chunks = [rows_all[k::mini] for k in range(mini)]
-        for chunk in chunks:
-            n_tokens = sum(sum(batch.loss_mask[i]) for i in chunk)
+        Not applied when the loss or the norm is not finite: the weights and AdamW state stay.
+        """
+        if self.optim_config.grad_clip is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.optim_config.grad_clip))
+        else:
+            grads = [p.grad.detach().norm() for p in self.params if p.grad is not None]
+            norm = float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0
+        lr = self.optim_config.lr_at(self.version)  # a function of the version: resumes exactly
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        applied = math.isfinite(loss) and math.isfinite(norm)
+        if applied:
+            self.optimizer.step()
+        else:
+            # One NaN/inf (a bad advantage, an overflowing logit) would poison every weight
+            # and AdamW moment for good: drop the update, keep the weights, count it.
             self.optimizer.zero_grad(set_to_none=True)
-            chunk_loss = 0.0
-            for mrows, units in self._plan(chunk, batch):
-                mb = self._pad(mrows, batch, units)
-                bonus = cfg.entropy_coef > 0
-                logp, ent = self._forward(mb, entropy=True, entropy_grad=bonus)  # [B, T-1]
-                width = logp.shape[1]
-                old_lp = torch.stack([_pad_to(old[i], width) for i in mrows]) if need_old else None
-                ref_lp = torch.stack([_pad_to(ref[i], width) for i in mrows]) if ref else None
-                # ALGO LOGIC: the micro-batch's share of the mini-batch loss (whole-chunk counts)
-                loss, stats = algo.policy_loss(
-                    logp,
-                    mb["advantages"],
-                    mb["mask"],
-                    aggregate=aggregate,
-                    old_logprobs=old_lp,
-                    sampler_logprobs=mb["sampler_logprobs"],
-                    ref_logprobs=ref_lp,
-                    eps_low=cfg.eps_low,
-                    eps_high=cfg.eps_high,
-                    kl_coef=cfg.kl_coef,
-                    tis_cap=cfg.tis_cap,
-                    is_correction=cfg.is_correction,
-                    is_mask_low=cfg.is_mask_low,
-                    num_seqs=len(chunk),
-                    num_tokens=n_tokens,
-                )
-                if bonus and ent is not None:
-                    # Entropy bonus (CleanRL's ent_coef): this micro-batch's share of the chunk's
-                    # mean token entropy, so accumulation over micro-batches gives the chunk mean.
-                    loss = loss - cfg.entropy_coef * (ent * mb["mask"]).sum() / max(n_tokens, 1)
-                loss.backward()
-                chunk_loss += float(loss.detach())
-                tok = float(stats.num_tokens)
-                mask = mb["mask"]
-                with torch.no_grad():
-                    old_or_now = old_lp if old_lp is not None else logp.detach()
-                    mismatch = float(((old_or_now - mb["sampler_logprobs"]).abs() * mask).sum() / max(tok, 1.0))
-                for name, value in (
-                    ("losses/kl", stats.kl),
-                    ("losses/clipfrac", stats.clip_frac),
-                    ("losses/clipfrac_low", stats.clip_frac_low),
-                    ("losses/clipfrac_high", stats.clip_frac_high),
-                    ("losses/ratio_mean", stats.ratio_mean),
-                    ("policy/tis_weight", stats.tis_mean),
-                    ("policy/tis_capped_frac", stats.tis_capped_frac),
-                    ("policy/logprob_mismatch", mismatch),
-                    ("policy/sampler_kl", stats.sampler_kl),
-                ):
-                    add(name, float(value), tok)
-                if ent is not None and tok > 0:
-                    add("policy/entropy", float((ent.detach() * mask).sum() / tok), tok)
-            if self.optim_config.grad_clip is not None:
-                norm = torch.nn.utils.clip_grad_norm_(self.params, self.optim_config.grad_clip)
-            else:
-                grads = [p.grad.detach().norm() for p in self.params if p.grad is not None]
-                norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.zeros(())
-            grad_norms.append(float(norm))
-            losses.append(chunk_loss)
-            lr = self.optim_config.lr_at(self.version)  # a function of the version: resumes exactly
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            if math.isfinite(chunk_loss) and math.isfinite(float(norm)):
-                self.optimizer.step()
-            else:
-                # One NaN/inf (a bad advantage, an overflowing logit) would poison every weight
-                # and AdamW moment for good: drop the update, keep the weights, count it.
-                self.optimizer.zero_grad(set_to_none=True)
-                self.skipped_updates += 1
-                skipped += 1
-                log.warning(
-                    "learner: update %d skipped: loss %s, gradient norm %s (not finite); %d skipped so far",
-                    self.version, chunk_loss, float(norm), self.skipped_updates,
-                )
-            # The version advances either way: every update attempt names a new policy version
-            # (the sync protocol expects that); a skipped one has the previous weights.
-            self.version += 1
-        self.model.eval()
-        elapsed = time.perf_counter() - started
-        metrics = {k: totals[k] / weights[k] if weights[k] else 0.0 for k in totals}
-        metrics["losses/loss"] = sum(losses) / len(losses)
-        metrics["policy/grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["optim/lr"] = float(self.optimizer.param_groups[0]["lr"])
-        metrics["optim/skipped_nonfinite"] = float(skipped)
-        metrics["optim/skipped_nonfinite_total"] = float(self.skipped_updates)
-        total_tokens = sum(len(ids) for ids in batch.input_ids)
-        metrics["perf/learner_tokens_per_s"] = total_tokens / elapsed if elapsed > 0 else 0.0
-        metrics["perf/learner_s"] = elapsed
-        return metrics
+            self.skipped_updates += 1
+            log.warning(
+                "learner: update %d skipped: loss %s, gradient norm %s (not finite); %d skipped so far",
+                self.version, loss, norm, self.skipped_updates,
+            )
+        # The version advances either way: every update attempt names a new policy version
+        # (the sync protocol expects that); a skipped one has the previous weights.
+        self.version += 1
+        return norm, applied
 
     # -- saving --------------------------------------------------------------------------------
     def save_adapter(self, path: str | Path) -> Path:
@@ -682,6 +674,54 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.skipped_updates = int(state.get("skipped_updates", 0))
+
+
+#: ``LossStats`` field -> metric name; each a token-weighted mean over the step's micro-batches.
+_STAT_METRICS = {
+    "kl": "losses/kl",
+    "clip_frac": "losses/clipfrac",
+    "clip_frac_low": "losses/clipfrac_low",
+    "clip_frac_high": "losses/clipfrac_high",
+    "ratio_mean": "losses/ratio_mean",
+    "tis_mean": "policy/tis_weight",
+    "tis_capped_frac": "policy/tis_capped_frac",
+    "logprob_mismatch": "policy/logprob_mismatch",
+    "sampler_kl": "policy/sampler_kl",
+}
+
+
+class _Meter:
+    """The step's metrics: stats weighted by their micro-batch's loss tokens, one loss and
+    gradient norm per optimizer step."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.losses: list[float] = []
+        self.norms: list[float] = []
+        self.skipped = 0
+
+    def _add(self, name: str, value: float, weight: float) -> None:
+        self.totals[name] = self.totals.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def add(self, stats: algo.LossStats) -> None:
+        tokens = float(stats.num_tokens)
+        for field_name, metric in _STAT_METRICS.items():
+            self._add(metric, float(getattr(stats, field_name)), tokens)
+        if tokens > 0:
+            self._add("policy/entropy", float(stats.entropy), tokens)
+
+    def update(self, loss: float, norm: float, applied: bool) -> None:
+        self.losses.append(loss)
+        self.norms.append(norm)
+        self.skipped += not applied
+
+    def metrics(self) -> dict[str, float]:
+        out = {k: self.totals[k] / self.weights[k] if self.weights[k] else 0.0 for k in self.totals}
+        out["losses/loss"] = sum(self.losses) / len(self.losses)
+        out["policy/grad_norm"] = sum(self.norms) / len(self.norms)
+        return out
 
 
 def _decoder_layers(model: Any) -> list[torch.nn.Module]:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import algorithms as algo
+from trainer import objective
 from trainer.cases import draw_cases
 from trainer.checkpoint import load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
 from trainer.config import Recipe, check_devices
@@ -71,7 +71,7 @@ def make_batch(groups: list[Group], advantage: str) -> TrainBatch:
         advantage: A key of :data:`trainer.algorithms.ADVANTAGES` (``grpo``, ``dr_grpo``, ``rloo``).
     """
     shaped = torch.tensor([[t.info["shaped_reward"] for t in g.trajectories] for g in groups])  # [N, G]
-    advantages = algo.ADVANTAGES[advantage](shaped)  # [N, G]
+    advantages = objective.advantages(shaped, advantage)  # [N, G]
     ids, masks, lps, adv = [], [], [], []
     for g, row in zip(groups, advantages.tolist()):
         for t, a in zip(g.trajectories, row):
@@ -330,10 +330,10 @@ class GRPORecipe:
         cfg = self.cfg
         rewards = torch.tensor(group.rewards, dtype=torch.float32)
         lengths = torch.tensor([t.completion_tokens for t in group.trajectories])
-        penalty = algo.overlong_penalty(
-            lengths, cfg.sampler.max_episode_tokens, cfg.algorithm.overlong_buffer, cfg.algorithm.overlong_penalty
-        )
-        return (rewards + penalty).tolist()
+        return objective.shaped_rewards(
+            rewards, lengths, max_len=cfg.sampler.max_episode_tokens,
+            buffer=cfg.algorithm.overlong_buffer, factor=cfg.algorithm.overlong_penalty,
+        ).tolist()  # fmt: skip
 
     def collect(self, step: int) -> tuple[list[Group], list[Group], dict[str, float]]:
         """Sample this step's groups with dynamic sampling.
@@ -365,7 +365,7 @@ class GRPORecipe:
                 shaped = self._shaped_rewards(g)
                 for t, r in zip(g.trajectories, shaped):
                     t.info["shaped_reward"] = r
-                informative = bool(algo.keep_informative_groups(torch.tensor([shaped]))[0])
+                informative = bool(objective.informative(torch.tensor([shaped]))[0])
                 if informative or not cfg.algorithm.dynamic_sampling:
                     kept.append(g)
             if len(kept) >= n or not cfg.algorithm.dynamic_sampling or rounds >= cfg.algorithm.max_refill_rounds:

@@ -107,9 +107,44 @@ def test_overlong_penalty_by_hand() -> None:
     pen = overlong_penalty(T([5, 6, 7, 8, 10, 12]), max_len=10, buffer=4, factor=1.0)
     assert close(pen, [0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
     assert close(overlong_penalty(T([8]), 10, 4, factor=0.5), [-0.25])
-    assert close(overlong_penalty(T([50]), 10, 0), [0.0])  # buffer 0: disabled
+    # buffer 0: DAPO's formula keeps only its last case, a hard cut beyond max_len
+    assert close(overlong_penalty(T([9, 10, 11, 50]), 10, 0), [0.0, 0.0, -1.0, -1.0])
     with pytest.raises(ConfigError, match="overlong_buffer"):
         overlong_penalty(T([5]), max_len=4, buffer=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_len=st.integers(1, 64),
+    data=st.data(),
+    factor=st.floats(0.0, 4.0),
+)
+def test_overlong_penalty_is_the_reward_librarys(max_len: int, data, factor: float) -> None:
+    """One overlong formula: the trainer's shaping equals the reward library's term, buffer 0 included."""
+    from types import SimpleNamespace
+
+    from rewards import overlong_penalty as overlong_term
+
+    buffer = data.draw(st.integers(0, max_len), label="buffer")
+    lengths = data.draw(st.lists(st.integers(0, 2 * max_len + 2), min_size=1, max_size=8), label="lengths")
+    term = overlong_term(max_len, buffer, penalty=factor)
+    expected = [-term.amount(SimpleNamespace(completion_tokens=n, token_turns=[]), None) for n in lengths]
+    assert close(overlong_penalty(T(lengths), max_len, buffer, factor), expected)
+
+
+def test_overlong_buffer_zero_leaves_training_rewards_alone() -> None:
+    """The policy's tokens share the episode budget with the prompt, so they never pass it: the
+    recipe's default ``overlong_buffer: 0`` changes no reward."""
+    from types import SimpleNamespace
+
+    from trainer.config import load_recipe
+    from trainer.recipe import GRPORecipe
+
+    cfg = load_recipe({"twin": {"name": "Toy"}, "sampler": {"max_episode_tokens": 100}})
+    assert cfg.algorithm.overlong_buffer == 0
+    trajs = [SimpleNamespace(completion_tokens=n) for n in (0, 50, 99)]  # at most 100 - 1 prompt token
+    group = SimpleNamespace(rewards=[1.0, 0.0, 0.5], trajectories=trajs)
+    assert GRPORecipe._shaped_rewards(SimpleNamespace(cfg=cfg), group) == [1.0, 0.0, 0.5]
 
 
 # ================================================================== per-token pieces

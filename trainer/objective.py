@@ -1,0 +1,190 @@
+"""The GRPO-family objective on one screen: what one update minimises, equation by equation.
+
+Per group (the ``G`` episodes of one case), where the rollouts are collected (``trainer.recipe``)::
+
+    r~_i = r_i + overlong(L_i)                     shaped reward; L_i = tokens the policy wrote
+    keep the group iff max(r~) - min(r~) > 0       dynamic sampling (DAPO)
+    A_i  = advantage(r~)_i                         grpo | dr_grpo | rloo
+
+Per micro-batch of scored episodes (:meth:`trainer.learner.Learner.step`), ``m`` the loss mask::
+
+    rho_t = exp(logp_t - logp_old_t)               policy ratio (exactly 1 with one mini-batch)
+    w_t   = is_weight(logp_old, logp_sampler)_t    truncate | token_mask | sequence_mask, detached
+    l_t   = w_t * -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A) + beta * k3_t
+    loss  = aggregate(l, m) - c_H * sum_t m_t H_t / n_tokens
+
+Each piece is a pure function of :mod:`trainer.algorithms`; this module composes them with the
+recipe's ``algorithm:`` settings. How the logprobs were computed (micro-batches, a group's
+shared prompt run once) is the learner's business: the objective sees :class:`Scored` tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from trainer import algorithms as algo
+from twin.errors import ConfigError
+
+__all__ = ["LossSettings", "Scored", "Settings", "advantages", "informative", "objective", "shaped_rewards"]
+
+
+class LossSettings(Protocol):
+    """The settings :func:`objective` reads (``trainer.config.AlgorithmConfig`` has them all)."""
+
+    eps_low: float
+    eps_high: float
+    kl_coef: float
+    entropy_coef: float
+    tis_cap: float | None
+    is_correction: str
+    is_mask_low: float
+
+
+@dataclass(frozen=True)
+class Settings:
+    """:class:`LossSettings` as plain values (the defaults are the recipe's, i.e. DAPO's)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    tis_cap: float | None = 2.0
+    is_correction: str = "truncate"
+    is_mask_low: float = 0.0
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One micro-batch as the learner scored it: everything the objective reads.
+
+    Attributes:
+        logprobs: Learner logprobs of the next tokens, with grad.  # [B, T]
+        mask: 1 on sampled tokens (the loss mask).  # [B, T]
+        advantages: One per sequence or one per token.  # [B] or [B, T]
+        sampler_logprobs: The sampler's logprobs of the same tokens (None: no IS correction).
+        old_logprobs: Learner logprobs before this update (None: ``logprobs.detach()``).
+        ref_logprobs: Reference (adapter disabled) logprobs (None: no KL).
+        entropy: Per-token entropy of ``logits / T``; with grad when ``entropy_coef > 0``.
+    """
+
+    logprobs: Tensor
+    mask: Tensor
+    advantages: Tensor
+    sampler_logprobs: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    entropy: Tensor | None = None
+
+
+# ==================================================================== per group
+def shaped_rewards(rewards: Tensor, lengths: Tensor, *, max_len: int, buffer: int, factor: float) -> Tensor:
+    """``r~ = r + overlong(L)``: DAPO's soft overlong penalty (:func:`trainer.algorithms.overlong_penalty`).
+
+    Args:
+        rewards: Env rewards.  # [G] or [N, G]
+        lengths: Tokens the policy wrote in each episode.  # like ``rewards``
+        max_len: The episode token budget ``L_max`` (``sampler.max_episode_tokens``).
+        buffer: ``algorithm.overlong_buffer``; factor: ``algorithm.overlong_penalty``.
+    """
+    return rewards.float() + algo.overlong_penalty(lengths, max_len, buffer, factor)
+
+
+def informative(shaped: Tensor) -> Tensor:
+    """Dynamic sampling: True for groups whose shaped rewards differ.  # [N, G] -> [N] bool"""
+    return algo.keep_informative_groups(shaped)
+
+
+def advantages(shaped: Tensor, estimator: str) -> Tensor:
+    """``A = advantage(r~)`` per group (``algorithm.advantage``).  # [N, G] -> [N, G]
+
+    Raises:
+        ConfigError: unknown estimator.
+    """
+    if estimator not in algo.ADVANTAGES:
+        raise ConfigError(f"algorithm.advantage: unknown {estimator!r}; expected one of {sorted(algo.ADVANTAGES)}")
+    return algo.ADVANTAGES[estimator](shaped)
+
+
+# ==================================================================== per micro-batch
+def objective(
+    b: Scored,
+    cfg: LossSettings,
+    *,
+    aggregate: algo.Aggregation = algo.token_mean,
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, algo.LossStats]:
+    """The loss to backpropagate for one micro-batch, and its diagnostics.
+
+    ``num_seqs`` / ``num_tokens`` are the whole mini-batch's counts (default: this micro-batch's),
+    so the micro-batch losses of a gradient accumulation sum to the mini-batch's loss.
+
+    Raises:
+        ConfigError: mismatched shapes, ``kl_coef > 0`` without reference logprobs, or
+            ``entropy_coef > 0`` without entropies.
+    """
+    _check(b, cfg)
+    lp, m = b.logprobs, b.mask.to(b.logprobs.dtype)
+    n = m.sum() if num_tokens is None else num_tokens
+    old = lp.detach() if b.old_logprobs is None else b.old_logprobs
+    surr = algo.clipped_surrogate(lp, old, b.advantages, cfg.eps_low, cfg.eps_high)  # -min(rho A, clip(rho) A)
+    corrected = b.sampler_logprobs is not None and cfg.tis_cap is not None
+    w = (
+        algo.is_weights(cfg.is_correction, old, b.sampler_logprobs, m, high=cfg.tis_cap, low=cfg.is_mask_low)
+        if corrected else torch.ones_like(lp)
+    )  # fmt: skip
+    kl = algo.kl_k3(lp, b.ref_logprobs) if b.ref_logprobs is not None else torch.zeros_like(lp)
+    per_token = surr.loss * w  # [B, T]
+    pg = aggregate(per_token, m, num_seqs=num_seqs, num_tokens=num_tokens)
+    loss = aggregate(per_token + cfg.kl_coef * kl, m, num_seqs=num_seqs, num_tokens=num_tokens) if cfg.kl_coef > 0 else pg
+    if cfg.entropy_coef > 0:  # the bonus is a token mean whatever the aggregation (CleanRL's ent_coef)
+        loss = loss - cfg.entropy_coef * (b.entropy * m).sum() / max(float(n), 1.0)
+    return loss, _stats(b, m, old, surr, w, kl, pg, cap=cfg.tis_cap if corrected else None)
+
+
+def _check(b: Scored, cfg: LossSettings) -> None:
+    if b.mask.shape != b.logprobs.shape:
+        raise ConfigError(
+            f"policy_loss: mask {tuple(b.mask.shape)} must have the shape of logprobs {tuple(b.logprobs.shape)} ([B, T])"
+        )
+    if cfg.kl_coef > 0 and b.ref_logprobs is None:
+        raise ConfigError(
+            "policy_loss: kl_coef > 0 needs ref_logprobs (score the batch with the adapter "
+            "disabled), or set algorithm.kl_coef: 0"
+        )
+    if cfg.entropy_coef > 0 and b.entropy is None:
+        raise ConfigError("policy_loss: entropy_coef > 0 needs the per-token entropy, or set algorithm.entropy_coef: 0")
+
+
+@torch.no_grad()
+def _stats(
+    b: Scored, m: Tensor, old: Tensor, surr: algo.SurrogateOut, w: Tensor, kl: Tensor, pg: Tensor, *, cap: float | None
+) -> algo.LossStats:
+    """Token means over this micro-batch's mask (``cap``: the IS threshold when a correction ran)."""
+    n = m.sum().clamp(min=1.0)
+
+    def mean(x: Tensor) -> Tensor:
+        return torch.where(m > 0, x.detach().to(m.dtype), m.new_zeros(())).sum() / n
+
+    on = m > 0
+    zero = m.new_zeros(())
+    sampled = b.sampler_logprobs
+    return algo.LossStats(
+        policy_loss=pg.detach(),
+        kl=mean(kl),
+        clip_frac=mean(surr.clipped_low | surr.clipped_high),
+        clip_frac_low=mean(surr.clipped_low),
+        clip_frac_high=mean(surr.clipped_high),
+        ratio_mean=mean(surr.ratio),
+        ratio_max=surr.ratio.detach()[on].max() if on.any() else m.new_ones(()),
+        tis_mean=mean(w),
+        tis_capped_frac=mean((w >= cap) | (w == 0)) if cap is not None else zero,
+        sampler_kl=mean(algo.sampler_kl(old, sampled)) if sampled is not None else zero,
+        num_tokens=m.sum(),
+        entropy=mean(b.entropy) if b.entropy is not None else zero,
+        logprob_mismatch=mean((old - sampled).abs()) if sampled is not None else zero,
+    )
