@@ -252,7 +252,7 @@ class TwinEnv(gym.Env[list, Any]):
                 f"the tool calls only, e.g. {CALL_FORMAT}"
             )
         else:
-            parsed = _parse(action, turn)
+            parsed = _parse(action, turn, self._schemas)
             messages.append(_assistant_record(action, parsed.calls, limit))
             turn_errors.extend(parsed.errors)
             max_calls = self._max_calls
@@ -537,10 +537,11 @@ def _plain_action(action: Any) -> Any:
     return action
 
 
-def _parse(action: Any, turn: int) -> ParsedTurn:
-    """:func:`parse_tool_calls`, with anything it could not foresee turned into a turn error."""
+def _parse(action: Any, turn: int, tools: Any = None) -> ParsedTurn:
+    """:func:`parse_tool_calls` (``tools`` types XML call values), with anything it could not
+    foresee turned into a turn error."""
     try:
-        return parse_tool_calls(action, turn=turn)
+        return parse_tool_calls(action, turn=turn, tools=tools)
     except Exception as exc:  # noqa: BLE001 - e.g. an object inside the dict whose methods raise
         logger.warning("unreadable action of type %s: %s", type(action).__name__, type(exc).__name__)
         return ParsedTurn(

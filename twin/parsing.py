@@ -1,19 +1,51 @@
-"""Tool calls out of an assistant turn: Hermes/Qwen tags, OpenAI message dicts, bare JSON.
+"""Tool calls out of an assistant turn, in the formats models are trained to write.
 
-:func:`parse_tool_calls` accepts what a policy produces and never raises. Three formats:
+:func:`parse_tool_calls` accepts what a policy produces and never raises. The formats:
 
 * Hermes/Qwen text, any number of calls per turn::
 
       Let me look.<tool_call>{"name": "lookup_order", "arguments": {"order_id": "R-1"}}</tool_call>
+
+* Qwen3-Coder XML inside the same tags (values are text; see *Typed XML values* below)::
+
+      <tool_call>
+      <function=lookup_order>
+      <parameter=order_id>
+      R-1
+      </parameter>
+      </function>
+      </tool_call>
 
 * An OpenAI assistant message dict whose ``tool_calls`` carry JSON-string arguments::
 
       {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
        "function": {"name": "lookup_order", "arguments": "{\\"order_id\\": \\"R-1\\"}"}}]}
 
-* A bare JSON object as the whole text, optionally inside a ```json fence::
+* A bare JSON object as the whole text, optionally inside a ```json fence; Llama 3 writes
+  ``"parameters"`` for ``"arguments"`` and separates several calls with ``;``::
 
       {"name": "lookup_order", "arguments": {"order_id": "R-1"}}
+      {"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": 1}}
+
+* Llama 3 after its ``<|python_tag|>`` token (``;`` between calls; ``<|eom_id|>`` ends it)::
+
+      <|python_tag|>{"name": "lookup_order", "parameters": {"order_id": "R-1"}}
+
+* Mistral, the JSON list (ids kept) and the newer one-call-per-token form::
+
+      [TOOL_CALLS][{"name": "lookup_order", "arguments": {"order_id": "R-1"}, "id": "a1b2c3d4e"}]
+      [TOOL_CALLS]lookup_order[ARGS]{"order_id": "R-1"}
+
+* gpt-oss (harmony): a message addressed ``to=functions.NAME`` is a call; messages on the
+  ``analysis`` channel are reasoning (left out of the content), the others are content::
+
+      <|channel|>analysis<|message|>Need the order.<|end|><|start|>assistant<|channel|>commentary
+      to=functions.lookup_order <|constrain|>json<|message|>{"order_id": "R-1"}<|call|>
+
+*Typed XML values*: a Qwen3-Coder value is text. Given the tool schemas (``tools=``), a value
+whose parameter is declared ``string`` stays text and any other is read as JSON when it parses
+(``3`` -> 3, ``true`` -> True, ``null`` -> None); without a schema for the parameter a value is
+read as JSON when it parses, else kept as text.
 
 Everything that goes wrong becomes an error text written for the agent: a problem with one call
 sits on that :class:`ParsedCall` (``error``), a problem with the turn as a whole (an unclosed tag,
@@ -25,15 +57,37 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_core import from_json
 
-__all__ = ["CALL_FORMAT", "ParsedCall", "ParsedTurn", "parse_tool_calls", "short_text"]
+__all__ = [
+    "CALL_FORMAT",
+    "HARMONY_FORMAT",
+    "LLAMA_FORMAT",
+    "MISTRAL_FORMAT",
+    "QWEN_XML_FORMAT",
+    "ParsedCall",
+    "ParsedTurn",
+    "ToolSchemas",
+    "parse_tool_calls",
+    "short_text",
+]
 
 #: How a call should look; error messages end with it.
 CALL_FORMAT = '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
+#: The same, in the other formats (for their own error messages).
+QWEN_XML_FORMAT = "<tool_call>\\n<function=<tool>>\\n<parameter=<arg>>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>"
+LLAMA_FORMAT = '<|python_tag|>{"name": "<tool>", "parameters": {...}}'
+MISTRAL_FORMAT = '[TOOL_CALLS][{"name": "<tool>", "arguments": {...}}]'
+HARMONY_FORMAT = "<|channel|>commentary to=functions.<tool> <|constrain|>json<|message|>{...}<|call|>"
+
+#: Tool schemas for typing Qwen3-Coder XML values: OpenAI tool specs (``[{"type": "function",
+#: "function": {"name", "parameters"}}]``, what ``Twin.tool_schemas`` gives) or a mapping from tool
+#: name to its parameters' JSON schema.
+ToolSchemas = Sequence[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]]
 
 _OPEN = "<tool_call>"
 _CLOSE = "</tool_call>"
@@ -46,7 +100,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"is not valid JSON: {name} is not a JSON value (use a finite number or a string)")
 
 
-_py_loads = json.JSONDecoder(parse_constant=_no_constant).decode
+_py_decoder = json.JSONDecoder(parse_constant=_no_constant)
+_py_loads = _py_decoder.decode
+_raw_decode = _py_decoder.raw_decode
 
 
 def _loads(text: str) -> Any:
@@ -91,21 +147,23 @@ class ParsedTurn:
     errors: list[str] = field(default_factory=list)
 
 
-def parse_tool_calls(action: Any, *, turn: int = 0) -> ParsedTurn:
+def parse_tool_calls(action: Any, *, turn: int = 0, tools: ToolSchemas | None = None) -> ParsedTurn:
     """Read the tool calls of one assistant turn; never raises.
 
     Args:
         action: The assistant's raw text, or an OpenAI assistant message dict.
         turn: Index of the turn in its episode; used for generated call ids.
+        tools: The tools' schemas (:data:`ToolSchemas`), used only to type the text values of
+            Qwen3-Coder XML calls; without them a value is read as JSON when it parses.
 
     Returns:
         The turn's text outside calls, its calls (each with an ``error`` when unusable) and the
         turn-level errors.
     """
     if isinstance(action, str):
-        return _parse_text(action, turn)
+        return _parse_text(action, turn, 0, tools)
     if isinstance(action, dict):
-        return _parse_message(action, turn)
+        return _parse_message(action, turn, tools)
     return ParsedTurn(
         "",
         errors=[
@@ -116,24 +174,39 @@ def parse_tool_calls(action: Any, *, turn: int = 0) -> ParsedTurn:
 
 
 # -- text ---------------------------------------------------------------------------------------
-def _parse_text(text: str, turn: int, first: int = 0) -> ParsedTurn:
+def _parse_text(text: str, turn: int, first: int = 0, tools: ToolSchemas | None = None) -> ParsedTurn:
     if not text.strip():
         return ParsedTurn("", errors=[f"the turn is empty; call a tool like {CALL_FORMAT}"])
-    # Fast path: a call needs a '<' (tag) or a '{' (bare JSON); prose has neither most of the time.
-    if "<" in text and ("<tool_call" in text or _CLOSE in text):
-        return _parse_tagged(text, turn, first)
+    # Fast path: a call needs a '<' (tag), a '[' (Mistral) or a '{' (bare JSON); prose has none
+    # of them most of the time.
+    if "<" in text:
+        if "<tool_call" in text or _CLOSE in text:
+            return _parse_tagged(text, turn, first, tools)
+        if "<|" in text:
+            if _PY_TAG in text:
+                return _parse_llama(text, turn)
+            if "<|message|>" in text or "<|channel|>" in text:
+                return _parse_harmony(text, turn)
+    if "[TOOL_CALLS]" in text:
+        return _parse_mistral(text, turn)
     if "{" in text:
         body = text.strip()
         fence = _FENCE.match(body)
         if fence is not None:
             body = fence.group(1).strip()
         if body.startswith("{") and body.endswith("}"):
+            if ";" in body and _SEMI.search(body) is not None:
+                # Llama 3's several calls: {...}; {...}. One object holding "}; {" in a string
+                # decodes as one call, and is read as the single JSON call below.
+                calls, errors = _json_sequence(body, turn, LLAMA_FORMAT)
+                if len(calls) > 1 or errors:
+                    return ParsedTurn("", calls, errors)
             call = _call_from_json(body, _call_id(turn, first), "the JSON call")
             return ParsedTurn("", [call])
     return ParsedTurn(text.strip())
 
 
-def _parse_tagged(text: str, turn: int, first: int) -> ParsedTurn:
+def _parse_tagged(text: str, turn: int, first: int, tools: ToolSchemas | None = None) -> ParsedTurn:
     calls: list[ParsedCall] = []
     errors: list[str] = []
     pieces: list[str] = []
@@ -166,6 +239,8 @@ def _parse_tagged(text: str, turn: int, first: int) -> ParsedTurn:
                 f"tool call #{k + 1}: <tool_call> opened twice before </tool_call>; close each "
                 f"call before the next: {CALL_FORMAT}",
             )
+        elif body.startswith("<function"):
+            call = _call_from_xml(body, call_id, k, tools)
         else:
             call = _call_from_json(body, call_id, k)
         calls.append(call)
@@ -191,6 +266,11 @@ def _call_from_json(body: str, call_id: str, where: str | int) -> ParsedCall:
         obj = _loads(body)
     except (ValueError, RecursionError) as exc:
         return ParsedCall(call_id, "", None, body, f"{_label(where)} {_json_error(exc)}")
+    return _call_from_obj(obj, call_id, body, where)
+
+
+def _call_from_obj(obj: Any, call_id: str, body: str, where: str | int) -> ParsedCall:
+    """A call from the decoded JSON ``obj`` of one call (``body`` is its source text)."""
     if not isinstance(obj, dict):
         where = _label(where)
         return ParsedCall(
@@ -268,8 +348,317 @@ def _call_from_fields(
     return ParsedCall(call_id, name, args, raw)
 
 
+# -- other models' formats ----------------------------------------------------------------------
+_PY_TAG = "<|python_tag|>"
+_LLAMA_ENDS = ("<|eom_id|>", "<|eot_id|>")
+_SEMI = re.compile(r"\}\s*;\s*\{")
+_MISTRAL = "[TOOL_CALLS]"
+_MISTRAL_END = "</s>"
+# NAME, an optional [CALL_ID]id, an optional [ARGS], then the arguments (the newer Mistral form;
+# with special tokens skipped on decoding, "NAME{...}" is left).
+_MISTRAL_NAMED = re.compile(
+    r"([^\[\]{}\s]+)\s*(?:\[CALL_ID\]\s*([^\[\]{}\s]*)\s*)?(\[ARGS\])?(.*)\Z", re.DOTALL
+)
+_H_MESSAGE = "<|message|>"
+_H_STOP = re.compile(r"<\|(?:end|call|return)\|>|<\|start\|>")
+_H_TOKEN = re.compile(r"<\|[a-z_]+\|>")
+_H_RECIPIENT = re.compile(r"(?:^|\s|>)to=([^\s<]*)")
+_H_CHANNEL = re.compile(r"<\|channel\|>\s*([^\s<]*)")
+_WS = re.compile(r"\s*")
+
+
+def _json_sequence(body: str, turn: int, fmt: str) -> tuple[list[ParsedCall], list[str]]:
+    """Calls written as JSON objects separated by ``;`` (Llama 3); stops at the first unreadable one."""
+    calls: list[ParsedCall] = []
+    errors: list[str] = []
+    n = len(body)
+    pos = _WS.match(body).end()  # type: ignore[union-attr]
+    if pos == n:
+        return calls, [f"no call after {_PY_TAG}; write {fmt}"]
+    k = 0
+    while pos < n:
+        call_id = _call_id(turn, k)
+        try:
+            obj, end = _raw_decode(body, pos)
+        except (ValueError, RecursionError) as exc:
+            rest = body[pos:].strip()
+            calls.append(ParsedCall(call_id, "", None, rest, f"{_label(k)} {_json_error(exc)}"))
+            break
+        calls.append(_call_from_obj(obj, call_id, body[pos:end], k))
+        k += 1
+        pos = _WS.match(body, end).end()  # type: ignore[union-attr]
+        if pos == n:
+            break
+        if body[pos] != ";":
+            errors.append(
+                f"unexpected text after tool call #{k}: {short_text(body[pos:].strip())!r}; "
+                f"separate calls with ';' and write nothing after them: {fmt}"
+            )
+            break
+        pos = _WS.match(body, pos + 1).end()  # type: ignore[union-attr]
+    return calls, errors
+
+
+def _parse_llama(text: str, turn: int) -> ParsedTurn:
+    """``content<|python_tag|>{call}; {call}<|eom_id|>`` (Llama 3.1+ JSON tool calling)."""
+    start = text.find(_PY_TAG)
+    content = text[:start]
+    body = text[start + len(_PY_TAG) :]
+    for stop in _LLAMA_ENDS:
+        cut = body.find(stop)
+        if cut >= 0:
+            body = body[:cut]
+    if _PY_TAG in body:
+        return ParsedTurn(
+            content.strip(),
+            errors=[f"{_PY_TAG} written twice; write it once and separate the calls with ';': {LLAMA_FORMAT}"],
+        )
+    calls, errors = _json_sequence(body, turn, LLAMA_FORMAT)
+    return ParsedTurn(content.strip(), calls, errors)
+
+
+def _parse_mistral(text: str, turn: int) -> ParsedTurn:
+    """``content[TOOL_CALLS][{...}, ...]`` or ``content[TOOL_CALLS]NAME[ARGS]{...}[TOOL_CALLS]...``."""
+    segments = text.split(_MISTRAL)
+    content = [segments[0]]
+    calls: list[ParsedCall] = []
+    errors: list[str] = []
+    for segment in segments[1:]:
+        seg = segment.strip()
+        if seg.endswith(_MISTRAL_END):
+            seg = seg[: -len(_MISTRAL_END)].rstrip()
+        k = len(calls)
+        call_id = _call_id(turn, k)
+        if not seg:
+            errors.append(f"no call after {_MISTRAL}; write {MISTRAL_FORMAT}")
+            continue
+        if seg[0] in "[{":
+            try:
+                obj, end = _raw_decode(seg)
+            except (ValueError, RecursionError) as exc:
+                calls.append(ParsedCall(call_id, "", None, seg, f"{_label(k)} {_json_error(exc)}"))
+                continue
+            content.append(seg[end:])
+            items = obj if isinstance(obj, list) else [obj]
+            if not items:
+                errors.append(f"{_MISTRAL} holds an empty list; put the calls in it: {MISTRAL_FORMAT}")
+            for item in items:
+                k = len(calls)
+                given = item.get("id") if isinstance(item, dict) else None
+                cid = given if isinstance(given, str) and given else _call_id(turn, k)
+                calls.append(_call_from_obj(item, cid, _safe_repr(item, 100_000), k))
+            continue
+        named = _MISTRAL_NAMED.match(seg)
+        if named is None:
+            calls.append(
+                ParsedCall(call_id, "", None, seg,
+                           f"{_label(k)}: expected a tool name or a JSON list after {_MISTRAL}; write "
+                           f"{MISTRAL_FORMAT} or [TOOL_CALLS]<tool>[ARGS]{{...}}")
+            )
+            continue
+        name, given, args_tag, args = named.groups()
+        args = args.strip()
+        if given:
+            call_id = given
+        if not args and args_tag is None:
+            calls.append(
+                ParsedCall(call_id, name, None, seg,
+                           f"{_label(k)} ({short_text(name)}): the arguments are missing; write "
+                           f"[TOOL_CALLS]{short_text(name)}[ARGS]{{...}}")
+            )
+            continue
+        calls.append(_call_from_fields({"name": name, "arguments": args}, call_id, args, k))
+    return ParsedTurn("".join(content).strip(), calls, errors)
+
+
+def _parse_harmony(text: str, turn: int) -> ParsedTurn:
+    """gpt-oss messages: a header (``to=RECIPIENT`` marks a call), ``<|message|>``, the body, a stop token."""
+    calls: list[ParsedCall] = []
+    errors: list[str] = []
+    content: list[str] = []
+    n = len(text)
+    pos = 0
+    while pos < n:
+        at = text.find(_H_MESSAGE, pos)
+        if at < 0:
+            rest = text[pos:]
+            if _H_RECIPIENT.search(rest):
+                errors.append(
+                    f"tool call #{len(calls) + 1}: the message has no <|message|>; write {HARMONY_FORMAT}"
+                )
+            else:
+                content.append(_H_TOKEN.sub("", rest))
+            break
+        header = text[pos:at]
+        start = at + len(_H_MESSAGE)
+        stop = _H_STOP.search(text, start)
+        body = text[start : stop.start() if stop else n]
+        if stop is None:
+            pos = n
+        elif stop.group() == "<|start|>":  # the next message's header starts here
+            pos = stop.start() + len("<|start|>")
+        else:
+            pos = stop.end()
+        recipient = _H_RECIPIENT.search(header)
+        if recipient is not None:
+            k = len(calls)
+            call_id = _call_id(turn, k)
+            name = recipient.group(1)
+            name = name[len("functions.") :] if name.startswith("functions.") else name
+            if stop is None or stop.group() == "<|start|>":
+                calls.append(
+                    ParsedCall(call_id, name, None, body,
+                               f"{_label(k)} ({short_text(name)}): the call is not closed; end it with "
+                               f"<|call|>: {HARMONY_FORMAT}")
+                )
+            else:
+                calls.append(_call_from_fields({"name": name, "arguments": body}, call_id, body, k))
+            continue
+        channel = _H_CHANNEL.search(header)
+        if channel is not None and channel.group(1) == "analysis":
+            continue  # reasoning, not said to anyone
+        content.append(body)
+    return ParsedTurn("\n".join(c.strip() for c in content if c.strip()), calls, errors)
+
+
+def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -> ParsedCall:
+    """``<function=NAME><parameter=ARG>VALUE</parameter>...</function>`` (Qwen3-Coder)."""
+    where = _label(k)
+    close = body.find(">")
+    if not body.startswith("<function=") or close < 0 or "\n" in body[:close]:
+        return ParsedCall(call_id, "", None, body,
+                          f"{where}: malformed <function=...> tag; write {QWEN_XML_FORMAT}")
+    name = body[10:close].strip()  # 10 == len("<function=")
+    if not name:
+        return ParsedCall(call_id, "", None, body, f'{where}: "name" is empty; give the tool name')
+    where = f"{where} ({short_text(name)})"
+    end = body.rfind("</function>")
+    if end < 0:
+        return ParsedCall(call_id, name, None, body,
+                          f"{where}: <function=...> is not closed; end it with </function>: {QWEN_XML_FORMAT}")
+    if body[end + 11 :].strip():  # 11 == len("</function>")
+        return ParsedCall(call_id, name, None, body,
+                          f"{where}: text after </function>; write one function per <tool_call>")
+    inner = body[close + 1 : end]
+    values: dict[str, str] = {}
+    pos = 0
+    usage = "write each argument as <parameter=NAME>\\nVALUE\\n</parameter>"
+    while True:
+        start = inner.find("<parameter=", pos)
+        gap = inner[pos : start if start >= 0 else len(inner)]
+        if gap.strip():
+            return ParsedCall(call_id, name, None, body,
+                              f"{where}: unexpected text {short_text(gap.strip())!r}; {usage}")
+        if start < 0:
+            break
+        tag_end = inner.find(">", start)
+        if tag_end < 0 or "\n" in inner[start:tag_end]:
+            return ParsedCall(call_id, name, None, body, f"{where}: malformed <parameter=...> tag; {usage}")
+        arg = inner[start + 11 : tag_end].strip()  # 11 == len("<parameter=")
+        if not arg:
+            return ParsedCall(call_id, name, None, body, f"{where}: a parameter name is empty; {usage}")
+        value_end = inner.find("</parameter>", tag_end)
+        if value_end < 0:
+            return ParsedCall(call_id, name, None, body,
+                              f"{where}: <parameter={short_text(arg)}> is not closed; end it with </parameter>")
+        if arg in values:
+            return ParsedCall(call_id, name, None, body,
+                              f"{where}: parameter {short_text(arg)!r} is given twice; give each argument once")
+        value = inner[tag_end + 1 : value_end]
+        # The template puts the value on lines of its own: one newline each side is layout.
+        if value.startswith("\n"):
+            value = value[1:]
+        if value.endswith("\n"):
+            value = value[:-1]
+        values[arg] = value
+        pos = value_end + 12  # 12 == len("</parameter>")
+    props = _properties(tools, name)
+    args = {arg: _typed(value, props.get(arg) if props is not None else None) for arg, value in values.items()}
+    if not _shallow(args):
+        return ParsedCall(call_id, name, None, body,
+                          f'{where}: "arguments" are nested more than {MAX_DEPTH} levels deep; send flat JSON arguments')
+    return ParsedCall(call_id, name, args, body)
+
+
+def _properties(tools: ToolSchemas | None, name: str) -> Mapping[str, Any] | None:
+    """The ``properties`` of tool ``name``'s parameters schema in ``tools``, or None."""
+    if not tools:
+        return None
+    spec: Any = None
+    if isinstance(tools, Mapping):
+        spec = tools.get(name)
+    else:
+        for tool in tools:
+            fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
+            if isinstance(fn, Mapping) and fn.get("name") == name:
+                spec = fn
+                break
+    if isinstance(spec, Mapping) and isinstance(spec.get("parameters"), Mapping):
+        spec = spec["parameters"]
+    props = spec.get("properties") if isinstance(spec, Mapping) else None
+    return props if isinstance(props, Mapping) else None
+
+
+def _schema_types(schema: Any) -> set[str]:
+    """The JSON types a schema allows (``type``, ``anyOf``/``oneOf`` members, ``enum``/``const``)."""
+    if not isinstance(schema, Mapping):
+        return set()
+    types: set[str] = set()
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        types.add(kind)
+    elif isinstance(kind, Sequence):
+        types.update(t for t in kind if isinstance(t, str))
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, Sequence) and not isinstance(options, str):
+            for option in options:
+                types |= _schema_types(option)
+    values = list(schema.get("enum") or ()) if isinstance(schema.get("enum"), Sequence) else []
+    if "const" in schema:
+        values.append(schema["const"])
+    types.update(_json_kind(v) for v in values)
+    return types
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _typed(value: str, schema: Any) -> Any:
+    """A Qwen3-Coder text value as its parameter's type (see the module docs)."""
+    types = _schema_types(schema) if schema is not None else set()
+    if types == {"string"}:
+        return value
+    text = value.strip()
+    if "boolean" in types and text in ("True", "False"):  # Python spelling, seen in the wild
+        return text == "True"
+    try:
+        decoded = _loads(text)
+    except Exception:  # noqa: BLE001 - not JSON (ValueError), nested too deeply: keep the text
+        return value
+    if not types:
+        return decoded
+    kind = _json_kind(decoded)
+    if kind == "string":
+        return value if "string" in types else decoded
+    if kind in types or (kind == "integer" and "number" in types):
+        return decoded
+    return value  # the tool's validation says what was expected
+
+
 # -- message dicts ------------------------------------------------------------------------------
-def _parse_message(msg: dict[str, Any], turn: int) -> ParsedTurn:
+def _parse_message(msg: dict[str, Any], turn: int, tools: ToolSchemas | None = None) -> ParsedTurn:
     role = msg.get("role", "assistant")
     if role != "assistant":
         return ParsedTurn(
@@ -299,7 +688,7 @@ def _parse_message(msg: dict[str, Any], turn: int) -> ParsedTurn:
         )
     if not tool_calls:
         # No structured calls: the calls may be in the text (a server without a tool parser).
-        return _parse_text(content or "", turn)
+        return _parse_text(content or "", turn, 0, tools)
     if not isinstance(tool_calls, list):
         return ParsedTurn(
             (content or "").strip(),
