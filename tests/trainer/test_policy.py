@@ -10,6 +10,8 @@ import torch
 
 from trainer.policy import HFPolicy, parse_hf_spec
 from twin.errors import ConfigError
+from twin.registry import make_twin
+from twin.rollout import run_episodes
 
 TOOLS = [
     {
@@ -129,13 +131,8 @@ def test_a_parsed_tool_call_becomes_tool_calls(policy: HFPolicy) -> None:
 
 
 def test_runs_episodes_in_a_twin(policy: HFPolicy) -> None:
-    twin_registry = pytest.importorskip("twin.registry")
-    rollout = pytest.importorskip("twin.rollout")
-    try:
-        toy = twin_registry.make_twin("toy")
-    except KeyError as exc:  # the toy twin is another helper's; skip if it is not registered
-        pytest.skip(f"toy twin unavailable: {exc}")
-    groups = rollout.run_episodes(toy, policy, [("test", 0), ("test", 1)], progress=False)
+    toy = make_twin("toy")
+    groups = run_episodes(toy, policy, [("test", 0), ("test", 1)], progress=False)
     trajectories = [t for g in groups for t in g.trajectories]
     assert len(trajectories) == 2
     assert all("error" not in t.info for t in trajectories), [t.info for t in trajectories]
