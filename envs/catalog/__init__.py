@@ -1,6 +1,7 @@
 """The catalog store twin: a ~13k-category taxonomy, a brand registry, planted listings.
 
-``CatalogTwin`` is registered as ``twin/Catalog-v0``::
+``CatalogTwin`` is registered as ``twin/Catalog-v0`` and ``CatalogTwinV1`` as ``twin/Catalog-v1``
+(the latest: ``twin.make("catalog")``)::
 
     import twin
     env = twin.make("Catalog", seed=0)                      # generated world
@@ -8,5 +9,6 @@
 """
 
 from envs.catalog.twin import CatalogConfig, CatalogTwin
+from envs.catalog.v1_twin import CatalogConfigV1, CatalogTwinV1
 
-__all__ = ["CatalogConfig", "CatalogTwin"]
+__all__ = ["CatalogConfig", "CatalogConfigV1", "CatalogTwin", "CatalogTwinV1"]

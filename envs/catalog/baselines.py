@@ -167,7 +167,8 @@ class HeuristicPolicy:
         if schema is not None and schema.get("policy") == "prohibited":
             return "prohibited", f"category {schema['category_id']} is prohibited by policy"
         for recall in (exact or {}).get("recalls", []):
-            if recall["model_number"].lower() in low or recall["batch"].lower() in low:
+            batches = recall.get("batches") or [recall.get("batch", "")]  # v1 lists several
+            if recall["model_number"].lower() in low or any(b and b.lower() in low for b in batches):
                 return "prohibited", f"matches recall {recall['recall_id']} ({recall['model_number']})"
         if _REPLICA.search(text) and not _LEGIT_REPLICA.search(text):
             return "counterfeit", "replica wording next to a brand"

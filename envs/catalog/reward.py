@@ -33,7 +33,7 @@ from rewards import (
     term,
 )
 
-__all__ = ["VERDICTS", "VERDICT_COSTS", "WEIGHTS", "make_catalog_reward"]
+__all__ = ["VERDICTS", "VERDICT_COSTS", "VERDICT_COSTS_V1", "WEIGHTS", "make_catalog_reward"]
 
 #: The decisions an analyst can take.
 VERDICTS: tuple[str, ...] = ("ok", "counterfeit", "prohibited")
@@ -53,6 +53,22 @@ VERDICT_COSTS = CostMatrix(
     }
 )
 
+#: Catalog v1's costs: the same 7:1 ratio at 2.5x the scale (a false alarm costs 5/7, a miss 5),
+#: so that flagging everything loses clearly to careful work (envs/catalog/README.md)::
+#:
+#:     true \ submitted | ok  | counterfeit | prohibited
+#:     -----------------+-----+-------------+-----------
+#:     ok               | 0   | 5/7         | 5/7          false alarm
+#:     counterfeit      | 5   | 0           | 5/7          miss = 5 (7x)
+#:     prohibited       | 5   | 5/7         | 0
+VERDICT_COSTS_V1 = CostMatrix(
+    {
+        "ok": {"ok": 0.0, "counterfeit": 5 / 7, "prohibited": 5 / 7},
+        "counterfeit": {"ok": 5.0, "counterfeit": 0.0, "prohibited": 5 / 7},
+        "prohibited": {"ok": 5.0, "counterfeit": 5 / 7, "prohibited": 0.0},
+    }
+)
+
 #: Default weights of C, A and P.
 WEIGHTS: dict[str, float] = {"category": 0.3, "attributes": 0.3, "policy": 0.4}
 
@@ -65,12 +81,13 @@ def _submitted_verdict(submission: dict[str, Any]) -> str | None:
     return verdict.strip().lower() if isinstance(verdict, str) else None
 
 
-def make_catalog_reward(category_exists: Callable[[str], bool]) -> Reward:
+def make_catalog_reward(category_exists: Callable[[str], bool], costs: CostMatrix = VERDICT_COSTS) -> Reward:
     """Build the catalog reward for a taxonomy.
 
     Args:
         category_exists: Whether a category id exists in the twin's taxonomy (the world's
             look-up). Submitted ids that do not exist get no category credit.
+        costs: The verdict cost matrix: :data:`VERDICT_COSTS` (v0) or :data:`VERDICT_COSTS_V1`.
 
     Returns:
         The :class:`rewards.Reward` described in this module's docstring.
@@ -89,24 +106,26 @@ def make_catalog_reward(category_exists: Callable[[str], bool]) -> Reward:
         """F1 over (attribute, value) pairs vs the values the true category requires."""
         return attribute_f1(case.truth.get("attributes") or {}, trajectory.submission.get("attributes") or {})
 
-    @term(low=-1.0, high=1.0)
+    worst = max(costs.costs.values())
+
+    @term(low=1.0 - worst, high=1.0)
     def policy(trajectory: Any, case: Any) -> Scored:
         """1 - cost of the submitted verdict (a miss costs 7x a false alarm)."""
         true = case.truth["verdict"]
         sub = _submitted_verdict(trajectory.submission)
-        if sub not in VERDICT_COSTS.labels:
+        if sub not in costs.labels:
             # The submit tool rejects unknown verdicts; a hand-built trajectory may not. Score the
             # worst decision for this truth rather than guessing what was meant.
-            cost = VERDICT_COSTS.max_cost(true)
+            cost = costs.max_cost(true)
             return Scored(1.0 - cost, f"policy: unknown verdict {sub!r} scored as the worst decision")
-        return Scored(1.0 - VERDICT_COSTS.cost(true, sub), f"policy: true {true!r}, submitted {sub!r}")
+        return Scored(1.0 - costs.cost(true, sub), f"policy: true {true!r}, submitted {sub!r}")
 
     return Reward(
         {category: WEIGHTS["category"], attributes: WEIGHTS["attributes"], policy: WEIGHTS["policy"]},
         penalties=[invalid_call_penalty(0.01, cap=0.05)],
         gates=[
             submitted_gate(
-                fail_values={"category": 0.0, "attributes": 0.0, "policy": -1.0},
+                fail_values={"category": 0.0, "attributes": 0.0, "policy": 1.0 - worst},
                 total=CLIP[0],
             )
         ],

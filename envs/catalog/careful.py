@@ -1,0 +1,208 @@
+"""The careful reference analyst of catalog v1, and the degenerate policies it is measured against.
+
+``careful`` is what "solvable without shortcuts" means: a readable scripted analyst that sees only
+the prompt and the tools' answers (never the truth) and applies the store policy the system
+prompt states (:func:`envs.catalog.v1_policy.decide`):
+
+1. turn 1: search the taxonomy for the item type (with its department), look the brand up, read
+   the seller's record, and look up every name the listing says the item copies;
+2. turn 2: read the chosen leaf's schema (its policy and required attributes) and the brand's
+   MSRP range for that leaf;
+3. turn 3: submit the leaf, the required attributes the listing states, and the policy's verdict.
+
+The degenerate policies show what the reward pays for doing less:
+
+- ``always_ok`` / ``always_counterfeit`` / ``always_prohibited``: careful's category and
+  attributes with one constant verdict;
+- ``no_tools``: one submit with no tool call (a top-level category, a keyword verdict);
+- ``first_hit``: the first search hit for the title and its schema's attributes, verdict ``ok``
+  (no registry, seller or policy check).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from envs.catalog.baselines import _call, _results, _turn, parse_prompt
+from envs.catalog.v1_policy import assess, copy_mentions, decide, extract_attributes, listing_text
+
+__all__ = ["CarefulPolicy", "ConstantVerdictPolicy", "DEGENERATE", "FirstHitPolicy", "NoToolsPolicy"]
+
+Message = dict[str, Any]
+
+_NOISE = {"new", "nwt", "bnib", "brand", "hot", "genuine", "authentic", "original", "free",
+          "shipping", "fast", "dispatch", "sealed", "great", "gift", "w", "box", "limited", "stock",
+          "us", "seller", "top", "rated", "sale", "deal", "quality", "premium", "best", "in", "ships",
+          "today", "easy", "returns", "must", "see", "item", "warehouse", "ready"}
+
+
+def _listing(messages: Sequence[Message]) -> dict[str, Any]:
+    """The listing fields of the prompt, item specifics keyed by their display names."""
+    listing = parse_prompt(messages)
+    text = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+    specifics: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("Item specifics: ") and line != "Item specifics: (none)":
+            for part in line[len("Item specifics: "):].split("; "):
+                k, _, v = part.partition(": ")
+                specifics[k.strip()] = v.strip()
+    listing["specifics"] = specifics
+    return listing
+
+
+def choose_category(hits: Sequence[dict[str, Any]], item: str, department: str) -> str | None:
+    """The search hit that is the item: its name is the item type (and its path ends with the
+    department when one is given); else the first hit under the department; else the first hit."""
+    item_l, dept_l = item.lower(), department.lower()
+
+    def under(h: dict[str, Any]) -> bool:
+        parents = h["full_name"].lower().rsplit(" > ", 1)[0]
+        return not dept_l or parents.endswith(dept_l)
+
+    for h in hits:
+        if h["name"].lower() == item_l and under(h):
+            return str(h["id"])
+    for h in hits:
+        if dept_l and under(h):
+            return str(h["id"])
+    return str(hits[0]["id"]) if hits else None
+
+
+class CarefulPolicy:
+    """The careful reference analyst (see the module docstring)."""
+
+    name = "careful"
+    #: A constant verdict instead of the policy's (the degenerate variants set it).
+    fixed_verdict: str | None = None
+
+    def __init__(self, twin: Any = None) -> None:
+        self.twin = twin
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """The next turn, decided from the chat so far."""
+        return self.turn(messages)
+
+    def turn(self, messages: Sequence[Message]) -> Message:
+        """The synchronous body of :meth:`act`."""
+        listing = _listing(messages)
+        done = _results(messages)
+        step = sum(1 for m in messages if m.get("role") == "assistant")
+        item = listing["specifics"].get("Item type") or self._title_words(listing)
+        dept = listing["specifics"].get("Department", "")
+        if step == 0:
+            query = f"{item} {dept.split(' > ')[-1]}".strip() if dept else item
+            calls = [_call("search_taxonomy", {"query": query, "limit": 20}, "c0_search")]
+            if listing["brand"]:
+                calls.append(_call("lookup_brand", {"name": listing["brand"]}, "c0_brand"))
+            if listing["seller"]:
+                calls.append(_call("get_seller", {"name": listing["seller"]}, "c0_seller"))
+            for i, name in enumerate(copy_mentions(listing_text(listing))[:4]):
+                calls.append(_call("lookup_brand", {"name": name}, f"c0_copy{i}"))
+            return _turn(calls)
+        hits = []
+        for n, _, r in done:
+            if n == "search_taxonomy" and r:
+                hits.extend(r.get("results") or [])
+        category = choose_category(hits, item, dept)
+        schema = next((r for n, _, r in done if n == "get_attribute_schema" and r), None)
+        if schema is None:
+            if category is None:  # nothing found: a top-level guess keeps the episode scored
+                return _turn([_call("submit", {"category_id": "aa", "attributes": {}, "verdict": "ok",
+                                               "reason": "no category found"}, "c_submit")])
+            calls = [_call("get_attribute_schema", {"category_id": category}, "c1_schema")]
+            if listing["brand"]:
+                calls.append(_call("lookup_brand", {"name": listing["brand"], "category_id": category},
+                                   "c1_brand"))
+            return _turn(calls)
+        brand = next((r for n, a, r in done if n == "lookup_brand" and r and a.get("category_id")), None)
+        if brand is None:
+            brand = next((r for n, a, r in done if n == "lookup_brand" and r
+                          and a.get("name") == listing["brand"]), None)
+        seller = next((r for n, _, r in done if n == "get_seller" and r and "name" in r), None)
+        mentions = {a.get("name"): r for n, a, r in done if n == "lookup_brand" and r
+                    and not a.get("category_id")}
+        evidence = assess(listing, schema, brand, seller, mentions)
+        verdict, reason = decide(evidence)
+        if self.fixed_verdict is not None:
+            verdict, reason = self.fixed_verdict, "constant verdict"
+        args = {"category_id": schema["category_id"], "attributes": extract_attributes(listing, schema),
+                "verdict": verdict, "reason": reason}
+        return _turn([_call("submit", args, f"c{step}_submit")])
+
+    @staticmethod
+    def _title_words(listing: dict[str, Any]) -> str:
+        words = [w for w in re.findall(r"[A-Za-z][A-Za-z'&]+", listing["title"]) if w.lower() not in _NOISE]
+        return " ".join(words) or listing["title"]
+
+
+class ConstantVerdictPolicy(CarefulPolicy):
+    """Careful's category and attributes with one constant verdict."""
+
+    def __init__(self, twin: Any = None, verdict: str = "ok") -> None:
+        super().__init__(twin)
+        self.fixed_verdict = verdict
+        self.name = f"always_{verdict}"
+
+
+class NoToolsPolicy:
+    """Submits at once, without a tool call: a top-level category and a keyword verdict."""
+
+    name = "no_tools"
+    _COPY = re.compile(r"\b(inspired by|dupe|1:1|replica|copy of|knock-?off)\b", re.IGNORECASE)
+
+    def __init__(self, twin: Any = None) -> None:
+        self.twin = twin
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """One submit turn."""
+        listing = _listing(messages)
+        verdict = "counterfeit" if self._COPY.search(listing_text(listing)) else "ok"
+        args = {"category_id": "aa", "attributes": {}, "verdict": verdict, "reason": "no tools"}
+        return _turn([_call("submit", args, "n0_submit")])
+
+
+class FirstHitPolicy:
+    """The first search hit for the title and its stated attributes, verdict ``ok``."""
+
+    name = "first_hit"
+
+    def __init__(self, twin: Any = None) -> None:
+        self.twin = twin
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """Search, read the first hit's schema, submit ok."""
+        listing = _listing(messages)
+        done = _results(messages)
+        step = sum(1 for m in messages if m.get("role") == "assistant")
+        if step == 0:
+            query = CarefulPolicy._title_words(listing)
+            return _turn([_call("search_taxonomy", {"query": query, "limit": 5}, "f0_search")])
+        search = next((r for n, _, r in done if n == "search_taxonomy" and r), None)
+        hits = (search or {}).get("results") or []
+        schema = next((r for n, _, r in done if n == "get_attribute_schema" and r), None)
+        if schema is None and hits and step == 1:
+            return _turn([_call("get_attribute_schema", {"category_id": hits[0]["id"]}, "f1_schema")])
+        category = (schema or {}).get("category_id") or (hits[0]["id"] if hits else "aa")
+        attrs = extract_attributes(listing, schema) if schema else {}
+        args = {"category_id": category, "attributes": attrs, "verdict": "ok", "reason": "first hit"}
+        return _turn([_call("submit", args, f"f{step}_submit")])
+
+
+def _constant(verdict: str) -> Callable[[Any], ConstantVerdictPolicy]:
+    def make(twin: Any) -> ConstantVerdictPolicy:
+        return ConstantVerdictPolicy(twin, verdict)
+
+    make.__name__ = f"always_{verdict}"
+    return make
+
+
+#: Degenerate policy factories: name -> ``f(twin) -> policy``.
+DEGENERATE: dict[str, Callable[[Any], Any]] = {
+    "always_ok": _constant("ok"),
+    "always_counterfeit": _constant("counterfeit"),
+    "always_prohibited": _constant("prohibited"),
+    "no_tools": NoToolsPolicy,
+    "first_hit": FirstHitPolicy,
+}
