@@ -8,6 +8,9 @@ registered twin. It checks that:
 * cases are deterministic: a fresh instance builds the same bytes for the same (split, index);
 * the prompt is valid chat, and neither the reset observation nor its ``info`` carries the truth;
 * the env answers junk with messages, and ``gymnasium.utils.env_checker.check_env`` passes.
+
+:func:`doctor` (``twin check TWIN``, :mod:`twin.doctor`) goes further: it plays the twin and
+reports whether it is solvable and free of shortcuts (``doctor("Returns").assert_ok()``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from twin.core import Twin
 from twin.errors import TwinError
 from twin.tools import INJECTED
 
-__all__ = ["TwinCheckError", "check_twin"]
+__all__ = ["CheckRow", "Report", "TwinCheckError", "check_twin", "doctor"]
 
 _INFO_KEYS = {"tools", "case_id", "split", "index"}
 
@@ -157,3 +160,8 @@ def _check_no_truth(twin: Twin, truth: dict[str, Any], visible: Any, where: str)
     ):
         if blob in text or json.dumps(blob, ensure_ascii=False)[1:-1] in text:
             raise _fail(twin, f"{where} contains the case's whole truth {blob}")
+
+
+# The doctor builds on check_twin; imported last so that twin.doctor can import this module.
+from twin.doctor import doctor  # noqa: E402
+from twin.doctor_report import CheckRow, Report  # noqa: E402

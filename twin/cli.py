@@ -228,6 +228,52 @@ def show(
         )
 
 
+# -- check -------------------------------------------------------------------------------------
+@app.command()
+def check(
+    name: Annotated[str, typer.Argument(metavar="TWIN", help="Twin name or id, e.g. catalog.")],
+    cases: Annotated[
+        int, typer.Option("--cases", min=1, help="Cases of each kind per policy (more: thorough).")
+    ] = 2,
+    split_train: Annotated[
+        str, typer.Option("--split-train", help="Split the shortcut classifier trains on.")
+    ] = "train",
+    split_test: Annotated[
+        str, typer.Option("--split-test", help="Split the policies play and the classifier is tested on."),
+    ] = "test",
+    thresholds: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--threshold", help="Threshold override NAME=VALUE (repeatable), e.g. degenerate_gap=0.2."
+        ),
+    ] = None,
+    markdown: Annotated[
+        str | None, typer.Option("--markdown", help="Also write the report as Markdown to this file."),
+    ] = None,
+    overrides: SetOpt = None,
+    taxonomy: TaxonomyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """A doctor for a twin: determinism, truth isolation, solvability, degenerate policies,
+    shortcuts, split overlap (twin.doctor). Exit 1 when a check fails (warnings do not)."""
+    with _errors():
+        from twin.doctor import doctor
+        from twin.doctor_report import parse_threshold
+
+        twin = _make_twin(name, _twin_config(overrides, taxonomy))
+        report = doctor(twin, cases=cases, split_train=split_train, split_test=split_test,
+                        thresholds=dict(parse_threshold(t) for t in thresholds or []))
+    if markdown:
+        with open(markdown, "w", encoding="utf-8") as fh:
+            fh.write(report.to_markdown())
+    if as_json:
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        report.print(console)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 # -- play --------------------------------------------------------------------------------------
 _PLAY_HELP = (
     'Type a tool call per line: NAME {json arguments}  (e.g. lookup_order {"order_id": "R-1"}),\n'

@@ -215,6 +215,59 @@ class Twin:
                 type.__setattr__(type(self), "_reward_fn_cache", reward)
         return reward(trajectory, case)
 
+    # -- doctor hooks (``twin check``, :func:`twin.doctor.doctor`) ------------------------------
+    #: Thresholds of ``twin check`` this twin holds itself to (names: see
+    #: :data:`twin.doctor_report.DEFAULT_THRESHOLDS`); say in a comment why one differs.
+    check_thresholds: ClassVar[dict[str, float]] = {}
+
+    def case_kind(self, split: str, index: int) -> str:
+        """The kind of case ``(split, index)``; twins with a cheap ``kind_of(split, index)``
+        answer without building the case."""
+        kind_of = getattr(self, "kind_of", None)
+        if callable(kind_of):
+            return str(kind_of(split, index))
+        return self.case(split, index).kind
+
+    def case_label(self, case: Case) -> str:
+        """The answer class of ``case`` the shortcut audit tries to predict from the prompt and
+        the first tool output (default: its kind; better: the terminal answer, e.g. a verdict)."""
+        return case.kind
+
+    def reference_policies(self) -> dict[str, Any]:
+        """The twin's best policies that do not read the truth: ``{name: policy}``.
+
+        ``twin check`` measures every degenerate policy against the best of them. Default: the
+        :meth:`baselines` other than ``oracle`` and ``random``, made for this twin.
+        """
+        return {name: _made(self, factory) for name, factory in _baselines_of(self).items()
+                if name not in ("oracle", "random")}
+
+    def oracle_policy(self) -> Any | None:
+        """A policy that reaches the maximum reward on every case (it may read the truth); used
+        only to prove every case is solvable. Default: the ``oracle`` baseline, or None."""
+        factory = _baselines_of(self).get("oracle")
+        return None if factory is None else _made(self, factory)
+
+    def degenerate_policies(self) -> dict[str, Any]:
+        """Twin-specific shortcut policies ``twin check`` holds against the references, e.g. one
+        that submits the first search hit. The generic ones (every constant answer of the
+        terminal tool, no tool calls, random) are built by the doctor. Default: none."""
+        return {}
+
+    def world_entities(self, split: str, limit: int | None = None) -> dict[str, set[str]] | None:
+        """Entities (kind -> names, e.g. ``{"brands": {...}, "sellers": {...}}``) the first
+        ``limit`` cases of ``split`` use (all when None), for the train/test overlap check.
+        None (the default): not implemented; ``{}``: the twin has no world entities."""
+        return None
+
+    def truth_fields(self, case: Case) -> list[str] | None:
+        """Strings of ``case``'s truth no prompt, non-terminal tool output or info may carry.
+
+        None (the default): the doctor takes the truth's string values (and the kind) that
+        several cases share, i.e. answer classes, not case-specific facts a tool may rightly
+        find (a category id), and leaves out the ones the task itself shows."""
+        return None
+
     # -- tools ---------------------------------------------------------------------------------
     def tool(self, name: str) -> Tool | None:
         """The tool called ``name``, or None."""
@@ -236,3 +289,16 @@ class Twin:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} twin/{self.name}-v{self.version} seed={self.config.seed}>"
+
+
+def _baselines_of(twin: Twin) -> dict[str, Any]:
+    fn = getattr(twin, "baselines", None)
+    found = fn() if callable(fn) else None
+    return dict(found) if found else {}
+
+
+def _made(twin: Twin, policy_or_factory: Any) -> Any:
+    """A policy (has ``act``) as it is; a factory ``f(twin) -> policy`` called with ``twin``."""
+    if hasattr(policy_or_factory, "act") and not isinstance(policy_or_factory, type):
+        return policy_or_factory
+    return policy_or_factory(twin)

@@ -171,6 +171,24 @@ class ReturnsTwin(Twin):
         """Reference policies: ``oracle`` applies the policy to what the tools return."""
         return {"oracle": lambda twin: OraclePolicy()}
 
+    # -- twin check hooks (twin/doctor.py) -----------------------------------------------------
+    # lookup_order is meant to reveal what the decision follows from (days since delivery,
+    # final sale): its output predicting the decision is the task, not a shortcut.
+    check_thresholds = {"first_output_margin": 1.0}
+
+    def case_label(self, case: Case) -> str:
+        """The decision the policy asks for (refund / partial / deny)."""
+        return str(case.truth["decision"])
+
+    def reference_policies(self) -> dict[str, Any]:
+        """The rules policy: it reads only the prompt and the tools, never the truth."""
+        return {"rules": OraclePolicy()}
+
+    def world_entities(self, split: str, limit: int | None = None) -> dict[str, set[str]]:
+        """The orders the first ``limit`` cases of ``split`` are about."""
+        count = self.num_cases(split) if limit is None else min(limit, self.num_cases(split))
+        return {"orders": {self.case(split, i).task["order_id"] for i in range(count)}}
+
 
 class OraclePolicy:
     """Looks the order up, applies :func:`expected_decision`, decides. Scores the maximum."""

@@ -57,7 +57,8 @@ from rapidfuzz import fuzz
 from rewards import Reward, term
 from twin import Case, Trajectory, Twin, TwinConfig, tool
 
-__all__ = ["CALL_PREFIX", "WORDS", "ToyConfig", "ToyTwin", "ideal_call", "toy_reward", "toy_reward_partial"]
+__all__ = ["CALL_PREFIX", "WORDS", "ToyConfig", "ToyOracle", "ToyTwin", "ideal_call", "toy_reward",
+           "toy_reward_partial"]
 
 #: The words cases name (single tokens of the tiny tokenizer).
 WORDS: tuple[str, ...] = ("red", "blue", "green", "yellow", "cat", "dog", "bird", "fish")
@@ -229,6 +230,19 @@ class ToyTwin(Twin):
             {"role": "user", "content": f"The word is {' '.join([case.task['word']] * self.config.repeat)}. Submit it."},
         ]
 
+    # -- twin check hooks (twin/doctor.py) -----------------------------------------------------
+    # The prompt names the answer by design (the task is reading it), so a bag-of-words
+    # classifier on prompts is expected to be perfect.
+    check_thresholds = {"shortcut_margin": 1.0}
+
+    def oracle_policy(self) -> ToyOracle:
+        """Writes the ideal call for the word the prompt names."""
+        return ToyOracle()
+
+    def world_entities(self, split: str, limit: int | None = None) -> dict[str, set[str]]:
+        """None: the toy has no world (its words are the answers, shared by every split)."""
+        return {}
+
     @tool(terminal=True)
     def submit(self, answer: str) -> dict:
         """Submit the final answer.
@@ -237,3 +251,15 @@ class ToyTwin(Twin):
             answer: The word the user named.
         """
         return {"ok": True}
+
+
+class ToyOracle:
+    """Writes :func:`ideal_call` for the word the user message names: the maximum reward."""
+
+    name = "oracle"
+
+    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+        """The ideal first turn."""
+        user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+        found = re.search(r"The word is (\w+)", user)
+        return ideal_call(found.group(1) if found else "")

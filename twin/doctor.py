@@ -1,0 +1,332 @@
+"""``twin check TWIN``: a doctor that proves a twin has no shortcuts (``twin.check.doctor``).
+
+:func:`twin.check.check_twin` checks the contract (schemas, prompts, the env); the doctor also
+plays the twin and asks whether it can be solved, and only the right way:
+
+* **contract**: :func:`twin.check.check_twin` passes;
+* **determinism**: a fresh process builds the same case bytes and prompts (SHA-256 compared);
+* **truth**: no prompt, non-terminal tool output or non-terminal ``info`` carries a truth
+  string of its own case more often than it carries it for other cases
+  (:func:`twin.doctor_audit.scan_leaks`; the strings come from :meth:`Twin.truth_fields`);
+* **solvable**: the oracle (:meth:`Twin.oracle_policy`) reaches the maximum reward on every
+  case of every kind it plays;
+* **degenerate**: every constant answer of the terminal tool (each enum / Literal value, put
+  into the best reference policy's answers), no tool calls, a random policy and the twin's own
+  :meth:`Twin.degenerate_policies` each score at least ``degenerate_gap`` below the best
+  reference policy (:meth:`Twin.reference_policies`; the oracle when there is none);
+* **shortcut**: a bag-of-words classifier trained on train-split prompts, scored on test-split
+  prompts, predicts :meth:`Twin.case_label` at most ``shortcut_margin`` above the majority
+  rate; the same on the reference policy's first tool output;
+* **overlap**: the share of each kind of test-split world entity (:meth:`Twin.world_entities`)
+  also used by train-split cases stays under ``split_overlap``.
+
+Thresholds: :data:`twin.doctor_report.DEFAULT_THRESHOLDS`, the twin's ``check_thresholds``,
+then the caller's. In a test::
+
+    from twin.check import doctor
+    doctor("Returns").assert_ok()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from twin.core import Twin, _made
+from twin.doctor_report import CheckRow, Report, thresholds_for
+from twin.errors import ConfigError
+
+__all__ = ["CheckRow", "Report", "case_digest", "doctor"]
+
+_TURN_SLACK = 2  # turns past max_turns before an episode that never ends is given up
+_NOT_IMPORTABLE = 3  # exit status of the fresh process when it cannot import the twin class
+_SUBPROCESS = """
+import importlib, json, sys
+from twin.doctor import case_digest
+try:
+    obj = importlib.import_module(sys.argv[1])
+    for part in sys.argv[2].split("."):
+        obj = getattr(obj, part)
+except (ImportError, AttributeError) as exc:
+    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(3)
+print(case_digest(obj(**json.loads(sys.argv[3])), int(sys.argv[4])))
+"""
+
+
+def case_digest(twin: Twin, per_split: int) -> str:
+    """SHA-256 of the first ``per_split`` cases of every split and their prompts."""
+    digest = hashlib.sha256()
+    for split in twin.splits:
+        for index in range(min(per_split, twin.num_cases(split))):
+            case = twin.case(split, index)
+            digest.update(case.canonical_json().encode())
+            digest.update(json.dumps(twin.prompt(case), sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class _Episode:
+    case: Any
+    reward: float | None
+    visible: str  # non-terminal tool outputs and infos, as the agent could have read them
+    error: str | None = None
+
+
+@dataclass
+class _Run:
+    episodes: list[_Episode] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(e.reward or 0.0 for e in self.episodes) if self.episodes else 0.0
+
+    @property
+    def errors(self) -> list[str]:
+        return [e.error for e in self.episodes if e.error]
+
+
+class NoToolsPolicy:
+    """Answers every turn with plain text and never calls a tool."""
+
+    name = "no_tools"
+
+    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+        """Plain text."""
+        return {"role": "assistant", "content": "I have looked at this and have nothing to add."}
+
+
+class ConstantAnswerPolicy:
+    """``base``'s turns with argument ``arg`` of every ``tool`` call set to ``value``."""
+
+    def __init__(self, base: Any, tool: str, arg: str, value: Any) -> None:
+        self.base, self.tool, self.arg, self.value = base, tool, arg, value
+        self.name = f"constant {arg}={value}"
+
+    def for_episode(self, key: str) -> ConstantAnswerPolicy:
+        """The base's episode copy (random bases), wrapped."""
+        from twin.policies import policy_for_episode
+
+        return ConstantAnswerPolicy(policy_for_episode(self.base, key), self.tool, self.arg, self.value)
+
+    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        """The base's turn, its answer replaced by the constant."""
+        turn = await self.base.act(messages, tools)
+        if not isinstance(turn, dict) or not turn.get("tool_calls"):
+            return turn
+        calls = []
+        for call in turn["tool_calls"]:
+            fn = call.get("function", {})
+            if fn.get("name") == self.tool:
+                try:
+                    args = json.loads(fn.get("arguments") or "{}")
+                except json.JSONDecodeError:
+                    args = {}
+                args = {**(args if isinstance(args, dict) else {}), self.arg: self.value}
+                call = {**call, "function": {**fn, "arguments": json.dumps(args)}}
+            calls.append(call)
+        return {**turn, "tool_calls": calls}
+
+
+def constant_answers(twin: Twin) -> list[tuple[str, str, Any]]:
+    """``(tool, argument, value)`` for every enum / Literal / boolean value of a terminal tool."""
+    out = []
+    for tool in twin.tools:
+        if not tool.terminal:
+            continue
+        params = tool.schema["function"].get("parameters", {})
+        defs = params.get("$defs", {})
+        for arg, prop in params.get("properties", {}).items():
+            if "$ref" in prop:
+                prop = defs.get(prop["$ref"].rsplit("/", 1)[-1], prop)
+            options = list(prop.get("enum") or [])
+            for alt in prop.get("anyOf", []):
+                options += [v for v in alt.get("enum", []) if v not in options]
+            if not options and prop.get("type") == "boolean":
+                options = [True, False]
+            out += [(tool.name, arg, value) for value in options]
+    return out
+
+
+def doctor(
+    twin_or_id: Twin | str,
+    *,
+    cases: int = 2,
+    split_train: str = "train",
+    split_test: str = "test",
+    thresholds: Mapping[str, float] | None = None,
+    contract: bool = True,
+    subprocess_check: bool = True,
+) -> Report:
+    """Run every check on a twin and return the report (it never raises on a failed check).
+
+    Args:
+        twin_or_id: A twin, or a registered id / name.
+        cases: Cases of each kind played per policy (test split); the shortcut audit reads
+            ``100 * cases`` train and ``50 * cases`` test prompts.
+        split_train: Split the classifier trains on (and overlap's reference).
+        split_test: Split the policies play and the classifier is scored on.
+        thresholds: Overrides of the thresholds (names: ``DEFAULT_THRESHOLDS``).
+        contract: Also run :func:`twin.check.check_twin` (with Gymnasium's ``check_env``).
+        subprocess_check: Build cases in a fresh process for the determinism check.
+
+    Raises:
+        ConfigError: an unknown split or threshold, or ``cases < 1``.
+    """
+    from twin.registry import make_twin
+
+    twin = make_twin(twin_or_id) if isinstance(twin_or_id, str) else twin_or_id
+    if cases < 1:
+        raise ConfigError(f"cases must be >= 1, got {cases}")
+    for split in (split_train, split_test):
+        if split not in twin.splits:
+            raise ConfigError(f"{twin.name} has no split {split!r}; splits: {', '.join(twin.splits)}")
+    th = thresholds_for(twin, thresholds)
+    n_train = min(100 * cases, twin.num_cases(split_train))
+    n_test = min(50 * cases, twin.num_cases(split_test))
+    report = Report(twin=f"twin/{twin.name}-v{twin.version}", thresholds=th, settings={
+        "cases_per_kind": cases, "split_train": split_train, "split_test": split_test,
+        "audit_train": n_train, "audit_test": n_test, "seed": twin.config.seed})
+    if contract:
+        with _guard(report, "contract", "check_twin"):
+            from twin.check import check_twin
+
+            try:
+                check_twin(twin, cases=min(cases, 3))
+                report.add("contract", "check_twin", "pass", note="schemas, prompts, env, check_env")
+            except AssertionError as exc:
+                report.add("contract", "check_twin", "fail", note=str(exc))
+    with _guard(report, "determinism", "fresh process"):
+        _check_determinism(twin, report, per_split=max(3, cases), subprocess_check=subprocess_check)
+    from twin.doctor_checks import Doctor
+
+    Doctor(twin, report, th, cases=cases, split_train=split_train, split_test=split_test,
+           n_train=n_train, n_test=n_test).run()
+    return report
+
+
+@contextlib.contextmanager
+def _guard(report: Report, check: str, name: str) -> Iterator[None]:
+    """A check that raises becomes a failed row (the other checks still run)."""
+    try:
+        yield
+    except Exception as exc:  # a broken hook or twin must not hide the other checks
+        report.add(check, name, "fail", note=f"the check raised {type(exc).__name__}: {exc}",
+                   crashed=True)
+
+
+def _check_determinism(twin: Twin, report: Report, per_split: int, subprocess_check: bool) -> None:
+    here = case_digest(twin, per_split)
+    fresh = case_digest(type(twin)(**twin.config.model_dump()), per_split)
+    if here != fresh:
+        report.add("determinism", "fresh instance", "fail", figure="digests differ",
+                   threshold="same bytes", note="cases or prompts differ between two instances: draw "
+                   "everything from make_case's rng (never time, global random or hash())")
+        return
+    cls = type(twin)
+    if not subprocess_check:
+        report.add("determinism", "fresh instance", "pass", figure=here[:12], threshold="same bytes",
+                   note="fresh process not checked (subprocess_check=False)")
+        return
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        report.add("determinism", "fresh instance", "warn", figure=here[:12], threshold="same bytes",
+                   note=f"{cls.__qualname__} cannot be imported by a fresh process; checked in-process only")
+        return
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # a new hash() salt
+    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    config = json.dumps(twin.config.model_dump(mode="json"))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SUBPROCESS, cls.__module__, cls.__qualname__, config, str(per_split)],
+        capture_output=True, text=True, timeout=600, env=env)
+    if proc.returncode == _NOT_IMPORTABLE:
+        report.add("determinism", "fresh instance", "warn", figure=here[:12], threshold="same bytes",
+                   note=f"a fresh process cannot import {cls.__module__}.{cls.__qualname__} "
+                        f"({proc.stderr.strip()[-200:]}); checked in-process only")
+        return
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        report.add("determinism", "fresh process", "fail", note=f"the fresh process failed: {tail}")
+        return
+    there = proc.stdout.strip()
+    status = "pass" if there == here else "fail"
+    report.add("determinism", "fresh process", status, figure=f"{here[:12]} vs {there[:12]}",
+               threshold="same bytes", note="" if status == "pass" else
+               "a fresh process builds other cases: hash(), set order, time or global random?")
+
+
+def play(twin: Twin, policy: Any, refs: list[tuple[str, int]]) -> _Run:
+    """Play one episode of ``policy`` per case, keeping what the agent could read before the end."""
+    from twin.env import TwinEnv
+    from twin.policies import policy_for_episode
+
+    env = TwinEnv(twin)
+    run = _Run()
+    loop = asyncio.new_event_loop()
+    try:
+        for split, index in refs:
+            run.episodes.append(_play_one(env, loop, policy, policy_for_episode, split, index))
+    finally:
+        loop.close()
+    return run
+
+
+def _play_one(env: Any, loop: Any, policy: Any, for_episode: Any, split: str, index: int) -> _Episode:
+    _, info = env.reset(options={"split": split, "index": index})
+    case, tools = env.case, info["tools"]
+    actor = for_episode(policy, f"{info['case_id']}#0")
+    seen: list[str] = []
+    try:
+        for _ in range(env.twin.config.max_turns + _TURN_SLACK):
+            message = loop.run_until_complete(actor.act(env.messages, tools))
+            obs, _, terminated, truncated, info = env.step(message)
+            if terminated or truncated:
+                traj = info["trajectory"]
+                return _Episode(case, traj.reward, "\n".join(seen))
+            seen.append(json.dumps([obs, info], ensure_ascii=False, default=str))
+        return _Episode(case, None, "\n".join(seen), error="the episode never ended")
+    except Exception as exc:  # a failing policy costs its episode, not the check
+        return _Episode(case, None, "\n".join(seen), error=f"{type(exc).__name__}: {exc}")
+
+
+def first_output(twin: Twin, policy: Any, refs: list[tuple[str, int]]) -> list[str | None]:
+    """The text of ``policy``'s first turn's tool results per case (None: its first turn ended it
+    or called no tool)."""
+    from twin.env import TwinEnv
+    from twin.policies import policy_for_episode
+
+    env = TwinEnv(twin)
+    loop = asyncio.new_event_loop()
+    out: list[str | None] = []
+    try:
+        for split, index in refs:
+            _, info = env.reset(options={"split": split, "index": index})
+            actor = policy_for_episode(policy, f"{info['case_id']}#0")
+            try:
+                message = loop.run_until_complete(actor.act(env.messages, info["tools"]))
+                obs, _, terminated, truncated, info = env.step(message)
+            except Exception:  # its absence is reported as a missing output
+                out.append(None)
+                continue
+            results = [m.get("content") or "" for m in obs if m.get("role") == "tool"]
+            out.append(None if terminated or truncated or not results else "\n".join(results))
+    finally:
+        loop.close()
+    return out
+
+
+def as_policy(twin: Twin, value: Any) -> Any:
+    """A hook's value as a policy: a policy as it is, a factory ``f(twin)`` called."""
+    return _made(twin, value)
+
+
+__all__ += ["ConstantAnswerPolicy", "NoToolsPolicy", "as_policy", "constant_answers", "first_output",
+            "play"]
