@@ -88,7 +88,8 @@ def shaped_rewards(rewards: Tensor, lengths: Tensor, *, max_len: int, buffer: in
         rewards: Env rewards.  # [G] or [N, G]
         lengths: Tokens the policy wrote in each episode.  # like ``rewards``
         max_len: The episode token budget ``L_max`` (``sampler.max_episode_tokens``).
-        buffer: ``algorithm.overlong_buffer``; factor: ``algorithm.overlong_penalty``.
+        buffer: The soft zone before it (``algorithm.overlong_buffer``).
+        factor: The penalty at and beyond it (``algorithm.overlong_penalty``).
     """
     return rewards.float() + algo.overlong_penalty(lengths, max_len, buffer, factor)
 
@@ -129,35 +130,39 @@ def objective(
     """
     _check(b, cfg)
     lp, m = b.logprobs, b.mask.to(b.logprobs.dtype)
-    n = m.sum() if num_tokens is None else num_tokens
-    old = lp.detach() if b.old_logprobs is None else b.old_logprobs
-    surr = algo.clipped_surrogate(lp, old, b.advantages, cfg.eps_low, cfg.eps_high)  # -min(rho A, clip(rho) A)
+    counts = {"num_seqs": num_seqs, "num_tokens": num_tokens}
+    old = lp.detach() if b.old_logprobs is None else b.old_logprobs  # pi_old: no grad
+    # l_t = -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A)
+    surr = algo.clipped_surrogate(lp, old, b.advantages, cfg.eps_low, cfg.eps_high)
+    # w_t: importance weight against the sampler, detached (1 without a correction)
     corrected = b.sampler_logprobs is not None and cfg.tis_cap is not None
     w = (
         algo.is_weights(cfg.is_correction, old, b.sampler_logprobs, m, high=cfg.tis_cap, low=cfg.is_mask_low)
         if corrected else torch.ones_like(lp)
     )  # fmt: skip
+    # k3_t: KL to the reference (logged whenever a reference is given, trained on when beta > 0)
     kl = algo.kl_k3(lp, b.ref_logprobs) if b.ref_logprobs is not None else torch.zeros_like(lp)
     per_token = surr.loss * w  # [B, T]
-    pg = aggregate(per_token, m, num_seqs=num_seqs, num_tokens=num_tokens)
-    loss = aggregate(per_token + cfg.kl_coef * kl, m, num_seqs=num_seqs, num_tokens=num_tokens) if cfg.kl_coef > 0 else pg
-    if cfg.entropy_coef > 0:  # the bonus is a token mean whatever the aggregation (CleanRL's ent_coef)
-        loss = loss - cfg.entropy_coef * (b.entropy * m).sum() / max(float(n), 1.0)
+    pg = aggregate(per_token, m, **counts)
+    loss = aggregate(per_token + cfg.kl_coef * kl, m, **counts) if cfg.kl_coef > 0 else pg
+    if cfg.entropy_coef > 0:  # a token mean whatever the aggregation (CleanRL's ent_coef)
+        n = float(m.sum()) if num_tokens is None else float(num_tokens)
+        loss = loss - cfg.entropy_coef * (b.entropy * m).sum() / max(n, 1.0)
     return loss, _stats(b, m, old, surr, w, kl, pg, cap=cfg.tis_cap if corrected else None)
 
 
 def _check(b: Scored, cfg: LossSettings) -> None:
     if b.mask.shape != b.logprobs.shape:
         raise ConfigError(
-            f"policy_loss: mask {tuple(b.mask.shape)} must have the shape of logprobs {tuple(b.logprobs.shape)} ([B, T])"
+            f"objective: mask {tuple(b.mask.shape)} must have the shape of logprobs {tuple(b.logprobs.shape)} ([B, T])"
         )
     if cfg.kl_coef > 0 and b.ref_logprobs is None:
         raise ConfigError(
-            "policy_loss: kl_coef > 0 needs ref_logprobs (score the batch with the adapter "
+            "objective: kl_coef > 0 needs ref_logprobs (score the batch with the adapter "
             "disabled), or set algorithm.kl_coef: 0"
         )
     if cfg.entropy_coef > 0 and b.entropy is None:
-        raise ConfigError("policy_loss: entropy_coef > 0 needs the per-token entropy, or set algorithm.entropy_coef: 0")
+        raise ConfigError("objective: entropy_coef > 0 needs the per-token entropy, or set algorithm.entropy_coef: 0")
 
 
 @torch.no_grad()
