@@ -301,15 +301,18 @@ def test_cases_that_differ_between_processes_fail_determinism(tmp_path: Any, mon
 
 
 def test_a_class_a_fresh_process_cannot_import_only_warns() -> None:
-    assert doctor(Desk(), contract=False).row("determinism", "fresh process").status == "pass"
+    from twin.doctor import _check_determinism
 
     class Local(Desk):  # defined in a function: no fresh process can import it
         name = "DoctorLocal"
 
-    report = doctor(Local(), contract=False)
-    row = report.row("determinism")
-    assert (row.status, row.name) == ("warn", "fresh instance"), row
-    assert "checked in-process only" in row.note
+    rows = []
+    for twin_ in (Desk(), Local()):
+        report = Report(twin="x")
+        _check_determinism(twin_, report, per_split=3, subprocess_check=True)
+        rows += report.rows
+    assert [(r.name, r.status) for r in rows] == [("fresh process", "pass"), ("fresh instance", "warn")]
+    assert "checked in-process only" in rows[1].note
 
 
 def test_constant_answer_as_good_as_the_reference_fails_degenerate() -> None:
@@ -403,7 +406,9 @@ def test_report_renders_markdown_json_and_terminal() -> None:
 # -- every registered twin, and the command line -------------------------------------------------
 @pytest.mark.parametrize("twin_id", [s.id for s in twin.list_twins()])
 def test_doctor_runs_on_every_registered_twin(twin_id: str) -> None:
-    report = doctor(twin_id, cases=1)
+    # The fresh-process build is left out here (a catalog world takes ~15 s to build in a new
+    # process); the tests above cover that check on small twins, `twin check` runs it.
+    report = doctor(twin_id, cases=1, subprocess_check=False)
     assert not [r for r in report.rows if r.crashed], report.to_markdown()
     assert {r.check for r in report.rows} >= {"contract", "determinism", "solvable", "degenerate",
                                               "truth", "shortcut", "overlap"}
