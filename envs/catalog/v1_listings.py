@@ -91,19 +91,19 @@ KINDS: tuple[str, ...] = tuple(KIND_VERDICT)
 #: Default mix: 60% ok (most real listings are fine), 28% counterfeit, 12% prohibited. See the
 #: twin's README for why (a constant verdict must lose clearly to careful work).
 DEFAULT_MIX: dict[str, float] = {
-    "clean": 0.12,
-    "longtail": 0.14,
+    "clean": 0.11,
+    "longtail": 0.13,
     "genuine_discount": 0.07,
     "gated_authorized": 0.05,
     "lookalike_registered": 0.04,
     "compatible_accessory": 0.04,
-    "art_replica": 0.03,
-    "recall_other_batch": 0.04,
+    "art_replica": 0.04,
+    "recall_other_batch": 0.05,
     "wrong_category_words": 0.04,
     "missing_attributes": 0.03,
     "counterfeit_discount": 0.07,
-    "counterfeit_takedown": 0.05,
-    "counterfeit_gated_seller": 0.05,
+    "counterfeit_takedown": 0.06,
+    "counterfeit_gated_seller": 0.04,
     "counterfeit_lookalike": 0.06,
     "counterfeit_copy_claim": 0.05,
     "prohibited_category": 0.07,
@@ -508,7 +508,7 @@ class _Gen:
             d.tail.insert(rng.randint(0, len(d.tail)), rng.choice(p["injections"]))
         if rng.random() < 0.15:
             d.desc.append(rng.choice(p["discount_talk"]).format(percent=rng.randint(10, 60)))
-        if rng.random() < 0.06:
+        if rng.random() < 0.10:
             d.desc.append(self.style_claim())
         if rng.random() < 0.08:
             d.desc.append(rng.choice(p["conditions"]))
@@ -701,8 +701,10 @@ class _Gen:
 
     def counterfeit_takedown(self) -> _Draft:
         rng, w = self.rng, self.world
+        open_brands = sorted(n for n in self.ix.takedowns if not w.brands[n].protected)
         for _ in range(60):
-            brand_name = rng.choice(sorted(self.ix.takedowns))
+            # a brand that is not gated: only the seller's record tells
+            brand_name = rng.choice(open_brands)
             leaves = [x for x in self.ix.branded if brand_name in self.ix.brands_at.get(x, ())]
             if not leaves:
                 continue
@@ -763,7 +765,7 @@ class _Gen:
         seller = (rng.choice(brand.authorized_sellers) if brand is not None and brand.protected
                   and brand.authorized_sellers else self.seller_any())
         d = self.draft(leaf, brand_text, seller, self.full_price(brand, leaf))
-        if rng.random() < 0.5:  # under another category's words: only the schema's policy tells
+        if rng.random() < 0.7:  # under another category's words: only the schema's policy tells
             decoy = w.categories[rng.choice(self.ix.ok_leaves)]
             d.title = rng.choice(self.p["disguise"]).format(decoy=decoy.name)
             d.signals.append(f"disguised_as:{decoy.id}")

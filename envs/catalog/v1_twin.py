@@ -180,28 +180,43 @@ class CatalogTwinV1(CatalogTwin):
 
         return {**BASELINES, "careful": CarefulPolicy, **DEGENERATE}
 
-    # -- hooks of the twin doctor --------------------------------------------------------------
+    # -- hooks of the twin doctor (twin check) -------------------------------------------------
+    #: Issue #12's acceptance, stricter than the doctor's defaults: every degenerate policy 0.15
+    #: under careful; bag-of-words verdict accuracy at most 0.10 over the majority rate; no test
+    #: entity (brand, seller, recall notice) in train.
+    check_thresholds: ClassVar[dict[str, float]] = {
+        "degenerate_gap": 0.15,
+        "shortcut_margin": 0.10,
+        "split_overlap": 0.0,
+    }
+
     def case_kind(self, split: str, index: int) -> str:
-        """The planted kind of a case (what the doctor groups by)."""
+        """The planted kind of a case, without building it."""
         return self.kind_of(split, index)
 
     def case_label(self, case: Case) -> str:
-        """The label a bag-of-words audit predicts: the case's verdict."""
+        """The answer class a shortcut audit tries to predict: the verdict."""
         return str(case.truth["verdict"])
 
     def reference_policies(self) -> dict[str, Any]:
-        """Policy factories the doctor compares: careful (the reference), the heuristic and the
-        degenerate ones (each constant verdict, no tools, first hit)."""
+        """The careful reference analyst and the heuristic baseline (neither reads the truth)."""
         from envs.catalog.baselines import HeuristicPolicy
-        from envs.catalog.careful import DEGENERATE, CarefulPolicy
+        from envs.catalog.careful import CarefulPolicy
 
-        return {"careful": CarefulPolicy, "heuristic": HeuristicPolicy, **DEGENERATE}
+        return {"careful": CarefulPolicy(self), "heuristic": HeuristicPolicy(self)}
 
     def oracle_policy(self) -> Any:
-        """A policy that submits the truth (the reachable maximum)."""
+        """A policy that submits the truth (proves the maximum is reachable on every case)."""
         from envs.catalog.baselines import OraclePolicy
 
         return OraclePolicy(self)
+
+    def degenerate_policies(self) -> dict[str, Any]:
+        """Catalog shortcuts: careful's category and attributes with each constant verdict, the
+        first search hit with verdict ok, and one submit without tools."""
+        from envs.catalog.careful import DEGENERATE
+
+        return {name: factory(self) for name, factory in DEGENERATE.items()}
 
     def world_entities(self, split: str, limit: int | None = None) -> dict[str, set[str]]:
         """Brands, sellers and recall notices the listings of ``split`` draw on.
@@ -217,11 +232,6 @@ class CatalogTwinV1(CatalogTwin):
             for k in self.entity_kinds:
                 out[k].update(ents.get(k, ()))
         return out
-
-    def check_thresholds(self) -> dict[str, float]:
-        """The figures the doctor holds this twin to (issue #12's acceptance)."""
-        return {"reference_min": 0.95, "heuristic_max": 0.75, "degenerate_gap": 0.15,
-                "bow_over_majority": 0.10}
 
     # -- tools ---------------------------------------------------------------------------------
     @tool
