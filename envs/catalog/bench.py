@@ -107,6 +107,7 @@ def main(
     cold: bool = True,
     warm: bool = True,
     out: str | None = None,
+    version: int = 1,
     **_: Any,
 ) -> int:
     """Run the benchmarks and print them beside the targets; return 0.
@@ -119,10 +120,13 @@ def main(
         cold: Time a cold world build in a fresh process with an empty cache.
         warm: Time a warm (cached) world build in a fresh process.
         out: Write the figures as JSON to this file too.
+        version: Catalog version to time (1, the latest, or 0).
     """
     from twin.env import TwinEnv
 
-    from envs.catalog.twin import CatalogTwin
+    from envs.catalog.demo import twin_class
+
+    CatalogTwin = twin_class(version)  # noqa: N806 - the class of the chosen version
 
     console = Console(width=140) if not Console().is_terminal else Console()
     console.print(f"cpus {os.cpu_count()}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -155,6 +159,7 @@ def main(
         "get_attribute_schema": {"category_id": leaf},
         "lookup_brand": {"name": brand},
         "search_taxonomy": {"query": query, "limit": 10},
+        **({"get_seller": {"name": task["seller"]}} if twin.tool("get_seller") else {}),
         "submit": {"category_id": leaf, "attributes": attrs, "verdict": "ok", "reason": "bench"},
     }
 

@@ -15,8 +15,28 @@ from typing import Any
 from rich.console import Console
 
 from envs.catalog.listings import KINDS
+from envs.catalog.v1_listings import KINDS as KINDS_V1
 
-__all__ = ["DEFAULT_EPISODES", "main", "select_cases"]
+__all__ = ["DEFAULT_EPISODES", "V1_POLICIES", "main", "select_cases", "twin_class"]
+
+#: The policies the v1 demo runs: baselines, the careful reference and the degenerate ones.
+V1_POLICIES = ("random", "heuristic", "careful", "oracle", "always_ok", "always_counterfeit",
+               "always_prohibited", "no_tools", "first_hit")
+
+
+def twin_class(version: int) -> Any:
+    """The catalog twin class of ``version`` (0 or 1).
+
+    Raises:
+        ValueError: another version.
+    """
+    from envs.catalog.twin import CatalogTwin
+    from envs.catalog.v1_twin import CatalogTwinV1
+
+    classes = {0: CatalogTwin, 1: CatalogTwinV1}
+    if version not in classes:
+        raise ValueError(f"catalog version must be 0 or 1, got {version!r}")
+    return classes[version]
 
 #: Cases in the default demo: None runs the whole split (200 test cases x group size).
 DEFAULT_EPISODES: int | None = None
@@ -35,7 +55,8 @@ def select_cases(twin: Any, split: str, episodes: int | None) -> list[tuple[str,
     by_kind: dict[str, list[int]] = {}
     for i in range(total):
         by_kind.setdefault(twin.kind_of(split, i), []).append(i)
-    kinds = [k for k in KINDS if k in by_kind]
+    order = KINDS_V1 if getattr(twin, "version", 0) >= 1 else KINDS
+    kinds = [k for k in order if k in by_kind]
     want = total if episodes is None else max(1, int(episodes))
     want = min(want, total)
     picked: list[int] = []
@@ -55,9 +76,10 @@ def main(
     taxonomy: str | None = None,
     out: str = "reports/demo",
     store: str | bool | None = None,
-    policies: Sequence[str] | str = ("random", "heuristic", "oracle"),
+    policies: Sequence[str] | str | None = None,
     seed: int = 0,
     progress: bool = True,
+    version: int = 1,
     **_: Any,
 ) -> int:
     """Run the demo; return 0 (the CLI's exit status).
@@ -70,21 +92,23 @@ def main(
         out: Folder for ``report.md`` and the plots.
         store: Run store URL or file (default ``$TWINRL_STORE`` or ``runs/twinrl.db``);
             ``"none"`` or False (``--no-store``) to skip.
-        policies: Baselines to run (names or one comma-separated string).
+        policies: Baselines to run (names or one comma-separated string); default for v1
+            :data:`V1_POLICIES`, for v0 random, heuristic and oracle.
         seed: World and case seed.
         progress: Show progress bars.
+        version: Catalog version (1, the latest, or 0).
     """
     from twin.rollout import run_episodes, summarize
 
     from envs.catalog.report import catalog_metrics, print_tables, write_report
-    from envs.catalog.twin import CatalogTwin
-
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
         console = Console(width=160)
+    if policies is None:
+        policies = V1_POLICIES if int(version) >= 1 else ("random", "heuristic", "oracle")
     names = [p.strip() for p in policies.split(",")] if isinstance(policies, str) else list(policies)
     started = time.perf_counter()
-    twin = CatalogTwin(seed=seed, taxonomy_path=taxonomy, progress=progress)
+    twin = twin_class(int(version))(seed=seed, taxonomy_path=taxonomy, progress=progress)
     console.print(f"[bold]twinrl demo[/]: {twin!r} on the {split} split")
     t0 = time.perf_counter()
     world = twin.world

@@ -19,7 +19,12 @@ from rich.table import Table
 
 from twin.trajectory import Group, Trajectory
 
-from envs.catalog.listings import KINDS, VERDICTS
+from envs.catalog.listings import KINDS as KINDS_V0
+from envs.catalog.listings import VERDICTS
+from envs.catalog.v1_listings import KINDS as KINDS_V1
+
+#: Every case kind of every version, in table order.
+KINDS: tuple[str, ...] = KINDS_V0 + tuple(k for k in KINDS_V1 if k not in KINDS_V0)
 
 __all__ = ["catalog_metrics", "print_tables", "write_report"]
 

@@ -202,12 +202,12 @@ def test_bad_files_are_per_file_errors_and_the_others_still_run(tmp_path, capsys
 
 
 def test_the_shipped_rollouts_pass_against_the_catalog_reward():
-    files = sorted(str(p) for p in (ROOT / "data" / "rollouts").glob("catalog-*.rollouts.yaml")
+    files = sorted(str(p) for p in (ROOT / "data" / "rollouts").glob("catalog-v0-*.rollouts.yaml")
                    if "replay" not in p.name)
     cases = sum(len(load_rollout_file(f).cases) for f in files)
     assert cases >= 25
     for f in files:
-        text = Path(f).read_text().replace("twin: Catalog", "twin: KitCatalog")
+        text = Path(f).read_text().replace("twin: Catalog-v0", "twin: KitCatalog")
         spec = testing.RolloutFile.model_validate(__import__("yaml").safe_load(text))
         for c in spec.cases:
             outcome = testing.score_case(spec, c, file=f)
