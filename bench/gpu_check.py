@@ -72,6 +72,7 @@ class Peaks:
 
     sampler: dict[str, float] = field(default_factory=dict)
     learner: dict[str, float] = field(default_factory=dict)
+    device: dict[str, float] = field(default_factory=dict)  # all processes (nvidia-smi memory.used)
 
 
 class MemoryWatch:
@@ -114,6 +115,9 @@ class MemoryWatch:
             _peak(self.peaks.sampler, "cpu", rss)
             _peak(self.peaks.learner, "cpu", _rss(os.getpid()))
             return
+        for device, used in _gpu_used():
+            _peak(self.peaks.device, device, used)
+        # in a container nvidia-smi may list host pids (or none): then only the device totals count
         for device, pid, used in _gpu_processes():
             if pid == os.getpid():
                 _peak(self.peaks.learner, device, used)
@@ -155,13 +159,21 @@ def _descendants(roots: set[int]) -> set[int]:
     return found
 
 
+def _smi(what: str) -> list[list[str]]:
+    out = subprocess.run(["nvidia-smi", f"--query-{what}", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
+    return [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def _gpu_used() -> list[tuple[str, float]]:
+    """``(cuda:N, bytes used by every process)`` per GPU (gpu_check.sh sets CUDA_DEVICE_ORDER=PCI_BUS_ID,
+    so nvidia-smi's index is torch's)."""
+    return [(f"cuda:{i}", float(mib) * 2**20) for i, mib in _smi("gpu=index,memory.used")]
+
+
 def _gpu_processes() -> list[tuple[str, int, float]]:
     """``(cuda:N, pid, bytes)`` of every compute process, from nvidia-smi."""
-    def query(what: str) -> list[list[str]]:
-        out = subprocess.run(["nvidia-smi", f"--query-{what}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
-        return [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()]
-
+    query = _smi
     index = {uuid: f"cuda:{i}" for i, uuid in query("gpu=index,uuid")}
     return [(index.get(uuid, uuid), int(pid), float(mib) * 2**20)
             for uuid, pid, mib in query("compute-apps=gpu_uuid,pid,used_memory")]  # fmt: skip
@@ -274,10 +286,11 @@ def print_summary(s: dict[str, float], peaks: Peaks, planned: dict[str, Any], se
     for device in sorted(set(planned) | set(peaks.sampler) | set(peaks.learner)):
         plan_sampler, plan_learner, capacity = planned.get(device, (0.0, 0.0, float("nan")))
         got_s, got_l = peaks.sampler.get(device, 0.0), peaks.learner.get(device, 0.0)
+        whole = peaks.device.get(device)
         print(
             f"  memory {device}: sampler peak {got_s / GIB:.2f} GiB (plan {plan_sampler / GIB:.2f}), learner peak "
             f"{got_l / GIB:.2f} GiB (plan {plan_learner / GIB:.2f}); together {(got_s + got_l) / GIB:.2f} of "
-            f"{capacity / GIB:.2f} GiB",
+            f"{capacity / GIB:.2f} GiB" + (f"; device peak {whole / GIB:.2f} GiB (all processes)" if whole else ""),
             flush=True,
         )
 

@@ -34,5 +34,6 @@ if ! ls "$TWINRL_VLLM_PYTHON"/lib/python3*/site-packages/vllm/__init__.py >/dev/
          "or point TWINRL_VLLM_PYTHON at a venv that has it" >&2
     exit 2
 fi
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+# nvidia-smi numbers GPUs in PCI order; make CUDA (torch, vLLM) agree, so cuda:N is the same GPU
+export CUDA_DEVICE_ORDER=PCI_BUS_ID HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 exec "$PY" bench/gpu_check.py "$@"

@@ -58,3 +58,40 @@ def test_gpu_check_cpu_dry_run_prints_its_figures(tmp_path: Path) -> None:
     assert memory and all(float(memory.group(i)) > 0 for i in (1, 2, 3, 4)), out
     assert f"qwen3-8b: skipped ({not_a_model} has no config.json" in out
     assert "gpu_check: done; random: sampler" in out
+
+
+def test_gpu_memory_is_attributed_per_process_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU side of the memory watch, against a stand-in ``nvidia-smi``: this process is the
+    learner, the sampler's process tree is vLLM, others are ignored; device totals are kept too."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    assert spec and spec.loader
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # dataclasses look their module up
+    spec.loader.exec_module(gpu_check)
+    sampler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        fake = tmp_path / "nvidia-smi"
+        fake.write_text(
+            "#!/bin/sh\n"
+            'case "$1" in\n'
+            '  --query-gpu=index,uuid) printf "0, GPU-a\\n1, GPU-b\\n" ;;\n'
+            '  --query-gpu=index,memory.used) printf "0, 2048\\n1, 1024\\n" ;;\n'
+            f'  --query-compute-apps=*) printf "GPU-a, {sampler.pid}, 1500\\nGPU-b, {os.getpid()}, 900\\n'
+            'GPU-a, 1, 400\\n" ;;\n'
+            "esac\n"
+        )
+        fake.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        setup = gpu_check.Setup("cuda:0", "cuda:1", "test", 1, 1, 1, 1, 1, 1, 1)
+        watch = gpu_check.MemoryWatch(setup)
+        watch.watch_server(sampler.pid)
+        watch.sample()
+    finally:
+        sampler.kill()
+        sampler.wait()
+    mib = 2**20
+    assert watch.peaks.sampler == {"cuda:0": 1500 * mib}
+    assert watch.peaks.learner == {"cuda:1": 900 * mib}
+    assert watch.peaks.device == {"cuda:0": 2048 * mib, "cuda:1": 1024 * mib}
