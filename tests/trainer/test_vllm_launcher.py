@@ -20,6 +20,7 @@ RECIPE = {
     "model": {"path": "tiny", "dtype": "bfloat16"},
     "lora": {"rank": 64},
     "sampler": {"kind": "vllm", "temperature": 0.8, "max_episode_tokens": 8192},
+    "optim": {"micro_batch_tokens": 8192},  # an episode is never split across micro-batches
     "devices": {"rollout": "cuda:0", "learner": "cuda:1"},
 }
 
