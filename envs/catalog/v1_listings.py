@@ -517,6 +517,8 @@ class _Gen:
             d.tail.append(rng.choice(p["lot_lines"]).format(model=model, batch=_batch(rng)))
         if d.brand_text and rng.random() < 0.06:
             d.desc.append(rng.choice(p["authorized_claims"]).format(brand=d.brand_text))
+        if rng.random() < 0.06:
+            d.desc.append(rng.choice(p["compatible_noise"]).format(target=rng.choice(self.ix.gated)))
 
     def style_claim(self) -> str:
         rng, p = self.rng, self.p

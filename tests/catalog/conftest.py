@@ -50,3 +50,23 @@ def shopify_twin(catalog_cache: Path):
     t = CatalogTwin(seed=0, taxonomy_path=str(SHOPIFY))
     t.world
     return t
+
+
+@pytest.fixture(scope="session")
+def twin_v1(twin):
+    """The catalog v1 twin on the generated world (seed 0): v0's world plus v1's overlay."""
+    from envs.catalog import CatalogTwinV1
+
+    t = CatalogTwinV1(seed=0)
+    t.world
+    return t
+
+
+@pytest.fixture(scope="session")
+def shopify_twin_v1(shopify_twin):
+    """Catalog v1 on Shopify's taxonomy; skipped when the shared data is absent."""
+    from envs.catalog import CatalogTwinV1
+
+    t = CatalogTwinV1(seed=0, taxonomy_path=str(SHOPIFY))
+    t.world
+    return t

@@ -152,8 +152,9 @@ def test_registry_makes_the_twin(twin):
     import twin as twinlib
 
     env = twinlib.make("catalog", seed=0)
-    assert type(env.twin).__name__ == "CatalogTwin"
+    assert type(env.twin).__name__ == "CatalogTwinV1"  # a name without a version: the latest
     env.reset(options={"split": "test", "index": 1})
+    assert type(twinlib.make_twin("twin/Catalog-v0")).__name__ == "CatalogTwin"
 
 
 def test_shopify_world_tools(shopify_twin):
