@@ -18,6 +18,10 @@ Every write is its own transaction, committed before the call returns: a run kil
 point loses nothing that a returned call wrote. SQLite runs in WAL mode so that ``twin runs``
 can read while a trainer writes.
 
+PostgreSQL (``postgresql+psycopg://...``, ``pip install 'twinrl[postgres]'``) holds one store
+for many machines: any number of processes may create the schema and write at once. Times are
+stored with their time zone (``TIMESTAMP WITH TIME ZONE`` there) and read back as UTC.
+
 Liveness: a run records the process that writes it (pid and host) and a heartbeat, refreshed by
 a daemon thread of the writing :class:`RunStore` (every ``heartbeat_s`` seconds) and by each
 write. A ``running`` run whose process is gone (same host) or whose heartbeat is older than
@@ -39,6 +43,7 @@ import logging
 import os
 import socket
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +52,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     DateTime,
+    Dialect,
     Float,
     ForeignKey,
     Integer,
@@ -63,6 +69,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.types import TypeDecorator
 
 from twin.errors import ConfigError, TwinError
 from twin.trajectory import Trajectory
@@ -101,7 +108,34 @@ class RunNotFoundError(TwinError, KeyError):
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class _UTCDateTime(TypeDecorator[dt.datetime]):
+    """A point in time, stored with its zone where the database can (PostgreSQL's
+    ``TIMESTAMP WITH TIME ZONE``) and as UTC text in SQLite; always read back aware, in UTC.
+
+    A naive value is taken as UTC (stores written before times carried their zone hold those).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+    def process_result_value(
+        self, value: dt.datetime | None, dialect: Dialect
+    ) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:  # SQLite keeps no zone: what it holds was written as UTC
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
 
 
 class _Base(DeclarativeBase):
@@ -117,17 +151,17 @@ class _Run(_Base):
     policy: Mapped[str] = mapped_column(String(256))
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(16), default="running")
-    started_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
-    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    started_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime, default=_now)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(_UTCDateTime, nullable=True)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # Liveness (added after the first release: _migrate adds them to older stores).
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     host: Mapped[str | None] = mapped_column(String(255), nullable=True)
-    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime, nullable=True)
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(_UTCDateTime, nullable=True)
 
 
-#: Columns of ``runs`` that older stores lack, with their SQL types.
-_ADDED_RUN_COLUMNS = {"pid": "INTEGER", "host": "VARCHAR(255)", "heartbeat_at": "TIMESTAMP"}
+#: Columns of ``runs`` that older stores lack.
+_ADDED_RUN_COLUMNS = ("pid", "host", "heartbeat_at")
 
 
 class _Episode(_Base):
@@ -146,7 +180,7 @@ class _Episode(_Base):
     trajectory: Mapped[str] = mapped_column(Text)
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     step: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime, default=_now)
 
 
 class _Metric(_Base):
@@ -156,7 +190,7 @@ class _Metric(_Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     step: Mapped[int] = mapped_column(Integer)
     values: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime, default=_now)
 
 
 @dataclass
@@ -171,14 +205,14 @@ class RunInfo:
         config: The run's configuration (CLI options, recipe).
         status: ``running``, ``finished``, ``failed`` or ``interrupted`` (stored as
             ``running`` but its process is gone or its heartbeat is stale; or ended by Ctrl-C).
-        started_at: UTC start time.
-        finished_at: UTC end time, None while running.
+        started_at: Start time (timezone-aware, UTC).
+        finished_at: End time (timezone-aware, UTC), None while running.
         metrics: The summary written by :meth:`RunStore.finish_run`.
         episodes: Episodes stored for the run.
         reward_mean: Mean reward over the stored, scored episodes (None when there are none).
         pid: Process id of the run's writer (None in stores older than liveness).
         host: Host name of the run's writer.
-        heartbeat_at: UTC time of the writer's last sign of life.
+        heartbeat_at: Time of the writer's last sign of life (timezone-aware, UTC).
     """
 
     id: int
@@ -263,9 +297,13 @@ class RunStore:
         heartbeat_s: Seconds between heartbeats of the runs this store writes.
         stale_after_s: A running run silent for longer reads back as ``interrupted``.
 
+    Attributes:
+        url: The store's URL, its password (if any) masked: safe to print.
+        engine: The SQLAlchemy engine.
+
     Raises:
-        ConfigError: the URL cannot be parsed, its driver is not installed, or the file is not
-            a database.
+        ConfigError: the URL cannot be parsed, its driver is not installed, the file is not
+            a database, or the database server cannot be reached.
     """
 
     def __init__(
@@ -287,32 +325,51 @@ class RunStore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._thread_pid = 0
-        self.url = resolve_url(url)
+        full_url = resolve_url(url)
         try:
-            parsed = make_url(self.url)
+            parsed = make_url(full_url)
         except ArgumentError as exc:
             raise ConfigError(
-                f"run store URL {self.url!r} is not a SQLAlchemy URL ({exc}); use a file path or "
+                f"run store URL {full_url!r} is not a SQLAlchemy URL ({exc}); use a file path or "
                 "e.g. 'sqlite:///runs/twinrl.db' or 'postgresql+psycopg://user@host/db'"
             ) from None
-        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        #: The store's URL as shown to people (``twin runs``, summaries): password masked.
+        self.url = (
+            parsed.render_as_string(hide_password=True) if parsed.password else full_url
+        )
+        backend = parsed.get_backend_name()
+        if backend == "sqlite" and parsed.database not in (None, "", ":memory:"):
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.engine: Engine = create_engine(self.url, echo=echo, future=True)
-        except Exception as exc:  # missing DB driver, bad options
+            self.engine: Engine = create_engine(
+                parsed,
+                echo=echo,
+                # A server may drop idle connections (restarts, timeouts): test before use.
+                pool_pre_ping=backend != "sqlite",
+            )
+        except ModuleNotFoundError as exc:
+            extra = " (pip install 'twinrl[postgres]')" if backend == "postgresql" else ""
+            raise ConfigError(
+                f"cannot open run store {self.url!r}: its driver {exc.name!r} is not "
+                f"installed{extra}"
+            ) from None
+        except Exception as exc:  # bad options
             raise ConfigError(f"cannot open run store {self.url!r}: {exc}") from None
-        if parsed.get_backend_name() == "sqlite":
+        if backend == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         try:
             _create_schema(self.engine)
         except DatabaseError as exc:
             self.engine.dispose()
-            reason = str(getattr(exc, "orig", exc) or exc).splitlines()[0]
-            raise ConfigError(
-                f"cannot use {self.url!r} as a run store: {reason}; give a new or existing "
-                "run-store file (e.g. runs/twinrl.db) or a database URL"
-            ) from None
+            reason = str(getattr(exc, "orig", exc) or exc).strip().splitlines()[0]
+            hint = (
+                "give a new or existing run-store file (e.g. runs/twinrl.db) or a database URL"
+                if backend == "sqlite"
+                else "check that the server is up and the URL's host, port, user and database"
+            )
+            raise ConfigError(f"cannot use {self.url!r} as a run store: {reason}; {hint}") from None
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        _OPEN_STORES.add(self)
 
     # -- runs ----------------------------------------------------------------------------------
     def start_run(
@@ -633,10 +690,31 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _forget_inherited_connections() -> None:
+    """In a forked child: new pools for every store, without closing the parent's connections
+    (two processes on one connection corrupt both sessions; closing would end the parent's)."""
+    for store in list(_OPEN_STORES):
+        store.engine.dispose(close=False)
+
+
+_OPEN_STORES: weakref.WeakSet[RunStore] = weakref.WeakSet()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_connections)
+
+
 def _is_schema_race(exc: DatabaseError) -> bool:
-    """A concurrent writer created the table, index or column first."""
+    """A concurrent writer created the table, index or column first.
+
+    SQLite says ``table ... already exists`` / ``duplicate column``. PostgreSQL says
+    ``relation ... already exists`` or, when both CREATEs ran at the same moment, raises a unique
+    violation on its catalog (``pg_type_typname_nsp_index``, ``pg_class_relname_nsp_index``).
+    """
     text_ = str(getattr(exc, "orig", exc)).lower()
-    return "already exists" in text_ or "duplicate column" in text_
+    return (
+        "already exists" in text_
+        or "duplicate column" in text_
+        or ("unique constraint" in text_ and '"pg_' in text_)
+    )
 
 
 def _create_schema(engine: Engine, attempts: int = 5) -> None:
@@ -659,10 +737,14 @@ def _create_schema(engine: Engine, attempts: int = 5) -> None:
 def _migrate(engine: Engine) -> None:
     """Add the ``runs`` columns that stores made before them lack."""
     have = {c["name"] for c in inspect(engine).get_columns("runs")}
-    for name, sql_type in _ADDED_RUN_COLUMNS.items():
+    # PostgreSQL can skip a column that a concurrent migration just added; SQLite cannot (its
+    # "duplicate column" is a schema race, retried by _create_schema).
+    guard = "IF NOT EXISTS " if engine.dialect.name == "postgresql" else ""
+    for name in _ADDED_RUN_COLUMNS:
         if name not in have:
+            sql_type = _Run.__table__.c[name].type.compile(dialect=engine.dialect)
             with engine.begin() as conn:
-                conn.execute(text(f"ALTER TABLE runs ADD COLUMN {name} {sql_type}"))
+                conn.execute(text(f"ALTER TABLE runs ADD COLUMN {guard}{name} {sql_type}"))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,4 +1,8 @@
-"""The run store: round trips, listings, metrics, and nothing committed is lost to a SIGKILL."""
+"""The run store: round trips, listings, metrics, and nothing committed is lost to a SIGKILL.
+
+Most tests run twice, on SQLite and on PostgreSQL (``store_url``); the PostgreSQL variants use a
+throwaway server (tests/conftest.py) and skip, saying why, where there is none.
+"""
 
 from __future__ import annotations
 
@@ -61,9 +65,17 @@ def _traj(i: int, reward: float | None = 0.5) -> Trajectory:
     )
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """A new, empty store's URL: an SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    return request.getfixturevalue("postgres_url")
+
+
 @pytest.fixture()
-def store(tmp_path) -> RunStore:
-    s = RunStore(tmp_path / "runs.db")
+def store(store_url) -> RunStore:
+    s = RunStore(store_url)
     yield s
     s.close()
 
@@ -173,8 +185,8 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_sigkill_loses_nothing_committed(tmp_path):
-    db = tmp_path / "kill.db"
+def test_sigkill_loses_nothing_committed(store_url):
+    db = store_url
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(db)],
         stdout=subprocess.PIPE,
@@ -190,7 +202,8 @@ def test_sigkill_loses_nothing_committed(tmp_path):
                 break
             committed = int(line)
         assert committed >= 5, "the writer did not commit 5 batches"
-        assert RunStore(db).runs()[0].status == "running"  # its writer is alive
+        with RunStore(db) as reader:
+            assert reader.runs()[0].status == "running"  # its writer is alive
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -240,10 +253,10 @@ def _set_run(store: RunStore, run_id: int, **values) -> None:
         conn.execute(update(_Run).where(_Run.id == run_id).values(**values))
 
 
-def test_stale_heartbeat_reads_interrupted_and_a_write_takes_the_run_over(tmp_path):
+def test_stale_heartbeat_reads_interrupted_and_a_write_takes_the_run_over(store_url):
     import datetime as dt
 
-    store = RunStore(tmp_path / "hb.db")
+    store = RunStore(store_url)
     run = store.start_run("train", "x", "y")
     info = store.run(run)
     assert info.status == "running" and info.pid == os.getpid() and info.heartbeat_at is not None
@@ -268,10 +281,10 @@ def test_stale_heartbeat_reads_interrupted_and_a_write_takes_the_run_over(tmp_pa
     store.close()
 
 
-def test_the_heartbeat_thread_keeps_a_quiet_run_alive(tmp_path):
+def test_the_heartbeat_thread_keeps_a_quiet_run_alive(store_url):
     import datetime as dt
 
-    store = RunStore(tmp_path / "beat.db", heartbeat_s=0.05, stale_after_s=60)
+    store = RunStore(store_url, heartbeat_s=0.05, stale_after_s=60)
     run = store.start_run("train", "x", "y")
     old = store.run(run).heartbeat_at - dt.timedelta(hours=1)
     _set_run(store, run, heartbeat_at=old)
@@ -298,67 +311,26 @@ def test_track_run_finishes_fails_or_interrupts(store):
     assert store.run(stopped.id).status == "interrupted"
 
 
-def test_a_store_made_before_liveness_columns_is_upgraded(tmp_path):
-    import sqlite3
+def test_a_store_made_before_liveness_columns_is_upgraded(store_url):
+    from sqlalchemy import create_engine, inspect, text
 
-    db = tmp_path / "old.db"
-    RunStore(db).close()
-    with sqlite3.connect(db) as conn:
+    RunStore(store_url).close()
+    engine = create_engine(store_url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO runs (kind, twin, policy, config, status, started_at) "
+                          "VALUES ('eval', 'old', 'p', '{}', 'finished', '2025-01-02 03:04:05')"))
         for column in ("pid", "host", "heartbeat_at"):
-            conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
-    store = RunStore(db)
+            conn.execute(text(f"ALTER TABLE runs DROP COLUMN {column}"))
+    store = RunStore(store_url)
     run = store.start_run("eval", "x", "y")
-    assert store.run(run).status == "running"
-    store.close()
-
-
-SCHEMA_RACER = textwrap.dedent(
-    """
-    import os, sys, time
-    from pathlib import Path
-    from twin.store import RunStore
-    Path(sys.argv[2], str(os.getpid())).touch()  # imported: ready
-    go = Path(sys.argv[3])
-    while not go.exists():
-        time.sleep(0.001)
-    store = RunStore(sys.argv[1])
-    store.start_run("eval", "race", "p")
-    store.close()
-    """
-)
-
-
-def test_concurrent_writers_on_a_fresh_store_all_create_the_schema(tmp_path):
-    """Nine processes open one new SQLite store at once: none dies in create_all."""
-    db, ready, go = tmp_path / "race.db", tmp_path / "ready", tmp_path / "go"
-    ready.mkdir()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", SCHEMA_RACER, str(db), str(ready), str(go)],
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=Path(__file__).resolve().parents[2],
-        )
-        for _ in range(9)
-    ]
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(ready.iterdir())) < 9 and time.monotonic() < deadline:
-            assert all(p.poll() is None for p in procs), "a racer died before the start"
-            time.sleep(0.01)
-        go.touch()  # all at once
-        failures = []
-        for p in procs:
-            _, err = p.communicate(timeout=120)
-            if p.returncode != 0:
-                failures.append(err.strip().splitlines()[-1] if err.strip() else p.returncode)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert failures == []
-    store = RunStore(db)
-    assert len(store.runs()) == 9
+    info = store.run(run)
+    assert info.status == "running" and info.pid == os.getpid() and info.heartbeat_at is not None
+    old = store.runs()[-1]
+    assert old.twin == "old" and old.pid is None and old.started_at.year == 2025
+    if engine.dialect.name == "postgresql":  # the added column keeps its time zone
+        (beat,) = [c for c in inspect(engine).get_columns("runs") if c["name"] == "heartbeat_at"]
+        assert beat["type"].timezone
+    engine.dispose()
     store.close()
 
 
@@ -371,6 +343,164 @@ def test_a_file_that_is_not_a_database_is_a_one_line_error(tmp_path):
     if Path("/etc/passwd").is_file():
         with pytest.raises(ConfigError, match="not a database"):
             RunStore("/etc/passwd")
+
+
+def test_times_are_utc_whatever_the_session_time_zone(store_url):
+    """Times carry their zone: a server (or session) far from UTC shifts nothing."""
+    import datetime as dt
+
+    if store_url.startswith("postgresql"):
+        store_url += "?options=-c%20timezone%3DPacific%2FChatham"  # UTC+12:45 / +13:45
+    store = RunStore(store_url)
+    before = dt.datetime.now(dt.timezone.utc)
+    run = store.start_run("train", "x", "y")
+    store.finish_run(run)
+    info = store.run(run)
+    after = dt.datetime.now(dt.timezone.utc)
+    for moment in (info.started_at, info.finished_at, info.heartbeat_at):
+        assert moment.utcoffset() == dt.timedelta(0)
+        assert before - dt.timedelta(seconds=1) <= moment <= after + dt.timedelta(seconds=1)
+    running = store.start_run("train", "x", "y")
+    assert store.run(running).status == "running"  # not 13 hours stale
+    store.close()
+
+
+MANY_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from twin.store import RunStore
+    from twin.trajectory import Trajectory
+    url, ready, go, worker, runs = sys.argv[1:5] + [int(sys.argv[5])]
+    Path(ready, worker).touch()
+    while not Path(go).exists():
+        time.sleep(0.001)
+    store = RunStore(url)  # the schema is created here, by all of them at once
+    for r in range(runs):
+        with store.track_run("train", f"w{worker}", "p", {"worker": worker, "run": r}) as run:
+            for batch in range(2):
+                run.add_episodes(
+                    [Trajectory(twin="W", case_id=f"{worker}/{r}/{batch}/{i}", reward=0.5)
+                     for i in range(5)],
+                    step=batch,
+                )
+                run.log_metrics(batch, {"worker": int(worker), "run": r, "batch": batch})
+            run.metrics = {"episodes": run.count_episodes()}
+    store.close()
+    """
+)
+
+
+def test_many_processes_write_one_store_at_once(tmp_path, store_url):
+    """Eight processes create the schema of one fresh store and write to it at the same time:
+    every run, episode and metric row arrives, and no writer fails."""
+    workers, runs = 8, 4
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    ready.mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MANY_WRITER, store_url, str(ready), str(go), str(w), str(runs)],
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        for w in range(workers)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(ready.iterdir())) < workers and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), "a writer died before the start"
+            time.sleep(0.01)
+        go.touch()
+        failures = []
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            if p.returncode != 0:
+                failures.append(err.strip().splitlines()[-1] if err.strip() else p.returncode)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert failures == []
+    store = RunStore(store_url)
+    listed = store.runs(limit=None)
+    assert len(listed) == workers * runs
+    assert {(r.twin, r.config["run"]) for r in listed} == {
+        (f"w{w}", r) for w in range(workers) for r in range(runs)
+    }
+    for info in listed:
+        assert info.status == "finished" and info.episodes == 10
+        assert info.metrics == {"episodes": 10}
+        worker, run = info.twin[1:], info.config["run"]
+        assert sorted(t.case_id for t in store.episodes(info.id)) == sorted(
+            f"{worker}/{run}/{b}/{i}" for b in range(2) for i in range(5)
+        )
+        assert store.metrics(info.id) == [
+            (b, {"worker": int(worker), "run": run, "batch": b}) for b in range(2)
+        ]
+    store.close()
+
+
+def test_a_forked_worker_gets_its_own_connections(store):
+    """A worker forked from a process that holds a store writes through new connections, while
+    its parent keeps writing through its own: both sessions stay intact."""
+    run = store.start_run("train", "x", "y")
+    store.add_episodes(run, [_traj(0)])  # the parent's pool now holds a connection
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            for j in range(20):
+                store.add_episodes(run, [_traj(1000 + j)])
+            code = 0
+        finally:
+            os._exit(code)
+    for j in range(20):
+        store.add_episodes(run, [_traj(2000 + j)])
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.count_episodes(run) == 41
+
+
+def test_postgres_without_its_driver_is_a_one_line_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if psycopg were not installed
+    with pytest.raises(ConfigError, match=r"driver 'psycopg' is not installed") as err:
+        RunStore("postgresql+psycopg://me:secret@localhost:1/db")
+    assert "twinrl[postgres]" in str(err.value) and "secret" not in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_twin_runs_reads_a_postgres_store_and_hides_its_password(postgres_url):
+    import json
+
+    from sqlalchemy.engine import make_url
+    from typer.testing import CliRunner
+
+    from twin.cli import app
+
+    # the throwaway server trusts loopback: any password is accepted, and must not be shown
+    url = make_url(postgres_url).set(password="s3cret-pw").render_as_string(hide_password=False)
+    with RunStore(url) as store:
+        assert "s3cret-pw" not in store.url and "s3cret-pw" not in repr(store)
+        run = store.start_run("eval", "Returns", "random", {"episodes": 2})
+        store.add_episodes(run, [_traj(0, 1.0), _traj(1, 0.0)])
+        store.finish_run(run, {"reward_mean": 0.5})
+    runner = CliRunner()
+    listing = runner.invoke(app, ["runs", "--store", url, "--json"])
+    assert listing.exit_code == 0, listing.output
+    (row,) = json.loads(listing.stdout)
+    assert (row["id"], row["status"], row["episodes"], row["reward_mean"]) == (
+        run, "finished", 2, 0.5
+    )
+    table = runner.invoke(app, ["runs", "--store", url])
+    assert table.exit_code == 0 and "Returns" in table.output
+    assert "s3cret-pw" not in table.output
+    shown = runner.invoke(app, ["runs", "show", str(run), "--store", url, "--json"])
+    assert shown.exit_code == 0 and len(json.loads(shown.stdout)["episodes"]) == 2
+    down = make_url(url).set(port=1).render_as_string(hide_password=False)  # nothing listens
+    bad = runner.invoke(app, ["runs", "--store", down])
+    assert bad.exit_code == 2 and "cannot use" in bad.output and "s3cret-pw" not in bad.output
+    assert len(bad.output.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(
