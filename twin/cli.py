@@ -513,6 +513,14 @@ def eval_(
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")
     ] = True,
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend",
+            help="local (this process) | ray (episodes as Ray tasks on $RAY_ADDRESS's cluster,"
+            " else a local one; pip install 'twinrl[ray]').",
+        ),
+    ] = "local",
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a policy on a twin's cases: reward, components, pass@k, pass^k; store the run.
@@ -570,6 +578,7 @@ def eval_(
             "cases": n_cases,
             "group_size": group_size,
             "concurrency": in_flight,
+            "backend": backend,
             "seed": seed,
             "base_url": settings.base_url,
             "temperature": settings.temperature if settings.temperature is not None else 0.0,
@@ -593,6 +602,7 @@ def eval_(
                 policy_spec=spec,
                 config=run_config,
                 progress=progress,
+                backend=backend,  # type: ignore[arg-type]  # evaluate() names the allowed ones
             )
         except EvalInterrupted as stop:
             if stop.run_id is not None:

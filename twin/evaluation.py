@@ -24,13 +24,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from twin.rollout import CaseRef, arun_episodes, success_fn, summarize
 from twin.store import RunStore
 from twin.trajectory import Group
 
-__all__ = ["EvalInterrupted", "EvalResult", "evaluate"]
+__all__ = ["BACKENDS", "Backend", "EvalInterrupted", "EvalResult", "evaluate"]
+
+#: Where the episodes run: this process, or a Ray cluster.
+Backend = Literal["local", "ray"]
+BACKENDS: tuple[str, ...] = ("local", "ray")
 
 
 @dataclass
@@ -80,6 +84,8 @@ def evaluate(
     policy_spec: str | None = None,
     config: dict[str, Any] | None = None,
     progress: bool = True,
+    backend: Backend = "local",
+    ray_address: str | None = None,
 ) -> EvalResult:
     """Run ``group_size`` episodes of ``policy`` on each case, store them, summarize them.
 
@@ -93,6 +99,9 @@ def evaluate(
         policy_spec: The policy as the run records it (default ``policy.name``).
         config: The run's configuration, stored with it (must not hold secrets).
         progress: Progress bar on stderr.
+        backend: ``"local"`` (this process, asyncio) or ``"ray"`` (chunks of groups as Ray tasks
+            on a cluster, :mod:`twin.ray_eval`; the same groups, stored the same way).
+        ray_address: The Ray cluster to join (default ``$RAY_ADDRESS``, else a local one).
 
     Returns:
         The summary, the groups and the run id.
@@ -100,12 +109,27 @@ def evaluate(
     Raises:
         EvalInterrupted: Ctrl-C; the run is stored as ``interrupted``.
         CaseError: a case that does not exist (before any episode starts; nothing stored).
+        ConfigError: an unknown backend, or ``"ray"`` without Ray installed.
     """
+    if backend not in BACKENDS:
+        from twin.errors import ConfigError
+
+        raise ConfigError(f"unknown eval backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    ray_usage: dict[str, Any] | None = None
     for split, index in cases:
         twin.case(split, index)  # fail before a run is recorded
 
     async def run_all(on_group: Any) -> list[Group]:
+        nonlocal ray_usage
         try:
+            if backend == "ray":
+                from twin.ray_eval import run_on_ray  # Ray is imported only on this path
+
+                groups, ray_usage = run_on_ray(
+                    twin, policy, cases, group_size=group_size, concurrency=concurrency,
+                    progress=progress, on_group=on_group, address=ray_address,
+                )  # fmt: skip
+                return groups
             return await arun_episodes(
                 twin,
                 policy,
@@ -130,7 +154,7 @@ def evaluate(
                 "run_id": run_id,
             }
         )
-        usage = getattr(policy, "usage", None)
+        usage = ray_usage if backend == "ray" else getattr(policy, "usage", None)
         if isinstance(usage, dict):
             summary["usage"] = dict(usage)
         return summary
