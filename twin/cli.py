@@ -52,7 +52,8 @@ app = typer.Typer(
 )
 runs_app = typer.Typer(help="List the runs in the run store; `twin runs show ID` for one run.")
 bench_app = typer.Typer(
-    help="Benchmarks: `twin bench catalog`, `twin bench trainer`.", no_args_is_help=True
+    help="Benchmarks: `twin bench catalog`, `twin bench trainer`, `twin bench openenv`.",
+    no_args_is_help=True,
 )
 reward_app = typer.Typer(help="Reward tools: `twin reward test FILES...`.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
@@ -950,6 +951,13 @@ def bench_trainer(ctx: typer.Context) -> None:
 def bench_trl(ctx: typer.Context) -> None:
     """Our synchronous GRPO step vs TRL's GRPOTrainer: same tiny model, prompts and batch."""
     fn = _target("trainer.bench_trl:main", "bench trl")
+    _call(fn, **_passthrough(list(ctx.args)))
+
+
+@bench_app.command("openenv", context_settings=_EXTRA)
+def bench_openenv(ctx: typer.Context) -> None:
+    """Step latency of a twin served by OpenEnv vs OpenEnv's echo environment (WebSocket, HTTP)."""
+    fn = _target("integrations.openenv_server:bench", "bench openenv")
     _call(fn, **_passthrough(list(ctx.args)))
 
 

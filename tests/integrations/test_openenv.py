@@ -1,0 +1,141 @@
+"""A twin as an OpenEnv environment: OpenEnv's own client plays a catalog episode over loopback
+(WebSocket and HTTP) and reads the reward, which is the twin's score of the same episode."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from integrations._episode import ToolCallEpisode
+from twin.registry import make_twin
+
+pytest.importorskip("openenv.core", reason="openenv-core is not installed: pip install 'twinrl[integrations]'")
+
+from integrations.openenv_server import (  # noqa: E402 - after the skip
+    TwinAction,
+    TwinEnvClient,
+    bench,
+    build_app,
+    running,
+)
+
+HIDDEN = {"task", "world", "state"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TWINRL_CACHE", str(tmp_path_factory.mktemp("twinrl-cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def twin():
+    return make_twin("Catalog")
+
+
+@pytest.fixture(scope="module")
+def url(twin):
+    with running(build_app(twin, max_http_episodes=2)) as base:  # 127.0.0.1, a free port
+        yield base
+
+
+def _calls(twin) -> list[tuple[str, dict]]:
+    """A right answer to test case 0, as a harness that knew it (the agent never does)."""
+    truth = twin.case("test", 0).truth
+    return [
+        ("search_taxonomy", {"query": "electrical boxes", "limit": 3}),
+        ("search_taxonomy", {"limit": "many"}),  # a failed call counts as in the twin
+        ("submit", {"category_id": truth["category_id"], "attributes": dict(truth["attributes"]),
+                    "verdict": truth["verdict"], "reason": "checked"}),
+    ]
+
+
+def _expected(twin) -> float:
+    """The twin's own score of the same calls (ToolCallEpisode == TwinEnv, one call per turn)."""
+    episode = ToolCallEpisode(twin)
+    episode.reset("test", 0)
+    for name, args in _calls(twin):
+        episode.call(name, args)
+    assert episode.done
+    traj = episode.trajectory
+    assert float(twin.score(traj, twin.case("test", 0)).total) == episode.final_reward()
+    return episode.final_reward()
+
+
+def test_openenv_client_plays_a_catalog_episode_over_websocket(twin, url):
+    async def play() -> dict:
+        seen: dict = {"steps": []}
+        async with TwinEnvClient(base_url=url) as env:
+            first = await env.reset(split="test", index=0)
+            seen["first"] = first
+            seen["before"] = await env.state()
+            for name, args in _calls(twin):
+                seen["steps"].append(await env.step(TwinAction(tool=name, arguments=args)))
+            seen["after"] = await env.state()
+            seen["late"] = await env.step(TwinAction(tool="search_taxonomy", arguments={"query": "x"}))
+        return seen
+
+    seen = asyncio.run(play())
+    first = seen["first"]
+    assert "LST-" in first.observation.messages[-1]["content"]
+    assert [t["function"]["name"] for t in first.observation.tools] == [t.name for t in twin.tools]
+    for tool in first.observation.tools:
+        assert not set(tool["function"]["parameters"].get("properties", {})) & HIDDEN
+    assert (first.reward, first.done) == (None, False)
+    assert seen["before"].status == "running" and seen["before"].reward is None and seen["before"].outcome is None
+    search, bad, submit = seen["steps"]
+    assert (search.observation.error, search.done, search.reward) == (False, False, None)
+    assert bad.observation.error and "query" in bad.observation.text and bad.reward is None
+    assert submit.done and submit.reward == pytest.approx(_expected(twin))
+    assert submit.reward > 0.5
+    after = seen["after"]
+    assert after.status == "terminated" and after.reward["total"] == submit.reward
+    assert after.invalid_calls == 1 and after.case_id == "Catalog/test/0"
+    assert seen["late"].done and seen["late"].observation.error
+    assert "episode has ended" in seen["late"].observation.text
+
+
+def test_http_reset_step_and_state_play_the_same_episode(twin, url):
+    with httpx.Client(base_url=url, timeout=30.0) as http:
+        first = http.post("/reset", json={"split": "test", "index": 0})
+        assert first.status_code == 200, first.text
+        episode_id = first.json()["observation"]["episode_id"]
+        last = None
+        for name, args in _calls(twin):
+            last = http.post("/step", json={"action": {"tool": name, "arguments": args}, "episode_id": episode_id})
+            assert last.status_code == 200, last.text
+        assert last.json()["done"] and last.json()["reward"] == pytest.approx(_expected(twin))
+        state = http.get(f"/episodes/{episode_id}").json()
+        assert state["status"] == "terminated" and state["reward"]["total"] == last.json()["reward"]
+
+
+def test_bad_requests_say_what_is_wrong(url):
+    with httpx.Client(base_url=url, timeout=30.0) as http:
+        r = http.post("/reset", json={"split": "nope"})
+        assert (r.status_code, r.json()["detail"]) == (400, "Catalog: unknown split 'nope'; splits: train, dev, test")
+        r = http.post("/reset", json={"split": "test", "indx": 1})
+        assert r.json()["detail"] == "unknown reset option(s) indx; the options are seed, episode_id, split and index"
+        r = http.post("/step", json={"action": {"tool": "search_taxonomy", "arguments": {}}})
+        assert r.status_code == 400 and "send the reset's episode_id with the step" in r.json()["detail"]
+        r = http.post("/step", json={"action": {"tool": "search_taxonomy"}, "episode_id": "gone"})
+        assert r.status_code == 404 and r.json()["detail"].startswith("no episode 'gone' on this server")
+        # The server keeps max_http_episodes (2 here): the oldest is dropped.
+        ids = [http.post("/reset", json={"split": "test", "index": 0}).json()["observation"]["episode_id"]
+               for _ in range(3)]
+        assert http.get(f"/episodes/{ids[0]}").status_code == 404
+        assert http.get(f"/episodes/{ids[2]}").status_code == 200
+
+
+def test_bench_reports_twin_and_echo_for_both_transports():
+    lines: list[str] = []
+    result = bench("Catalog", steps=12, out=lines.append)  # 12 > max_turns: an untimed re-reset
+    assert set(result) == {"ws", "http"}
+    for row in result.values():
+        assert row["twin"]["n"] == row["echo"]["n"] == 12
+        assert row["ratio"] == pytest.approx(row["twin"]["median_ms"] / row["echo"]["median_ms"])
+    assert len(lines) == 2 and all("echo median" in line and "ratio" in line for line in lines)
+    with pytest.raises(ValueError, match="unknown transports"):
+        bench("Catalog", steps=1, transports=("grpc",))
