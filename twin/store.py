@@ -20,7 +20,8 @@ can read while a trainer writes.
 
 PostgreSQL (``postgresql+psycopg://...``, ``pip install 'twinrl[postgres]'``) holds one store
 for many machines: any number of processes may create the schema and write at once. Times are
-stored with their time zone (``TIMESTAMP WITH TIME ZONE`` there) and read back as UTC.
+stored with their time zone (``TIMESTAMP WITH TIME ZONE`` there) and read back as UTC; JSON
+documents are text there as in SQLite, so NaN metrics are stored rather than refused.
 
 Liveness: a run records the process that writes it (pid and host) and a heartbeat, refreshed by
 a daemon thread of the writing :class:`RunStore` (every ``heartbeat_s`` seconds) and by each
@@ -138,6 +139,29 @@ class _UTCDateTime(TypeDecorator[dt.datetime]):
         return value.astimezone(dt.timezone.utc)
 
 
+class _JSONText(TypeDecorator[Any]):
+    """JSON kept as text, as SQLite keeps its JSON: NaN and infinities (a diverged loss, a
+    degenerate metric) round-trip, where PostgreSQL's ``json`` type refuses them."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else json.dumps(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if isinstance(value, (str, bytes)):
+            return json.loads(value)
+        return value  # NULL, or a json column of an older store, which the driver decoded
+
+
+#: JSON columns: SQLite's JSON; text on PostgreSQL (see _JSONText).
+_JSONDoc = JSON().with_variant(_JSONText(), "postgresql")
+#: Names, ids and specs: SQLite never enforces a VARCHAR length, so neither does PostgreSQL
+#: (a long policy spec must not be storable on one back end only).
+_Name = Text
+
+
 class _Base(DeclarativeBase):
     pass
 
@@ -147,16 +171,16 @@ class _Run(_Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     kind: Mapped[str] = mapped_column(String(16), index=True)
-    twin: Mapped[str] = mapped_column(String(128), index=True)
-    policy: Mapped[str] = mapped_column(String(256))
-    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    twin: Mapped[str] = mapped_column(_Name, index=True)
+    policy: Mapped[str] = mapped_column(_Name)
+    config: Mapped[dict[str, Any]] = mapped_column(_JSONDoc, default=dict)
     status: Mapped[str] = mapped_column(String(16), default="running")
     started_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime, default=_now)
     finished_at: Mapped[dt.datetime | None] = mapped_column(_UTCDateTime, nullable=True)
-    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(_JSONDoc, nullable=True)
     # Liveness (added after the first release: _migrate adds them to older stores).
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    host: Mapped[str | None] = mapped_column(_Name, nullable=True)
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(_UTCDateTime, nullable=True)
 
 
@@ -169,16 +193,16 @@ class _Episode(_Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    case_id: Mapped[str] = mapped_column(String(256), index=True)
-    split: Mapped[str] = mapped_column(String(64))
+    case_id: Mapped[str] = mapped_column(_Name, index=True)
+    split: Mapped[str] = mapped_column(_Name)
     index: Mapped[int] = mapped_column(Integer)
-    case_kind: Mapped[str] = mapped_column(String(128))
-    policy: Mapped[str] = mapped_column(String(256))
+    case_kind: Mapped[str] = mapped_column(_Name)
+    policy: Mapped[str] = mapped_column(_Name)
     reward: Mapped[float | None] = mapped_column(Float, nullable=True)
-    components: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    components: Mapped[dict[str, Any]] = mapped_column(_JSONDoc, default=dict)
     # Text, not JSON: the pydantic dump round-trips exactly (floats, key order).
     trajectory: Mapped[str] = mapped_column(Text)
-    timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    timings: Mapped[dict[str, Any]] = mapped_column(_JSONDoc, default=dict)
     step: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     created_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime, default=_now)
 
@@ -189,7 +213,7 @@ class _Metric(_Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     step: Mapped[int] = mapped_column(Integer)
-    values: Mapped[dict[str, Any]] = mapped_column(JSON)
+    values: Mapped[dict[str, Any]] = mapped_column(_JSONDoc)
     created_at: Mapped[dt.datetime] = mapped_column(_UTCDateTime, default=_now)
 
 

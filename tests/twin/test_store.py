@@ -365,6 +365,28 @@ def test_times_are_utc_whatever_the_session_time_zone(store_url):
     store.close()
 
 
+def test_what_sqlite_stores_postgresql_stores_too(store):
+    """NaN and infinite metrics (a diverged loss), long names and odd text: no back end refuses
+    what the other accepts."""
+    import math
+
+    policy = "openai:" + "m" * 300 + "@http://localhost:8000/v1"  # longer than any VARCHAR(256)
+    twin = "Tw" * 100 + " ✓ héllo"
+    run = store.start_run("train", twin, policy, {"lr": float("inf"), "text": "a'b\"c"})
+    store.log_metrics(run, 0, {"losses/kl": float("nan"), "grad/norm": float("-inf"), "ok": 1.5})
+    traj = _traj(0).model_copy(update={"case_id": "Returns/test/" + "9" * 400})
+    store.add_episodes(run, [traj])
+    store.finish_run(run, {"reward_mean": float("nan")})
+    info = store.run(run)
+    assert (info.twin, info.policy) == (twin, policy)
+    assert info.config == {"lr": float("inf"), "text": "a'b\"c"}
+    assert math.isnan(info.metrics["reward_mean"])
+    ((step, values),) = store.metrics(run)
+    assert step == 0 and math.isnan(values["losses/kl"])
+    assert values["grad/norm"] == float("-inf") and values["ok"] == 1.5
+    assert store.episodes(run) == [traj]
+
+
 MANY_WRITER = textwrap.dedent(
     """
     import os, sys, time
