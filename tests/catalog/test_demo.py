@@ -14,7 +14,7 @@ def test_demo_small(twin, tmp_path, capsys):
 
     store = tmp_path / "runs.db"
     code = main(episodes=14, group_size=2, out=str(tmp_path / "report"), store=str(store),
-                progress=False)
+                progress=False, version=0)
     assert code == 0
     out = capsys.readouterr().out
     for kind in KINDS:
@@ -29,6 +29,22 @@ def test_demo_small(twin, tmp_path, capsys):
 
     runs = RunStore(str(store)).runs()
     assert {r.policy for r in runs} == {"random", "heuristic", "oracle"}
+
+
+def test_demo_v1_runs_careful_and_the_degenerate_policies(twin_v1, tmp_path, capsys):
+    from envs.catalog.demo import V1_POLICIES, main
+    from envs.catalog.v1_listings import KINDS as V1_KINDS
+
+    code = main(episodes=len(V1_KINDS), group_size=1, out=str(tmp_path / "report"), store="none",
+                progress=False)
+    assert code == 0
+    out = capsys.readouterr().out
+    for kind in V1_KINDS:
+        assert kind in out, f"{kind} missing from the per-type table"
+    for name in V1_POLICIES:
+        assert name in out
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| careful | 1.000" in report and "| oracle | 1.000" in report
 
 
 def test_demo_writes_the_default_store(twin, tmp_path, monkeypatch):

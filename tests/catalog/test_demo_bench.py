@@ -18,7 +18,7 @@ def test_bench_prints_every_figure(twin, tmp_path, capsys):
         if name.startswith("world build"):
             continue
         assert name in figures and figures[name]["value"] > 0
-    for tool in ("get_attribute_schema", "lookup_brand", "search_taxonomy", "submit"):
+    for tool in ("get_attribute_schema", "lookup_brand", "search_taxonomy", "get_seller", "submit"):
         assert f"direct {tool}" in figures
     assert figures["env.step search_taxonomy new queries"]["value"] > 0  # the uncached search
     assert "load average" in printed
