@@ -79,7 +79,10 @@ __all__ = [
 #: How a call should look; error messages end with it.
 CALL_FORMAT = '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>'
 #: The same, in the other formats (for their own error messages).
-QWEN_XML_FORMAT = "<tool_call>\\n<function=<tool>>\\n<parameter=<arg>>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>"
+QWEN_XML_FORMAT = (
+    "<tool_call>\\n<function=<tool>>\\n<parameter=<arg>>\\nvalue\\n</parameter>\\n</function>"
+    "\\n</tool_call>"
+)
 LLAMA_FORMAT = '<|python_tag|>{"name": "<tool>", "parameters": {...}}'
 MISTRAL_FORMAT = '[TOOL_CALLS][{"name": "<tool>", "arguments": {...}}]'
 HARMONY_FORMAT = "<|channel|>commentary to=functions.<tool> <|constrain|>json<|message|>{...}<|call|>"
@@ -411,7 +414,10 @@ def _parse_llama(text: str, turn: int) -> ParsedTurn:
     if _PY_TAG in body:
         return ParsedTurn(
             content.strip(),
-            errors=[f"{_PY_TAG} written twice; write it once and separate the calls with ';': {LLAMA_FORMAT}"],
+            errors=[
+                f"{_PY_TAG} written twice; write it once and separate the calls with ';': "
+                f"{LLAMA_FORMAT}"
+            ],
         )
     calls, errors = _json_sequence(body, turn, LLAMA_FORMAT)
     return ParsedTurn(content.strip(), calls, errors)
@@ -472,7 +478,8 @@ def _parse_mistral(text: str, turn: int) -> ParsedTurn:
 
 
 def _parse_harmony(text: str, turn: int) -> ParsedTurn:
-    """gpt-oss messages: a header (``to=RECIPIENT`` marks a call), ``<|message|>``, the body, a stop token."""
+    """gpt-oss messages: a header (``to=RECIPIENT`` marks a call), ``<|message|>``, the body and
+    a stop token."""
     calls: list[ParsedCall] = []
     errors: list[str] = []
     content: list[str] = []
@@ -484,7 +491,8 @@ def _parse_harmony(text: str, turn: int) -> ParsedTurn:
             rest = text[pos:]
             if _H_RECIPIENT.search(rest):
                 errors.append(
-                    f"tool call #{len(calls) + 1}: the message has no <|message|>; write {HARMONY_FORMAT}"
+                    f"tool call #{len(calls) + 1}: the message has no <|message|>; "
+                    f"write {HARMONY_FORMAT}"
                 )
             else:
                 content.append(_H_TOKEN.sub("", rest))
@@ -535,7 +543,8 @@ def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -
     end = body.rfind("</function>")
     if end < 0:
         return ParsedCall(call_id, name, None, body,
-                          f"{where}: <function=...> is not closed; end it with </function>: {QWEN_XML_FORMAT}")
+                          f"{where}: <function=...> is not closed; end it with </function>: "
+                          f"{QWEN_XML_FORMAT}")
     if body[end + 11 :].strip():  # 11 == len("</function>")
         return ParsedCall(call_id, name, None, body,
                           f"{where}: text after </function>; write one function per <tool_call>")
@@ -553,17 +562,20 @@ def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -
             break
         tag_end = inner.find(">", start)
         if tag_end < 0 or "\n" in inner[start:tag_end]:
-            return ParsedCall(call_id, name, None, body, f"{where}: malformed <parameter=...> tag; {usage}")
+            return ParsedCall(call_id, name, None, body,
+                              f"{where}: malformed <parameter=...> tag; {usage}")
         arg = inner[start + 11 : tag_end].strip()  # 11 == len("<parameter=")
         if not arg:
             return ParsedCall(call_id, name, None, body, f"{where}: a parameter name is empty; {usage}")
         value_end = inner.find("</parameter>", tag_end)
         if value_end < 0:
             return ParsedCall(call_id, name, None, body,
-                              f"{where}: <parameter={short_text(arg)}> is not closed; end it with </parameter>")
+                              f"{where}: <parameter={short_text(arg)}> is not closed; end it "
+                              "with </parameter>")
         if arg in values:
             return ParsedCall(call_id, name, None, body,
-                              f"{where}: parameter {short_text(arg)!r} is given twice; give each argument once")
+                              f"{where}: parameter {short_text(arg)!r} is given twice; give each "
+                              "argument once")
         value = inner[tag_end + 1 : value_end]
         # The template puts the value on lines of its own: one newline each side is layout.
         if value.startswith("\n"):
@@ -573,10 +585,14 @@ def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -
         values[arg] = value
         pos = value_end + 12  # 12 == len("</parameter>")
     props = _properties(tools, name)
-    args = {arg: _typed(value, props.get(arg) if props is not None else None) for arg, value in values.items()}
+    args = {
+        arg: _typed(value, props.get(arg) if props is not None else None)
+        for arg, value in values.items()
+    }
     if not _shallow(args):
         return ParsedCall(call_id, name, None, body,
-                          f'{where}: "arguments" are nested more than {MAX_DEPTH} levels deep; send flat JSON arguments')
+                          f'{where}: "arguments" are nested more than {MAX_DEPTH} levels deep; '
+                          "send flat JSON arguments")
     return ParsedCall(call_id, name, args, body)
 
 
