@@ -33,7 +33,7 @@ from rewards import (
     term,
 )
 
-__all__ = ["VERDICTS", "VERDICT_COSTS", "VERDICT_COSTS_V1", "WEIGHTS", "make_catalog_reward"]
+__all__ = ["CLIP", "CLIP_V1", "VERDICTS", "VERDICT_COSTS", "VERDICT_COSTS_V1", "WEIGHTS", "make_catalog_reward"]
 
 #: The decisions an analyst can take.
 VERDICTS: tuple[str, ...] = ("ok", "counterfeit", "prohibited")
@@ -75,19 +75,30 @@ WEIGHTS: dict[str, float] = {"category": 0.3, "attributes": 0.3, "policy": 0.4}
 #: Clip of the total; also the total of an episode without a valid submission.
 CLIP: tuple[float, float] = (-0.4, 1.0)
 
+#: Catalog v1's clip: low enough that a miss with the category and attributes right
+#: (0.6 + 0.4*(1 - 5) = -1.0) is not clipped, so a miss loses exactly 7x a false alarm in the
+#: total too (2.0 vs 2/7), and an episode without a submission scores no better than a miss.
+CLIP_V1: tuple[float, float] = (-1.0, 1.0)
+
 
 def _submitted_verdict(submission: dict[str, Any]) -> str | None:
     verdict = submission.get("verdict")
     return verdict.strip().lower() if isinstance(verdict, str) else None
 
 
-def make_catalog_reward(category_exists: Callable[[str], bool], costs: CostMatrix = VERDICT_COSTS) -> Reward:
+def make_catalog_reward(
+    category_exists: Callable[[str], bool],
+    costs: CostMatrix = VERDICT_COSTS,
+    clip: tuple[float, float] = CLIP,
+) -> Reward:
     """Build the catalog reward for a taxonomy.
 
     Args:
         category_exists: Whether a category id exists in the twin's taxonomy (the world's
             look-up). Submitted ids that do not exist get no category credit.
         costs: The verdict cost matrix: :data:`VERDICT_COSTS` (v0) or :data:`VERDICT_COSTS_V1`.
+        clip: Bounds of the total, the low one also the total without a submission:
+            :data:`CLIP` (v0) or :data:`CLIP_V1`.
 
     Returns:
         The :class:`rewards.Reward` described in this module's docstring.
@@ -126,9 +137,9 @@ def make_catalog_reward(category_exists: Callable[[str], bool], costs: CostMatri
         gates=[
             submitted_gate(
                 fail_values={"category": 0.0, "attributes": 0.0, "policy": 1.0 - worst},
-                total=CLIP[0],
+                total=clip[0],
             )
         ],
-        clip=CLIP,
+        clip=clip,
         name="catalog_reward",
     )

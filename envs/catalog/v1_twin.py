@@ -4,7 +4,8 @@ Same job, taxonomy and reward weights as v0 (:mod:`envs.catalog.twin`), with lis
 signals overlap (:mod:`envs.catalog.v1_listings`), a ``get_seller`` tool, a brand look-up that
 reads through homoglyphs and punctuation, recall notices with batches, a held-out test world
 (:mod:`envs.catalog.v1_world`), a system prompt that states the policy rather than the
-generator's thresholds, and costs at 2.5x v0's scale (a false alarm 5/7, a miss 5: still 7:1).
+generator's thresholds, and costs at 2.5x v0's scale (a false alarm 5/7, a miss 5: still 7:1)
+with the total clipped to [-1, 1] so that the 7:1 ratio holds in the total as well.
 """
 
 from __future__ import annotations
@@ -123,9 +124,10 @@ class CatalogTwinV1(CatalogTwin):
         cfg: CatalogConfigV1 = self.config  # type: ignore[assignment]
         self.splits = {"train": cfg.train_size, "dev": cfg.dev_size, "test": cfg.test_size}
         self._mix = validate_mix(cfg.case_mix)
-        from envs.catalog.reward import VERDICT_COSTS_V1, make_catalog_reward
+        from envs.catalog.reward import CLIP_V1, VERDICT_COSTS_V1, make_catalog_reward
 
-        self.reward = make_catalog_reward(lambda cid: self.world.exists(cid), costs=VERDICT_COSTS_V1)
+        self.reward = make_catalog_reward(lambda cid: self.world.exists(cid), costs=VERDICT_COSTS_V1,
+                                          clip=CLIP_V1)
         self._schema_cache: dict[str, dict[str, Any]] = {}
         self._brand_cache: OrderedDict[tuple[str, str | None], dict[str, Any]] = OrderedDict()
         self._search_cache: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()

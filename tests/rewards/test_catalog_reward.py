@@ -147,3 +147,52 @@ def test_check_reward_properties_catches_a_broken_reward():
     flat = make_catalog_reward(lambda i: True).with_overrides({"weights": {"policy": 0.0}, "clip": [-0.4, 0.6]})
     with pytest.raises(AssertionError):
         check_reward_properties(flat, catalog_cases(), max_examples=20)
+
+
+# -- catalog v1: same weights and 7:1 ratio, 2.5x the cost scale, total clipped to [-1, 1] -------
+from envs.catalog.reward import CLIP_V1, VERDICT_COSTS_V1  # noqa: E402
+
+REWARD_V1 = make_catalog_reward(IDS.__contains__, costs=VERDICT_COSTS_V1, clip=CLIP_V1)
+ANY_ID_V1 = make_catalog_reward(lambda i: re.fullmatch(r"[a-z]{2}(-\d+)*", i) is not None,
+                                costs=VERDICT_COSTS_V1, clip=CLIP_V1)
+
+
+@pytest.mark.parametrize(("true", "sub"), list(itertools.product(VERDICTS, VERDICTS)))
+def test_v1_every_verdict_pair(true, sub):
+    cost = 0.0 if true == sub else (5.0 if sub == "ok" else 5 / 7)
+    r = score(case(true), REWARD_V1, verdict=sub)
+    assert r.components["policy"] == pytest.approx(1 - cost)
+    assert r.total == pytest.approx(0.6 + 0.4 * (1 - cost))
+
+
+def test_v1_miss_costs_seven_false_alarms_in_the_total_and_no_submit_is_worst():
+    miss = score(case("counterfeit"), REWARD_V1, verdict="ok")
+    alarm = score(case("ok"), REWARD_V1, verdict="counterfeit")
+    assert miss.total == pytest.approx(-1.0) and miss.unclipped == pytest.approx(-1.0)
+    assert (1 - miss.total) / (1 - alarm.total) == pytest.approx(7.0)
+    assert VERDICT_COSTS_V1.ratio(("counterfeit", "ok"), ("ok", "counterfeit")) == pytest.approx(7.0)
+    none = REWARD_V1(submission_trajectory(case("ok"), None), case("ok"))
+    assert none.total == -1.0 and none.total <= miss.total
+
+
+def test_v1_constant_verdicts_lose_clearly_on_the_default_mix():
+    """The reward arithmetic behind the mix: with the category and attributes right, each
+    constant verdict loses at least 0.15 of mean reward to always answering right."""
+    from envs.catalog.v1_listings import DEFAULT_MIX, KIND_VERDICT
+
+    share = {v: sum(w for k, w in DEFAULT_MIX.items() if KIND_VERDICT[k] == v) for v in VERDICTS}
+    assert share["ok"] == pytest.approx(0.6)
+    for constant in VERDICTS:
+        loss = sum(share[t] * (1.0 - score(case(t), REWARD_V1, verdict=constant).total) for t in VERDICTS)
+        assert loss >= 0.15, (constant, loss)
+    # in v0's reward and mix a constant counterfeit verdict lost only 0.114 per false alarm
+    alarm_v0 = 1.0 - score(case("ok"), verdict="counterfeit").total
+    assert alarm_v0 == pytest.approx(0.8 / 7)
+
+
+def test_check_reward_properties_on_the_v1_reward():
+    report = check_reward_properties(ANY_ID_V1, catalog_cases(), max_examples=80)
+    assert report.bounds == (-1.0, 1.0)
+    for pair, ratio in report.ratios.items():
+        assert ratio == pytest.approx(7.0), pair
+    assert report.losses["verdict_counterfeit_as_ok"] == [pytest.approx(2.0)]

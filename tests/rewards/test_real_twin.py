@@ -1,4 +1,5 @@
-"""The shipped rollouts and the reward properties against the real catalog twin (its world)."""
+"""The shipped rollouts and the reward properties against the real catalog twins (their worlds):
+``Catalog`` (the latest, v1) and ``Catalog-v0``."""
 
 from __future__ import annotations
 
@@ -11,25 +12,41 @@ from rewards.testing import check_reward_properties, cli_main
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def catalog():
+def _make(name: str):
     try:
         from twin.registry import make_twin
 
-        twin = make_twin("Catalog")
+        twin = make_twin(name)
         twin.world  # noqa: B018 - build (or load the cached) world now
     except Exception as exc:  # the catalog twin is another area's; say why we skip
-        pytest.skip(f"the catalog twin is not available: {type(exc).__name__}: {exc}")
+        pytest.skip(f"the catalog twin {name} is not available: {type(exc).__name__}: {exc}")
     return twin
 
 
-def test_shipped_rollouts_pass_against_the_real_twin(catalog, capsys):
+@pytest.fixture(scope="module")
+def catalog():
+    return _make("Catalog")
+
+
+@pytest.fixture(scope="module")
+def catalog_v0():
+    return _make("Catalog-v0")
+
+
+def test_the_latest_catalog_is_v1(catalog):
+    assert catalog.version == 1
+
+
+def test_shipped_rollouts_pass_against_the_real_twin(catalog, catalog_v0, capsys):
     files = sorted(str(p) for p in (ROOT / "data" / "rollouts").glob("*.rollouts.yaml"))
+    assert any("catalog-v1-" in f for f in files) and any("catalog-v0-" in f for f in files)
     assert cli_main(files) == 0, capsys.readouterr().out
     assert "rollouts pass" in capsys.readouterr().out
 
 
-def test_reward_properties_on_the_twins_cases(catalog):
-    report = check_reward_properties(catalog.score, catalog, max_examples=40)
+@pytest.mark.parametrize("fixture", ["catalog", "catalog_v0"])
+def test_reward_properties_on_the_twins_cases(fixture, request):
+    twin = request.getfixturevalue(fixture)
+    report = check_reward_properties(twin.score, twin, max_examples=40)
     assert report.examples == 40
     assert all(r == pytest.approx(7.0) for r in report.ratios.values())
