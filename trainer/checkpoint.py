@@ -8,6 +8,10 @@
   cursor, the RNG states of python, numpy and torch, the run-store run id and the metrics so far;
 - ``recipe.yaml``: the recipe the run was started with.
 
+Any checkpoint is also a starting point: ``model.init_from: PATH`` in a recipe (an SFT warm start
+before GRPO) and ``twin eval --policy hf:PATH`` load it with :func:`load_checkpoint_model` (the base
+model of its recipe, the adapter merged in, or the full weights).
+
 ``trainer_state.pt`` holds tensors and plain python values only and is read with
 ``torch.load(weights_only=True)``: resuming never unpickles arbitrary objects. A checkpoint
 written before that (it holds a numpy array) is refused with an error that says so.
@@ -18,6 +22,7 @@ newest one only after the rename: a run killed mid-write leaves the previous che
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -33,9 +38,14 @@ from twin.errors import ConfigError
 
 __all__ = [
     "capture_rng",
+    "checkpoint_model_config",
+    "init_model_path",
+    "is_checkpoint",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_checkpoint_model",
     "prepare_output_dir",
+    "resolve_checkpoint",
     "restore_rng",
     "save_checkpoint",
 ]
@@ -180,3 +190,130 @@ def prepare_output_dir(output_dir: str | Path, *, resume: bool, overwrite: bool)
         )
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return None
+
+
+# -- starting from a checkpoint (``model.init_from``, ``hf:<checkpoint>``) --------------------------
+INIT_DIR = "init_model"
+_INIT_SOURCE = "init_source.json"
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder ``path`` names: ``checkpoints/step-N`` itself, or a run's output folder
+    (its latest checkpoint).
+
+    Raises:
+        ConfigError: ``path`` is neither (the message says what a checkpoint folder holds).
+    """
+    p = Path(path).expanduser()
+    if (p / "adapter").is_dir() and (p / "recipe.yaml").is_file():
+        return p
+    if p.is_dir():
+        found = latest_checkpoint(p)
+        if found is not None and (found / "adapter").is_dir():
+            return found
+    raise ConfigError(
+        f"{str(path)!r} is not a twinrl checkpoint: expected a folder holding adapter/ and recipe.yaml "
+        "(<output_dir>/checkpoints/step-N) or a run's output folder with checkpoints/"
+    )
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    """True when :func:`resolve_checkpoint` accepts ``path``."""
+    try:
+        resolve_checkpoint(path)
+    except ConfigError:
+        return False
+    return True
+
+
+def checkpoint_model_config(path: str | Path) -> dict[str, Any]:
+    """The ``model`` section of the recipe a checkpoint was written with (``path``, ``init_from``,
+    ``chat_template``, ``template_kwargs``, ...)."""
+    from twin.yamlsafe import load_yaml_file
+
+    ckpt = resolve_checkpoint(path)
+    recipe = load_yaml_file(ckpt / "recipe.yaml", what="checkpoint recipe") or {}
+    model = recipe.get("model") if isinstance(recipe, dict) else None
+    return dict(model) if isinstance(model, dict) else {"path": "tiny"}
+
+
+def load_checkpoint_model(
+    path: str | Path, dtype: str | torch.dtype = "auto", device: str = "cpu", *, _depth: int = 0
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a checkpoint: its base model (itself started from ``init_from``
+    when its recipe says so) with the checkpoint's LoRA adapter merged in, or its full weights.
+
+    Args:
+        path: A checkpoint folder or a run's output folder (see :func:`resolve_checkpoint`).
+        dtype: ``auto``, ``float32``, ``bfloat16`` or ``float16``.
+        device: Where to put the model.
+
+    Returns:
+        A plain transformers causal LM (no peft wrapper) in eval mode and the base's tokenizer.
+
+    Raises:
+        ConfigError: not a checkpoint, or a chain of ``init_from`` that loops.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from trainer.models import load_model, resolve_dtype
+
+    if _depth > 8:
+        raise ConfigError(f"model.init_from chain through {str(path)!r} is longer than 8 (a loop?)")
+    ckpt = resolve_checkpoint(path)
+    model_cfg = checkpoint_model_config(ckpt)
+    adapter = ckpt / "adapter"
+    init_from = model_cfg.get("init_from")
+    if init_from:
+        model, tokenizer = load_checkpoint_model(init_from, dtype, device, _depth=_depth + 1)
+    else:
+        model, tokenizer = load_model(str(model_cfg.get("path") or "tiny"), dtype, device)
+    if (adapter / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    else:  # full fine-tuning: the folder is a whole model; the tokenizer is the base's
+        model = AutoModelForCausalLM.from_pretrained(
+            adapter, dtype=resolve_dtype(dtype, device), local_files_only=True
+        ).to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def init_model_path(model_path: str, init_from: str | None, output_dir: str | Path, dtype: str = "auto") -> str:
+    """The model a run trains: ``model_path``, or with ``init_from`` a folder holding the
+    checkpoint's merged weights and tokenizer (``<output_dir>/init_model``, written once and reused
+    by ``--resume``; sampler servers load it as their base model).
+
+    Args:
+        model_path: The recipe's ``model.path``.
+        init_from: The recipe's ``model.init_from`` (None: ``model_path`` is returned).
+        output_dir: The run's folder.
+        dtype: The weights' dtype (``auto`` = float32).
+    """
+    if not init_from:
+        return model_path
+    ckpt = resolve_checkpoint(init_from).resolve()
+    target = Path(output_dir) / INIT_DIR
+    source = {"init_from": str(ckpt), "mtime": (ckpt / "adapter").stat().st_mtime, "dtype": str(dtype)}
+    marker = target / _INIT_SOURCE
+    if (target / "config.json").is_file() and marker.is_file():
+        try:
+            if json.loads(marker.read_text()) == source:
+                return str(target)
+        except ValueError:
+            pass
+    model, tokenizer = load_checkpoint_model(ckpt, "float32" if dtype == "auto" else dtype, "cpu")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{INIT_DIR}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _INIT_SOURCE).write_text(json.dumps(source) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)

@@ -66,10 +66,14 @@ def train(
         check_devices(cfg)
     except TwinError as exc:
         return _error(console, exc)
+    per_step = (
+        f"SFT on {', '.join(cfg.data.paths)}, {cfg.data.batch_size} episodes per step, {cfg.data.epochs} epochs"
+        if cfg.algorithm.name == "sft"
+        else f"{cfg.algorithm.groups_per_step} groups x {cfg.algorithm.group_size} per step, {cfg.train.steps} steps"
+    )
     console.print(
         f"[bold]twin train[/bold] {recipe}: twin {cfg.twin.name}, model {cfg.model.path}, "
-        f"{cfg.algorithm.groups_per_step} groups x {cfg.algorithm.group_size} per step, "
-        f"{cfg.train.steps} steps -> {cfg.train.output_dir}"
+        f"{per_step} -> {cfg.train.output_dir}"
     )
     started = time.perf_counter()
     first: dict[str, Any] = {}
@@ -82,7 +86,8 @@ def train(
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task("train", total=cfg.train.steps, info="setting up")
+        task = progress.add_task("train", total=cfg.train.steps if cfg.algorithm.name != "sft" else None,
+                                 info="setting up")
 
         def on_step(record: dict[str, Any]) -> None:
             if not first:
@@ -96,13 +101,23 @@ def train(
             # A line per step too, so the curve survives in logs that drop the live display.
             progress.console.print(
                 f"step {record['step']:>4}  reward {_fmt(record, 'rewards/total')}  "
-                f"kl {_fmt(record, 'losses/kl', '.4f')}  clip {_fmt(record, 'losses/clipfrac')}  "
-                f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}  {_fmt(record, 'perf/step_s', '.2f')}s",
+                + (f"loss {_fmt(record, 'losses/loss')}  parse {_fmt(record, 'eval/parse_rate', '.2f')}  "
+                   if cfg.algorithm.name == "sft" else
+                   f"kl {_fmt(record, 'losses/kl', '.4f')}  clip {_fmt(record, 'losses/clipfrac')}  ")
+                + f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}  {_fmt(record, 'perf/step_s', '.2f')}s",
                 highlight=False,
             )
 
         recipe_class: Any = GRPORecipe
-        if cfg.async_.max_staleness > 0 or (cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner):
+        if cfg.algorithm.name == "sft":  # supervised warm start on a trajectory dataset
+            from trainer.sft import SFTRecipe
+
+            recipe_class = SFTRecipe
+        elif cfg.backend == "ray":
+            from trainer.ray_backend import RayTrainer  # the async trainer's processes as Ray actors
+
+            recipe_class = RayTrainer
+        elif cfg.async_.max_staleness > 0 or (cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner):
             from trainer.orchestrator import AsyncTrainer  # rollout and learner in separate processes
 
             recipe_class = AsyncTrainer
@@ -112,7 +127,8 @@ def train(
             return _error(console, exc)
         try:
             runner.setup()
-            progress.update(task, completed=runner.step, info="sampling")
+            progress.update(task, completed=runner.step, info="sampling",
+                            total=getattr(runner, "total_steps", cfg.train.steps))
             history = runner.train()
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/yellow]; continue with --resume from the last checkpoint")

@@ -25,7 +25,9 @@ from twin.yamlsafe import clip, load_yaml_file, load_yaml_text
 __all__ = [
     "AlgorithmConfig",
     "AsyncConfig",
+    "DataConfig",
     "DevicesConfig",
+    "EvalConfig",
     "LoraConfig",
     "ModelConfig",
     "OptimConfig",
@@ -80,6 +82,13 @@ class ModelConfig(_Section):
     template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra chat template variables on every render, e.g. {enable_thinking: false} for Qwen3.",
+    )
+    init_from: str | None = Field(
+        None,
+        description="Start from these weights: a checkpoint folder of an SFT or GRPO run "
+        "(checkpoints/step-N, or the run's output folder for its latest checkpoint) holding a LoRA "
+        "adapter or full weights over `path`. A LoRA adapter is merged into the base weights; the "
+        "run then trains (and its KL reference is) that merged model (trainer/checkpoint.py).",
     )
 
     @field_validator("chat_template")
@@ -157,8 +166,17 @@ class SamplerConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    """The GRPO-family objective. Defaults follow DAPO."""
+    """The objective: the GRPO family (defaults follow DAPO) or supervised fine-tuning.
 
+    ``algorithm: sft`` in a recipe is short for ``algorithm: {name: sft}``.
+    """
+
+    name: Literal["grpo", "sft"] = Field(
+        "grpo",
+        description="'grpo' = the GRPO family (trainer/recipe.py; 'advantage' picks GRPO, Dr. GRPO or "
+        "RLOO); 'sft' = supervised fine-tuning on a trajectory dataset (the 'data' section; "
+        "trainer/sft.py). Every other key of this section is GRPO's.",
+    )
     advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
         "grpo", description="'grpo' = group z-score; 'dr_grpo' = group mean-centred; 'rloo' = leave-one-out."
     )
@@ -254,6 +272,36 @@ class TrainConfig(_Section):
 _DEVICE = r"^(cpu|cuda|cuda:\d+)$"
 
 
+class DataConfig(_Section):
+    """The trajectory dataset of ``algorithm: sft`` (written by ``twin collect``)."""
+
+    paths: list[str] = Field(
+        default_factory=list,
+        description="Datasets: folders written by `twin collect`, their episodes.jsonl files, or "
+        "folders saved with datasets.Dataset.save_to_disk (twin/collect.py).",
+    )
+    min_reward: float | None = Field(
+        None, description="Train only on episodes whose reward is at least this (null = every scored episode)."
+    )
+    epochs: int = Field(3, ge=1, description="Passes over the dataset; the run has epochs x ceil(rows / batch_size) steps.")
+    batch_size: int = Field(8, ge=1, description="Episodes per optimizer step.")
+    shuffle_seed: int | None = Field(None, description="Seed of the per-epoch shuffle (null = the recipe's seed).")
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation of the current weights on the twin during ``algorithm: sft``."""
+
+    split: str = Field("dev", description="Split of the held-out cases.")
+    cases: int = Field(16, ge=0, description="Cases evaluated each time (indices 0..cases-1; 0 = no evaluation).")
+    every: int = Field(10, ge=0, description="Evaluate every N steps, and before the first and after the last (0 = only those two).")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of the evaluation (0 = greedy).")
+
+
 class DevicesConfig(_Section):
     """Where rollout and learning run."""
 
@@ -307,6 +355,24 @@ class Recipe(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="Run length and outputs.")
     devices: DevicesConfig = Field(default_factory=DevicesConfig, description="Placement.")
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", description="Async options.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Trajectory dataset (algorithm sft).")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation (algorithm sft).")
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _algorithm_name(cls, value: Any) -> Any:
+        # `algorithm: sft` is short for `algorithm: {name: sft}`
+        return {"name": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _sft_needs_data(self) -> Recipe:
+        if self.algorithm.name == "sft" and not self.data.paths:
+            raise ValueError(
+                "algorithm sft needs data.paths: the dataset(s) to train on, e.g. a folder written by "
+                "`twin collect TWIN --policy oracle --out DIR`"
+            )
+        return self
+
 
     @model_validator(mode="after")
     def _episode_fits_micro_batch(self) -> Recipe:
@@ -442,6 +508,8 @@ def load_recipe(path: str | Path | dict[str, Any], overrides: list[str] | None =
         data = load_yaml_file(resolved, what="recipe") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {source}: expected a mapping at the top, got {type(data).__name__}")
+    if isinstance(data.get("algorithm"), str):  # `algorithm: sft` = `algorithm: {name: sft}`
+        data["algorithm"] = {"name": data["algorithm"]}
     data = apply_overrides(_fix_floats(data), list(overrides or []))
     _check_keys(data, Recipe, "")
     try:

@@ -154,8 +154,12 @@ class AdapterClient:
 
 
 # -- starting the sampler -------------------------------------------------------------------------
-def _make_server(cfg: Recipe, output_dir: Path) -> Any:
-    """The managed sampler server of a recipe, or None for ``sampler.kind: server`` (external)."""
+def _make_server(cfg: Recipe, output_dir: Path, model_path: str | None = None) -> Any:
+    """The managed sampler server of a recipe, or None for ``sampler.kind: server`` (external).
+
+    ``model_path``: the base model the learner trains (``model.init_from``'s merged weights), default ``model.path``.
+    """
+    model_path = model_path or cfg.model.path
     kind = cfg.sampler.kind
     device = cfg.devices.rollout
     dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
@@ -169,7 +173,7 @@ def _make_server(cfg: Recipe, output_dir: Path) -> Any:
                 return guarded_command(super().command())
 
         return _Server(
-            cfg.model.path, dtype=dtype, max_loras=cfg.async_.max_staleness + 3, served_model_name="base",
+            model_path, dtype=dtype, max_loras=cfg.async_.max_staleness + 3, served_model_name="base",
             device=device, threads=cfg.devices.cpu_threads, seed=cfg.seed, log_path=output_dir / "sampler.log",
             adapter_root=output_dir,  # the learner writes every adapter under it
         )  # fmt: skip
@@ -187,7 +191,7 @@ def _make_server(cfg: Recipe, output_dir: Path) -> Any:
     except ValueError:
         raise ConfigError(f"${VLLM_UTILIZATION_ENV} must be a fraction in (0, 1], got {utilization!r}") from None
     return _VLLM.from_recipe(
-        cfg, model=resolve_model_path(cfg.model.path), python=os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"),
+        cfg, model=resolve_model_path(model_path), python=os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"),
         served_model_name="base", max_loras=cfg.async_.max_staleness + 2, log_path=output_dir / "vllm.log", **extra,
     )  # fmt: skip
 
@@ -282,7 +286,10 @@ class AsyncTrainer:
         self.twin.num_cases(cfg.twin.split)
 
         # the learner, on its device
-        model, self.tokenizer = load_model(cfg.model.path, cfg.model.dtype, device=cfg.devices.learner)
+        from trainer.checkpoint import init_model_path
+
+        self.model_path = init_model_path(cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype)
+        model, self.tokenizer = load_model(self.model_path, cfg.model.dtype, device=cfg.devices.learner)
         model = build_lora_model(
             model, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
             target_modules=cfg.lora.target_modules,
@@ -322,7 +329,7 @@ class AsyncTrainer:
                            max_new_tokens=self.max_new_tokens(self.step))  # fmt: skip
         self.lots: Any = ctx.Queue(maxsize=cfg.async_.queue_size)
         self.events: Any = ctx.Queue()
-        self.server = _make_server(cfg, self.output_dir)
+        self.server = _make_server(cfg, self.output_dir, self.model_path)
         base_url = self.server.url if self.server is not None else str(cfg.sampler.base_url)
         self.adapters = AdapterClient(base_url)
         spec = WorkerSpec(

@@ -9,7 +9,10 @@ decoded into an assistant message (content + parsed ``tool_calls``).
 Concurrent episodes are batched: each ``act`` queues its prompt, and one worker samples every
 queued prompt in one ``generate`` call in a thread, so the event loop (and the tools) keep running.
 
-Specs: ``hf:MODEL[,key=value...]`` with ``MODEL`` = ``tiny``, ``smollm2`` or a local HF folder, and
+Specs: ``hf:MODEL[,key=value...]`` with ``MODEL`` = ``tiny``, ``smollm2``, a local HF folder or a
+twinrl checkpoint (``<output_dir>/checkpoints/step-N`` of an SFT or GRPO run, or the run's output
+folder for its latest checkpoint: its base model with the adapter merged in, or its full weights,
+rendered with the chat template of its recipe), and
 options ``temperature`` (0.7), ``top_p`` (1.0), ``max_new_tokens`` (128: a catalog submit call
 is under 100 tokens), ``dtype`` (auto),
 ``device`` (cpu), ``adapter`` (a LoRA adapter folder, e.g. a training checkpoint), ``seed`` (0),
@@ -161,6 +164,9 @@ class HFPolicy:
             prefix (see :class:`trainer.samplers.HFSampler`); only valid while the weights
             stay fixed (an evaluation).
         cache_bytes: Memory bound of that cache.
+        chat_template: Render with this template instead of the tokenizer's (a shipped name, a
+            ``.jinja`` path or the text; see :func:`trainer.renderer.load_chat_template`).
+        template_kwargs: Extra chat template variables on every render.
     """
 
     def __init__(
@@ -176,6 +182,8 @@ class HFPolicy:
         max_batch: int = 32,
         prefix_cache: bool = True,
         cache_bytes: int = 4 << 30,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         from trainer.samplers import HFSampler
 
@@ -191,6 +199,8 @@ class HFPolicy:
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.max_batch = max_batch
+        self.chat_template = chat_template
+        self.template_kwargs = dict(template_kwargs or {})
         self.sampler = HFSampler(
             model, tokenizer, max_batch=max_batch, prefix_cache=prefix_cache, cache_bytes=cache_bytes
         )
@@ -209,9 +219,17 @@ class HFPolicy:
         """
         from trainer.models import load_model
 
+        from trainer.checkpoint import checkpoint_model_config, is_checkpoint, load_checkpoint_model
+
         model_spec, options = parse_hf_spec(spec)
         device = options.pop("device", "cpu")
-        model, tokenizer = load_model(model_spec, options.pop("dtype", "auto"), device)
+        if is_checkpoint(model_spec):  # an SFT / GRPO checkpoint: its weights, its recipe's template
+            model, tokenizer = load_checkpoint_model(model_spec, options.pop("dtype", "auto"), device)
+            model_cfg = checkpoint_model_config(model_spec)
+            options.setdefault("chat_template", model_cfg.get("chat_template"))
+            options.setdefault("template_kwargs", model_cfg.get("template_kwargs") or {})
+        else:
+            model, tokenizer = load_model(model_spec, options.pop("dtype", "auto"), device)
         adapter = options.pop("adapter", None)
         if adapter:
             from peft import PeftModel
@@ -258,7 +276,9 @@ class HFPolicy:
         """A fresh :class:`trainer.renderer.Renderer` for this model and ``tools``."""
         from trainer.renderer import Renderer
 
-        return Renderer(self.tokenizer, list(tools))
+        return Renderer(
+            self.tokenizer, list(tools), chat_template=self.chat_template, template_kwargs=self.template_kwargs
+        )
 
     def for_episode(self, key: str) -> _EpisodePolicy:
         """An actor that keeps one episode's token sequence across turns (called by the runner)."""

@@ -40,7 +40,7 @@ import torch
 
 from trainer import objective
 from trainer.cases import draw_cases
-from trainer.checkpoint import load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
+from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
 from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, plot_rewards
@@ -176,7 +176,9 @@ class GRPORecipe:
 
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
         self.twin.num_cases(cfg.twin.split)  # fails early on an unknown split
-        model, self.tokenizer = load_model(cfg.model.path, cfg.model.dtype, device=cfg.devices.learner)
+        # model.init_from: the checkpoint's weights (merged) are the model this run trains
+        self.model_path = init_model_path(cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype)
+        model, self.tokenizer = load_model(self.model_path, cfg.model.dtype, device=cfg.devices.learner)
         if cfg.lora.enabled:
             model = build_lora_model(
                 model,
@@ -254,7 +256,7 @@ class GRPORecipe:
             # and crashes on prompt_logprobs beside generating requests: docs/serving.md)
             self.server = VLLMServer.from_recipe(
                 cfg,
-                model=resolve_model_path(cfg.model.path),
+                model=resolve_model_path(self.model_path),
                 python=os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"),
                 served_model_name="base",
                 log_path=self.output_dir / "vllm.log",

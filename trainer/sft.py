@@ -1,0 +1,501 @@
+"""Supervised warm start: train on a trajectory dataset before GRPO (``algorithm: sft``).
+
+::
+
+    twin collect returns --policy oracle --episodes 128 --out runs/datasets/returns-oracle
+    twin sft data/recipes/returns-sft-cpu.yaml       # = twin train with algorithm: sft
+    twin train returns-sft-cpu.yaml --set algorithm.name=grpo --set model.init_from=runs/returns-sft
+
+The same parts as GRPO: each row's messages are rendered by :class:`trainer.renderer.Renderer`
+(:func:`render_row`: the prompt, then every assistant turn as the ids the chat template writes for
+it, then the tool results), so the loss mask is the renderer's: 1 on the assistant turns' tokens
+(their end-of-turn token included), 0 on the prompt and the tool results, exactly as on a GRPO
+episode. Batches go through :meth:`trainer.learner.Learner.score` (token-budget micro-batches,
+shared prompts run once), LoRA or full fine-tuning as in the recipe, and the loss is the mean
+negative log-likelihood over the step's assistant tokens::
+
+    loss = - sum(mask * log p(token)) / sum(mask)          # one optimizer step per batch
+
+Every ``eval.every`` steps (and before the first and after the last) the current weights act in
+the twin as an in-process policy (:class:`trainer.policy.HFPolicy`) on cases ``0..eval.cases-1``
+of ``eval.split``: ``eval/reward``, ``eval/parse_rate`` (share of assistant turns holding a call
+that parses), ``eval/kind/<kind>`` and ``rewards/*`` (so the reward plot is the held-out curve).
+Metrics go to ``metrics.jsonl`` (:class:`trainer.metrics.MetricsLogger`), the held-out episodes to
+the run store as a ``train`` run of policy ``sft:<model>``, checkpoints to
+``<output_dir>/checkpoints/step-N`` (what ``model.init_from`` and ``hf:<checkpoint>`` load).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
+from trainer.config import Recipe, check_devices
+from trainer.learner import Learner, TrainBatch, build_lora_model
+from trainer.metrics import MetricsLogger, plot_rewards
+from trainer.renderer import EpisodeTokens, Renderer
+from twin.cases import stable_seed
+from twin.errors import ConfigError
+from twin.trajectory import Trajectory
+
+__all__ = ["SFTRecipe", "eval_metrics", "parse_rate", "render_row", "sft_step"]
+
+log = logging.getLogger("twinrl.trainer")
+
+Message = dict[str, Any]
+
+
+def _end_text(renderer: Renderer) -> str:
+    tok = renderer.tokenizer
+    end_id = tok.eos_token_id if tok.eos_token_id in renderer.stop_ids else min(renderer.stop_ids)
+    return str(tok.decode([end_id], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+
+def _turn_ids(renderer: Renderer, conversation: Sequence[Message], message: Message) -> list[int]:
+    """The ids the chat template writes for ``message`` after ``conversation``'s assistant header,
+    up to and including its end-of-turn token (what a sampler that wrote it would have returned)."""
+    opened = renderer.render(conversation, add_generation_prompt=True)
+    closed = renderer.render([*conversation, message], add_generation_prompt=False)
+    if not closed.startswith(opened):
+        raise ConfigError(
+            "render_row: the chat template writes an assistant turn differently from its generation "
+            "prompt (it rewrites the last turn, as Qwen3's does with <think>); use a template that "
+            "does not, e.g. model.chat_template: qwen3_append_only"
+        )
+    text = closed[len(opened):]
+    end = _end_text(renderer)
+    at = text.rfind(end) if end else -1
+    if at < 0:
+        raise ConfigError(
+            f"render_row: the chat template does not end an assistant turn with the end-of-turn token "
+            f"{end!r}; pass the Renderer the stop_ids this template ends turns with"
+        )
+    ids = list(renderer.tokenizer.encode(text[: at + len(end)], add_special_tokens=False))
+    if not ids or ids[-1] not in renderer.stop_ids:
+        raise ConfigError(
+            f"render_row: the end-of-turn text {end!r} does not encode to a stop id {sorted(renderer.stop_ids)}"
+        )
+    return ids
+
+
+def render_row(renderer: Renderer, messages: Sequence[Message]) -> EpisodeTokens:
+    """One dataset row (or a trajectory's messages) as the token sequence GRPO would train on.
+
+    The opening messages go to :meth:`Renderer.start`; each assistant turn is added with
+    :meth:`Renderer.add_completion` as the ids the template writes for it (the message itself is
+    what the template sees, tool calls included); the messages between turns (tool results) with
+    :meth:`Renderer.add_messages`. Messages after the last assistant turn carry no loss and are
+    left out.
+
+    Args:
+        renderer: A renderer with the twin's tools (reused: :meth:`Renderer.start` resets it).
+        messages: OpenAI chat messages: the prompt, then assistant turns and what came back.
+
+    Returns:
+        The episode's ids, with the loss mask on the assistant turns' tokens.
+
+    Raises:
+        ConfigError: no assistant turn, or a template that cannot be rendered turn by turn.
+    """
+    msgs = [dict(m) for m in messages]
+    first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
+    if first is None:
+        raise ConfigError("render_row: the row has no assistant turn (nothing to learn from)")
+    last = max(i for i, m in enumerate(msgs) if m.get("role") == "assistant")
+    renderer.start(msgs[:first])
+    pending: list[Message] = []
+    for m in msgs[first : last + 1]:
+        if m.get("role") != "assistant":
+            pending.append(m)
+            continue
+        if pending:
+            renderer.add_messages(pending)
+            pending = []
+        renderer.add_completion(_turn_ids(renderer, renderer.messages, m), message=m)
+    return renderer.episode()
+
+
+def parse_rate(trajectories: Sequence[Trajectory]) -> float:
+    """Share of the assistant turns that hold at least one tool call and no unparseable one."""
+    from twin.parsing import parse_tool_calls
+
+    turns = ok = 0
+    for t in trajectories:
+        for m in t.messages:
+            if m.get("role") != "assistant":
+                continue
+            turns += 1
+            parsed = parse_tool_calls(m)
+            ok += bool(parsed.calls) and not parsed.errors and not any(c.error for c in parsed.calls)
+    return ok / turns if turns else 0.0
+
+
+def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """The held-out figures: ``eval/reward``, ``eval/parse_rate``, ``eval/kind/<kind>``, and
+    ``rewards/total`` plus ``rewards/<component>`` (the same values, for the reward plot)."""
+    if not trajectories:
+        return {}
+    rewards = [t.reward if t.reward is not None else 0.0 for t in trajectories]
+    out = {
+        "eval/reward": statistics.fmean(rewards),
+        "eval/parse_rate": parse_rate(trajectories),
+        "eval/episodes": float(len(trajectories)),
+        "eval/turns": statistics.fmean(t.num_turns for t in trajectories),
+        "eval/invalid_calls": statistics.fmean(t.invalid_calls for t in trajectories),
+        "rewards/total": statistics.fmean(rewards),
+    }
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for t, r in zip(trajectories, rewards):
+        by_kind[t.case_kind].append(r)
+    for kind, values in sorted(by_kind.items()):
+        out[f"eval/kind/{kind}"] = statistics.fmean(values)
+    for name in sorted({k for t in trajectories for k in t.components}):
+        out[f"rewards/{name}"] = statistics.fmean(t.components.get(name, 0.0) for t in trajectories)
+    return out
+
+
+def _apply_gradients(learner: Learner, loss: float) -> tuple[float, bool]:
+    # The same guarded step as the learner's own (clip, lr by version, drop non-finite updates);
+    # the learner has no public hook for a loss computed outside trainer/objective.py.
+    cfg = learner.optim_config
+    if cfg.grad_clip is not None:
+        norm = float(torch.nn.utils.clip_grad_norm_(learner.params, cfg.grad_clip))
+    else:
+        grads = [p.grad.detach().norm() for p in learner.params if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0
+    for group in learner.optimizer.param_groups:
+        group["lr"] = cfg.lr_at(learner.version)
+    applied = math.isfinite(loss) and math.isfinite(norm)
+    if applied:
+        learner.optimizer.step()
+    else:
+        learner.optimizer.zero_grad(set_to_none=True)
+        learner.skipped_updates += 1
+        log.warning("sft: update %d skipped: loss %s, gradient norm %s (not finite)", learner.version, loss, norm)
+    learner.version += 1
+    return norm, applied
+
+
+def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, float]:
+    """One optimizer step of mean token negative log-likelihood on ``episodes``' loss masks.
+
+    Args:
+        learner: The learner (its micro-batching, LoRA or full weights, AdamW).
+        episodes: Rendered rows (:func:`render_row`).
+
+    Returns:
+        ``losses/loss`` (= ``losses/nll``, per assistant token), ``sft/token_confident`` (share
+        of assistant tokens the model gives a probability above 0.5), ``policy/entropy``,
+        ``policy/grad_norm``, ``optim/lr``, ``optim/skipped_nonfinite``, ``sft/tokens``,
+        ``perf/learner_s``, ``perf/learner_tokens_per_s``.
+    """
+    started = time.perf_counter()
+    batch = TrainBatch(
+        [list(e.input_ids) for e in episodes], [list(e.loss_mask) for e in episodes],
+        [[0.0] * len(e.input_ids) for e in episodes], [1.0] * len(episodes),
+    )  # fmt: skip
+    tokens = sum(map(sum, batch.loss_mask))
+    if tokens == 0:
+        raise ValueError("sft_step: the episodes hold no assistant tokens")
+    longest = max(len(ids) for ids in batch.input_ids)
+    if longest > learner.optim_config.micro_batch_tokens:
+        raise ConfigError(
+            f"sft: an episode of {longest} tokens exceeds optim.micro_batch_tokens "
+            f"({learner.optim_config.micro_batch_tokens}); raise it or lower sampler.max_episode_tokens"
+        )
+    learner.model.train()
+    learner.optimizer.zero_grad(set_to_none=True)
+    nll = confident = entropy = 0.0
+    for scored in learner.score(batch, range(len(batch))):
+        mask = scored.mask
+        loss = -(scored.logprobs * mask).sum() / tokens
+        loss.backward()
+        nll += float(loss.detach())
+        confident += float(((scored.logprobs > math.log(0.5)).float() * mask).sum())
+        if scored.entropy is not None:
+            entropy += float((scored.entropy.detach() * mask).sum())
+    norm, applied = _apply_gradients(learner, nll)
+    learner.model.eval()
+    elapsed = time.perf_counter() - started
+    return {
+        "losses/loss": nll,
+        "losses/nll": nll,
+        "sft/token_confident": confident / tokens,
+        "sft/tokens": float(tokens),
+        "sft/episodes": float(len(batch)),
+        "policy/entropy": entropy / tokens,
+        "policy/grad_norm": norm,
+        "optim/lr": float(learner.optimizer.param_groups[0]["lr"]),
+        "optim/skipped_nonfinite": float(not applied),
+        "perf/learner_s": elapsed,
+        "perf/learner_tokens_per_s": sum(len(i) for i in batch.input_ids) / elapsed if elapsed > 0 else 0.0,
+    }
+
+
+class SFTRecipe:
+    """Supervised fine-tuning on trajectory datasets; the interface of :class:`trainer.recipe.GRPORecipe`.
+
+    Args:
+        cfg: A recipe with ``algorithm.name: sft`` and ``data.paths``.
+        resume: Continue from the newest checkpoint in ``train.output_dir``.
+        overwrite: Delete the checkpoints an earlier run left there (else :meth:`setup` refuses).
+        on_step: Called with each step's metrics record.
+    """
+
+    def __init__(
+        self, cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:  # fmt: skip
+        if cfg.algorithm.name != "sft":
+            raise ConfigError(f"SFTRecipe needs algorithm.name: sft, got {cfg.algorithm.name!r}")
+        self.cfg = cfg
+        self.resume = resume
+        self.overwrite = overwrite
+        self.on_step = on_step
+        self.output_dir = Path(cfg.train.output_dir)
+        self.step = 0
+        self.run_id: int | None = None
+        self.store: Any = None
+        self.episodes: list[EpisodeTokens] = []
+        self.dropped: dict[str, int] = {}
+
+    # ------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Seed; build the twin, model, learner and renderer; render the dataset; metrics, store."""
+        from trainer.models import load_model
+        from trainer.recipe import seed_everything
+        from twin.registry import make_twin
+
+        cfg = self.cfg
+        check_devices(cfg)
+        checkpoint = prepare_output_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
+        seed_everything(cfg.seed)
+        if cfg.devices.cpu_threads:
+            torch.set_num_threads(cfg.devices.cpu_threads)
+        self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
+        if cfg.eval.cases:
+            self.twin.num_cases(cfg.eval.split)  # an unknown split fails before the model loads
+        rows = self._read_rows()
+        self.model_path = init_model_path(cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype)
+        model, self.tokenizer = load_model(self.model_path, cfg.model.dtype, device=cfg.devices.learner)
+        if cfg.lora.enabled:
+            model = build_lora_model(
+                model, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                target_modules=cfg.lora.target_modules,
+            )  # fmt: skip
+        else:
+            for p in model.parameters():
+                p.requires_grad_(True)
+        self.learner = Learner(
+            model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=1.0,
+            max_tokens=cfg.sampler.max_episode_tokens,
+        )  # fmt: skip
+        self.episodes = self._render(rows)
+        self.total_steps = math.ceil(cfg.data.epochs * len(self.episodes) / cfg.data.batch_size)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "recipe.yaml").write_text(cfg.to_yaml())
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint)
+            self.learner.load_state_dict(state["learner"])
+            self.step = int(state["step"])
+            self.run_id = state.get("run_id")
+            restore_rng(state["rng"])
+            log.info("resumed from %s (step %d)", checkpoint, self.step)
+        self.metrics = MetricsLogger(
+            self.output_dir, resume_step=self.step if checkpoint else None, sinks=cfg.train.log,
+            config=cfg.model_dump(mode="json", by_alias=True),
+        )  # fmt: skip
+        self._setup_store()
+
+    def renderer(self, tools: Sequence[dict[str, Any]]) -> Renderer:
+        """A renderer for this model, the recipe's chat template and ``tools``."""
+        cfg = self.cfg
+        return Renderer(
+            self.tokenizer, list(tools), chat_template=cfg.model.chat_template,
+            template_kwargs=cfg.model.template_kwargs,
+        )  # fmt: skip
+
+    def _read_rows(self) -> list[dict[str, Any]]:
+        from twin.collect import read_dataset
+
+        rows: list[dict[str, Any]] = []
+        for path in self.cfg.data.paths:
+            rows.extend(read_dataset(path, min_reward=self.cfg.data.min_reward))
+        if not rows:
+            raise ConfigError(
+                f"data.paths {self.cfg.data.paths} hold no rows"
+                + (f" with reward >= {self.cfg.data.min_reward}" if self.cfg.data.min_reward is not None else "")
+                + "; collect some with `twin collect`"
+            )
+        return rows
+
+    def _render(self, rows: list[dict[str, Any]]) -> list[EpisodeTokens]:
+        limit = self.cfg.sampler.max_episode_tokens
+        out: list[EpisodeTokens] = []
+        dropped = {"too_long": 0, "no_assistant_turn": 0}
+        renderers: dict[str, Renderer] = {}
+        for row in rows:
+            tools = row.get("tools") or []
+            key = json.dumps(tools, sort_keys=True)
+            if key not in renderers:
+                renderers[key] = self.renderer(tools)
+            if not any(m.get("role") == "assistant" for m in row["messages"]):
+                dropped["no_assistant_turn"] += 1
+                continue
+            episode = render_row(renderers[key], row["messages"])
+            if len(episode) > limit:
+                dropped["too_long"] += 1
+                continue
+            out.append(episode)
+        self.dropped = dropped
+        if dropped["too_long"]:
+            log.warning(
+                "sft: %d of %d episodes are longer than sampler.max_episode_tokens (%d) and are left out",
+                dropped["too_long"], len(rows), limit,
+            )  # fmt: skip
+        if not out:
+            raise ConfigError(
+                f"sft: none of the {len(rows)} dataset rows fits sampler.max_episode_tokens ({limit}) "
+                "or has an assistant turn; raise max_episode_tokens (and optim.micro_batch_tokens)"
+            )
+        return out
+
+    def _setup_store(self) -> None:
+        if not self.cfg.train.store:
+            return
+        try:
+            from twin.store import RunStore
+
+            self.store = RunStore()
+            if self.run_id is None:
+                self.run_id = self.store.start_run(
+                    "train", twin=self.twin.name, policy=f"sft:{self.cfg.model.path}",
+                    config=self.cfg.model_dump(mode="json", by_alias=True),
+                )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the store is a record, not needed to train
+            log.warning("run store unavailable (%s); held-out episodes are not stored", exc)
+            self.store = None
+
+    # ------------------------------------------------------------------------------------------
+    def order(self) -> list[int]:
+        """Every step's episodes in order: one seeded shuffle per epoch, epochs back to back."""
+        cfg = self.cfg
+        seed = cfg.data.shuffle_seed if cfg.data.shuffle_seed is not None else cfg.seed
+        out: list[int] = []
+        for epoch in range(cfg.data.epochs):
+            idx = list(range(len(self.episodes)))
+            random.Random(stable_seed("sft-shuffle", seed, epoch)).shuffle(idx)
+            out.extend(idx)
+        return out
+
+    def evaluate(self) -> tuple[dict[str, float], list[Trajectory]]:
+        """The current weights as an in-process policy on ``eval.cases`` cases of ``eval.split``."""
+        from trainer.policy import HFPolicy
+        from twin.evaluation import evaluate
+
+        cfg = self.cfg
+        n = min(cfg.eval.cases, self.twin.num_cases(cfg.eval.split))
+        if n <= 0:
+            return {}, []
+        policy = HFPolicy(
+            self.learner.model, self.tokenizer, name=f"sft:{cfg.model.path}@{self.learner.version}",
+            temperature=cfg.eval.temperature, max_new_tokens=cfg.sampler.max_new_tokens, seed=cfg.seed,
+            chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs,
+        )  # fmt: skip
+        result = evaluate(self.twin, policy, [(cfg.eval.split, i) for i in range(n)], store=None, progress=False)
+        trajectories = [t for g in result.groups for t in g.trajectories]
+        return eval_metrics(trajectories), trajectories
+
+    def _due(self, step: int) -> bool:
+        every = self.cfg.eval.every
+        return step == 0 or step == self.total_steps or (every > 0 and step % every == 0)
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run the remaining steps; return the metrics history.
+
+        The record of step ``s`` holds the update made at ``s`` and, on evaluation steps, the
+        held-out figures of the weights *before* it (as a GRPO record's rewards are of the weights
+        that sampled them); one last record at ``step = total_steps`` holds the final evaluation.
+        """
+        cfg = self.cfg
+        order = self.order()
+        bs = cfg.data.batch_size
+        while self.step < self.total_steps:
+            step = self.step
+            t_step = time.perf_counter()
+            record: dict[str, Any] = {}
+            held_out: list[Trajectory] = []
+            if cfg.eval.cases and self._due(step):
+                t0 = time.perf_counter()
+                ev, held_out = self.evaluate()
+                record.update(ev)
+                record["perf/eval_s"] = time.perf_counter() - t0
+            rows = order[step * bs : (step + 1) * bs]
+            record.update(sft_step(self.learner, [self.episodes[i] for i in rows]))
+            self.step = step + 1
+            record["sft/epoch"] = step * bs / max(1, len(self.episodes))
+            record["policy/version"] = float(self.learner.version)
+            record["perf/step_s"] = time.perf_counter() - t_step
+            self._record(step, record, held_out)
+            every_n = cfg.train.checkpoint_every
+            if (every_n and self.step % every_n == 0) or self.step == self.total_steps:
+                self.save()
+        if cfg.eval.cases and not any(r["step"] == self.total_steps for r in self.metrics.history):
+            ev, held_out = self.evaluate()
+            # the evaluation after the last update: a record of its own, not a step's progress
+            self._record(self.total_steps, {**ev, "policy/version": float(self.learner.version)}, held_out,
+                         progress=False)
+        return list(self.metrics.history)
+
+    def _record(
+        self, step: int, record: dict[str, Any], held_out: list[Trajectory], *, progress: bool = True
+    ) -> None:
+        record = self.metrics.log(step, record, episodes=held_out or None)
+        if self.store is not None and self.run_id is not None:
+            try:
+                if held_out:
+                    self.store.add_episodes(self.run_id, held_out, step=step)
+                self.store.log_metrics(self.run_id, step, {k: v for k, v in record.items() if k != "step"})
+            except Exception as exc:  # noqa: BLE001 - keep training; say why episodes are missing
+                log.warning("run store write failed at step %d: %s", step, exc)
+        if self.on_step is not None and progress:
+            self.on_step(record)
+
+    def save(self) -> Path:
+        """Write a checkpoint (``adapter/`` is what ``model.init_from`` and ``hf:`` load)."""
+        return save_checkpoint(
+            self.output_dir, self.step, learner=self.learner,
+            state={"run_id": self.run_id, "metrics": list(self.metrics.history), "dropped": dict(self.dropped)},
+            recipe_yaml=self.cfg.to_yaml(),
+        )  # fmt: skip
+
+    def cleanup(self) -> Path | None:
+        """Plot the held-out reward curve, finish the store run; return the plot's path."""
+        plot = None
+        try:
+            plot = plot_rewards(
+                self.metrics.history, self.output_dir / "rewards.png",
+                title=f"{self.twin.name}: SFT {self.cfg.model.path} (held-out {self.cfg.eval.split})",
+            )  # fmt: skip
+        finally:
+            self.metrics.close()
+            if self.store is not None:
+                if self.run_id is not None and self.step >= self.total_steps:
+                    last = next((r for r in reversed(self.metrics.history) if "eval/reward" in r), {})
+                    try:
+                        self.store.finish_run(self.run_id, metrics=last)
+                    except Exception as exc:  # noqa: BLE001
+                        log.warning("run store: could not finish run %s: %s", self.run_id, exc)
+                self.store.close()
+        return plot
