@@ -31,6 +31,7 @@ __all__ = [
     "LoraConfig",
     "ModelConfig",
     "OptimConfig",
+    "RayConfig",
     "Recipe",
     "SamplerConfig",
     "TrainConfig",
@@ -342,6 +343,24 @@ class AsyncConfig(_Section):
     )  # fmt: skip
 
 
+class RayConfig(_Section):
+    """The Ray backend's placement (``backend: ray``; docs/scaling.md)."""
+
+    address: str | None = Field(
+        None, description="Cluster to join ('auto', 'HOST:PORT', 'ray://HOST:10001'); null: $RAY_ADDRESS, "
+        "else a running local cluster, else a new local one.",
+    )
+    rollout_workers: int = Field(2, ge=1, description="Rollout worker actors (twin episodes + sampler client).")
+    engines: int = Field(1, ge=1, description="Sampler engine actors (twin serve or vLLM), one per GPU bundle.")
+    worker_cpus: float = Field(
+        0.5, gt=0, description="CPUs each rollout worker reserves (it renders and runs envs; the engine samples).",
+    )
+    engine_cpus: float = Field(1.0, gt=0, description="CPUs each engine reserves (devices.rollout: cpu).")
+    max_restarts: int = Field(
+        3, ge=0, description="Restarts of a dead worker or engine actor (its lot is sampled again).",
+    )
+
+
 class Recipe(_Section):
     """A whole training recipe (one YAML file)."""
 
@@ -357,6 +376,11 @@ class Recipe(_Section):
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", description="Async options.")
     data: DataConfig = Field(default_factory=DataConfig, description="Trajectory dataset (algorithm sft).")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation (algorithm sft).")
+    backend: Literal["local", "ray"] = Field(
+        "local", description="Where the async trainer's processes run: 'local' (this machine, multiprocessing) "
+        "or 'ray' (rollout workers, sampler engines as Ray actors; section ray, docs/scaling.md).",
+    )
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray placement (backend: ray).")
 
     @field_validator("algorithm", mode="before")
     @classmethod
@@ -372,7 +396,6 @@ class Recipe(_Section):
                 "`twin collect TWIN --policy oracle --out DIR`"
             )
         return self
-
 
     @model_validator(mode="after")
     def _episode_fits_micro_batch(self) -> Recipe:

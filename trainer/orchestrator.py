@@ -260,8 +260,6 @@ class AsyncTrainer:
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         """Learner, checkpoint, metrics, store; then the worker process and the sampler server."""
-        import multiprocessing
-
         from trainer.checkpoint import load_checkpoint, prepare_output_dir, restore_rng
         from trainer.config import check_devices
         from trainer.learner import Learner, build_lora_model
@@ -322,6 +320,28 @@ class AsyncTrainer:
         )
         self._setup_store()
 
+        self._start_rollout()
+
+        # the sampler, with the current policy loaded
+        if self.server is not None:
+            self.server.start()
+        elif not self._healthy(self.adapters.root):
+            raise ConfigError(f"sampler server {self.adapters.root} does not answer /health; is it running?")
+        self._probe_ids = self._probe_sequence()
+        self._push(self.step)
+        self.shared.update(published=self.step)
+        self._launch_probe(self.step)
+
+    def _start_rollout(self) -> None:
+        """The rollout side: shared counters, lot and event queues, the rollout worker process (started)
+        and the sampler server (made, started by :meth:`setup`).
+
+        The seam of the Ray backend (:class:`trainer.ray_backend.RayTrainer`), which puts the same
+        objects behind Ray actors; everything else in this class runs unchanged on top of them.
+        """
+        import multiprocessing
+
+        cfg = self.cfg
         # the rollout worker (spawned first: its imports overlap the server's start-up)
         ctx = multiprocessing.get_context("spawn")
         self.shared = SharedState(ctx)
@@ -340,16 +360,6 @@ class AsyncTrainer:
             target=rollout_worker, args=(spec, self.shared, self.lots, self.events), name="twin-rollout", daemon=True
         )
         self.worker.start()
-
-        # the sampler, with the current policy loaded
-        if self.server is not None:
-            self.server.start()
-        elif not self._healthy(base_url):
-            raise ConfigError(f"sampler server {base_url} does not answer /health; is it running?")
-        self._probe_ids = self._probe_sequence()
-        self._push(self.step)
-        self.shared.update(published=self.step)
-        self._launch_probe(self.step)
 
     def _probe_sequence(self) -> list[int]:
         """The token sequence both sides score after each sync: the split's first case prompt."""

@@ -1,0 +1,127 @@
+"""``backend: ray``: the coordinator's rules (no Ray needed) and the toy LoRA acceptance run (slow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer.config import load_recipe
+from trainer.ray_backend import _Coordinator
+from trainer.workers import SharedState
+from twin.errors import ConfigError
+
+LEARN_SEED = 2  # the seed tests/trainer/test_async.py trains (step ~80 passes 0.8 at k = 1)
+LEARN_STEPS = 110
+
+
+def test_backend_is_local_unless_the_recipe_says_ray():
+    assert load_recipe("toy-lora-cpu").backend == "local"
+    cfg = load_recipe("toy-lora-cpu", ["backend=ray", "ray.rollout_workers=3", "ray.engines=2"])
+    assert (cfg.backend, cfg.ray.rollout_workers, cfg.ray.engines) == ("ray", 3, 2)
+    with pytest.raises(ConfigError, match="backend: Input should be 'local' or 'ray'"):
+        load_recipe("toy-lora-cpu", ["backend=slurm"])
+    with pytest.raises(ConfigError, match="rollout_workers"):
+        load_recipe("toy-lora-cpu", ["backend=ray", "ray.rollout_workers=0"])
+
+
+def test_an_external_sampler_is_refused_by_the_ray_backend():
+    from trainer.ray_backend import RayTrainer
+
+    cfg = load_recipe("toy-lora-cpu", ["backend=ray", "sampler.kind=server", "sampler.base_url=http://127.0.0.1:9/v1"])
+    with pytest.raises(ConfigError, match="starts its own sampler engines; set sampler.kind to 'hf'"):
+        RayTrainer(cfg)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_claims_follow_the_local_staleness_rule(k):
+    """N workers claiming lots see the rule one worker sees through SharedState.may_sample."""
+    import multiprocessing
+
+    local = SharedState(multiprocessing.get_context("spawn"))
+    local.update(published=0, claimed=0, consumed=0)
+    hub = _Coordinator(published=0, claimed=0, consumed=0, max_new_tokens=0, cursor=0)
+    produced = 0
+    for worker in range(k + 3):  # more workers than the rule lets sample
+        expected = local.may_sample(produced, k)
+        claim = hub.claim(worker, k)
+        assert (claim is not None) == expected, (worker, claim)
+        if claim is not None:
+            assert claim == (produced, [])
+            produced += 1
+    assert produced == k + 1
+    hub.update({"published": 1, "claimed": 1, "consumed": 1})  # the learner trained one lot
+    assert hub.claim(99, k) == (produced, [])
+
+
+def test_a_restarted_worker_gets_its_lot_and_cases_back():
+    hub = _Coordinator(published=3, claimed=3, consumed=3, max_new_tokens=0, cursor=40)
+    assert hub.claim(0, 1) == (3, [])
+    assert hub.take_cases(0, 8) == 40
+    assert hub.take_cases(0, 2) == 48
+    assert hub.claim(1, 1) == (4, [])
+    assert hub.take_cases(1, 8) == 50
+    # worker 0 died before queueing lot 3: its new instance samples lot 3 on the same cases
+    assert hub.claim(0, 1) == (3, [(40, 8), (48, 2)])
+    assert hub.done(0) == 58
+    hub.update({"stop": 1})
+    assert hub.claim(0, 1) is None
+    with pytest.raises(KeyError, match="unknown shared counter 'nope'"):
+        hub.update({"nope": 1})
+
+
+def _train(tmp_path: Path, backend: str, on_step: Any = None) -> tuple[list[dict[str, Any]], Any]:
+    from trainer.orchestrator import AsyncTrainer
+    from trainer.ray_backend import RayTrainer
+
+    cfg = load_recipe("toy-lora-cpu", [
+        f"seed={LEARN_SEED}", "async.max_staleness=1", f"train.steps={LEARN_STEPS}", "train.checkpoint_every=0",
+        f"train.output_dir={tmp_path / backend}", "train.store=false", f"backend={backend}",
+        "ray.rollout_workers=2", "ray.engines=1", "ray.worker_cpus=0.5", "ray.engine_cpus=1",
+    ])  # fmt: skip
+    trainer = (RayTrainer if backend == "ray" else AsyncTrainer)(cfg)
+    if on_step is not None:
+        trainer.on_step = lambda record: on_step(trainer, record)
+    try:
+        trainer.setup()
+        return trainer.train(), trainer
+    finally:
+        trainer.cleanup()
+
+
+@pytest.mark.slow
+def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker(tmp_path: Path) -> None:
+    # The acceptance run: a local Ray cluster of 2 CPUs, one `twin serve` engine actor, two rollout
+    # worker actors, the learner here; the toy LoRA recipe trains to the local backend's reward, and
+    # a worker actor killed mid-run is restarted and resamples its lot.
+    ray = pytest.importorskip("ray", reason="pip install 'twinrl[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    killed: list[int] = []
+
+    def kill_one(trainer: Any, record: dict[str, Any]) -> None:
+        if record["step"] == 10 and not killed:
+            killed.append(ray.get(trainer.workers[0].pid.remote()))
+            ray.kill(trainer.workers[0], no_restart=False)
+
+    try:
+        remote, ray_trainer = _train(tmp_path, "ray", kill_one)
+    finally:
+        ray.shutdown()
+    local, _ = _train(tmp_path, "local")
+
+    def late(h: list[dict[str, Any]]) -> float:
+        return sum(r["rewards/total"] for r in h[-5:]) / 5
+
+    curves = {name: " ".join(f"{r['rewards/total']:.2f}" for r in h[::5]) for name, h in (("local", local), ("ray", remote))}
+    assert len(remote) == LEARN_STEPS
+    assert killed and ray_trainer.worker_restarts == [1, 0], ray_trainer.worker_restarts
+    for h in (local, remote):
+        assert sum(r["rewards/total"] for r in h[:3]) / 3 < 0.2, curves  # it starts random
+        assert late(h) > 0.8, curves
+    assert abs(late(remote) - late(local)) <= 0.1, curves
+    assert {r["async/staleness"] for r in remote} <= {0.0, 1.0}
+    assert sum(r["async/checks"] for r in remote) == LEARN_STEPS + 1
+    for r in remote:
+        assert not r["async/logprob_mismatch"] >= 1e-3  # every engine ran the adapter just trained
+    assert ray_trainer.adapters.sent_bytes > 0  # adapters went through the object store
