@@ -42,7 +42,7 @@ from typing import Any
 
 __all__ = [
     "BenchRun", "balance_of", "calibrated_epochs", "finite_max", "main", "overlap_slowdown", "pick_baseline",
-    "quickest_warmup_step", "summarize_run",
+    "quickest_warmup_step", "ray_overhead", "summarize_run",
 ]  # fmt: skip
 
 #: Targets (docs/benchmarks.md): the design target and the lower bar the first async issue set.
@@ -57,6 +57,8 @@ MAX_EPOCHS = 200
 #: swung run to run (2 groups x 4 tokens: 1.4-2.0x; 4 x 8: 1.2-1.7x): the fixed per-step costs
 #: weigh more, and one update pass (the calibration's unit) was half the rollout side, so the sides
 #: could not be balanced; at 16 tokens sampling takes ~2.3 passes.
+#: ``--backend ray``: the local backend's shape (one sampler, one worker), so the ratios compare.
+RAY_LIKE_LOCAL = ["ray.rollout_workers=1", "ray.engines=1", "ray.worker_cpus=0.5", "ray.engine_cpus=0.5"]
 WORKLOAD = [
     "lora.enabled=true",
     "algorithm.group_size=16",
@@ -134,6 +136,14 @@ def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "logprob_mismatch": finite_max(r.get("async/logprob_mismatch", 0.0) for r in rows),
         "reward": mean("rewards/total"),
     }  # fmt: skip
+
+
+def ray_overhead(transit: list[float]) -> dict[str, float] | None:
+    """Mean, median and max of the lots' put-to-get seconds (None when no lot was measured)."""
+    if not transit:
+        return None
+    return {"lots": float(len(transit)), "mean_s": statistics.fmean(transit),
+            "median_s": statistics.median(transit), "max_s": max(transit)}  # fmt: skip
 
 
 def finite_max(values: Iterable[float]) -> float:
@@ -269,8 +279,15 @@ def _run(
     epochs: int | None,
     warmup: int,
     on_calibrated: Callable[[dict[str, float]], None] | None = None,
+    backend: str = "local",
+    transit: list[float] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """One run; with ``epochs=None`` the update passes are calibrated on the warm-up steps."""
+    """One run; with ``epochs=None`` the update passes are calibrated on the warm-up steps.
+
+    ``backend="ray"``: the same run through :class:`trainer.ray_backend.RayTrainer` (one engine and
+    one rollout worker actor, as the local backend's processes, unless ``overrides`` say more); each
+    lot's seconds from the worker's put to the learner's get are appended to ``transit``.
+    """
     from trainer.config import load_recipe
     from trainer.orchestrator import AsyncTrainer
 
@@ -284,8 +301,10 @@ def _run(
             f"train.steps={steps}",
             f"train.output_dir={output_dir / run.name}",
             *run.overrides(),
+            *RAY_LIKE_LOCAL * (backend == "ray"),
             *overrides,
             f"async.max_staleness={run.k}",
+            f"backend={backend}",
         ],
     )
 
@@ -306,12 +325,19 @@ def _run(
                 on_calibrated({**measured, "epochs": float(trainer.update_epochs)})
 
     with _restored_process():
-        trainer = AsyncTrainer(cfg, on_step=calibrate)
+        if backend == "ray":
+            from trainer.ray_backend import RayTrainer
+
+            trainer = RayTrainer(cfg, on_step=calibrate)
+        else:
+            trainer = AsyncTrainer(cfg, on_step=calibrate)
         trainer.update_epochs = epochs or 1
         try:
             trainer.setup()
             return trainer.train(), trainer.update_epochs
         finally:
+            if transit is not None:
+                transit.extend(getattr(trainer, "lot_transit_s", [])[warmup:])
             trainer.cleanup()
 
 
@@ -338,6 +364,7 @@ def main(
     output_dir: str | None = None,
     epochs: int | None = None,
     k0_threads: str = "best",
+    backend: str = "local",
 ) -> int:
     """Run k = 0 and k = 1 on the same recipe and print throughput, ratio, idle fractions, sync.
 
@@ -353,19 +380,27 @@ def main(
         k0_threads: The synchronous baseline: ``best`` (measure it pinned with 1 thread per side
             and unpinned with one thread per core; the faster one is the baseline), ``1``
             (pinned only) or ``all`` (unpinned only).
+        backend: ``local`` (processes) or ``ray`` (the same runs on a local Ray cluster, or
+            ``$RAY_ADDRESS``'s: one engine and one rollout worker actor); ``ray`` also prints Ray's
+            overhead per lot (worker put -> learner get, through the Ray queue).
 
     Returns:
         0 (the figures are printed beside the targets; they are not pass/fail here).
     """
     from trainer.workers import plan_cpu_placement
 
+    if backend not in ("local", "ray"):
+        from twin.errors import ConfigError
+
+        raise ConfigError(f"--backend must be local or ray, got {backend!r}")
     overrides = [set] if isinstance(set, str) else list(set or [])
     root = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="twin-bench-trainer-"))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     runs = _runs(str(k0_threads), cores)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     placement = plan_cpu_placement(SimpleNamespace(cpu_affinity="auto", rollout="cpu", learner="cpu"))
-    print("twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)")
+    print("twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)"
+          + (" on Ray (engine and rollout worker actors)" if backend == "ray" else ""))
     print(f"  recipe toy-cpu + {' '.join(WORKLOAD[1:] + _fixed_length() + overrides)}; "
           f"{steps} measured steps per run after {warmup} warm-up")  # fmt: skip
     print(f"  {cores} core(s) allowed; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the runs "
@@ -377,12 +412,14 @@ def main(
         print("  cpu pinning is not available here (needs Linux and >= 2 cores): the 'pinned' runs share the cores")
 
     results: dict[str, dict[str, Any]] = {}
+    transit: list[float] = []
     chosen = epochs
     for run in runs:
         t0 = time.perf_counter()
         calibration: dict[str, float] = {}  # filled by the first run only (chosen is None)
         history, chosen = _run(
-            overrides, run, steps + warmup, root, epochs=chosen, warmup=max(1, warmup), on_calibrated=calibration.update
+            overrides, run, steps + warmup, root, epochs=chosen, warmup=max(1, warmup), on_calibrated=calibration.update,
+            **({"backend": backend, "transit": transit} if backend == "ray" else {}),
         )  # fmt: skip
         results[run.name] = summarize_run(history, warmup)
         if calibration:
@@ -445,6 +482,14 @@ def main(
         + ", ".join(f"{name} {r['logprob_mismatch']:.1e}" for name, r in results.items())
         + " (~1e-6 = the sampler runs the adapter just trained; 0.1-0.5 = it does not)"
     )
+    overhead = ray_overhead(transit) if backend == "ray" else None
+    if overhead is not None:
+        print(
+            f"Ray overhead per lot (worker put -> learner get through the Ray queue, {overhead['lots']:.0f} measured "
+            f"lots): mean {overhead['mean_s'] * 1e3:.1f} ms, median {overhead['median_s'] * 1e3:.1f} ms, max "
+            f"{overhead['max_s'] * 1e3:.1f} ms (the lot waits in the queue too when the learner is busy: the median "
+            "of the k=0 runs, where it never is, is the transport's own cost)"
+        )  # fmt: skip
     after = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"load average after the runs: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
     summary = {
@@ -452,6 +497,7 @@ def main(
         "slowdown": {"rollout": slow_roll, "learner": slow_learn, "bound": contended},
         "load_before": list(load), "load_after": list(after), "runs": results, "overrides": overrides,
         "placement": None if placement is None else {"rollout": placement.rollout, "learner": placement.learner},
+        "backend": backend, "ray_overhead": overhead,
     }  # fmt: skip
     if json:
         Path(json).write_text(_json.dumps(summary, indent=2))
