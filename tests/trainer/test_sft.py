@@ -229,6 +229,31 @@ def test_twin_eval_scores_an_sft_checkpoint_folder(toy_sft: Any) -> None:
     assert summary["components"]["correct"] == pytest.approx(1.0)
 
 
+def test_a_lora_sft_checkpoint_loads_with_its_adapter_merged(toy_sft: Any, tiny: tuple[Any, Any]) -> None:
+    root, _ = toy_sft
+    cfg = load_recipe(_sft_recipe(
+        root, lora={"enabled": True, "rank": 4, "alpha": 8.0}, eval={"cases": 0},
+        data={"paths": [str(root / "ds")], "epochs": 1, "batch_size": 16},
+        train={"output_dir": str(root / "lora"), "store": False, "checkpoint_every": 0},
+    ))  # fmt: skip
+    run = SFTRecipe(cfg)
+    run.setup()
+    history = run.train()
+    run.cleanup()
+    assert len(history) == 4 and run.learner.is_peft
+    batch = TrainBatch([e.input_ids for e in run.episodes[:3]], [e.loss_mask for e in run.episodes[:3]],
+                       [[0.0] * len(e) for e in run.episodes[:3]], [1.0] * 3)
+    trained = torch.tensor([x for row in run.learner.logprobs(batch) for x in row])
+    merged, _ = load_checkpoint_model(root / "lora")
+    assert not any("lora" in name for name, _ in merged.named_parameters())  # a plain model
+    merged.requires_grad_(True)  # a Learner only to score it
+    loaded = Learner(merged, algorithm=cfg.algorithm, optim=cfg.optim)
+    torch.testing.assert_close(torch.tensor([x for row in loaded.logprobs(batch) for x in row]), trained,
+                               rtol=0, atol=1e-5)
+    base = Learner(tiny[0], algorithm=cfg.algorithm, optim=cfg.optim)
+    assert (torch.tensor([x for row in base.logprobs(batch) for x in row]) - trained).abs().max() > 1e-2
+
+
 # -- recipes and the CLI ---------------------------------------------------------------------------
 def test_algorithm_sft_recipes_and_their_errors(tmp_path: Path) -> None:
     cfg = load_recipe(_sft_recipe(tmp_path))
