@@ -139,10 +139,15 @@ class CatalogTwinV1(CatalogTwin):
     # -- world ---------------------------------------------------------------------------------
     def build_world(self) -> Any:
         """The v0 world of this seed and taxonomy (disk cache shared with v0) and v1's overlay."""
-        from envs.catalog.v1_world import v1_world
+        from pathlib import Path
 
+        from envs.catalog.v1_world import v1_world
+        from envs.catalog.world.build import world_key
+
+        cfg: CatalogConfigV1 = self.config  # type: ignore[assignment]
         base = CatalogTwin.build_world(self)
-        return v1_world(base, self.config.seed)
+        path = Path(cfg.taxonomy_path).resolve() if cfg.taxonomy_path is not None else None
+        return v1_world(base, cfg.seed, cache_key=world_key(cfg.seed, path))
 
     # -- cases ---------------------------------------------------------------------------------
     def kind_of(self, split: str, index: int) -> str:

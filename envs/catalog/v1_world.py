@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import pickle
 import random
 import re
+import tempfile
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rapidfuzz import fuzz, process, utils
@@ -454,11 +458,48 @@ def _near_batch(rng: random.Random, batch: str) -> str:
 
 
 _V1: dict[int, V1World] = {}
+#: Fields a cached overlay stores (everything V1World adds to the base world).
+_STATE_SKIP = ("base", "_lookup_cache")
 
 
-def v1_world(base: CatalogWorld, seed: int) -> V1World:
-    """The :class:`V1World` over ``base`` (built once per base world in a process)."""
+def _code_digest() -> str:
+    """This module's source: a changed overlay generator never serves a stale cache."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def v1_world(base: CatalogWorld, seed: int, cache_key: str | None = None) -> V1World:
+    """The :class:`V1World` over ``base``: built once per base world in a process, and cached
+    on disk next to the base world when ``cache_key`` (the base world's own cache key) is given.
+
+    Building the overlay takes a few seconds (every long-tail brand name is checked against the
+    registry); a cached one loads in milliseconds.
+    """
     held = _V1.get(id(base))
-    if held is None or held.base is not base or held.seed != seed:
-        held = _V1[id(base)] = V1World(base, seed)
+    if held is not None and held.base is base and held.seed == seed:
+        return held
+    path = None
+    if cache_key is not None:
+        from envs.catalog.world.build import cache_root
+
+        path = cache_root() / "v1" / f"{cache_key}-{seed}-{_code_digest()}.pkl"
+        if path.exists():
+            try:
+                with open(path, "rb") as fh:  # our own cache file, written below
+                    state = pickle.load(fh)
+                held = V1World.__new__(V1World)
+                held.__dict__.update(state)
+                held.base = base
+                held._lookup_cache = {}
+            except Exception:  # a torn or foreign file: rebuild it
+                held = None
+    if held is None:
+        held = V1World(base, seed)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            state = {k: v for k, v in held.__dict__.items() if k not in _STATE_SKIP}
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as fh:
+                pickle.dump(state, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, path)  # atomic: a reader never sees half a file
+    _V1[id(base)] = held
     return held
