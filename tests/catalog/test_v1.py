@@ -207,3 +207,13 @@ def test_bag_of_words_on_the_prompt_is_near_the_majority_rate(twin_v1):
 
     audit = bow_audit(twin_v1, train_cases=800)
     assert audit["margin"] <= 0.10, audit
+
+
+def test_twin_check_passes_on_catalog_v1(twin_v1):
+    """`twin check catalog` (the doctor, at its command-line default of 2 cases per kind)."""
+    from twin.doctor import doctor
+
+    report = doctor(twin_v1, cases=2, subprocess_check=False)
+    failed = [r for r in report.rows if r.status == "fail" or r.crashed]
+    assert not failed, report.to_markdown()
+    assert report.row("overlap", "brands").status == "pass"
