@@ -492,7 +492,7 @@ class Learner:
 
         Per mini-batch: score each micro-batch with grad (:meth:`score`), take its share of
         the objective (:func:`trainer.objective.objective`), backpropagate, then one guarded
-        optimizer step (:meth:`_optimizer_step`).
+        optimizer step (:meth:`apply_gradients`).
 
         Returns:
             Metrics: ``losses/loss``, ``losses/kl``, ``losses/clipfrac`` (and ``_low``/``_high``),
@@ -525,7 +525,7 @@ class Learner:
                 loss.backward()  # gradients accumulate over the micro-batches
                 chunk_loss += float(loss.detach())
                 meter.add(stats)
-            meter.update(chunk_loss, *self._optimizer_step(chunk_loss))
+            meter.update(chunk_loss, *self.apply_gradients(chunk_loss))
         self.model.eval()
         elapsed = time.perf_counter() - started
         metrics = meter.metrics()
@@ -597,10 +597,13 @@ class Learner:
                 out[i] = logp[r, : len(batch.input_ids[i]) - 1].clone()
         return out
 
-    def _optimizer_step(self, loss: float) -> tuple[float, bool]:
-        """Clip and apply the accumulated gradients; ``(gradient norm, applied)``.
+    def apply_gradients(self, loss: float) -> tuple[float, bool]:
+        """Clip and apply the gradients accumulated by ``backward()``; ``(gradient norm, applied)``.
 
-        Not applied when the loss or the norm is not finite: the weights and AdamW state stay.
+        The one guarded optimizer step of every objective (GRPO's, SFT's): the learning rate is a
+        function of :attr:`version`, and the update is not applied when ``loss`` or the norm is
+        not finite (the weights and AdamW state stay; :attr:`skipped_updates` counts it). The
+        version advances either way.
         """
         if self.optim_config.grad_clip is not None:
             norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.optim_config.grad_clip))

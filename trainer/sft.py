@@ -165,28 +165,6 @@ def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
-def _apply_gradients(learner: Learner, loss: float) -> tuple[float, bool]:
-    # The same guarded step as the learner's own (clip, lr by version, drop non-finite updates);
-    # the learner has no public hook for a loss computed outside trainer/objective.py.
-    cfg = learner.optim_config
-    if cfg.grad_clip is not None:
-        norm = float(torch.nn.utils.clip_grad_norm_(learner.params, cfg.grad_clip))
-    else:
-        grads = [p.grad.detach().norm() for p in learner.params if p.grad is not None]
-        norm = float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0
-    for group in learner.optimizer.param_groups:
-        group["lr"] = cfg.lr_at(learner.version)
-    applied = math.isfinite(loss) and math.isfinite(norm)
-    if applied:
-        learner.optimizer.step()
-    else:
-        learner.optimizer.zero_grad(set_to_none=True)
-        learner.skipped_updates += 1
-        log.warning("sft: update %d skipped: loss %s, gradient norm %s (not finite)", learner.version, loss, norm)
-    learner.version += 1
-    return norm, applied
-
-
 def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, float]:
     """One optimizer step of mean token negative log-likelihood on ``episodes``' loss masks.
 
@@ -225,7 +203,7 @@ def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, f
         confident += float(((scored.logprobs > math.log(0.5)).float() * mask).sum())
         if scored.entropy is not None:
             entropy += float((scored.entropy.detach() * mask).sum())
-    norm, applied = _apply_gradients(learner, nll)
+    norm, applied = learner.apply_gradients(nll)
     learner.model.eval()
     elapsed = time.perf_counter() - started
     return {
