@@ -21,7 +21,7 @@ shared prompt run once) is the learner's business: the objective sees :class:`Sc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -29,7 +29,10 @@ from torch import Tensor
 from trainer import algorithms as algo
 from twin.errors import ConfigError
 
-__all__ = ["LossSettings", "Scored", "Settings", "advantages", "informative", "objective", "shaped_rewards"]
+__all__ = [
+    "LossSettings", "Scored", "Settings", "advantages", "group_rewards", "informative", "objective",
+    "shaped_rewards",
+]  # fmt: skip
 
 
 class LossSettings(Protocol):
@@ -92,6 +95,22 @@ def shaped_rewards(rewards: Tensor, lengths: Tensor, *, max_len: int, buffer: in
         factor: The penalty at and beyond it (``algorithm.overlong_penalty``).
     """
     return rewards.float() + algo.overlong_penalty(lengths, max_len, buffer, factor)
+
+
+def group_rewards(group: Any, recipe: Any) -> Tensor:
+    """A sampled group's shaped rewards ``r~`` under a recipe: :func:`shaped_rewards` of the env
+    rewards on the tokens each episode's policy wrote (both training loops call this).  # [G]
+
+    Args:
+        group: A :class:`twin.trajectory.Group`.
+        recipe: The recipe (its ``sampler.max_episode_tokens`` and ``algorithm`` overlong settings).
+    """
+    rewards = torch.tensor(group.rewards, dtype=torch.float32)
+    lengths = torch.tensor([t.completion_tokens for t in group.trajectories])
+    return shaped_rewards(
+        rewards, lengths, max_len=recipe.sampler.max_episode_tokens,
+        buffer=recipe.algorithm.overlong_buffer, factor=recipe.algorithm.overlong_penalty,
+    )  # fmt: skip
 
 
 def informative(shaped: Tensor) -> Tensor:

@@ -329,13 +329,7 @@ class GRPORecipe:
 
     def _shaped_rewards(self, group: Group) -> list[float]:
         """Env reward plus DAPO's soft overlong penalty (on the tokens the policy wrote)."""
-        cfg = self.cfg
-        rewards = torch.tensor(group.rewards, dtype=torch.float32)
-        lengths = torch.tensor([t.completion_tokens for t in group.trajectories])
-        return objective.shaped_rewards(
-            rewards, lengths, max_len=cfg.sampler.max_episode_tokens,
-            buffer=cfg.algorithm.overlong_buffer, factor=cfg.algorithm.overlong_penalty,
-        ).tolist()  # fmt: skip
+        return objective.group_rewards(group, self.cfg).tolist()
 
     def collect(self, step: int) -> tuple[list[Group], list[Group], dict[str, float]]:
         """Sample this step's groups with dynamic sampling.

@@ -593,9 +593,7 @@ class _RolloutLoop:
 
     def _collect(self, version: int) -> Lot:
         """One lot: ``groups_per_step`` informative groups (dynamic sampling, bounded refills)."""
-        import torch
-
-        from trainer import algorithms as algo
+        from trainer import objective
         from trainer.rollouts import RolloutSettings, collect_groups
         from twin.cases import stable_seed
 
@@ -619,15 +617,10 @@ class _RolloutLoop:
                     seed=stable_seed("lot", cfg.seed, self.produced, rounds), policy_version=version,
                 )  # fmt: skip
                 for g in groups:
-                    rewards = torch.tensor(g.rewards, dtype=torch.float32)
-                    lengths = torch.tensor([t.completion_tokens for t in g.trajectories])  # policy-written
-                    shaped = rewards + algo.overlong_penalty(
-                        lengths, cfg.sampler.max_episode_tokens, cfg.algorithm.overlong_buffer,
-                        cfg.algorithm.overlong_penalty,
-                    )  # fmt: skip
+                    shaped = objective.group_rewards(g, cfg)
                     for t, r in zip(g.trajectories, shaped.tolist()):
                         t.info["shaped_reward"] = r
-                    informative = bool(algo.keep_informative_groups(shaped[None, :])[0])
+                    informative = bool(objective.informative(shaped[None, :])[0])
                     if (informative or not cfg.algorithm.dynamic_sampling) and len(kept) < n:
                         kept.append(len(every))
                     every.append(g)
