@@ -64,20 +64,43 @@ __all__ = ["CALL_PREFIX", "WORDS", "ToyConfig", "ToyOracle", "ToyTwin", "ideal_c
 WORDS: tuple[str, ...] = ("red", "blue", "green", "yellow", "cat", "dog", "bird", "fish")
 
 
+def ideal_call_for(name: str, arguments: Any) -> str:
+    """The Hermes text of a call: ``<tool_call>`` + its JSON + ``</tool_call>``."""
+    body = json.dumps({"name": name, "arguments": arguments})
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
 def ideal_call(answer: str) -> str:
     """The text of a perfect first turn for ``answer``."""
-    body = json.dumps({"name": "submit", "arguments": {"answer": answer}})
-    return f"<tool_call>\n{body}\n</tool_call>"
+    return ideal_call_for("submit", {"answer": answer})
 
 
 #: The fixed start of every right call, whitespace dropped (everything before the word).
 CALL_PREFIX = "".join(ideal_call("").split('"}}')[0].split())
 
 
+def _call_text(call: Any) -> str:
+    # A structured call ({"function": {"name", "arguments": <json string>}}) as the Hermes text a
+    # model writes for it, so a policy that answers with tool_calls (an OpenAI server, `hf:`)
+    # is shaped exactly like one that writes the call in its text.
+    fn = call.get("function", call) if isinstance(call, dict) else {}
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return ""
+    return ideal_call_for(str(fn.get("name", "")), args)
+
+
 def _first_turn(trajectory: Trajectory) -> str:
     for msg in trajectory.messages:
         if msg.get("role") == "assistant":
-            return msg.get("content") or ""
+            text = msg.get("content") or ""
+            calls = msg.get("tool_calls") or []
+            if not text.strip() and calls:
+                return "\n".join(_call_text(c) for c in calls)
+            return text
     return ""
 
 

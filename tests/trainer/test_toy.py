@@ -140,3 +140,24 @@ def test_partial_reward_keeps_the_first_levels() -> None:
     assert env.step(ideal_call(other))[1] == pytest.approx(0.35)
     with pytest.raises(Exception, match="wrong_call"):
         make_twin("Toy", wrong_call="nope")
+
+
+@pytest.mark.parametrize("arguments_as", ["json", "dict"])
+def test_a_structured_call_is_shaped_like_the_same_call_written_as_text(arguments_as) -> None:
+    # An OpenAI-style server or the `hf:` policy answers with tool_calls and empty content; the
+    # shaping terms must read that turn as the call it is (a perfect answer scores 1.0 either way).
+    import json
+
+    env = make("Toy")
+    env.reset(options={"split": "train", "index": 0})
+    answer = env.case.truth["answer"]
+    args = {"answer": answer}
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "submit", "arguments": json.dumps(args) if arguments_as == "json" else args}}
+    _, reward, terminated, _, info = env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    assert terminated and reward == pytest.approx(1.0), info["reward"]
+    env.reset(options={"split": "train", "index": 0})
+    wrong = next(w for w in WORDS if w != answer)
+    call["function"]["arguments"] = json.dumps({"answer": wrong})
+    _, reward, _, _, info = env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    assert info["reward"]["components"]["wrong"] == 1.0 and reward < 0.1
