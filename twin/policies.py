@@ -22,12 +22,12 @@ Shipped here:
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import random
 import re
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -47,6 +47,7 @@ __all__ = [
     "ReplayPolicy",
     "load_policy_file",
     "make_policy",
+    "policy_kinds",
     "policy_for_episode",
     "tool_call",
 ]
@@ -752,6 +753,16 @@ POLICY_FORMS = (
 # What the ``train`` extra installs: the ``hf:`` policy (the trainer's model) needs them.
 _TRAIN_PACKAGES = frozenset({"torch", "transformers", "tokenizers", "peft", "gguf"})
 
+#: Entry-point group of policy kinds: ``NAME = "module:factory"`` makes ``NAME:ARG`` a policy spec,
+#: built by ``factory(spec, twin)``. twinrl's own ``hf:`` is one (``trainer.policy``), so the core
+#: never imports the trainer.
+POLICY_ENTRY_POINT_GROUP = "twin.policies"
+
+
+def policy_kinds() -> dict[str, Any]:
+    """The policy kinds installed as plugins: ``{name: importlib.metadata.EntryPoint}``."""
+    return {ep.name: ep for ep in entry_points(group=POLICY_ENTRY_POINT_GROUP)}
+
 
 def make_policy(
     spec: str,
@@ -766,7 +777,8 @@ def make_policy(
 
     Specs: ``random`` / ``random:SEED``, ``replay:FILE``, ``openai:MODEL``, a baseline of the
     twin (``Twin.baselines() -> {name: factory(twin) -> policy}``, e.g. ``heuristic``, ``oracle``)
-    and ``hf:PATH`` / ``hf:smollm2`` (``trainer.policy.HFPolicy.from_spec(spec, twin)``).
+    and the kinds registered in the entry-point group ``twin.policies``, e.g. ``hf:PATH`` /
+    ``hf:smollm2`` (twinrl's ``trainer.policy.HFPolicy.from_spec(spec, twin)``).
 
     Args:
         spec: The spec.
@@ -794,21 +806,22 @@ def make_policy(
         return ReplayPolicy.from_file(arg)
     if kind == "openai" and arg:
         return OpenAIChatPolicy(base_url=base_url, model=arg, api_key=api_key, **options)
-    if kind == "hf" and arg:
-        try:
-            module = importlib.import_module("trainer.policy")
-            return module.HFPolicy.from_spec(spec, twin)
+    plugins = policy_kinds()
+    if kind in plugins and arg:
+        try:  # the plugin may import its libraries when loaded or only when it builds
+            return plugins[kind].load()(spec, twin)
         except ImportError as exc:
             if (exc.name or "").split(".")[0] not in _TRAIN_PACKAGES:
                 raise ConfigError(
-                    f"policy {spec!r} needs trainer/policy.py (the trainer), which could not be "
-                    f"imported ({exc})"
+                    f"policy {spec!r} needs {plugins[kind].value} (entry point {kind!r} of "
+                    f"{POLICY_ENTRY_POINT_GROUP!r}), which could not be imported ({exc})"
                 ) from None
             raise ConfigError(
                 f"policy {spec!r} runs a local model and needs {exc.name}, which is not "
                 "installed; install the training extra: pip install 'twinrl[train]'"
             ) from None
     forms = list(POLICY_FORMS) + [f"{name} (a baseline of this twin)" for name in baselines]
+    forms += [f"{name}:... (plugin {ep.value})" for name, ep in sorted(plugins.items()) if name != "hf"]
     raise ConfigError(f"unknown policy spec {spec!r}; allowed: " + "; ".join(forms))
 
 

@@ -527,6 +527,25 @@ def test_make_policy_specs(twin, tmp_path, monkeypatch):
     assert make_policy("hf:smollm2", twin) == "hf-policy" and made == [("hf:smollm2", twin)]
 
 
+def test_policy_kinds_are_entry_point_plugins(twin, monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    import twin.policies as policies
+
+    assert policies.policy_kinds()["hf"].value == "trainer.policy:HFPolicy.from_spec"  # ours, a plugin too
+    plugin = types.ModuleType("my_policies")
+    plugin.make = lambda spec, twin_: ("made", spec, twin_)
+    monkeypatch.setitem(sys.modules, "my_policies", plugin)
+    kinds = {"echo": EntryPoint(name="echo", value="my_policies:make", group=policies.POLICY_ENTRY_POINT_GROUP)}
+    monkeypatch.setattr(policies, "policy_kinds", lambda: kinds)
+    assert make_policy("echo:x", twin) == ("made", "echo:x", twin)
+    with pytest.raises(ConfigError, match=r"echo:\.\.\. \(plugin my_policies:make\)"):
+        make_policy("nope:x", twin)
+    kinds["broken"] = EntryPoint(name="broken", value="no_such_module_xyz:make", group="twin.policies")
+    with pytest.raises(ConfigError, match="could not be imported"):
+        make_policy("broken:x", twin)
+
+
 def test_make_policy_unknown_lists_forms(twin):
     with pytest.raises(ConfigError) as err:
         make_policy("gpt4", twin)
