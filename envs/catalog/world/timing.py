@@ -44,7 +44,7 @@ def _p(samples: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Print and return the figures beside DESIGN.md's targets."""
+    """Print and return the figures beside their targets (docs/benchmarks.md)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--taxonomy", default="", help="a Shopify taxonomy checkout (default: generated)")
     parser.add_argument("--seed", type=int, default=0)
