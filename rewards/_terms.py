@@ -2,8 +2,8 @@
 
 A term is the unit a reward is composed of and the unit that gets logged. Its value must lie
 in its declared range ``[low, high]``; a term that returns anything else, or raises, is an
-error (:class:`TermError`), never silently scored as 0 (the weak spot STYLE.md notes in
-verifiers' rubrics).
+error (:class:`TermError`), never silently scored as 0 (a rubric that swallows a failing
+function as 0 hides reward bugs as low scores).
 """
 
 from __future__ import annotations
