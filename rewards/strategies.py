@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from rewards.properties import submission_trajectory
+from rewards._submission import submission_trajectory
 from twin.cases import Case
 from twin.trajectory import Trajectory
 

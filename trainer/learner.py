@@ -751,7 +751,7 @@ def _checkpointed_layers(model: Any) -> Iterator[None]:
     """
     from torch.utils.checkpoint import checkpoint
 
-    from trainer.memory import note_kept
+    from trainer.saved_tensors import note_kept
 
     layers = _decoder_layers(model)
     for index, layer in enumerate(layers):

@@ -31,19 +31,17 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from twin.errors import TwinError
 
-if TYPE_CHECKING:
-    from trainer.server import CompletionServer
-
 __all__ = [
     "API_KEY_ENV",
     "LoadAdapterRequest",
     "ServeLimits",
+    "ServedModel",
     "ServerError",
     "UnloadAdapterRequest",
     "auth_headers",
@@ -60,6 +58,31 @@ API_KEY_ENV = "TWINRL_API_KEY"
 
 #: Routes answered without an API key (health checks of load balancers and process managers).
 OPEN_ROUTES = frozenset({"/health", "/ping", "/version"})
+
+
+class ServedModel(Protocol):
+    """What the HTTP layer calls on the model server (:class:`trainer.server.CompletionServer`).
+
+    A protocol, so that this layer needs nothing from the module that builds on it.
+    """
+
+    limits: ServeLimits
+
+    def models(self) -> dict[str, Any]:
+        """The ``/v1/models`` answer."""
+        ...
+
+    def completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Answer a ``/v1/completions`` body."""
+        ...
+
+    def load_lora_adapter(self, body: dict[str, Any]) -> str:
+        """Load the adapter a ``/v1/load_lora_adapter`` body names."""
+        ...
+
+    def unload_lora_adapter(self, body: dict[str, Any]) -> str:
+        """Unload the adapter a ``/v1/unload_lora_adapter`` body names."""
+        ...
 
 
 class ServerError(TwinError):
@@ -421,7 +444,7 @@ class _PooledHTTPServer(HTTPServer):
     request_queue_size = 1024
 
     def __init__(
-        self, address: tuple[str, int], core: CompletionServer, limits: ServeLimits, api_key: str | None
+        self, address: tuple[str, int], core: ServedModel, limits: ServeLimits, api_key: str | None
     ) -> None:
         super().__init__(address, _Handler)
         self.core = core
@@ -475,7 +498,7 @@ class _PooledHTTPServer(HTTPServer):
 
 
 def make_http_server(
-    core: CompletionServer,
+    core: ServedModel,
     host: str = "127.0.0.1",
     port: int = 8000,
     *,

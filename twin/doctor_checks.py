@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from twin.core import Twin
-from twin.doctor import (
+from twin.doctor_play import (
     ConstantAnswerPolicy,
     NoToolsPolicy,
     _guard,
