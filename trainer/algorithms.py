@@ -15,7 +15,8 @@ sequences of ``T`` tokens (``B = N * G`` after dynamic sampling); ``V`` vocabula
   sampling against the sampler), :func:`keep_informative_groups` (DAPO dynamic sampling),
   :func:`overlong_penalty` (DAPO soft overlong punishment), :func:`entropy_from_logits`,
   :func:`token_logprobs`.
-- :func:`policy_loss` composes them and returns ``(loss, LossStats)``.
+- :func:`trainer.objective.objective` composes them (and :func:`trainer.objective.policy_loss`,
+  the same with keyword settings) and returns ``(loss, LossStats)``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ __all__ = [
     "keep_informative_groups",
     "kl_k3",
     "overlong_penalty",
-    "policy_loss",
     "rloo_advantages",
     "sampler_kl",
     "sequence_mask_weights",
@@ -566,7 +566,7 @@ def aggregation(name: str, *, max_tokens: int | None = None) -> Aggregation:
 
 # ==================================================================== the composed loss
 class LossStats(NamedTuple):
-    """Diagnostics of one :func:`policy_loss` call (0-d detached tensors, token means over
+    """Diagnostics of one :func:`trainer.objective.policy_loss` call (0-d detached tensors, token means over
     the mask of this call).
 
     Attributes:
@@ -603,64 +603,3 @@ class LossStats(NamedTuple):
     def metrics(self, prefix: str = "losses/") -> dict[str, float]:
         """Stats as floats under stable names (``losses/clip_frac``, ...)."""
         return {f"{prefix}{k}": float(v) for k, v in self._asdict().items()}
-
-
-def policy_loss(
-    logprobs: Tensor,  # [B, T]
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    *,
-    aggregate: Aggregation = token_mean,
-    old_logprobs: Tensor | None = None,  # [B, T]
-    sampler_logprobs: Tensor | None = None,  # [B, T]
-    ref_logprobs: Tensor | None = None,  # [B, T]
-    entropy: Tensor | None = None,  # [B, T]
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    kl_coef: float = 0.0,
-    entropy_coef: float = 0.0,
-    tis_cap: float | None = 2.0,
-    is_correction: str = "truncate",
-    is_mask_low: float = 0.0,
-    num_seqs: int | None = None,
-    num_tokens: float | None = None,
-) -> tuple[Tensor, LossStats]:
-    """The GRPO-family policy loss with its settings as arguments (:func:`trainer.objective.objective`).
-
-    ``loss = aggregate(w_t * -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A)
-    + beta * KL_k3_t, mask) - entropy_coef * token mean of H_t`` with ``w_t`` from
-    :func:`is_weights` (``truncate``: ``min(exp(lp_old - lp_sampler), cap)``).
-
-    Args:
-        logprobs: Learner logprobs of the sampled tokens (with grad).  # [B, T]
-        advantages: Per sequence or per token.  # [B] or [B, T]
-        mask: 1 on sampled tokens (the renderer's loss mask).  # [B, T]
-        aggregate: One of :data:`LOSS_AGGREGATIONS` (see :func:`aggregation`).
-        old_logprobs: Learner logprobs before this update; default ``logprobs.detach()``
-            (one update per batch: ratio 1, clipping inactive).  # [B, T]
-        sampler_logprobs: The sampler's logprobs; enables the IS correction.  # [B, T]
-        ref_logprobs: Reference logprobs (adapter disabled); needed when ``kl_coef > 0``.
-        entropy: Per-token entropy (with grad); needed when ``entropy_coef > 0``.
-        eps_low: Lower clip range.
-        eps_high: Upper clip range (clip-higher when > ``eps_low``).
-        kl_coef: beta, weight of the k3 KL term (0 disables it).
-        entropy_coef: Weight of the entropy bonus (0 disables it).
-        tis_cap: Cap (truncate) or upper bound (masks) of the IS weight; None disables it.
-        is_correction: ``truncate``, ``token_mask`` or ``sequence_mask`` (:func:`is_weights`).
-        is_mask_low: Lower bound of the masks.
-        num_seqs: Whole-batch sequence count for micro-batching (see :class:`Aggregation`).
-        num_tokens: Whole-batch token count for micro-batching.
-
-    Returns:
-        ``(loss, stats)``: the scalar to backpropagate and its :class:`LossStats`.
-
-    Raises:
-        ConfigError: ``kl_coef > 0`` without ``ref_logprobs``, ``entropy_coef > 0`` without
-            ``entropy``, or mismatched shapes.
-    """
-    # imported here: trainer.objective composes this module's functions
-    from trainer.objective import Scored, Settings, objective
-
-    scored = Scored(logprobs, mask, advantages, sampler_logprobs, old_logprobs, ref_logprobs, entropy)
-    settings = Settings(eps_low, eps_high, kl_coef, entropy_coef, tis_cap, is_correction, is_mask_low)
-    return objective(scored, settings, aggregate=aggregate, num_seqs=num_seqs, num_tokens=num_tokens)

@@ -31,7 +31,7 @@ from twin.errors import ConfigError
 
 __all__ = [
     "LossSettings", "Scored", "Settings", "advantages", "group_rewards", "informative", "objective",
-    "shaped_rewards",
+    "policy_loss", "shaped_rewards",
 ]  # fmt: skip
 
 
@@ -212,3 +212,63 @@ def _stats(
         entropy=mean(b.entropy) if b.entropy is not None else zero,
         logprob_mismatch=mean((old - sampled).abs()) if sampled is not None else zero,
     )
+
+
+def policy_loss(
+    logprobs: Tensor,  # [B, T]
+    advantages: Tensor,  # [B] or [B, T]
+    mask: Tensor,  # [B, T]
+    *,
+    aggregate: algo.Aggregation = algo.token_mean,
+    old_logprobs: Tensor | None = None,  # [B, T]
+    sampler_logprobs: Tensor | None = None,  # [B, T]
+    ref_logprobs: Tensor | None = None,  # [B, T]
+    entropy: Tensor | None = None,  # [B, T]
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+    tis_cap: float | None = 2.0,
+    is_correction: str = "truncate",
+    is_mask_low: float = 0.0,
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, algo.LossStats]:
+    """The GRPO-family policy loss with its settings as arguments (:func:`objective`).
+
+    ``loss = aggregate(w_t * -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A)
+    + beta * KL_k3_t, mask) - entropy_coef * token mean of H_t`` with ``w_t`` from
+    :func:`trainer.algorithms.is_weights` (``truncate``: ``min(exp(lp_old - lp_sampler), cap)``).
+
+    Args:
+        logprobs: Learner logprobs of the sampled tokens (with grad).  # [B, T]
+        advantages: Per sequence or per token.  # [B] or [B, T]
+        mask: 1 on sampled tokens (the renderer's loss mask).  # [B, T]
+        aggregate: One of :data:`trainer.algorithms.LOSS_AGGREGATIONS`
+            (see :func:`trainer.algorithms.aggregation`).
+        old_logprobs: Learner logprobs before this update; default ``logprobs.detach()``
+            (one update per batch: ratio 1, clipping inactive).  # [B, T]
+        sampler_logprobs: The sampler's logprobs; enables the IS correction.  # [B, T]
+        ref_logprobs: Reference logprobs (adapter disabled); needed when ``kl_coef > 0``.
+        entropy: Per-token entropy (with grad); needed when ``entropy_coef > 0``.
+        eps_low: Lower clip range.
+        eps_high: Upper clip range (clip-higher when > ``eps_low``).
+        kl_coef: beta, weight of the k3 KL term (0 disables it).
+        entropy_coef: Weight of the entropy bonus (0 disables it).
+        tis_cap: Cap (truncate) or upper bound (masks) of the IS weight; None disables it.
+        is_correction: ``truncate``, ``token_mask`` or ``sequence_mask`` (:func:`trainer.algorithms.is_weights`).
+        is_mask_low: Lower bound of the masks.
+        num_seqs: Whole-batch sequence count for micro-batching
+            (see :class:`trainer.algorithms.Aggregation`).
+        num_tokens: Whole-batch token count for micro-batching.
+
+    Returns:
+        ``(loss, stats)``: the scalar to backpropagate and its :class:`LossStats`.
+
+    Raises:
+        ConfigError: ``kl_coef > 0`` without ``ref_logprobs``, ``entropy_coef > 0`` without
+            ``entropy``, or mismatched shapes.
+    """
+    scored = Scored(logprobs, mask, advantages, sampler_logprobs, old_logprobs, ref_logprobs, entropy)
+    settings = Settings(eps_low, eps_high, kl_coef, entropy_coef, tis_cap, is_correction, is_mask_low)
+    return objective(scored, settings, aggregate=aggregate, num_seqs=num_seqs, num_tokens=num_tokens)

@@ -21,13 +21,13 @@ from trainer.algorithms import (
     keep_informative_groups,
     kl_k3,
     overlong_penalty,
-    policy_loss,
     rloo_advantages,
     seq_mean_token_mean,
     tis_weights,
     token_logprobs,
     token_mean,
 )
+from trainer.objective import policy_loss
 from twin.errors import ConfigError
 
 T = torch.tensor

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer import algorithms as algo
 from trainer.config import AlgorithmConfig, OptimConfig
 from trainer.learner import Learner, TrainBatch
 from trainer.models import load_model
-from trainer.objective import Scored, Settings, advantages, informative, objective, shaped_rewards
+from trainer.objective import (
+    Scored, Settings, advantages, informative, objective, policy_loss, shaped_rewards,
+)
 from trainer.recipe import make_batch
 from twin.errors import ConfigError
 
@@ -46,7 +47,7 @@ def test_policy_loss_is_the_objective_with_keyword_settings() -> None:
     b = _scored(torch.ones(2, 3))
     cfg = AlgorithmConfig(entropy_coef=0.05, is_correction="token_mask", tis_cap=1.05, eps_high=0.3)
     loss, stats = objective(b, cfg)  # a recipe's algorithm: section is the settings as it stands
-    same, same_stats = algo.policy_loss(
+    same, same_stats = policy_loss(
         b.logprobs, b.advantages, b.mask, sampler_logprobs=b.sampler_logprobs, entropy=b.entropy,
         entropy_coef=0.05, is_correction="token_mask", tis_cap=1.05, eps_high=0.3,
     )  # fmt: skip
