@@ -56,8 +56,8 @@ def _require_mcp() -> Any:
         from mcp.server.lowlevel import Server
     except ImportError as exc:
         raise MissingDependencyError(
-            f"twin mcp needs the MCP SDK (mcp>=2), which is not installed ({exc}): "
-            "pip install 'twinrl[integrations]'"
+            f"twin mcp needs the MCP SDK, a dependency of twinrl missing here ({exc}): "
+            "pip install 'mcp>=2,<3'"
         ) from None
     return Server, mcp_types
 

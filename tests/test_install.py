@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import venv
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def _pip_reaches_an_index(python: Path, into: Path) -> str | None:
 
 
 @pytest.mark.slow
-def test_fresh_venv_without_extras_lists_and_evaluates_without_torch(tmp_path):
+def test_fresh_venv_without_extras_lists_evaluates_checks_and_serves_mcp_without_torch(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
@@ -92,6 +93,28 @@ def test_fresh_venv_without_extras_lists_and_evaluates_without_torch(tmp_path):
         capture_output=True, text=True, timeout=900, cwd=tmp_path, env=run_env,
     )
     assert evaluated.returncode == 0, evaluated.stdout[-2000:] + evaluated.stderr[-2000:]
+    checked = subprocess.run(
+        [str(twin_cmd), "check", "catalog", "--cases", "2"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=run_env,
+    )
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-2000:]
+    # `twin mcp` serves over stdio: the fresh venv's own MCP client lists the twin's tools
+    client = textwrap.dedent(f"""
+        import anyio, sys
+        from mcp.client import Client
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
+        async def main():
+            params = StdioServerParameters(command={str(twin_cmd)!r}, args=["mcp", "returns"])
+            async with Client(stdio_client(params)) as client:
+                print(sorted(t.name for t in (await client.list_tools()).tools))
+
+        anyio.run(main)
+    """)
+    served = subprocess.run([str(python), "-c", client], capture_output=True, text=True,
+                            timeout=300, cwd=tmp_path, env=run_env)
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert "'decide'" in served.stdout and "'lookup_order'" in served.stdout, served.stdout
     probe = subprocess.run(
         [str(python), "-c",
          f"import importlib.util as u; print([m for m in {TRAIN_PACKAGES!r} if u.find_spec(m)])"],

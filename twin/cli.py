@@ -837,12 +837,15 @@ def _short(text: str, limit: int) -> str:
 
 # -- wrappers over other areas -------------------------------------------------------------------
 _OUR_PACKAGES = frozenset({"twin", "rewards", "envs", "trainer", "integrations", "twinrl_data"})
-#: The extra that installs an optional library (pyproject.toml's optional-dependencies).
-_EXTRA_OF = {
-    "torch": "train", "transformers": "train", "peft": "train", "tokenizers": "train", "gguf": "train",
-    "mcp": "integrations", "mcp_types": "integrations", "trl": "integrations",
-    "verifiers": "integrations", "wandb": "integrations", "trackio": "integrations",
-    "datasets": "integrations", "psycopg": "postgres",
+#: What installs a library a command needs: an extra of pyproject.toml's optional-dependencies,
+#: or the library itself where it is a core dependency that went missing.
+_INSTALL_OF = {
+    "torch": "twinrl[train]", "transformers": "twinrl[train]", "peft": "twinrl[train]",
+    "tokenizers": "twinrl[train]", "gguf": "twinrl[train]",
+    "mcp": "mcp>=2,<3", "mcp_types": "mcp>=2,<3",
+    "trl": "twinrl[integrations]", "verifiers": "twinrl[integrations]", "wandb": "twinrl[integrations]",
+    "trackio": "twinrl[integrations]", "datasets": "twinrl[integrations]", "ray": "twinrl[ray]",
+    "psycopg": "twinrl[postgres]",
 }  # fmt: skip
 
 
@@ -861,10 +864,10 @@ def _target(spec: str, command: str) -> Callable[..., Any]:
             raise typer.Exit(2) from None
         top = missing.partition(".")[0]
         if top and top not in _OUR_PACKAGES:  # an optional library, not a broken install of ours
-            extra = _EXTRA_OF.get(top, "train,integrations")
+            what = _INSTALL_OF.get(top, "twinrl[train,integrations]")
             err_console.print(
                 f"[bold red]error:[/] `twin {command}` needs the package {top!r}, which is not "
-                + escape(f"installed: pip install 'twinrl[{extra}]'")
+                + escape(f"installed: pip install '{what}'")
             )
             raise typer.Exit(2) from None
         raise

@@ -18,7 +18,7 @@ from integrations._episode import ToolCallEpisode
 from integrations.mcp_server import EPISODE_URI
 from twin.registry import make_twin
 
-pytest.importorskip("mcp", reason="the MCP SDK is not installed: pip install 'twinrl[integrations]'")
+pytest.importorskip("mcp", reason="the MCP SDK (a twinrl dependency) is not installed: pip install 'mcp>=2,<3'")
 
 ROOT = Path(__file__).resolve().parents[2]
 

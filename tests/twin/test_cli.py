@@ -328,13 +328,13 @@ def test_wrappers_exit_2_when_the_target_is_missing(monkeypatch):
 def test_a_missing_optional_library_is_a_one_line_install_hint(monkeypatch):
     for name in ("mcp", "mcp_types", "integrations.mcp_server"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.setitem(sys.modules, "mcp", None)  # as if the integrations extra were not installed
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if the MCP SDK had gone missing
     monkeypatch.setitem(sys.modules, "mcp_types", None)
     result = runner.invoke(app, ["mcp", "returns"])
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert "Traceback" not in result.output and len(lines) == 1, result.output
-    assert "pip install 'twinrl[integrations]'" in lines[0]
+    assert "pip install 'mcp>=2,<3'" in lines[0]
     # a target module that imports a missing library at its top: the hint names the library's extra
     import twin.cli as cli
 
