@@ -71,6 +71,10 @@ class RolloutSettings:
         return max(0, min(self.max_new_tokens, self.token_limit - episode_len))
 
 
+#: The reward note of an episode the token budget cut short.
+CUT_NOTE = "episode cut at max_episode_tokens"
+
+
 @dataclass
 class _Live:
     env: Any
@@ -98,18 +102,6 @@ def _refused_step(env: Any, text: str, refusal: str) -> tuple[list[dict[str, Any
             usage = m["content"][tools:] if tools >= 0 else "."
             m["content"] = f"Your last turn had a problem: {refusal}{usage}"
     return obs, terminated, truncated
-
-
-def _finish_cut(env: Any, twin: Twin) -> None:
-    """Score an episode the token budget cut short (the env itself only counts turns)."""
-    traj = env.trajectory
-    traj.truncated = True
-    result = twin.score(traj, env.case)
-    traj.reward = float(result.total)
-    traj.components = dict(result.components)
-    traj.weighted = dict(result.weighted)
-    traj.reward_notes = list(result.notes) + ["episode cut at max_episode_tokens"]
-    traj.info["outcome"] = twin.outcome(traj, env.case)
 
 
 def collect_groups(
@@ -161,7 +153,7 @@ def collect_groups(
             item = _Live(env, renderer)
             if settings.budget(len(renderer.ids)) == 0:
                 item.done = item.overlong = True
-                _finish_cut(env, twin)
+                env.truncate(CUT_NOTE)  # the env counts turns, not tokens
             live.append(item)
     if decode is None and live:
         tok = live[0].renderer.tokenizer
@@ -204,7 +196,7 @@ def collect_groups(
             item.renderer.add_messages(obs)
             if settings.budget(len(item.renderer.ids)) == 0:
                 item.done = item.overlong = True
-                _finish_cut(item.env, twin)
+                item.env.truncate(CUT_NOTE)
 
     total_s = time.perf_counter() - started
     groups: list[Group] = []

@@ -400,6 +400,37 @@ class TwinEnv(gym.Env[list, Any]):
         })
         return record, text
 
+    def truncate(self, note: str | None = None) -> tuple[float, dict[str, Any]]:
+        """End the episode now, cut short, and score it as the twin scores a truncated episode.
+
+        For a caller that runs out of something the env does not count (a trainer's token
+        budget, a harness's time): the trajectory is marked ``truncated``, scored and given its
+        outcome exactly as when the turn budget runs out, and later steps are late steps.
+
+        Args:
+            note: Added to the reward's notes (e.g. ``"episode cut at max_episode_tokens"``).
+
+        Returns:
+            ``(reward, info)`` with ``info`` as a last ``step`` gives it (``reward``,
+            ``outcome``, ``trajectory``).
+
+        Raises:
+            ResetNeeded: no episode was started.
+            gymnasium.error.Error: the episode has already ended.
+        """
+        if self._traj is None:
+            raise ResetNeeded("call env.reset() before env.truncate()")
+        if self._done:
+            raise gym.error.Error("the episode has already ended; truncate() ends a running one")
+        info: dict[str, Any] = {"calls": [], "errors": [], "invalid_calls": self._traj.invalid_calls,
+                                "turn": self._turn}
+        self._end = (False, True)
+        reward = self._finish(False, True, info)
+        if note:
+            self._traj.reward_notes.append(note)
+            info["reward"]["notes"].append(note)
+        return reward, info
+
     def _finish(self, terminated: bool, truncated: bool, info: dict[str, Any]) -> float:
         traj = self._traj
         case = self._case

@@ -508,3 +508,25 @@ def test_a_one_turn_twins_answer_terminates_the_episode():
     late = e.step("again")
     assert late[2:4] == (True, False)
     assert late[0][0]["content"].startswith("the episode has ended (this twin takes one answer")
+
+
+def test_truncate_ends_and_scores_the_episode_as_a_cut_one():
+    import gymnasium as gym
+
+    from twin.registry import make
+
+    env = make("Returns", max_turns=4)
+    env.reset(options={"split": "test", "index": 0})
+    order = env.case.task["order_id"]
+    env.step(f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{order}"}}}}</tool_call>')
+    reward, info = env.truncate("cut by the caller")
+    traj = env.trajectory
+    assert traj.truncated and not traj.terminated
+    assert reward == traj.reward == info["reward"]["total"]
+    assert reward == env.twin.score(traj, env.case).total  # the twin's own score of the cut episode
+    assert info["reward"]["notes"][-1] == "cut by the caller" == traj.reward_notes[-1]
+    assert info["outcome"] and info["trajectory"] is traj
+    obs, late_reward, _, truncated, late = env.step("anything")  # a late step changes nothing
+    assert late_reward == 0.0 and truncated and "episode has ended" in obs[0]["content"]
+    with pytest.raises(gym.error.Error, match="already ended"):
+        env.truncate()
