@@ -99,5 +99,5 @@ def test_world_is_built_once_per_config():
 def test_default_config():
     assert TwinConfig().model_dump() == {
         "seed": 0, "max_turns": 8, "max_action_chars": 16_000, "max_result_chars": 8_000,
-        "max_calls_per_turn": 8,
+        "max_calls_per_turn": 8, "prompt_style": "full",
     }
