@@ -64,8 +64,11 @@ __all__ = ["EngineGroup", "RayAdapterClient", "RaySharedState", "RayTrainer"]
 
 log = logging.getLogger("twinrl.trainer.ray")
 
-#: Seconds between a waiting worker's claims (each is one call to the coordinator actor).
-CLAIM_POLL_S = 0.01
+#: Seconds a worker's claim waits in the coordinator (which checks every 2 ms, as the local worker
+#: checks its shared counters) before the worker looks at the stop flag again.
+CLAIM_WAIT_S = 0.25
+#: Seconds between a waiting worker's checks of a new epoch (one call to the coordinator each).
+POLL_S = 0.01
 #: Seconds the engines' placement group may wait for free resources before the run is refused.
 PLACEMENT_TIMEOUT_S = 120.0
 
@@ -85,6 +88,28 @@ class _Coordinator:
         self.cursor = cursor
         self.claims: dict[int, dict[str, Any]] = {}
         self.urls: dict[int, str] = {}
+        self.starts: dict[int, int] = {}
+
+    def hello(self, worker: int) -> None:
+        """A worker actor (re)started: counted, so that the learner can tell restarts apart."""
+        self.starts[worker] = self.starts.get(worker, 0) + 1
+
+    def restarts(self) -> dict[int, int]:
+        """Restarts per worker (starts after the first)."""
+        return {w: n - 1 for w, n in self.starts.items()}
+
+    async def claim_wait(
+        self, worker: int, max_staleness: int, timeout: float
+    ) -> tuple[int, list[tuple[str, int]]] | None:
+        """:meth:`claim`, waiting here up to ``timeout`` seconds: one call per wait, not one per poll."""
+        import asyncio
+
+        deadline = time.monotonic() + timeout
+        while True:
+            claim = self.claim(worker, max_staleness)
+            if claim is not None or self.values["stop"] or time.monotonic() >= deadline:
+                return claim
+            await asyncio.sleep(0.002)
 
     def get(self) -> tuple[int, int, int, int, int]:
         v = self.values
@@ -202,13 +227,7 @@ class _RayRolloutLoop(_RolloutLoop):
         from trainer.workers import sampler_context_length
 
         self.events.put(("ready", self.worker))
-        claim = None
-        while claim is None:
-            if self.shared.get()[4]:
-                raise _Stopped
-            claim = self.shared._call("claim", self.worker, self.k)
-            if claim is None:
-                time.sleep(CLAIM_POLL_S)
+        claim = self._claim()
         self.started = time.perf_counter()
         self._follow_engine()
         self.settings = RolloutSettings(
@@ -217,12 +236,7 @@ class _RayRolloutLoop(_RolloutLoop):
         while True:
             if claim is None:
                 t0 = time.perf_counter()
-                while claim is None:
-                    if self.shared.get()[4]:
-                        raise _Stopped
-                    claim = self.shared._call("claim", self.worker, self.k)
-                    if claim is None:
-                        time.sleep(CLAIM_POLL_S)
+                claim = self._claim()
                 self.idle_s += time.perf_counter() - t0
             index, taken = claim
             self.produced = index  # the lot's number and its sampling seed, as in the local loop
@@ -244,13 +258,22 @@ class _RayRolloutLoop(_RolloutLoop):
             self.shared._call("done", self.worker)
             claim = None
 
+    def _claim(self) -> tuple[int, list[tuple[int, int]]]:
+        """The next lot this worker may sample (its lot in progress after a restart)."""
+        while True:
+            claim = self.shared._call("claim_wait", self.worker, self.k, CLAIM_WAIT_S)
+            if claim is not None:
+                return claim
+            if self.shared.get()[4]:
+                raise _Stopped
+
     def _wait(self, ready: Any) -> None:
         t0 = time.perf_counter()
         try:
             while not ready():
                 if self.shared.get()[4]:
                     raise _Stopped
-                time.sleep(CLAIM_POLL_S)
+                time.sleep(POLL_S)
         finally:
             self.idle_s += time.perf_counter() - t0
 
@@ -260,6 +283,7 @@ class RolloutWorkerActor:
 
     def __init__(self, spec: WorkerSpec, shared: RaySharedState, lots: Any, events: Any, worker: int) -> None:
         self.args = (spec, shared, lots, events, worker)
+        shared._call("hello", worker)  # Ray runs this again on each restart
 
     def run(self) -> None:
         """Sample lots until told to stop; errors go to the events queue, as in the local worker."""
@@ -273,10 +297,6 @@ class RolloutWorkerActor:
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the learner
             events.put(("fatal", f"rollout worker {worker} failed: {type(exc).__name__}: {exc}\n"
                                  f"{traceback.format_exc()}"))  # fmt: skip
-
-    def pid(self) -> int:
-        """The actor's process id."""
-        return os.getpid()
 
 
 # -- engines ----------------------------------------------------------------------------------------
@@ -450,7 +470,7 @@ class RayTrainer(AsyncTrainer):
 
     The learner is this process (run it on the node with the learner GPU: the head node, or
     ``ray job submit`` with ``--entrypoint-num-gpus 1``). Extra attributes: ``workers`` (the
-    rollout worker actors), ``engines`` (:class:`EngineGroup`), ``worker_restarts`` and
+    rollout worker actors), ``server`` (:class:`EngineGroup`), :attr:`worker_restarts` and
     ``lot_transit_s`` (seconds from a worker's put to the learner's get, per lot: Ray's cost
     per lot on top of the local queue's).
     """
@@ -463,10 +483,11 @@ class RayTrainer(AsyncTrainer):
         super().__init__(cfg, **kwargs)
         self.workers: list[Any] = []
         self._runs: list[Any] = []
-        self.worker_restarts = [0] * cfg.ray.rollout_workers
         self.lot_transit_s: list[float] = []
         self._actors: list[Any] = []
         self._pg: Any = None
+        self._restarting: dict[int, int] = {}  # worker -> its restarts when it was found dead
+        self._final_restarts: list[int] | None = None
 
     def _start_rollout(self) -> None:
         from twin.ray_eval import ensure_ray
@@ -534,9 +555,17 @@ class RayTrainer(AsyncTrainer):
             self.lot_transit_s.append(max(0.0, time.time() - put))
         return lot, waited
 
+    @property
+    def worker_restarts(self) -> list[int]:
+        """Restarts of each rollout worker actor so far (as they were at the end, after cleanup)."""
+        if self._final_restarts is not None:
+            return list(self._final_restarts)
+        counts = self.shared._call("restarts")
+        return [int(counts.get(i, 0)) for i in range(self.cfg.ray.rollout_workers)]
+
     def _check_processes(self) -> None:
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import ActorUnavailableError, RayActorError
 
         if self.server is not None and not self.server.alive():
             self._restart_sampler(f"engine exited ({self.server.process.returncode}); logs {self.server.log_path}")
@@ -545,19 +574,24 @@ class RayTrainer(AsyncTrainer):
             i = self._runs.index(ref)
             try:
                 ray.get(ref)
-            except RayActorError as exc:
-                self.worker_restarts[i] += 1
-                if self.worker_restarts[i] > self.cfg.ray.max_restarts:
-                    self._drain_events()
-                    raise TwinError(f"rollout worker actor {i} died {self.worker_restarts[i]} times "
-                                    f"(ray.max_restarts {self.cfg.ray.max_restarts}): {exc}") from exc  # fmt: skip
-                log.warning("step %d: rollout worker actor %d died (%s); Ray restarts it and it samples "
-                            "its lot again (restart %d)", self.step, i, type(exc).__name__,
-                            self.worker_restarts[i])  # fmt: skip
-                self._runs[i] = self.workers[i].run.remote()  # waits for the restarted actor
+            except ActorUnavailableError:
+                # died and being restarted by Ray: ask again; the new instance samples the lot its
+                # predecessor claimed (logged once per death)
+                if i not in self._restarting:
+                    log.warning("step %d: rollout worker actor %d died; Ray restarts it and it samples its lot "
+                                "again", self.step, i)  # fmt: skip
+                    self._restarting[i] = self.worker_restarts[i]
+                self._runs[i] = self.workers[i].run.remote()
                 continue
+            except RayActorError as exc:  # dead for good: out of restarts
+                self._drain_events()
+                raise TwinError(f"rollout worker actor {i} died and Ray will not restart it again "
+                                f"(ray.max_restarts {self.cfg.ray.max_restarts}): {exc}") from exc  # fmt: skip
             self._drain_events()
             raise TwinError(f"rollout worker actor {i} stopped before the run ended")
+        if self._restarting:  # a death is over once its new instance said hello
+            now = self.worker_restarts
+            self._restarting = {i: n for i, n in self._restarting.items() if now[i] <= n}
 
     def stop_workers(self) -> None:
         import ray
@@ -570,6 +604,11 @@ class RayTrainer(AsyncTrainer):
                 log.info("stopping the workers: %s", exc)
             self._runs = []
         super().stop_workers()  # the load / probe threads, then the engines' servers
+        if self._actors and self._final_restarts is None:
+            try:
+                self._final_restarts = self.worker_restarts
+            except Exception:  # noqa: BLE001 - the coordinator is gone: nothing to report
+                self._final_restarts = []
         for actor in self._actors:
             try:
                 ray.kill(actor, no_restart=True)
