@@ -338,8 +338,10 @@ class CatalogTwinV1(CatalogTwin):
 
     @tool
     def get_seller(self, name: str) -> dict[str, Any]:
-        """A seller's record: account age in days, buyer rating, sales, the country it ships
-        from, past takedowns (brand, reason, year) and the brands it is an authorized reseller of.
+        """A seller's record: age, rating, sales, ships-from, takedowns, authorized brands.
+
+        Account age in days, buyer rating, sales, the country it ships from, past takedowns
+        (brand, reason, year) and the brands it is an authorized reseller of.
 
         Args:
             name: The seller handle as shown on the listing.
