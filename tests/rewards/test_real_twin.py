@@ -13,13 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _make(name: str):
-    try:
-        from twin.registry import make_twin
+    # A catalog twin that fails to build is a failure here, never a skip: it ships with twinrl.
+    from twin.registry import make_twin
 
-        twin = make_twin(name)
-        twin.world  # noqa: B018 - build (or load the cached) world now
-    except Exception as exc:  # the catalog twin is another area's; say why we skip
-        pytest.skip(f"the catalog twin {name} is not available: {type(exc).__name__}: {exc}")
+    twin = make_twin(name)
+    twin.world  # noqa: B018 - build (or load the cached) world now
     return twin
 
 
