@@ -487,8 +487,8 @@ def main(
         print(
             f"Ray overhead per lot (worker put -> learner get through the Ray queue, {overhead['lots']:.0f} measured "
             f"lots): mean {overhead['mean_s'] * 1e3:.1f} ms, median {overhead['median_s'] * 1e3:.1f} ms, max "
-            f"{overhead['max_s'] * 1e3:.1f} ms (the lot waits in the queue too when the learner is busy: the median "
-            "of the k=0 runs, where it never is, is the transport's own cost)"
+            f"{overhead['max_s'] * 1e3:.1f} ms (a lot that waits in the queue for a busy learner counts that wait "
+            "too: see the queue depth above)"
         )  # fmt: skip
     after = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"load average after the runs: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
