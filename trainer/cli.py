@@ -114,9 +114,9 @@ def train(
 
             recipe_class = SFTRecipe
         elif cfg.backend == "ray":
-            from trainer.ray_backend import RayTrainer  # the async trainer's processes as Ray actors
+            from trainer.ray_backend import RayTrainer, RemoteLearner  # the async trainer's processes as Ray actors
 
-            recipe_class = RayTrainer
+            recipe_class = RemoteLearner if cfg.ray.learner == "actor" else RayTrainer
         elif cfg.async_.max_staleness > 0 or (cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner):
             from trainer.orchestrator import AsyncTrainer  # rollout and learner in separate processes
 

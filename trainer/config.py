@@ -359,6 +359,11 @@ class RayConfig(_Section):
     max_restarts: int = Field(
         3, ge=0, description="Restarts of a dead worker or engine actor (its lot is sampled again).",
     )
+    learner: Literal["driver", "actor"] = Field(
+        "driver", description="Where the learner runs: 'driver' (the `twin train` process) or 'actor' (a Ray actor "
+        "with one GPU when devices.learner is cuda; when it dies it is started again with --resume).",
+    )
+    learner_cpus: float = Field(1.0, ge=0, description="CPUs the learner actor reserves (ray.learner: actor).")
 
 
 class Recipe(_Section):

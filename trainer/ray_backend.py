@@ -36,6 +36,7 @@ epoch; the workers resample their lots). A dead learner (this process) continues
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -60,7 +61,7 @@ from trainer.workers import (
 )
 from twin.errors import ConfigError, TwinError
 
-__all__ = ["EngineGroup", "RayAdapterClient", "RaySharedState", "RayTrainer"]
+__all__ = ["EngineGroup", "RayAdapterClient", "RaySharedState", "RayTrainer", "RemoteLearner"]
 
 log = logging.getLogger("twinrl.trainer.ray")
 
@@ -493,7 +494,7 @@ class RayTrainer(AsyncTrainer):
         from twin.ray_eval import ensure_ray
 
         ray = ensure_ray(self.cfg.ray.address)
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.queue import Queue
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -509,7 +510,16 @@ class RayTrainer(AsyncTrainer):
         # engines: one placement-group bundle each (a GPU when the rollout device is one)
         gpu = cfg.devices.rollout.startswith("cuda")
         bundle = {"CPU": 1.0, "GPU": 1.0} if gpu else {"CPU": rc.engine_cpus}
-        self._pg = placement_group([bundle] * rc.engines, strategy="SPREAD" if gpu else "PACK")
+        # Named after the run: a learner actor that died left its group behind (a group is scoped to
+        # the job, not to the actor that made it; its actors did die with it), and its successor
+        # would wait for the resources that group still holds.
+        name = "twinrl-engines-" + hashlib.sha256(str(self.output_dir.resolve()).encode()).hexdigest()[:16]
+        try:
+            remove_placement_group(ray.util.get_placement_group(name))
+            log.warning("removed placement group %s left by an earlier learner of this run", name)
+        except ValueError:  # none: the usual case
+            pass
+        self._pg = placement_group([bundle] * rc.engines, strategy="SPREAD" if gpu else "PACK", name=name)
         ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
             raise ConfigError(
@@ -620,3 +630,124 @@ class RayTrainer(AsyncTrainer):
 
             remove_placement_group(self._pg)
             self._pg = None
+
+
+# -- the learner as an actor ------------------------------------------------------------------------
+class _LearnerActor:
+    """A :class:`RayTrainer` inside a Ray actor (``ray.learner: actor``); threaded, so that the
+    driver can read the records of the steps done while :meth:`train` runs."""
+
+    def __init__(self, recipe: dict[str, Any], resume: bool, overwrite: bool) -> None:
+        from trainer.config import load_recipe
+
+        cfg = load_recipe(recipe)
+        if cfg.devices.learner.startswith("cuda"):  # Ray shows this actor its own GPU only, as cuda:0
+            cfg = cfg.model_copy(update={"devices": cfg.devices.model_copy(update={"learner": "cuda"})})
+        self.records: list[dict[str, Any]] = []
+        self.trainer = RayTrainer(cfg, resume=resume, overwrite=overwrite, on_step=self.records.append)
+
+    def setup(self) -> int:
+        self.trainer.setup()
+        return int(self.trainer.step)
+
+    def train(self) -> list[dict[str, Any]]:
+        return self.trainer.train()
+
+    def records_since(self, index: int) -> list[dict[str, Any]]:
+        return self.records[index:]
+
+    def cleanup(self) -> str | None:
+        plot = self.trainer.cleanup()
+        return str(plot) if plot is not None else None
+
+
+class RemoteLearner:
+    """``backend: ray`` with ``ray.learner: actor``: the whole trainer, learner included, in a Ray
+    actor (one GPU when ``devices.learner`` is cuda), driven from here with the trainer interface
+    (``setup`` / ``train`` / ``cleanup``, ``on_step`` per step).
+
+    When the learner actor dies (its node lost, OOM, killed), its engines and workers go with it
+    (Ray's ownership), and a new learner actor continues the run from the last checkpoint, as
+    ``twin train RECIPE --resume`` would, up to ``ray.max_restarts`` times. Checkpoints are written
+    on the learner's node: on a cluster, give ``train.output_dir`` a filesystem every GPU node
+    mounts, or keep the learner on one node.
+
+    Attributes:
+        learner_restarts: Times a dead learner actor was replaced.
+    """
+
+    def __init__(self, cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
+                 on_step: Any = None) -> None:  # fmt: skip
+        if cfg.sampler.kind == "server":
+            raise ConfigError(
+                "backend: ray starts its own sampler engines; set sampler.kind to 'hf' (twin serve) or 'vllm'"
+            )
+        self.cfg = cfg
+        self.resume = resume
+        self.overwrite = overwrite
+        self.on_step = on_step
+        self.output_dir = Path(cfg.train.output_dir)
+        self.step = 0
+        self.learner_restarts = 0
+        self.actor: Any = None
+        self._seen = 0
+
+    def _start(self, resume: bool, overwrite: bool) -> None:
+        from twin.ray_eval import ensure_ray
+
+        ray = ensure_ray(self.cfg.ray.address)
+        gpu = self.cfg.devices.learner.startswith("cuda")
+        options = {"num_gpus": 1, "num_cpus": self.cfg.ray.learner_cpus} if gpu else {"num_cpus": self.cfg.ray.learner_cpus}
+        self.actor = ray.remote(_LearnerActor).options(max_concurrency=2, max_restarts=0, **options).remote(
+            self.cfg.model_dump(mode="json", by_alias=True), resume, overwrite
+        )
+        self.step = int(ray.get(self.actor.setup.remote()))
+        self._seen = 0
+
+    def setup(self) -> None:
+        """Start the learner actor and its set-up (engines, workers, the first adapter)."""
+        self._start(self.resume, self.overwrite)
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run the remaining steps in the actor; replace a dead learner from its last checkpoint."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        while True:
+            ref = self.actor.train.remote()
+            try:
+                while True:
+                    ready, _ = ray.wait([ref], timeout=1.0)
+                    self._forward(ray.get(self.actor.records_since.remote(self._seen)))
+                    if ready:
+                        return ray.get(ref)
+            except RayActorError as exc:
+                self.learner_restarts += 1
+                if self.learner_restarts > self.cfg.ray.max_restarts:
+                    raise TwinError(f"the learner actor died {self.learner_restarts} times (ray.max_restarts "
+                                    f"{self.cfg.ray.max_restarts}); continue with --resume: {exc}") from exc  # fmt: skip
+                log.warning("the learner actor died at step %d (%s); a new one resumes from the last checkpoint "
+                            "(restart %d)", self.step, type(exc).__name__, self.learner_restarts)  # fmt: skip
+                self._start(resume=True, overwrite=False)
+
+    def _forward(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self._seen += 1
+            self.step = int(record["step"]) + 1
+            if self.on_step is not None:
+                self.on_step(record)
+
+    def cleanup(self) -> Path | None:
+        """Stop the actor's engines and workers, plot, close the store; then end the actor."""
+        import ray
+
+        if self.actor is None:
+            return None
+        try:
+            plot = ray.get(self.actor.cleanup.remote())
+        except Exception as exc:  # noqa: BLE001 - a dead learner has nothing left to clean
+            log.info("learner actor cleanup: %s", exc)
+            plot = None
+        ray.kill(self.actor, no_restart=True)
+        self.actor = None
+        return Path(plot) if plot else None

@@ -24,14 +24,19 @@ def test_backend_is_local_unless_the_recipe_says_ray():
         load_recipe("toy-lora-cpu", ["backend=slurm"])
     with pytest.raises(ConfigError, match="rollout_workers"):
         load_recipe("toy-lora-cpu", ["backend=ray", "ray.rollout_workers=0"])
+    assert load_recipe("toy-lora-cpu", ["backend=ray", "ray.learner=actor"]).ray.learner == "actor"
+    with pytest.raises(ConfigError, match="learner: Input should be 'driver' or 'actor'"):
+        load_recipe("toy-lora-cpu", ["backend=ray", "ray.learner=gpu0"])
 
 
-def test_an_external_sampler_is_refused_by_the_ray_backend():
-    from trainer.ray_backend import RayTrainer
+@pytest.mark.parametrize("learner", ["driver", "actor"])
+def test_an_external_sampler_is_refused_by_the_ray_backend(learner):
+    from trainer.ray_backend import RayTrainer, RemoteLearner
 
-    cfg = load_recipe("toy-lora-cpu", ["backend=ray", "sampler.kind=server", "sampler.base_url=http://127.0.0.1:9/v1"])
+    cfg = load_recipe("toy-lora-cpu", ["backend=ray", "sampler.kind=server", "sampler.base_url=http://127.0.0.1:9/v1",
+                                       f"ray.learner={learner}"])  # fmt: skip
     with pytest.raises(ConfigError, match="starts its own sampler engines; set sampler.kind to 'hf'"):
-        RayTrainer(cfg)
+        (RemoteLearner if learner == "actor" else RayTrainer)(cfg)
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])
@@ -148,3 +153,39 @@ def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker
     for r in remote:
         assert not r["async/logprob_mismatch"] >= 1e-3  # every engine ran the adapter just trained
     assert ray_trainer.adapters.sent_bytes > 0  # adapters went through the object store
+
+
+@pytest.mark.slow
+def test_a_killed_learner_actor_is_replaced_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    # ray.learner: actor: the learner (with its engines and workers) in a Ray actor; killed after
+    # step 12, a new one continues from the step-10 checkpoint, as `twin train --resume` would.
+    ray = pytest.importorskip("ray", reason="pip install 'twinrl[ray]'")
+    from trainer.ray_backend import RemoteLearner
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    cfg = load_recipe("toy-lora-cpu", [
+        f"seed={LEARN_SEED}", "async.max_staleness=1", "train.steps=20", "train.checkpoint_every=5",
+        f"train.output_dir={tmp_path / 'run'}", "train.store=false", "backend=ray", "ray.learner=actor",
+        "ray.learner_cpus=0", "ray.rollout_workers=1", "ray.worker_cpus=0.5", "ray.engine_cpus=1",
+    ])  # fmt: skip
+    seen: list[int] = []
+
+    def kill_learner(record: dict[str, Any]) -> None:
+        seen.append(record["step"])
+        if record["step"] == 12 and trainer.learner_restarts == 0:
+            ray.kill(trainer.actor, no_restart=True)
+
+    trainer = RemoteLearner(cfg, on_step=kill_learner)
+    try:
+        trainer.setup()
+        history = trainer.train()
+    finally:
+        trainer.cleanup()
+        ray.shutdown()
+    assert trainer.learner_restarts == 1
+    assert [r["step"] for r in history] == list(range(20))
+    # the first learner's steps arrive in order (it may get past 12 before the kill lands), then the
+    # second one's from the checkpoint it resumed from: every step seen, the last ones once
+    assert seen[:13] == list(range(13)) and sorted(set(seen)) == list(range(20)) and seen[-1] == 19
+    resumed_at = next(i for i in range(1, len(seen)) if seen[i] <= seen[i - 1])
+    assert seen[resumed_at] % 5 == 0  # a checkpoint step (checkpoint_every 5)
