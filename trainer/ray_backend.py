@@ -101,7 +101,7 @@ class _Coordinator:
 
     async def claim_wait(
         self, worker: int, max_staleness: int, timeout: float
-    ) -> tuple[int, list[tuple[str, int]]] | None:
+    ) -> tuple[int, list[tuple[int, int]]] | None:
         """:meth:`claim`, waiting here up to ``timeout`` seconds: one call per wait, not one per poll."""
         import asyncio
 
@@ -125,7 +125,7 @@ class _Coordinator:
                 raise KeyError(f"unknown shared counter {key!r}; known: {', '.join(self.values)}")
             self.values[key] = int(value)
 
-    def claim(self, worker: int, max_staleness: int) -> tuple[int, list[tuple[str, int]]] | None:
+    def claim(self, worker: int, max_staleness: int) -> tuple[int, list[tuple[int, int]]] | None:
         """The worker's lot in progress (after its restart), else a new lot when the rule allows it."""
         v = self.values
         if v["stop"] or v["published"] < 0:
