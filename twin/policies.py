@@ -47,8 +47,8 @@ __all__ = [
     "ReplayPolicy",
     "load_policy_file",
     "make_policy",
-    "policy_kinds",
     "policy_for_episode",
+    "policy_kinds",
     "tool_call",
 ]
 
