@@ -11,46 +11,9 @@ import pytest
 import torch
 
 from trainer.config import AlgorithmConfig, OptimConfig, load_recipe
-from trainer.learner import Learner, TrainBatch, build_lora_model
+from trainer.learner import Learner, TrainBatch
 from trainer.memory import saved_bytes
-from trainer.models import load_model
 from twin.errors import ConfigError
-
-
-def _grouped_batch(seed: int = 1, groups: int = 3, group_size: int = 4) -> TrainBatch:
-    """GRPO-shaped rows: a prompt per group, completions of varied length, some multi-turn."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(n: int) -> list[int]:
-        return torch.randint(5, 700, (n,), generator=g).tolist()
-
-    ids, masks, lps, adv = [], [], [], []
-    for grp in range(groups):
-        prompt = rand(20 + 7 * grp)
-        for k in range(group_size):
-            first = rand(3 + (5 * k + grp) % 9)
-            tool, second = (rand(4), rand(2)) if k % 2 else ([], [])
-            ids.append(prompt + first + tool + second)
-            mask = [0] * len(prompt) + [1] * len(first) + [0] * len(tool) + [1] * len(second)
-            masks.append(mask)
-            lps.append([-6.0 if m else 0.0 for m in mask])
-            adv.append(float(k) - 1.5)
-    solo = list(range(10, 40))  # a row with a prompt of its own
-    ids.append(solo)
-    masks.append([0] * 25 + [1] * 5)
-    lps.append([-6.0 if m else 0.0 for m in masks[-1]])
-    adv.append(0.7)
-    return TrainBatch(ids, masks, lps, adv)
-
-
-def _model(lora: bool):
-    torch.set_num_threads(1)
-    model, _ = load_model("tiny")
-    if lora:
-        return build_lora_model(model, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    for p in model.parameters():
-        p.requires_grad_(True)
-    return model
 
 
 def _run(model, state, *, ckpt: bool, shared: bool, batch: TrainBatch, optim: dict | None = None):
@@ -69,15 +32,17 @@ def _run(model, state, *, ckpt: bool, shared: bool, batch: TrainBatch, optim: di
 
 @pytest.mark.parametrize("shared", [False, True], ids=["padded", "shared"])
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
-def test_checkpointing_gives_the_same_loss_and_gradients(lora: bool, shared: bool) -> None:
-    model = _model(lora)
+def test_checkpointing_gives_the_same_loss_and_gradients(
+    lora: bool, shared: bool, trainable_tiny, grouped_batch
+) -> None:
+    model = trainable_tiny(lora)
     if lora:  # a non-zero adapter, so that LoRA's input gradients matter
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if "lora_B" in n:
                     p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(3))
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    batch = _grouped_batch()
+    batch = grouped_batch()
     m0, g0 = _run(model, state, ckpt=False, shared=shared, batch=batch)
     m1, g1 = _run(model, state, ckpt=True, shared=shared, batch=batch)
     assert set(g0) == set(g1) and g0
@@ -91,9 +56,9 @@ def test_checkpointing_gives_the_same_loss_and_gradients(lora: bool, shared: boo
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["padded", "shared"])
-def test_checkpointing_keeps_fewer_tensors_for_backward(shared: bool) -> None:
-    model = _model(lora=True)
-    batch = _grouped_batch()
+def test_checkpointing_keeps_fewer_tensors_for_backward(shared: bool, trainable_tiny, grouped_batch) -> None:
+    model = trainable_tiny(lora=True)
+    batch = grouped_batch()
     rows = list(range(len(batch)))
     figures = []
     for ckpt in (False, True):
@@ -112,9 +77,9 @@ def test_checkpointing_keeps_fewer_tensors_for_backward(shared: bool) -> None:
     assert checkpointed < 0.6 * plain, figures
 
 
-def test_an_episode_longer_than_the_micro_batch_is_refused_at_run_time() -> None:
-    model = _model(lora=True)
-    batch = _grouped_batch()
+def test_an_episode_longer_than_the_micro_batch_is_refused_at_run_time(trainable_tiny, grouped_batch) -> None:
+    model = trainable_tiny(lora=True)
+    batch = grouped_batch()
     longest = max(len(r) for r in batch.input_ids)
     learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=longest - 1))
     with pytest.raises(ConfigError, match=rf"episode of {longest} tokens exceeds optim.micro_batch_tokens"):

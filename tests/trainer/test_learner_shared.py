@@ -13,44 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainer.config import AlgorithmConfig, OptimConfig
-from trainer.learner import Learner, TrainBatch, build_lora_model
-from trainer.models import load_model
-
-
-def _grouped_batch(seed: int = 1, groups: int = 3, group_size: int = 4) -> TrainBatch:
-    """GRPO-shaped rows: a prompt per group, completions of varied length, some multi-turn."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(n: int) -> list[int]:
-        return torch.randint(5, 700, (n,), generator=g).tolist()
-
-    ids, masks, lps, adv = [], [], [], []
-    for grp in range(groups):
-        prompt = rand(20 + 7 * grp)
-        for k in range(group_size):
-            first = rand(3 + (5 * k + grp) % 9)
-            tool, second = (rand(4), rand(2)) if k % 2 else ([], [])
-            ids.append(prompt + first + tool + second)
-            mask = [0] * len(prompt) + [1] * len(first) + [0] * len(tool) + [1] * len(second)
-            masks.append(mask)
-            lps.append([-6.0 if m else 0.0 for m in mask])
-            adv.append(float(k) - 1.5)
-    solo = list(range(10, 40))  # a row with a prompt of its own
-    ids.append(solo)
-    masks.append([0] * 25 + [1] * 5)
-    lps.append([-6.0 if m else 0.0 for m in masks[-1]])
-    adv.append(0.7)
-    return TrainBatch(ids, masks, lps, adv)
-
-
-def _model(lora: bool):
-    torch.set_num_threads(1)
-    model, _ = load_model("tiny")
-    if lora:
-        return build_lora_model(model, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    for p in model.parameters():
-        p.requires_grad_(True)
-    return model
+from trainer.learner import Learner, TrainBatch
 
 
 def _run(model, state, *, shared: bool, algorithm: dict, optim: dict, batch: TrainBatch):
@@ -74,15 +37,17 @@ def _run(model, state, *, shared: bool, algorithm: dict, optim: dict, batch: Tra
         (True, {"kl_coef": 0.05}, {"micro_batch_tokens": 100_000, "mini_batches": 2}),
     ],
 )
-def test_shared_prefix_gives_the_padded_pass_loss_and_gradients(lora, algorithm, optim) -> None:
-    model = _model(lora)
+def test_shared_prefix_gives_the_padded_pass_loss_and_gradients(
+    lora, algorithm, optim, trainable_tiny, grouped_batch
+) -> None:
+    model = trainable_tiny(lora)
     if lora:  # a non-zero adapter, so that the KL and its gradient are not trivially zero
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if "lora_B" in n:
                     p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(3))
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    batch = _grouped_batch()
+    batch = grouped_batch()
     m0, g0 = _run(model, state, shared=False, algorithm=algorithm, optim=optim, batch=batch)
     m1, g1 = _run(model, state, shared=True, algorithm=algorithm, optim=optim, batch=batch)
     assert set(g0) == set(g1) and g0
@@ -95,10 +60,10 @@ def test_shared_prefix_gives_the_padded_pass_loss_and_gradients(lora, algorithm,
             assert m1[k] == pytest.approx(m0[k], abs=1e-5, rel=1e-4), k
 
 
-def test_shared_prefix_is_used_and_runs_fewer_tokens() -> None:
-    model = _model(lora=False)
+def test_shared_prefix_is_used_and_runs_fewer_tokens(trainable_tiny, grouped_batch) -> None:
+    model = trainable_tiny(lora=False)
     learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=100_000))
-    batch = _grouped_batch()
+    batch = grouped_batch()
     plan = list(learner._plan(range(len(batch)), batch))
     assert len(plan) == 1
     rows, units = plan[0]
@@ -115,10 +80,10 @@ def test_shared_prefix_is_used_and_runs_fewer_tokens() -> None:
     assert all(u is None for _, u in off._plan(range(len(batch)), batch))
 
 
-def test_no_sharing_falls_back_to_the_padded_pass() -> None:
-    model = _model(lora=False)
+def test_no_sharing_falls_back_to_the_padded_pass(trainable_tiny, grouped_batch) -> None:
+    model = trainable_tiny(lora=False)
     learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig())
-    batch = _grouped_batch(groups=3, group_size=1)  # every prompt distinct
+    batch = grouped_batch(groups=3, group_size=1)  # every prompt distinct
     assert all(u is None for _, u in learner._plan(range(len(batch)), batch))
     one_token = TrainBatch([[5, 6, 7], [5, 6, 8]], [[0, 1, 1], [0, 1, 1]], [[0.0] * 3] * 2, [1.0, -1.0])
     assert all(u is None for _, u in learner._plan(range(2), one_token)), "an empty prefix is never shared"
