@@ -34,16 +34,17 @@ import base64
 import hashlib
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
 
 import yaml
 
-from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.resources import data_path
+
+from envs.catalog.mix import KindMix
 
 __all__ = [
     "DEFAULT_MIX",
@@ -165,53 +166,10 @@ def find_listing_id(text: str) -> str | None:
     return match.group(0) if match else None
 
 
-def validate_mix(mix: Mapping[str, float]) -> dict[str, float]:
-    """Check a case mix and return it normalised to sum 1.
-
-    Raises:
-        ConfigError: an unknown kind, a negative share, or no positive share at all.
-    """
-    unknown = sorted(set(mix) - set(KINDS))
-    if unknown:
-        raise ConfigError(f"case_mix: unknown case kinds {unknown}; known kinds: {', '.join(KINDS)}")
-    bad = {k: v for k, v in mix.items() if not v >= 0}
-    if bad:
-        raise ConfigError(f"case_mix: shares must be >= 0, got {bad}")
-    total = float(sum(mix.values()))
-    if total <= 0:
-        raise ConfigError(f"case_mix: at least one kind needs a positive share, got {dict(mix)}")
-    return {k: float(mix[k]) / total for k in KINDS if mix.get(k, 0) > 0}
-
-
-@lru_cache(maxsize=64)
-def _slots(mix_items: tuple[tuple[str, float], ...]) -> tuple[str, ...]:
-    """One cycle of kinds: largest-remainder counts over CYCLE slots, each kind at least once."""
-    mix = dict(mix_items)
-    raw = {k: w * CYCLE for k, w in mix.items()}
-    counts = {k: max(1, int(v)) for k, v in raw.items()}
-    left = CYCLE - sum(counts.values())
-    for k in sorted(raw, key=lambda k: (-(raw[k] - int(raw[k])), KINDS.index(k)))[: max(left, 0)]:
-        counts[k] += 1
-    return tuple(k for k in KINDS if k in counts for _ in range(counts[k]))
-
-
-@lru_cache(maxsize=4096)
-def _cycle(twin: str, seed: int, split: str, cycle: int, mix_items: tuple) -> tuple[str, ...]:
-    order = list(_slots(mix_items))
-    random.Random(stable_seed(twin, seed, split, "kinds", cycle)).shuffle(order)
-    return tuple(order)
-
-
-def kind_for(twin: str, seed: int, split: str, index: int, mix: Mapping[str, float]) -> str:
-    """The case kind of ``(split, index)``: a seeded shuffle of the mix in cycles of slots.
-
-    Stratifying by cycle (rather than drawing each case's kind independently) guarantees that
-    every kind of the mix appears in any split of at least one cycle's length.
-    """
-    items = tuple(sorted(validate_mix(mix).items()))
-    slots = _slots(items)
-    order = _cycle(twin, seed, split, index // len(slots), items)
-    return order[index % len(slots)]
+#: How v0 lays a case mix over a split (envs/catalog/mix.py).
+CASE_KINDS = KindMix(KINDS, CYCLE, "kinds")
+validate_mix = CASE_KINDS.validate
+kind_for = CASE_KINDS.kind_for
 
 
 # -- a per-world index of what each case kind samples from -------------------------------------

@@ -48,11 +48,11 @@ from typing import Any
 
 import yaml
 
-from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.resources import data_path
 
 from envs.catalog.listings import _fmt_price, _model_number
+from envs.catalog.mix import KindMix
 from envs.catalog.v1_policy import (
     DEEP_DISCOUNT,
     DISCOUNT,
@@ -156,46 +156,10 @@ def part_phrases(part: str) -> dict[str, Any]:
 
 
 # -- the kind schedule -------------------------------------------------------------------------
-def validate_mix(mix: Mapping[str, float]) -> dict[str, float]:
-    """Check a v1 case mix and return it normalised to sum 1.
-
-    Raises:
-        ConfigError: an unknown kind, a negative share, or no positive share.
-    """
-    unknown = sorted(set(mix) - set(KINDS))
-    if unknown:
-        raise ConfigError(f"case_mix: unknown case kinds {unknown}; known kinds: {', '.join(KINDS)}")
-    bad = {k: v for k, v in mix.items() if not v >= 0}
-    if bad:
-        raise ConfigError(f"case_mix: shares must be >= 0, got {bad}")
-    total = float(sum(mix.values()))
-    if total <= 0:
-        raise ConfigError(f"case_mix: at least one kind needs a positive share, got {dict(mix)}")
-    return {k: float(mix[k]) / total for k in KINDS if mix.get(k, 0) > 0}
-
-
-@lru_cache(maxsize=64)
-def _slots(items: tuple[tuple[str, float], ...]) -> tuple[str, ...]:
-    raw = {k: w * CYCLE for k, w in items}
-    counts = {k: max(1, int(v)) for k, v in raw.items()}
-    left = CYCLE - sum(counts.values())
-    for k in sorted(raw, key=lambda k: (-(raw[k] - int(raw[k])), KINDS.index(k)))[: max(left, 0)]:
-        counts[k] += 1
-    return tuple(k for k in KINDS if k in counts for _ in range(counts[k]))
-
-
-@lru_cache(maxsize=4096)
-def _cycle(twin: str, seed: int, split: str, cycle: int, items: tuple) -> tuple[str, ...]:
-    order = list(_slots(items))
-    random.Random(stable_seed(twin, seed, split, "kinds-v1", cycle)).shuffle(order)
-    return tuple(order)
-
-
-def kind_for(twin: str, seed: int, split: str, index: int, mix: Mapping[str, float]) -> str:
-    """The kind of case ``(split, index)``: a seeded shuffle of the mix in cycles of :data:`CYCLE`."""
-    items = tuple(sorted(validate_mix(mix).items()))
-    slots = _slots(items)
-    return _cycle(twin, seed, split, index // len(slots), items)[index % len(slots)]
+#: How v1 lays a case mix over a split (envs/catalog/mix.py); its own salt, so no v0 order.
+CASE_KINDS = KindMix(KINDS, CYCLE, "kinds-v1")
+validate_mix = CASE_KINDS.validate
+kind_for = CASE_KINDS.kind_for
 
 
 # -- what each part samples from ---------------------------------------------------------------
