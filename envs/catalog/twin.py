@@ -27,7 +27,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections import OrderedDict
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -37,7 +37,8 @@ from twin.errors import ToolError
 from twin.tools import freeze, tool
 from twin.trajectory import Trajectory
 
-from envs.catalog.listings import DEFAULT_MIX, kind_for, listing_id, make_listing, validate_mix
+from envs.catalog.listings import CASE_KINDS, DEFAULT_MIX, kind_for, listing_id, make_listing, validate_mix
+from envs.catalog.mix import KindMix
 
 __all__ = ["CatalogConfig", "CatalogTwin", "SYSTEM_PROMPT"]
 
@@ -94,6 +95,9 @@ class CatalogConfig(TwinConfig):
         progress: Show a progress bar while the world is built.
     """
 
+    #: The version's case kinds (a subclass for another version names its own).
+    case_kinds: ClassVar[KindMix] = CASE_KINDS
+
     taxonomy_path: str | None = None
     case_mix: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_MIX))
     train_size: int = Field(10_000, ge=1)
@@ -105,7 +109,7 @@ class CatalogConfig(TwinConfig):
     @classmethod
     def _check_mix(cls, value: dict[str, float]) -> dict[str, float]:
         try:
-            validate_mix(value)
+            cls.case_kinds.validate(value)
         except Exception as exc:  # ConfigError -> ValueError, which pydantic reports
             raise ValueError(str(exc)) from None
         return value

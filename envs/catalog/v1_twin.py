@@ -13,16 +13,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from twin.cases import Case
-from twin.core import Twin, TwinConfig
+from twin.core import Twin
 from twin.errors import ToolError
 from twin.tools import freeze, tool
 
 from envs.catalog.listings import listing_id
-from envs.catalog.twin import CatalogTwin
+from envs.catalog.mix import KindMix
+from envs.catalog.twin import CatalogConfig, CatalogTwin
 from envs.catalog.v1_listings import (
+    CASE_KINDS,
     DEFAULT_MIX,
     KINDS,
     kind_for,
@@ -128,33 +130,13 @@ def _compact_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "function": {**fn, "description": text, "parameters": params}}
 
 
-class CatalogConfigV1(TwinConfig):
-    """Options of the catalog v1 twin (as v0's, with v1's case kinds).
+class CatalogConfigV1(CatalogConfig):
+    """Options of the catalog v1 twin: v0's (:class:`envs.catalog.twin.CatalogConfig`), with v1's
+    case kinds (:data:`envs.catalog.v1_listings.KINDS`) and mix; ``train`` draws from the world's
+    train part, ``dev`` and ``test`` from its held-out part."""
 
-    Attributes:
-        taxonomy_path: A checkout of Shopify's product taxonomy; None for the generated world.
-        case_mix: Share of each v1 case kind (:data:`envs.catalog.v1_listings.KINDS`); normalised.
-        train_size: Cases in ``train`` (drawn from the world's train part).
-        dev_size: Cases in ``dev`` (held-out part).
-        test_size: Cases in ``test`` (held-out part).
-        progress: Show a progress bar while the world is built.
-    """
-
-    taxonomy_path: str | None = None
+    case_kinds: ClassVar[KindMix] = CASE_KINDS
     case_mix: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_MIX))
-    train_size: int = Field(10_000, ge=1)
-    dev_size: int = Field(200, ge=1)
-    test_size: int = Field(200, ge=1)
-    progress: bool = False
-
-    @field_validator("case_mix")
-    @classmethod
-    def _check_mix(cls, value: dict[str, float]) -> dict[str, float]:
-        try:
-            validate_mix(value)
-        except Exception as exc:
-            raise ValueError(str(exc)) from None
-        return value
 
 
 class CatalogTwinV1(CatalogTwin):
