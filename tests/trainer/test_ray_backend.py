@@ -187,5 +187,11 @@ def test_a_killed_learner_actor_is_replaced_and_resumes_from_its_checkpoint(tmp_
     # the first learner's steps arrive in order (it may get past 12 before the kill lands), then the
     # second one's from the checkpoint it resumed from: every step seen, the last ones once
     assert seen[:13] == list(range(13)) and sorted(set(seen)) == list(range(20)) and seen[-1] == 19
-    resumed_at = next(i for i in range(1, len(seen)) if seen[i] <= seen[i - 1])
-    assert seen[resumed_at] % 5 == 0  # a checkpoint step (checkpoint_every 5)
+    # The driver polls the actor's records each second, so the kill lands a few steps after 12.
+    # When it lands past a checkpoint's next step, the new learner redoes the steps after that
+    # checkpoint (one repeat, starting at a checkpoint step); when the last step done was the
+    # checkpoint's own, it continues with the next one and nothing repeats.
+    repeats = [i for i in range(1, len(seen)) if seen[i] <= seen[i - 1]]
+    assert len(repeats) <= 1, seen
+    if repeats:
+        assert seen[repeats[0]] % 5 == 0, seen  # a checkpoint step (checkpoint_every 5)
