@@ -410,6 +410,21 @@ def _item_name(rng: random.Random, cat: Any) -> str:
     return cat.name
 
 
+def state_value(
+    rng: random.Random, name: str, value: str, specifics: dict[str, str], desc: list[str],
+    free_phrases: Sequence[str],
+) -> None:
+    """Write an attribute's value where a seller would: item specifics (70%), a plain
+    ``name: value.`` sentence (15%) or a free phrase of the description (15%)."""
+    roll = rng.random()
+    if roll < 0.7:
+        specifics[name] = value
+    elif roll < 0.85:
+        desc.append(f"{name}: {value}.")
+    else:
+        desc.append(rng.choice(free_phrases).format(value=value))
+
+
 def _fill_attributes(world: Any, rng: random.Random, draft: _Draft, drop_required: bool) -> int:
     """Choose attribute values; put them in the item specifics or only in the text.
 
@@ -429,13 +444,7 @@ def _fill_attributes(world: Any, rng: random.Random, draft: _Draft, drop_require
         value = rng.choice(attr.values)
         if req:
             draft.truth_attrs[attr.handle] = value
-        roll = rng.random()
-        if roll < 0.7:
-            draft.specifics[attr.name] = value
-        elif roll < 0.85:
-            draft.desc.append(f"{attr.name}: {value}.")
-        else:
-            draft.desc.append(rng.choice(phrases()["free_attribute"]).format(value=value))
+        state_value(rng, attr.name, value, draft.specifics, draft.desc, phrases()["free_attribute"])
         if in_title < 2 and len(value) <= 24 and rng.random() < 0.4:
             draft.title_parts.append(value)
             in_title += 1

@@ -51,7 +51,7 @@ import yaml
 from twin.errors import ConfigError
 from twin.resources import data_path
 
-from envs.catalog.listings import _fmt_price, _model_number
+from envs.catalog.listings import _fmt_price, _model_number, state_value
 from envs.catalog.mix import KindMix
 from envs.catalog.v1_policy import (
     DEEP_DISCOUNT,
@@ -432,13 +432,7 @@ class _Gen:
             value = rng.choice(implied) if implied else rng.choice(attr.values)
             if req:
                 d.truth_attrs[attr.handle] = value
-            roll = rng.random()
-            if roll < 0.7:
-                d.specifics[attr.name] = value
-            elif roll < 0.85:
-                d.desc.append(f"{attr.name}: {value}.")
-            else:
-                d.desc.append(rng.choice(self.p["free_attribute"]).format(value=value))
+            state_value(rng, attr.name, value, d.specifics, d.desc, self.p["free_attribute"])
             if len(d.title_parts) < 2 and len(value) <= 24 and rng.random() < 0.35:
                 d.title_parts.append(value)
         if drop:
