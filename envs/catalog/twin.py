@@ -318,6 +318,11 @@ class CatalogTwin(Twin):
             return cached
         if not self.world.exists(category_id):
             raise ToolError(self._unknown_category(category_id))
+        frozen = self._schema_cache[category_id] = freeze(self._schema_view(category_id))
+        return frozen
+
+    def _schema_view(self, category_id: str) -> dict[str, Any]:
+        """What ``get_attribute_schema`` shows of an existing category (a version may show more)."""
         cat = self.world.categories[category_id]
         result = {
             "category_id": cat.id,
@@ -335,8 +340,7 @@ class CatalogTwin(Twin):
                 {"id": c, "name": self.world.categories[c].name} for c in cat.children[:30]
             ]
             result["note"] = "not a leaf: listings belong in the most specific category; see children"
-        frozen = self._schema_cache[category_id] = freeze(result)
-        return frozen
+        return result
 
     @tool(terminal=True)
     def submit(

@@ -342,20 +342,9 @@ class CatalogTwinV1(CatalogTwin):
         result = self._seller_cache[text] = freeze(view)
         return result
 
-    @tool
-    def get_attribute_schema(self, category_id: str) -> dict[str, Any]:
-        """A category's attribute schema (required flags, allowed values) and its store policy.
-
-        Args:
-            category_id: A category id from search_taxonomy, e.g. "aa-1-13-8".
-        """
-        cached = self._schema_cache.get(category_id)
-        if cached is not None:
-            return cached
-        if not self.world.exists(category_id):
-            raise ToolError(self._unknown_category(category_id))
-        frozen = self._schema_cache[category_id] = freeze(schema_view(self.world, category_id))
-        return frozen
+    def _schema_view(self, category_id: str) -> dict[str, Any]:
+        """What ``get_attribute_schema`` shows: v1's view (:func:`envs.catalog.v1_listings.schema_view`)."""
+        return schema_view(self.world, category_id)
 
 
 __all__ += ["KINDS", "ID_SPACE", "SPLIT_PART"]
