@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOG_SINKS", "MetricsLogger", "episode_rows", "plot_rewards", "read_metrics"]
+__all__ = ["LOG_SINKS", "MetricsLogger", "episode_rows", "open_training_run", "plot_rewards", "read_metrics"]
 
 #: The metric sinks a recipe's ``train.log`` may name.
 LOG_SINKS = ("jsonl", "tensorboard", "wandb", "trackio")
@@ -31,6 +31,37 @@ EPISODE_COLUMNS = ["case_id", "prompt", "calls", "tool_results", "reward", "brea
 _CELL = 2000  # characters kept per table cell: a table is for reading, the run store keeps all
 
 log = logging.getLogger("twinrl.trainer")
+
+
+def open_training_run(
+    cfg: Any, twin_name: str, run_id: int | None, policy: str | None = None
+) -> tuple[Any, int | None]:
+    """The run store of a training run and its run id, or ``(None, run_id)``.
+
+    Starts a ``train`` run unless ``run_id`` (a resumed one) is given. The store is a record, not
+    needed to train: when it cannot be opened the run goes on and says so.
+
+    Args:
+        cfg: The recipe (``train.store`` turns the store off).
+        twin_name: Recorded with the run.
+        run_id: The run to continue, or None for a new one.
+        policy: Recorded as the run's policy (default: the model path).
+    """
+    if not cfg.train.store:
+        return None, run_id
+    try:
+        from twin.store import RunStore
+
+        store = RunStore()
+        if run_id is None:
+            run_id = store.start_run(
+                "train", twin=twin_name, policy=policy or cfg.model.path,
+                config=cfg.model_dump(mode="json", by_alias=True),
+            )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the store is a record, not needed to train
+        log.warning("run store unavailable (%s); episodes are not stored", exc)
+        return None, run_id
+    return store, run_id
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

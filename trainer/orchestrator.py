@@ -62,6 +62,7 @@ import httpx
 import torch
 
 from trainer.config import Recipe
+from trainer.metrics import open_training_run
 # at import, not in the probe / load threads: an import compiles, and CPython 3.11's compiler is not
 # safe against a compile in another thread ("AST constructor recursion depth mismatch")
 from trainer.samplers import SamplerError
@@ -373,20 +374,7 @@ class AsyncTrainer:
         return list(renderer.start(obs))[:PROBE_MAX_TOKENS]
 
     def _setup_store(self) -> None:
-        if not self.cfg.train.store:
-            return
-        try:
-            from twin.store import RunStore
-
-            self.store = RunStore()
-            if self.run_id is None:
-                self.run_id = self.store.start_run(
-                    "train", twin=self.twin.name, policy=self.cfg.model.path,
-                    config=self.cfg.model_dump(mode="json", by_alias=True),
-                )  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - the store is a record, not needed to train
-            log.warning("run store unavailable (%s); episodes are not stored", exc)
-            self.store = None
+        self.store, self.run_id = open_training_run(self.cfg, self.twin.name, self.run_id)
 
     @staticmethod
     def _healthy(base_url: str) -> bool:

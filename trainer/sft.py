@@ -43,7 +43,7 @@ import torch
 from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
 from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
-from trainer.metrics import MetricsLogger, plot_rewards
+from trainer.metrics import MetricsLogger, open_training_run, plot_rewards
 from trainer.renderer import EpisodeTokens, Renderer
 from twin.cases import stable_seed
 from twin.errors import ConfigError
@@ -350,20 +350,9 @@ class SFTRecipe:
         return out
 
     def _setup_store(self) -> None:
-        if not self.cfg.train.store:
-            return
-        try:
-            from twin.store import RunStore
-
-            self.store = RunStore()
-            if self.run_id is None:
-                self.run_id = self.store.start_run(
-                    "train", twin=self.twin.name, policy=f"sft:{self.cfg.model.path}",
-                    config=self.cfg.model_dump(mode="json", by_alias=True),
-                )  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - the store is a record, not needed to train
-            log.warning("run store unavailable (%s); held-out episodes are not stored", exc)
-            self.store = None
+        self.store, self.run_id = open_training_run(
+            self.cfg, self.twin.name, self.run_id, policy=f"sft:{self.cfg.model.path}"
+        )
 
     # ------------------------------------------------------------------------------------------
     def order(self) -> list[int]:
