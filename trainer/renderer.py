@@ -31,8 +31,8 @@ episode and the template's own rendering of the whole conversation first differ.
 
 A template that refuses an assistant turn (Llama 3.x raises on two or more tool calls in one turn)
 never crashes an episode: the turn is kept as its raw text for the template and
-:attr:`Renderer.refusal` holds a message for the agent (``trainer.rollouts`` shows it as an
-invalid turn and runs nothing).
+:attr:`Renderer.refusal` holds a message for the agent (``trainer.rollouts`` passes it to
+``TwinEnv.refuse``: an invalid turn that runs nothing).
 
 The chat template is the tokenizer's own unless one is given (``chat_template=``: a template
 shipped in ``trainer/templates/`` by name, a ``.jinja`` path, or the template text; see

@@ -84,26 +84,6 @@ class _Live:
     sample_s: float = 0.0
 
 
-def _refused_step(env: Any, text: str, refusal: str) -> tuple[list[dict[str, Any]], bool, bool]:
-    """Step ``env`` with a turn the chat template refused: nothing runs, one invalid turn counts.
-
-    The env has no notion of the policy's chat template, so it is given an empty turn (it runs
-    nothing, counts one invalid turn and answers with a user note); the recorded assistant
-    message then gets the sampled text back and the note says what the template refused.
-    """
-    obs, _reward, terminated, truncated, _info = env.step("")
-    messages = env.trajectory.messages
-    at = len(messages) - len(obs) - 1
-    if at >= 0 and messages[at].get("role") == "assistant":
-        messages[at]["content"] = text[: env.twin.config.max_action_chars]  # as the env stores it
-    for m in obs:
-        if m.get("role") == "user":
-            tools = m["content"].rfind(". Tools: ")
-            usage = m["content"][tools:] if tools >= 0 else "."
-            m["content"] = f"Your last turn had a problem: {refusal}{usage}"
-    return obs, terminated, truncated
-
-
 def collect_groups(
     twin: Twin,
     cases: Sequence[tuple[str, int]],
@@ -186,8 +166,8 @@ def collect_groups(
             item.renderer.add_completion(ids, lps)
             body = ids[:-1] if ids and ids[-1] in item.renderer.stop_ids else ids
             refusal = getattr(item.renderer, "refusal", None)
-            if refusal:
-                obs, terminated, truncated = _refused_step(item.env, decode(body), refusal)
+            if refusal:  # the template cannot hold this turn: the env records it and runs nothing
+                obs, _reward, terminated, truncated, _info = item.env.refuse(decode(body), refusal)
             else:
                 obs, _reward, terminated, truncated, _info = item.env.step(decode(body))
             if terminated or truncated:

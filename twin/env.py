@@ -226,6 +226,21 @@ class TwinEnv(gym.Env[list, Any]):
         Raises:
             ResetNeeded: ``step`` before the first ``reset`` (a caller bug, not a bad action).
         """
+        return self._step(action, None)
+
+    def refuse(
+        self, action: Any, reason: str
+    ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        """Take a turn the caller could not accept (e.g. the policy's chat template cannot
+        represent it): record it, run nothing, count one invalid turn and tell the agent ``reason``.
+
+        Returns and raises as :meth:`step`.
+        """
+        return self._step(action, reason)
+
+    def _step(
+        self, action: Any, refused: str | None
+    ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
         traj = self._traj
         if traj is None:
             raise ResetNeeded("call env.reset() before env.step()")
@@ -251,6 +266,9 @@ class TwinEnv(gym.Env[list, Any]):
                 f"count covers text, call names, ids and arguments). Send one short turn with "
                 f"the tool calls only, e.g. {CALL_FORMAT}"
             )
+        elif refused is not None:
+            messages.append(_assistant_record(action, None, limit))
+            turn_errors.append(refused)
         else:
             parsed = _parse(action, turn, self._schemas)
             messages.append(_assistant_record(action, parsed.calls, limit))

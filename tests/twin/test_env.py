@@ -530,3 +530,18 @@ def test_truncate_ends_and_scores_the_episode_as_a_cut_one():
     assert late_reward == 0.0 and truncated and "episode has ended" in obs[0]["content"]
     with pytest.raises(gym.error.Error, match="already ended"):
         env.truncate()
+
+
+def test_refuse_records_the_turn_runs_nothing_and_tells_the_agent_why():
+    from twin.registry import make
+
+    env = make("Returns", max_turns=4)
+    env.reset(options={"split": "test", "index": 0})
+    order = env.case.task["order_id"]
+    text = f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{order}"}}}}</tool_call>'
+    obs, reward, terminated, truncated, info = env.refuse(text, "the template cannot hold this turn")
+    assert env.trajectory.calls == [] and info["calls"] == [] and info["invalid_calls"] == 1
+    assert env.trajectory.messages[-2] == {"role": "assistant", "content": text}
+    assert obs == [env.trajectory.messages[-1]] and obs[0]["role"] == "user"
+    assert obs[0]["content"].startswith("Your last turn had a problem: the template cannot hold this turn. Tools: ")
+    assert (reward, terminated, truncated, info["turn"]) == (0.0, False, False, 1)
