@@ -255,7 +255,7 @@ def _restored_process() -> Iterator[None]:
     """Undo what a run's placement did to this process: environment, torch threads, cores."""
     import torch
 
-    from trainer.workers import pin_process
+    from trainer.placement import pin_process
 
     env = dict(os.environ)
     threads = torch.get_num_threads()
@@ -387,7 +387,7 @@ def main(
     Returns:
         0 (the figures are printed beside the targets; they are not pass/fail here).
     """
-    from trainer.workers import plan_cpu_placement
+    from trainer.placement import plan_cpu_placement
 
     if backend not in ("local", "ray"):
         from twin.errors import ConfigError

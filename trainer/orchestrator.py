@@ -278,7 +278,7 @@ class AsyncTrainer:
         # TRY NOT TO MODIFY: seeding, threads, the twin
         seed_everything(cfg.seed)
         # threads, and with devices.cpu_affinity: auto this process's cores (before the children start)
-        from trainer.workers import place_learner
+        from trainer.placement import place_learner
 
         place_learner(cfg)
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)

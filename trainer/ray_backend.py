@@ -49,6 +49,7 @@ from typing import Any
 
 from trainer.config import Recipe
 from trainer.orchestrator import AdapterClient, AsyncTrainer, _make_server
+from trainer.placement import place_rollout_process
 from trainer.workers import (
     Lot,
     ModelCheckTransport,
@@ -57,7 +58,6 @@ from trainer.workers import (
     _RolloutLoop,
     _Stopped,
     adapter_name,
-    place_rollout_process,
 )
 from twin.errors import ConfigError, TwinError
 

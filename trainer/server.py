@@ -924,7 +924,7 @@ def main(
         serve_limits = ServeLimits(**limits)
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, "twin serve option")) from None
-    from trainer.workers import place_rollout_process
+    from trainer.placement import place_rollout_process
 
     pinned = place_rollout_process(threads, cpus)
     if not logging.getLogger().handlers:
@@ -1198,7 +1198,7 @@ class ServerProcess(ManagedServer):
         if self.api_key is not None:
             env[API_KEY_ENV] = self.api_key
         if self.threads:
-            from trainer.workers import thread_env
+            from trainer.placement import thread_env
 
             env.update(thread_env(self.threads))
         elif self.cpus or env.get("TWINRL_ROLLOUT_CPUS"):

@@ -167,7 +167,7 @@ def test_overlap_slowdown_lowers_the_bound() -> None:
 def test_runs_leave_the_process_as_they_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from trainer.workers import ROLLOUT_CPUS_ENV
+    from trainer.placement import ROLLOUT_CPUS_ENV
 
     monkeypatch.delenv(ROLLOUT_CPUS_ENV, raising=False)
     threads = torch.get_num_threads()

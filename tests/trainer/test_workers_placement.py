@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from trainer.config import load_recipe
 from trainer.server import ServerProcess
-from trainer.workers import (
+from trainer.placement import (
     ROLLOUT_CPUS_ENV,
     format_cpus,
     parse_cpus,
@@ -103,14 +103,14 @@ def test_sampler_server_gets_threads_and_cores(monkeypatch: pytest.MonkeyPatch) 
 _CHILD = r"""
 import json, os, subprocess, sys
 from types import SimpleNamespace
-from trainer.workers import ROLLOUT_CPUS_ENV, place_learner
+from trainer.placement import ROLLOUT_CPUS_ENV, place_learner
 import torch
 
 cfg = SimpleNamespace(devices=SimpleNamespace(cpu_affinity="auto", rollout="cpu", learner="cpu", cpu_threads=None))
 plan = place_learner(cfg)
 grandchild = subprocess.run(
     [sys.executable, "-c",
-     "import json, os; from trainer.workers import place_rollout_process; "
+     "import json, os; from trainer.placement import place_rollout_process; "
      "pinned = place_rollout_process(); "
      "print(json.dumps({'pinned': pinned, 'cpus': sorted(os.sched_getaffinity(0)), "
      "'threads': int(os.environ['OMP_NUM_THREADS']), 'wait': os.environ.get('OMP_WAIT_POLICY')}))"],
