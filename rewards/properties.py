@@ -5,81 +5,37 @@
 - **oracle is maximal**: the oracle's submission scores the upper bound;
 - **single mistakes cost**: any one mistake scores strictly less than the oracle;
 - **cost ratios**: the loss of one mistake is the stated multiple of another's
-  (the catalog: a missed counterfeit loses 7x what a false alarm loses).
+  (e.g. a missed counterfeit loses 7x what a false alarm loses).
 
-Oracles and single mistakes for the catalog truth format are built in
-(:func:`catalog_oracle`, :func:`catalog_mistakes`); other twins pass their own.
+The checks know no twin's answer format: the caller passes the oracle (the submission that reads
+the truth), the single mistakes and the cost ratios of its own twin. The catalog's are in
+``envs/catalog/reward_checks.py``.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rewards._reward import Reward
 from rewards._submission import submission_trajectory
 from twin.cases import Case
 from twin.trajectory import Trajectory
 
 __all__ = [
-    "CATALOG_COST_RATIOS",
     "PropertyReport",
-    "catalog_mistakes",
-    "catalog_oracle",
     "check_reward_properties",
+    "reward_bounds",
     "submission_trajectory",
 ]
 
-#: ``(mistake a, mistake b, loss(a) / loss(b))`` for the catalog reward.
-CATALOG_COST_RATIOS: tuple[tuple[str, str, float], ...] = (
-    ("verdict_counterfeit_as_ok", "verdict_ok_as_counterfeit", 7.0),
-    ("verdict_prohibited_as_ok", "verdict_ok_as_prohibited", 7.0),
-    ("verdict_counterfeit_as_ok", "verdict_counterfeit_as_prohibited", 7.0),
-    ("verdict_prohibited_as_ok", "verdict_prohibited_as_counterfeit", 7.0),
-)
-
-_VERDICTS = ("ok", "counterfeit", "prohibited")
-
-
-def catalog_oracle(case: Case) -> dict[str, Any]:
-    """The submission that reads the truth (catalog format)."""
-    t = case.truth
-    return {
-        "category_id": t["category_id"],
-        "attributes": {str(k): str(v) for k, v in (t.get("attributes") or {}).items()},
-        "verdict": t["verdict"],
-        "reason": "oracle",
-    }
-
-
-def catalog_mistakes(case: Case) -> dict[str, Trajectory]:
-    """Episodes that differ from the oracle's by exactly one mistake (catalog format)."""
-    oracle = catalog_oracle(case)
-    true_id: str = oracle["category_id"]
-    out: dict[str, Trajectory] = {}
-
-    def with_(label: str, **changes: Any) -> None:
-        out[label] = submission_trajectory(case, {**oracle, **changes})
-
-    other_vertical = "zz" if not true_id.startswith("zz") else "yy"
-    with_("category_other_vertical", category_id=f"{other_vertical}-1")
-    if "-" in true_id:
-        with_("category_parent", category_id=true_id.rsplit("-", 1)[0])
-    with_("category_child", category_id=f"{true_id}-99")
-    attrs = dict(oracle["attributes"])
-    if attrs:
-        first = sorted(attrs)[0]
-        with_("attribute_missing", attributes={k: v for k, v in attrs.items() if k != first})
-        with_("attribute_wrong_value", attributes={**attrs, first: attrs[first] + " (wrong)"})
-    with_("attribute_extra", attributes={**attrs, "zz_extra_attribute": "x"})
-    for v in _VERDICTS:
-        if v != oracle["verdict"]:
-            with_(f"verdict_{oracle['verdict']}_as_{v}", verdict=v)
-    out["invalid_call"] = submission_trajectory(case, oracle, invalid_calls=1)
-    out["no_submit"] = submission_trajectory(case, None)
-    return out
-
+#: ``oracle(case) -> submission``: the terminal call's arguments that read the case's truth.
+Oracle = Callable[[Case], Mapping[str, Any]]
+#: ``mistakes(case) -> {label: trajectory}``: episodes one mistake away from the oracle's.
+Mistakes = Callable[[Case], Mapping[str, Trajectory]]
 
 @dataclass
 class PropertyReport:
@@ -98,12 +54,26 @@ class PropertyReport:
     ratios: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
-def _bounds_of(reward: Any) -> tuple[float, float] | None:
-    b = getattr(reward, "bounds", None)
-    if b is None:  # a twin's bound `score`: use the bounds of the twin's Reward
-        inner = getattr(getattr(reward, "__self__", None), "reward", None)
-        b = getattr(inner, "bounds", None)
-    return tuple(b) if b is not None else None  # type: ignore[return-value]
+def reward_bounds(scorer: Any) -> tuple[float, float] | None:
+    """``(low, high)`` of a scorer: a :class:`rewards.Reward`, anything with ``bounds``, or a
+    twin's bound ``score`` (its ``reward``'s bounds); None when they cannot be known.
+
+    The twin's ``reward`` is read without running descriptors, so a property is never called.
+    """
+    if isinstance(scorer, Reward):
+        return scorer.bounds
+    b = getattr(scorer, "bounds", None)
+    if b is not None:
+        low, high = b
+        return float(low), float(high)
+    owner = getattr(scorer, "__self__", None)  # a twin's bound `score`
+    if owner is not None:
+        r = inspect.getattr_static(owner, "reward", None)
+        if isinstance(r, staticmethod):
+            r = r.__func__
+        if isinstance(r, Reward):
+            return r.bounds
+    return None
 
 
 def _cases_strategy(source: Any) -> Any:
@@ -124,9 +94,9 @@ def check_reward_properties(
     reward: Callable[[Trajectory, Case], Any],
     source: Any,
     *,
-    oracle: Callable[[Case], Mapping[str, Any]] | None = None,
-    mistakes: Callable[[Case], Mapping[str, Trajectory]] | None = None,
-    cost_ratios: tuple[tuple[str, str, float], ...] | None = None,
+    oracle: Oracle,
+    mistakes: Mistakes,
+    cost_ratios: Sequence[tuple[str, str, float]] = (),
     random_trajectories: Callable[[Case], Any] | None = None,
     bounds: tuple[float, float] | None = None,
     max_examples: int = 100,
@@ -138,12 +108,13 @@ def check_reward_properties(
     Args:
         reward: A :class:`rewards.Reward` or any ``(trajectory, case) -> RewardResult``.
         source: A twin (its cases are drawn), a hypothesis strategy of cases, or ``f(int) -> Case``.
-        oracle: ``oracle(case) -> submission``; default :func:`catalog_oracle`.
-        mistakes: ``mistakes(case) -> {label: trajectory}``; default :func:`catalog_mistakes`.
-        cost_ratios: ``(a, b, r)``: loss(a) / loss(b) must equal ``r`` whenever both occur;
-            default :data:`CATALOG_COST_RATIOS` when the catalog defaults are used, else none.
-        random_trajectories: ``f(case) -> strategy of Trajectory`` for the boundedness check
-            (default: catalog submissions near the truth, or none).
+        oracle: ``oracle(case) -> submission`` in the twin's answer format; it must score the
+            reward's upper bound.
+        mistakes: ``mistakes(case) -> {label: trajectory}``: each must score strictly less than
+            the oracle (labels name them in failures and in :attr:`PropertyReport.losses`).
+        cost_ratios: ``(a, b, r)``: loss(a) / loss(b) must equal ``r`` whenever both occur.
+        random_trajectories: ``f(case) -> strategy of Trajectory`` (or of None) for the
+            boundedness check on episodes other than the oracle's and the mistakes'; default none.
         bounds: ``(low, high)``; default ``reward.bounds``.
         max_examples: Cases hypothesis draws.
         tolerance: Absolute tolerance of equalities.
@@ -153,22 +124,15 @@ def check_reward_properties(
 
     Raises:
         AssertionError: a property does not hold; the message names the case and the mistake.
+        TypeError: ``oracle`` or ``mistakes`` is not callable, or ``source`` is none of the above.
     """
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    catalog_defaults = oracle is None and mistakes is None
-    oracle = oracle or catalog_oracle
-    mistakes = mistakes or catalog_mistakes
-    if cost_ratios is None:
-        cost_ratios = CATALOG_COST_RATIOS if catalog_defaults else ()
-    if random_trajectories is None and catalog_defaults:
-        from rewards.strategies import catalog_submissions, trajectories
-
-        def random_trajectories(case: Case) -> Any:
-            return trajectories(case, st.one_of(st.none(), catalog_submissions(case.truth)))
-
-    b = bounds or _bounds_of(reward)
+    for name, fn in (("oracle", oracle), ("mistakes", mistakes)):
+        if not callable(fn):
+            raise TypeError(f"{name} must be a callable taking a Case, got {fn!r}")
+    b = bounds or reward_bounds(reward)
     if b is None:
         raise AssertionError("the reward has no `bounds`; pass bounds=(low, high)")
     lo, hi = b

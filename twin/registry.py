@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
 import re
+import threading
 import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -34,9 +36,11 @@ if TYPE_CHECKING:
 __all__ = [
     "TwinSpec",
     "ENTRY_POINT_GROUP",
+    "forget_shared_twins",
     "list_twins",
     "load_plugins",
     "make",
+    "make_shared_twin",
     "make_twin",
     "register",
     "registry",
@@ -192,6 +196,43 @@ def make_twin(id_or_name: str, **config: Any) -> Twin:
         ConfigError: an option the twin does not take.
     """
     return spec(id_or_name).make_twin(**config)
+
+
+# One twin per (spec, config): the spec object is kept with its twin so that registering the id
+# again (a new spec, maybe another class) makes a new twin instead of returning the old one.
+_SHARED: dict[tuple[str, str], tuple[TwinSpec, Twin]] = {}
+_SHARED_LOCK = threading.RLock()
+
+
+def make_shared_twin(id_or_name: str, **config: Any) -> Twin:
+    """The twin registered as ``id_or_name`` with ``config``, made once per process and reused.
+
+    Building a twin's world may take seconds, so tools that run many episodes of the same twin
+    (the rollout-testing kit in ``rewards/testing/``) share one instance; a twin's world is
+    read-only during episodes. Names and ids that resolve to the same spec share the twin
+    (``catalog`` and ``twin/Catalog-v1``). Registering the id again makes a new one.
+
+    Args:
+        id_or_name: As for :func:`make_twin`.
+        **config: The twin's config options; JSON-equal configs share a twin.
+
+    Raises:
+        UnknownTwinError: unknown id or name, or its entry point cannot be loaded.
+        ConfigError: an option the twin does not take.
+    """
+    spec_ = spec(id_or_name)
+    key = (spec_.id, json.dumps(config, sort_keys=True, default=repr))
+    with _SHARED_LOCK:
+        cached = _SHARED.get(key)
+        if cached is None or cached[0] is not spec_:
+            _SHARED[key] = (spec_, spec_.make_twin(**config))
+        return _SHARED[key][1]
+
+
+def forget_shared_twins() -> None:
+    """Drop every twin :func:`make_shared_twin` made (the next call makes a new one)."""
+    with _SHARED_LOCK:
+        _SHARED.clear()
 
 
 def make(id_or_name: str, *, render_mode: str | None = None, **config: Any) -> TwinEnv:

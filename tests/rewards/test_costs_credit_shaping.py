@@ -23,11 +23,14 @@ from rewards import (
     turn_cost,
     useful_tool_bonus,
 )
-from rewards.strategies import category_ids
 from twin import Case, TokenTurn, ToolCallRecord, Trajectory
 from twin.errors import ConfigError
 
 CASE = Case(twin="Toy", split="test", index=0, task={}, truth={})
+
+# Path ids as category_credit reads them (a root, then dash-separated children), e.g. "aa-1-3".
+PATH_IDS = st.builds(lambda root, rest: "-".join([root, *map(str, rest)]),
+                     st.sampled_from(["aa", "el", "zz"]), st.lists(st.integers(1, 4), max_size=6))
 M = {"ok": {"ok": 0, "bad": 1.0}, "bad": {"ok": 7.0}}
 
 
@@ -95,7 +98,7 @@ def test_category_credit_unknown_ids_get_nothing():
     assert id_depth("aa-1-13-8") == 4 and common_ancestor_depth("aa-1-13-8", "aa-1-2") == 2
 
 
-@given(category_ids(), category_ids())
+@given(PATH_IDS, PATH_IDS)
 def test_category_credit_is_bounded_and_symmetric(a, b):
     c = category_credit(a, b)
     assert 0.0 <= c <= 1.0 and c == category_credit(b, a)

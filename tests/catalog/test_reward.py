@@ -1,4 +1,5 @@
-"""The catalog twin's default reward: exact values from issue 4, and hypothesis properties."""
+"""The catalog twin's default reward: exact values from issue 4, and hypothesis properties
+(the generic checks of rewards/properties.py with the catalog's oracle, mistakes and ratios)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,17 @@ import re
 import pytest
 from hypothesis import given, settings
 
-from envs.catalog.reward import VERDICT_COSTS, VERDICTS, make_catalog_reward
-from rewards import Reward, TermError
-from rewards.properties import catalog_mistakes, catalog_oracle, check_reward_properties, submission_trajectory
-from rewards.strategies import catalog_cases, catalog_episodes
+from envs.catalog.reward import CLIP_V1, VERDICT_COSTS, VERDICT_COSTS_V1, VERDICTS, make_catalog_reward
+from rewards import CostMatrix, Reward, TermError
+from envs.catalog.reward_checks import (
+    CATALOG_COST_RATIOS,
+    catalog_cost_ratios,
+    catalog_mistakes,
+    catalog_oracle,
+    check_catalog_reward,
+)
+from envs.catalog.strategies import catalog_cases, catalog_episodes
+from rewards.properties import check_reward_properties, submission_trajectory
 from twin import Case
 
 IDS = {"aa", "aa-1", "aa-1-13", "aa-1-13-8", "aa-1-13-9", "aa-2", "el", "el-4"}
@@ -134,7 +142,7 @@ def test_oracle_is_max_and_single_mistakes_cost(c):
 
 
 def test_check_reward_properties_on_the_catalog_reward():
-    report = check_reward_properties(ANY_ID, catalog_cases(), max_examples=120)
+    report = check_catalog_reward(ANY_ID, catalog_cases(), max_examples=120)
     assert report.examples == 120 and report.bounds == (-0.4, 1.0)
     for pair, ratio in report.ratios.items():
         assert ratio == pytest.approx(7.0), pair
@@ -145,13 +153,45 @@ def test_check_reward_properties_on_the_catalog_reward():
 def test_check_reward_properties_catches_a_broken_reward():
     # a reward that gives the same to a miss and a false alarm breaks the stated 7x ratio
     flat = make_catalog_reward(lambda i: True).with_overrides({"weights": {"policy": 0.0}, "clip": [-0.4, 0.6]})
-    with pytest.raises(AssertionError):
-        check_reward_properties(flat, catalog_cases(), max_examples=20)
+    with pytest.raises(AssertionError, match="single mistake 'verdict_"):
+        check_catalog_reward(flat, catalog_cases(), max_examples=20)
+
+
+def test_the_generic_check_holds_a_reward_to_the_ratios_it_is_given():
+    # symmetric verdict costs: every single mistake still costs, but a miss is no worse than a
+    # false alarm; the generic check knows no catalog, so only the ratios it is given can catch it
+    even = make_catalog_reward(lambda i: True, costs=CostMatrix({v: {w: 1.0 for w in VERDICTS if w != v} for v in VERDICTS}))
+    report = check_reward_properties(even, catalog_cases(), oracle=catalog_oracle, mistakes=catalog_mistakes,
+                                     max_examples=30)
+    assert report.examples == 30 and report.ratios == {}
+    assert report.losses["verdict_counterfeit_as_ok"] == [pytest.approx(0.4)]
+    assert report.losses["verdict_ok_as_counterfeit"] == [pytest.approx(0.4)]
+    with pytest.raises(AssertionError, match="cost ratio 'verdict_.*expected 7"):
+        check_reward_properties(even, catalog_cases(), oracle=catalog_oracle, mistakes=catalog_mistakes,
+                                cost_ratios=CATALOG_COST_RATIOS, max_examples=30)
+    with pytest.raises(TypeError, match="oracle must be a callable"):
+        check_reward_properties(even, catalog_cases(), oracle=None, mistakes=catalog_mistakes)
+
+
+def test_the_cost_ratios_are_read_off_the_cost_matrix():
+    assert {(a, b) for a, b, _ in CATALOG_COST_RATIOS} == {
+        ("verdict_counterfeit_as_ok", "verdict_ok_as_counterfeit"),
+        ("verdict_counterfeit_as_ok", "verdict_counterfeit_as_prohibited"),
+        ("verdict_prohibited_as_ok", "verdict_ok_as_prohibited"),
+        ("verdict_prohibited_as_ok", "verdict_prohibited_as_counterfeit"),
+    }
+    assert all(r == pytest.approx(7.0) for _, _, r in CATALOG_COST_RATIOS)
+    v1 = catalog_cost_ratios(VERDICT_COSTS_V1)
+    assert [(a, b) for a, b, _ in v1] == [(a, b) for a, b, _ in CATALOG_COST_RATIOS]
+    assert [r for *_, r in v1] == pytest.approx([r for *_, r in CATALOG_COST_RATIOS])
+    skewed = CostMatrix({"ok": {"counterfeit": 1.0, "prohibited": 1.0},
+                         "counterfeit": {"ok": 3.0, "prohibited": 1.5}, "prohibited": {"ok": 2.0, "counterfeit": 1.0}})
+    ratios = {(a, b): r for a, b, r in catalog_cost_ratios(skewed)}
+    assert ratios[("verdict_counterfeit_as_ok", "verdict_ok_as_counterfeit")] == pytest.approx(3.0)
+    assert ratios[("verdict_counterfeit_as_ok", "verdict_counterfeit_as_prohibited")] == pytest.approx(2.0)
 
 
 # -- catalog v1: same weights and 7:1 ratio, 2.5x the cost scale, total clipped to [-1, 1] -------
-from envs.catalog.reward import CLIP_V1, VERDICT_COSTS_V1  # noqa: E402
-
 REWARD_V1 = make_catalog_reward(IDS.__contains__, costs=VERDICT_COSTS_V1, clip=CLIP_V1)
 ANY_ID_V1 = make_catalog_reward(lambda i: re.fullmatch(r"[a-z]{2}(-\d+)*", i) is not None,
                                 costs=VERDICT_COSTS_V1, clip=CLIP_V1)
@@ -191,7 +231,7 @@ def test_v1_constant_verdicts_lose_clearly_on_the_default_mix():
 
 
 def test_check_reward_properties_on_the_v1_reward():
-    report = check_reward_properties(ANY_ID_V1, catalog_cases(), max_examples=80)
+    report = check_catalog_reward(ANY_ID_V1, catalog_cases(), max_examples=80)
     assert report.bounds == (-1.0, 1.0)
     for pair, ratio in report.ratios.items():
         assert ratio == pytest.approx(7.0), pair
