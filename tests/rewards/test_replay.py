@@ -1,4 +1,6 @@
-"""`turns:` rollouts are replayed through the real environment (a toy twin stands in)."""
+"""`turns:` rollouts are replayed through the real environment, on a twin registered through the
+public registry API (twin.registry.register), not the catalog; the kit makes it through the
+registry (make_shared_twin) and keeps no twin of its own."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ import textwrap
 import pytest
 
 from rewards import Reward, invalid_call_penalty, submitted_gate, term
-from rewards.testing import clear_cache, run_rollout_file
+from rewards.testing import clear_cache, rollout_twin, run_rollout_file
 from twin import Twin, tool
-from twin.registry import register, registry
+from twin.registry import make_shared_twin, register, registry
 
 
 @term
@@ -21,12 +23,17 @@ def right(trajectory, case):
 
 
 class KitToy(Twin):
+    made = 0  # instances made: the kit must make one per process, through the registry
     name = "KitToy"
     version = 0
     description = "Guess a number."
     splits = {"train": 5, "test": 5}
     reward = Reward({right: 1.0}, penalties=[invalid_call_penalty(0.1, cap=0.3)],
                     gates=[submitted_gate()], clip=(-0.3, 1.0))
+
+    def __init__(self, **config):
+        super().__init__(**config)
+        type(self).made += 1
 
     def make_case(self, rng: random.Random, split: str, index: int):
         return "toy", {"hint": index}, {"answer": index}
@@ -109,3 +116,51 @@ def test_shorthand_and_turns_can_use_the_twins_own_truth(toy, tmp_path):
     good1, good2, bad = run_rollout_file(p)
     assert good1.passed and good2.passed, good1.describe() + good2.describe()
     assert not bad.passed and "no such component (the reward reports: right, invalid_calls" in bad.describe()
+
+
+class KitToyDoubled(KitToy):
+    """The same toy whose truth is twice the hint: registered under KitToy's id to replace it."""
+
+    def make_case(self, rng: random.Random, split: str, index: int):
+        return "toy", {"hint": index}, {"answer": 2 * index}
+
+
+OWN_TRUTH = f"""
+twin: KitToy
+cases:
+  - name: replay on case 3, answering 3
+    case: {{split: test, index: 3}}
+    turns: ['{call("submit", answer=3)}']
+    expect: 1.0
+"""
+
+
+def test_the_kit_makes_the_twin_once_through_the_registry(toy, tmp_path):
+    p = tmp_path / "own.rollouts.yaml"
+    p.write_text(textwrap.dedent(OWN_TRUTH))
+    before = KitToy.made
+    assert run_rollout_file(p)[0].passed and run_rollout_file(p)[0].passed
+    assert KitToy.made == before + 1  # two files' worth of cases, one twin
+    shared = make_shared_twin("twin/KitToy-v0")
+    assert rollout_twin("kittoy") is shared and type(shared) is KitToy
+    clear_cache()  # forgets the registry's shared twins too: the next run makes a new one
+    assert run_rollout_file(p)[0].passed and KitToy.made == before + 2
+    assert rollout_twin("KitToy", {"max_turns": 3}) is not shared  # another config, another twin
+
+
+def test_registering_the_id_again_replays_on_the_new_twin(toy, tmp_path):
+    p = tmp_path / "own.rollouts.yaml"
+    p.write_text(textwrap.dedent(OWN_TRUTH))
+    assert run_rollout_file(p)[0].passed
+    register(KitToyDoubled, id="twin/KitToy-v0")  # the same id, a new spec: no stale twin
+    (outcome,) = run_rollout_file(p)
+    assert not outcome.passed and "expected 1, got 0" in outcome.describe()
+    assert type(rollout_twin("KitToy")) is KitToyDoubled
+
+
+def test_an_unregistered_twin_is_an_error_outcome_naming_the_registry(tmp_path):
+    p = tmp_path / "gone.rollouts.yaml"
+    p.write_text(textwrap.dedent(OWN_TRUTH))  # the toy fixture is not used: KitToy is not registered
+    (outcome,) = run_rollout_file(p)
+    assert not outcome.passed and "no reward for twin 'KitToy'" in outcome.error
+    assert "twin.register" in outcome.error  # the registry's own hint on how to register one
