@@ -66,7 +66,7 @@ from trainer.metrics import open_training_run
 # at import, not in the probe / load threads: an import compiles, and CPython 3.11's compiler is not
 # safe against a compile in another thread ("AST constructor recursion depth mismatch")
 from trainer.samplers import SamplerError
-from trainer.serving_http import auth_headers
+from trainer.serving.http import auth_headers
 from trainer.workers import (
     AdapterSyncError,
     Lot,
@@ -167,7 +167,7 @@ def _make_server(cfg: Recipe, output_dir: Path, model_path: str | None = None) -
     if kind == "server":
         return None
     if kind == "hf":
-        from trainer.server import ServerProcess
+        from trainer.serving.process import ServerProcess
 
         class _Server(ServerProcess):
             def command(self) -> list[str]:

@@ -45,7 +45,7 @@ from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, open_training_run, plot_rewards
 from trainer.rollouts import RolloutSettings, collect_groups, episode_tokens
-from trainer.serving_http import auth_headers
+from trainer.serving.http import auth_headers
 from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.http import tls_context

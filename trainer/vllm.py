@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.server import ManagedServer
+from trainer.serving.process import ManagedServer
 from twin.errors import ConfigError
 
 __all__ = [
@@ -147,7 +147,7 @@ class VLLMServer(ManagedServer):
             ``vllm serve`` on GPU when the environment has the ``vllm`` script).
         extra_args: More command-line flags, passed last.
         extra_env: More environment variables.
-        host, port, log_path, startup_timeout: See :class:`trainer.server.ManagedServer`
+        host, port, log_path, startup_timeout: See :class:`trainer.serving.process.ManagedServer`
             (vLLM takes 20-60 s to start; the default timeout is 600 s).
     """
 

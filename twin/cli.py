@@ -1205,8 +1205,8 @@ def serve(
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8000,
 ) -> None:
-    """Serve a local model over an OpenAI-compatible API (trainer.server)."""
-    fn = _target("trainer.server:main", "serve")
+    """Serve a local model over an OpenAI-compatible API (trainer/serving/)."""
+    fn = _target("trainer.serving.cli:serve", "serve")
     _call(fn, model=model, host=host, port=port, **_passthrough(list(ctx.args)))
 
 

@@ -112,7 +112,8 @@ def test_a_sampler_that_keeps_dying_fails_the_run(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def live_server() -> Iterator[str]:
     from trainer.models import load_model
-    from trainer.server import CompletionServer, make_http_server
+    from trainer.serving.completions import CompletionServer
+    from trainer.serving.http import make_http_server
 
     model, tokenizer = load_model("tiny", "float32")
     core = CompletionServer(model, tokenizer, model_name="base")

@@ -36,7 +36,8 @@ def test_sync_trainer_stops_episodes_at_a_short_server_context(tmp_path: Path) -
     from trainer.config import load_recipe
     from trainer.recipe import GRPORecipe
     from trainer.renderer import Renderer
-    from trainer.server import CompletionServer, make_http_server
+    from trainer.serving.completions import CompletionServer
+    from trainer.serving.http import make_http_server
     from trainer.tiny import build_tiny
     from twin.env import TwinEnv
     from twin.registry import make_twin

@@ -13,7 +13,9 @@ import torch
 
 pytest.importorskip("peft")
 
-from trainer.server import CompletionServer, ServerProcess, make_http_server
+from trainer.serving.completions import CompletionServer
+from trainer.serving.http import make_http_server
+from trainer.serving.process import ServerProcess
 from trainer.tiny import build_tiny
 
 
@@ -334,7 +336,7 @@ def test_request_finishes_on_its_adapter_when_unloaded_meanwhile(
             }
         )["choices"][0]["token_ids"]
         # Hold the model so the next request waits in the queue, unload meanwhile, release.
-        version = core._adapters["policy@1"]
+        version = core.slots.adapters["policy@1"]
         core._model_lock.acquire()
         box: dict = {}
         t = threading.Thread(
@@ -408,13 +410,13 @@ def test_top_p_keeps_the_smallest_top_set_reaching_p() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from trainer.server import _top_p_filter
+    from trainer.serving.engine import top_p_filter
 
     @settings(max_examples=60, deadline=None)
     @given(st.lists(st.floats(-20, 20), min_size=1, max_size=30), st.floats(0.01, 1.0))
     def check(values: list[float], top_p: float) -> None:
         logits = torch.tensor(values, dtype=torch.float64)
-        kept = torch.isfinite(_top_p_filter(logits, top_p))
+        kept = torch.isfinite(top_p_filter(logits, top_p))
         probs = torch.softmax(logits, -1)
         assert kept.any()
         assert float(probs[kept].sum()) >= min(top_p, 1.0) - 1e-9
@@ -475,13 +477,13 @@ def test_trainer_cycle_reuses_adapter_slots_and_serves_each_version_exactly(
     sequence = [adapters[0], adapters[1], adapters[2], other, adapters[0], adapters[1]]
     body = {"prompt": PROMPT, "max_tokens": 6, "logprobs": 0, "return_token_ids": True, "ignore_eos": True, "seed": 5}
     in_place: list[tuple[str, bool]] = []
-    copy = core._load_into_free_slot
+    copy = core.slots._load_into_free_slot
 
     def recorded(version: Any) -> bool:
         in_place.append((version.name, copy(version)))
         return in_place[-1][1]
 
-    core._load_into_free_slot = recorded  # type: ignore[method-assign]
+    core.slots._load_into_free_slot = recorded  # type: ignore[method-assign]
     try:
         for v, path in enumerate(sequence):
             core.load_lora_adapter({"lora_name": f"policy@{v}", "lora_path": str(path)})
@@ -494,9 +496,9 @@ def test_trainer_cycle_reuses_adapter_slots_and_serves_each_version_exactly(
         # policy@0 wraps the model and @1 finds no free slot; @2, @4 and @5 are copied into freed
         # slots; @3 has another rank and gets its own
         assert [name for name, done in in_place if done] == ["policy@2", "policy@4", "policy@5"], in_place
-        reused = [k for k in core._peft.peft_config]  # slots in the model: reused, not one per version
+        reused = [k for k in core.slots.peft.peft_config]  # slots in the model: reused, not one per version
         assert len(reused) <= 2 + 2, reused  # max_loras resident + the kept free slots
-        assert len(core._resident) == 1 and next(iter(core._resident.values())).name == "policy@5"
+        assert len(core.slots.resident) == 1 and next(iter(core.slots.resident.values())).name == "policy@5"
     finally:
         core.close()
 

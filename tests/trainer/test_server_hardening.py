@@ -19,8 +19,10 @@ import torch
 
 pytest.importorskip("peft")
 
-from trainer.server import CompletionServer, ServeLimits, ServerError, ServerProcess, make_http_server
-from trainer.serving_http import exposure_warnings
+from trainer.serving.api import ServeLimits, ServerError
+from trainer.serving.completions import CompletionServer
+from trainer.serving.http import exposure_warnings, make_http_server
+from trainer.serving.process import ServerProcess
 from trainer.tiny import build_tiny
 
 PROMPT = [1, 447, 201, 361, 223, 404, 223, 67, 2, 201, 1, 399, 201]
@@ -98,12 +100,12 @@ def test_failed_later_adapter_load_leaves_base_and_loaded_adapters_bit_identical
     try:
         core.load_lora_adapter({"lora_name": "good", "lora_path": str(adapter_dir / "good")})
         base, good = _logprobs(core), _logprobs(core, "good")
-        slots = list(core._peft.peft_config)
+        slots = list(core.slots.peft.peft_config)
         for attempt in range(2):
             with pytest.raises(ServerError):
                 core.load_lora_adapter({"lora_name": f"broken{attempt}", "lora_path": str(adapter_dir / "corrupt")})
         assert _logprobs(core) == base and _logprobs(core, "good") == good
-        assert list(core._peft.peft_config) == slots  # no half-built adapter left in the model
+        assert list(core.slots.peft.peft_config) == slots  # no half-built adapter left in the model
         assert [m["id"] for m in core.models()["data"]] == ["tiny", "good"]
     finally:
         core.close()
@@ -356,7 +358,7 @@ def test_server_process_passes_key_in_the_environment_and_the_root(tmp_path: Pat
 
 
 def test_serve_options_are_validated_with_a_clear_error() -> None:
-    from trainer.server import main
+    from trainer.serving.cli import serve as main
     from twin.errors import ConfigError
 
     with pytest.raises(ConfigError, match="max_n"):

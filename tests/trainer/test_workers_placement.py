@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainer.config import load_recipe
-from trainer.server import ServerProcess
+from trainer.serving.process import ServerProcess
 from trainer.placement import (
     ROLLOUT_CPUS_ENV,
     format_cpus,

@@ -274,7 +274,7 @@ def test_wrappers_call_their_targets(monkeypatch):
 
     _fake(monkeypatch, "envs.catalog.demo", main=demo_main)
     _fake(monkeypatch, "trainer.cli", train=train)
-    _fake(monkeypatch, "trainer.server", main=serve_main)
+    _fake(monkeypatch, "trainer.serving.cli", serve=serve_main)
     _fake(monkeypatch, "trainer.plan", main=lambda recipe: calls.append(("plan", recipe)))
     _fake(monkeypatch, "envs.catalog.bench", main=lambda **kw: calls.append(("bench catalog", kw)))
     _fake(monkeypatch, "trainer.bench", main=lambda **kw: calls.append(("bench trainer", kw)))

@@ -1,0 +1,227 @@
+"""Batched decoding: sample many rows of one model together, each with its own settings.
+
+A :class:`Row` is one sequence to sample: its prompt, length limit, temperature, top-p, stop ids
+and random generator. :meth:`Engine.decode` left-pads the prompts into one batch, prefills each
+distinct prompt once (a GRPO group repeats its prompt G times) and samples every row to its stop.
+Each row draws one uniform per token from its own generator (inverse-CDF sampling), so a seeded
+row gives the same tokens whatever else shares its batch.
+
+Logprobs are ``processed_logprobs`` by default (after temperature and top-p: the distribution
+that was sampled from) or ``raw_logprobs`` (before them, vLLM's default); a greedy row
+(temperature 0) reports raw logprobs either way.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainer.serving.api import LogprobsMode
+
+__all__ = ["Engine", "Row", "top_p_filter"]
+
+#: vLLM's floor for a logprob: -inf (a token top-p removed) is not JSON.
+LOGPROB_FLOOR = -9999.0
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence to sample, and what was sampled.
+
+    Attributes:
+        prompt: Token ids to continue (non-empty).
+        max_tokens: Most tokens to sample (0: none, finish ``length``).
+        temperature: 0 = greedy.
+        top_p: Nucleus threshold in (0, 1].
+        generator: The row's random stream (CPU); None: the engine's shared one.
+        stop_ids: Ids that end the row (kept as its last id).
+        logprobs: Alternatives to record per sampled token (None or 0: none).
+        prompt_logprobs: With a value, the logprob, rank and that many alternatives of each prompt
+            token after the first (``prompt_lps``).
+        ids: Sampled ids.
+        token_logprobs: Logprob of each sampled id.
+        top: Per sampled token, ``(id, logprob)`` alternatives (with ``logprobs``).
+        finish_reason: ``stop`` or ``length`` once done.
+        stop_token: The stop id that ended the row.
+        prompt_lps: Per prompt position after the first, ``(logprob, rank, alternatives)``.
+    """
+
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+    stop_ids: frozenset[int] = frozenset()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    ids: list[int] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_token: int | None = None
+    prompt_lps: list[tuple[float, int, list[tuple[int, float]]]] | None = None
+
+
+class Engine:
+    """Decodes batches of :class:`Row` on one model (whatever adapter is active on it).
+
+    Args:
+        model: A transformers causal LM, or a peft model around one.
+        pad_id: Id written into padding positions (never attended to).
+        logprobs_mode: ``processed_logprobs`` or ``raw_logprobs``.
+        seed: Seed of the generator rows without their own use.
+    """
+
+    def __init__(
+        self, model: Any, *, pad_id: int, logprobs_mode: LogprobsMode = "processed_logprobs", seed: int = 0
+    ) -> None:
+        self.model = model
+        self.pad_id = int(pad_id)
+        self.logprobs_mode = logprobs_mode
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this model takes.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the model's parameters."""
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def decode(self, rows: list[Row]) -> None:
+        """Sample every row to its stop; prompts are left-padded so all rows decode in step."""
+        from transformers import DynamicCache
+
+        device = self.device
+        width = max(len(row.prompt) for row in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
+            mask[i, width - len(row.prompt) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        need_full = any(row.prompt_logprobs is not None for row in rows)
+        # A GRPO group sends its prompt G times: prefill each distinct (left-padded) prompt once and
+        # index its keys/values out to the rows (not with prompt logprobs, which need every row's).
+        index: dict[tuple[int, ...], int] = {}
+        unit = [index.setdefault(tuple(row.prompt), len(index)) for row in rows]
+        shared = not need_full and len(index) < len(unit)
+        if shared:
+            first = torch.tensor([unit.index(u) for u in range(len(index))], device=device)
+            spread = torch.tensor(unit, device=device)
+        out = self.model(
+            input_ids=ids[first] if shared else ids,
+            attention_mask=mask[first] if shared else mask,
+            position_ids=positions[first] if shared else positions,
+            use_cache=True,
+            **{self._cache_kw: DynamicCache()},
+            **({} if need_full else {"logits_to_keep": 1}),
+        )
+        if need_full:
+            for i, row in enumerate(rows):
+                if row.prompt_logprobs is not None:
+                    start = width - len(row.prompt)
+                    row.prompt_lps = _prompt_logprobs(out.logits[i, start:].float(), row.prompt, row.prompt_logprobs)
+        logits = out.logits[:, -1].float()
+        cache = getattr(out, self._cache_kw)
+        if shared:
+            cache.batch_select_indices(spread)
+            logits = logits[spread]
+        active = [row.max_tokens > 0 for row in rows]
+        for i, row in enumerate(rows):
+            if not active[i]:
+                row.finish_reason = "length"
+        while any(active):
+            live = [i for i, a in enumerate(active) if a]
+            tokens = self._sample_step([rows[i] for i in live], logits[live])
+            next_ids = torch.full((len(rows),), self.pad_id, dtype=torch.long)
+            for i, token in zip(live, tokens, strict=True):
+                next_ids[i] = token
+                row = rows[i]
+                if token in row.stop_ids:
+                    row.finish_reason, row.stop_token = "stop", token
+                    active[i] = False
+                elif len(row.ids) >= row.max_tokens:
+                    row.finish_reason = "length"
+                    active[i] = False
+            if not any(active):
+                break
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = self.model(
+                input_ids=next_ids[:, None].to(device),
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            cache = getattr(out, self._cache_kw)
+            logits = out.logits[:, -1].float()
+
+    def _sample_step(self, rows: list[Row], logits: torch.Tensor) -> list[int]:
+        """Sample one token for each row (batched), append it and its logprob to the row."""
+        logits = logits.cpu()
+        raw = torch.log_softmax(logits, dim=-1)
+        temps = torch.tensor([r.temperature or 1.0 for r in rows]).unsqueeze(1)
+        scaled = logits / temps
+        top_p = torch.tensor([r.top_p for r in rows]).unsqueeze(1)
+        if bool((top_p < 1.0).any()):
+            scaled = torch.where(top_p < 1.0, top_p_filter(scaled, top_p), scaled)
+        processed = torch.log_softmax(scaled, dim=-1)
+        # Inverse-CDF sampling with one uniform per row from the row's own generator: a seeded
+        # request draws the same numbers whatever else shares its batch.
+        cdf = processed.exp().cumsum(dim=-1)
+        u = torch.stack([torch.rand((), generator=r.generator or self.generator) for r in rows])
+        sampled = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        sampled = sampled.clamp(max=logits.shape[-1] - 1)
+        greedy = torch.tensor([r.temperature == 0.0 for r in rows])
+        tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
+        processed = torch.where(greedy.unsqueeze(1), raw, processed)
+        table = raw if self.logprobs_mode == "raw_logprobs" else processed
+        table = table.clamp(min=LOGPROB_FLOOR)
+        chosen = table.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        token_list = tokens.tolist()
+        for j, row in enumerate(rows):
+            token = token_list[j]
+            row.ids.append(token)
+            row.token_logprobs.append(chosen[j])
+            if row.logprobs:
+                values, indices = torch.topk(table[j], min(row.logprobs, table.shape[-1]))
+                top = list(zip(indices.tolist(), values.tolist(), strict=True))
+                if token not in {t for t, _ in top}:
+                    top.insert(0, (token, chosen[j]))
+                row.top.append(top)
+        return token_list
+
+
+def _prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[tuple[float, int, list[tuple[int, float]]]]:
+    """Per prompt token after the first: its logprob, its rank and the ``k`` most likely tokens."""
+    lps = torch.log_softmax(logits[:-1], dim=-1)
+    out = []
+    for pos, token in enumerate(prompt[1:]):
+        row = lps[pos]
+        value = float(row[token])
+        rank = int((row > row[token]).sum()) + 1
+        top: list[tuple[int, float]] = []
+        if k > 0:
+            values, indices = torch.topk(row, k)
+            top = list(zip(indices.tolist(), values.tolist(), strict=True))
+        out.append((value, rank, top))
+    return out
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of top tokens whose probability reaches ``top_p`` (at least one).
+
+    Works on the last dimension; ``top_p`` may be a tensor that broadcasts against ``[..., 1]``.
+    """
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    drop = probs.cumsum(-1) - probs >= top_p  # the mass before this token already reaches top_p
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
