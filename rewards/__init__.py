@@ -13,8 +13,11 @@
                     gates=[submitted_gate()], clip=(-0.05, 1.0))
     print(reward(trajectory, case).explain())
 
-The testing kit (``rewards.testing``, the pytest plugin, ``rewards.strategies``) and the TRL
-adapters (``rewards.adapters``) are imported on demand.
+Imported on demand: the property checks and their hypothesis strategies (``rewards.properties``,
+``rewards.strategies``; a twin passes its own oracle, mistakes and cost ratios), the TRL adapters
+(``rewards.adapters``), and the rollout-testing kit with its pytest plugin (``rewards.testing``,
+``rewards.pytest_plugin``), which sits above the rest: it makes twins through ``twin.registry``
+and replays episodes through ``TwinEnv``; nothing else here makes or runs a twin.
 """
 
 from rewards._costs import CostMatrix
