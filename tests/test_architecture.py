@@ -14,7 +14,7 @@ from importlinter.application.output import console
 from importlinter.cli import lint_imports
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOT_PACKAGES = ("twin", "rewards", "envs", "trainer", "integrations")
+ROOT_PACKAGES = ("twin", "rewards", "envs", "trainer", "integrations", "twinrl_cli")
 
 
 def test_import_directions_follow_the_contracts() -> None:

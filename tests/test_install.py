@@ -27,7 +27,7 @@ import sys
 import twin, rewards
 from twin.evaluation import evaluate
 from twin.policies import make_policy
-import twin.cli
+import twinrl_cli
 for name in ("catalog", "returns", "toy"):
     t = twin.make_twin(name)
     t.case("test" if "test" in t.splits else next(iter(t.splits)), 0)

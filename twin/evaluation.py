@@ -22,15 +22,21 @@ finished with the summary when every episode has ended, however many failed; it 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from twin.rollout import CaseRef, arun_episodes, success_fn, summarize
 from twin.store import RunStore
 from twin.trajectory import Group
 
-__all__ = ["BACKENDS", "Backend", "EvalInterrupted", "EvalResult", "evaluate"]
+if TYPE_CHECKING:
+    from twin.policies import PolicySettings
+
+__all__ = [
+    "BACKENDS", "Backend", "EvalInterrupted", "EvalJob", "EvalResult", "evaluate", "plan_evaluation",
+]  # fmt: skip
 
 #: Where the episodes run: this process, or a Ray cluster.
 Backend = Literal["local", "ray"]
@@ -176,3 +182,136 @@ def evaluate(
         run.metrics = summary
     summary["store"] = store.url
     return EvalResult(summary, groups, run.id)
+
+
+#: Episodes in flight when neither the caller nor the policy file says.
+DEFAULT_CONCURRENCY = 64
+
+
+@dataclass
+class EvalJob:
+    """An evaluation ready to run (what ``twin eval`` runs): :func:`plan_evaluation` makes it.
+
+    Attributes:
+        twin: The twin.
+        policy: The policy, made from ``policy_spec``.
+        policy_spec: The policy as the run records it, e.g. ``"random"`` or ``"openai:MODEL"``.
+        cases: ``(split, index)`` pairs, each run ``group_size`` times.
+        group_size: Episodes per case.
+        concurrency: Most episodes in flight.
+        backend: Where the episodes run.
+        config: The run's configuration as stored (never the API key).
+    """
+
+    twin: Any
+    policy: Any
+    policy_spec: str
+    cases: list[CaseRef]
+    group_size: int
+    concurrency: int
+    backend: Backend
+    config: dict[str, Any]
+
+    def describe(self) -> str:
+        """One line: the twin, the episodes and the policy, e.g. for a log before the run."""
+        n = len(self.cases)
+        split = self.cases[0][0] if self.cases else ""
+        return (
+            f"{self.twin.name}: {n} cases x {self.group_size} = {n * self.group_size} "
+            f"episodes of {self.policy.name} on split {split!r}"
+        )
+
+    def run(self, store: RunStore | None = None, *, progress: bool = True) -> EvalResult:
+        """:func:`evaluate` this job, recording it in ``store`` (None: not recorded)."""
+        return evaluate(
+            self.twin,
+            self.policy,
+            self.cases,
+            group_size=self.group_size,
+            concurrency=self.concurrency,
+            store=store,
+            policy_spec=self.policy_spec,
+            config=self.config,
+            progress=progress,
+            backend=self.backend,
+        )
+
+
+def plan_evaluation(
+    twin: Any,
+    settings: PolicySettings,
+    *,
+    episodes: int,
+    split: str = "test",
+    start: int = 0,
+    group_size: int = 1,
+    seed: int = 0,
+    backend: Backend = "local",
+    twin_config: dict[str, Any] | None = None,
+    policy_file: str | None = None,
+) -> EvalJob:
+    """Make the policy and pick the cases of an evaluation; check that they fit the split.
+
+    Args:
+        twin: The twin.
+        settings: The policy and its request settings (``random`` when it names none; the
+            concurrency, when set, bounds the episodes in flight, default 64).
+        episodes: Episodes in all: ``ceil(episodes / group_size)`` cases, each run
+            ``group_size`` times.
+        split: Case split.
+        start: First case index.
+        group_size: Episodes per case.
+        seed: Seed of the random policy.
+        backend: ``"local"`` or ``"ray"`` (checked when the job runs).
+        twin_config: The twin's config, recorded with the run.
+        policy_file: The policy file ``settings`` came from, recorded with the run.
+
+    Returns:
+        The job; ``job.run(store)`` evaluates it.
+
+    Raises:
+        ConfigError: the cases do not fit the split, or the policy spec is unknown.
+    """
+    from twin.errors import ConfigError
+    from twin.policies import make_policy
+
+    spec = settings.policy or "random"
+    in_flight = settings.concurrency or DEFAULT_CONCURRENCY
+    is_openai = spec.startswith("openai:")
+    options = settings.request_options() if is_openai else {}
+    policy = make_policy(
+        spec, twin, seed=seed, base_url=settings.base_url, api_key=settings.api_key, **options
+    )
+    n_cases = math.ceil(episodes / group_size)
+    if n_cases > twin.num_cases(split) - start:
+        raise ConfigError(
+            f"{twin.name} split {split!r} has {twin.num_cases(split)} cases; {n_cases} "
+            f"from index {start} do not fit: lower --episodes, raise --group-size or pick "
+            "another --split"
+        )
+    config: dict[str, Any] = {
+        "twin_config": dict(twin_config or {}),
+        "split": split,
+        "start": start,
+        "episodes": n_cases * group_size,
+        "cases": n_cases,
+        "group_size": group_size,
+        "concurrency": in_flight,
+        "backend": backend,
+        "seed": seed,
+        "base_url": settings.base_url,
+        "temperature": settings.temperature if settings.temperature is not None else 0.0,
+        "policy_file": policy_file,
+    }
+    if is_openai:  # the key is a secret: never in the store
+        config["request"] = {k: v for k, v in options.items() if k != "api_key"}
+    return EvalJob(
+        twin=twin,
+        policy=policy,
+        policy_spec=spec,
+        cases=[(split, start + i) for i in range(n_cases)],
+        group_size=group_size,
+        concurrency=in_flight,
+        backend=backend,
+        config=config,
+    )

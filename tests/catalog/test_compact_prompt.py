@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from twin.cli import app
+from twinrl_cli import app
 from twin.errors import ConfigError
 from twin.rollout import run_episodes, summarize
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from trainer import bench_trl
-from twin.cli import app
+from twinrl_cli import app
 
 
 @given(
@@ -48,7 +48,7 @@ def test_bench_prints_both_figures_and_ratio(tmp_path, capsys, monkeypatch):
     assert rc == 0
     number = r"(\d+\.\d+)"
     trl_row = re.search(rf"TRL GRPOTrainer\s*│\s*{number}", text)
-    ours_row = re.search(rf"ours \(GRPORecipe\)\s*│\s*{number}", text)
+    ours_row = re.search(rf"ours \(SyncTrainer\)\s*│\s*{number}", text)
     ratio = re.search(rf"ratio ours / TRL \(steps/s\): {number}x", text)
     assert trl_row and ours_row and ratio, text
     trl_sps, ours_sps, printed_ratio = (float(m.group(1)) for m in (trl_row, ours_row, ratio))

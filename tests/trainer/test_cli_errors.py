@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from twin.cli import app
+from twinrl_cli import app
 
 runner = CliRunner()
 TOY = "twin: {{name: {twin}, config: {config}}}\ntrain: {{output_dir: {out}, store: false}}\n{extra}"

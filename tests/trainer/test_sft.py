@@ -18,8 +18,8 @@ from trainer.config import load_recipe
 from trainer.learner import Learner, TrainBatch
 from trainer.models import load_model
 from trainer.renderer import Renderer
-from trainer.sft import SFTRecipe, render_row, sft_step
-from twin.cli import app
+from trainer.sft import SFTTrainer, render_row, sft_step
+from twinrl_cli import app
 from twin.collect import collect, read_dataset
 from twin.errors import ConfigError
 from twin.evaluation import evaluate
@@ -58,7 +58,7 @@ def toy_sft(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, li
     try:
         twin = make_twin("Toy", **TOY)
         collect(twin, twin.oracle_policy(), [("train", i) for i in range(64)], out=root / "ds", progress=False)
-        run = SFTRecipe(load_recipe(_sft_recipe(root)))
+        run = SFTTrainer(load_recipe(_sft_recipe(root)))
         run.setup()
         history = run.train()
         run.cleanup()
@@ -182,7 +182,7 @@ def test_sft_on_toy_lowers_the_loss_and_raises_held_out_reward_and_parse_rate(to
 
 
 def test_grpo_init_from_starts_from_the_sft_weights(toy_sft: Any, tiny: tuple[Any, Any]) -> None:
-    from trainer.recipe import GRPORecipe
+    from trainer.recipe import SyncTrainer
 
     root, _ = toy_sft
     cfg = load_recipe({
@@ -195,7 +195,7 @@ def test_grpo_init_from_starts_from_the_sft_weights(toy_sft: Any, tiny: tuple[An
         "train": {"steps": 1, "output_dir": str(root / "grpo"), "store": False, "checkpoint_every": 0},
         "devices": {"cpu_threads": 1},
     })
-    grpo = GRPORecipe(cfg)
+    grpo = SyncTrainer(cfg)
     grpo.setup()
     rows = read_dataset(root / "ds")[:3]
     episodes = [render_row(grpo.renderer_factory(r["tools"]), r["messages"]) for r in rows]
@@ -236,7 +236,7 @@ def test_a_lora_sft_checkpoint_loads_with_its_adapter_merged(toy_sft: Any, tiny:
         data={"paths": [str(root / "ds")], "epochs": 1, "batch_size": 16},
         train={"output_dir": str(root / "lora"), "store": False, "checkpoint_every": 0},
     ))  # fmt: skip
-    run = SFTRecipe(cfg)
+    run = SFTTrainer(cfg)
     run.setup()
     history = run.train()
     run.cleanup()

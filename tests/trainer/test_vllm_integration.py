@@ -204,7 +204,7 @@ def test_twin_eval_against_vllm_with_a_tool_parser(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from trainer.vllm import VLLMServer, build_vllm_tiny
-    from twin.cli import app
+    from twinrl_cli import app
     from twin.registry import make_twin
     from twin.store import RunStore
 

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import twin as twin_pkg
-from twin.cli import _passthrough, app, parse_overrides
+from twinrl_cli import app, parse_overrides
 from twin.errors import ConfigError
 from twin.store import RunStore
 
@@ -73,7 +73,7 @@ def test_help_in_process_and_as_module():
     ):
         assert command in result.output
     proc = subprocess.run(
-        [sys.executable, "-m", "twin", "--help"],
+        [sys.executable, "-m", "twinrl_cli", "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -244,11 +244,6 @@ def test_overrides_parsing():
     }
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_overrides(["oops"])
-    assert _passthrough(
-        ["--episodes", "3", "--quick", "--out=r/x", "--no-plots", "--n-jobs", "2"]
-    ) == {"episodes": 3, "quick": True, "out": "r/x", "plots": False, "n_jobs": 2}
-    with pytest.raises(ConfigError):
-        _passthrough(["stray"])
 
 
 # -- wrappers ----------------------------------------------------------------------------------
@@ -263,52 +258,39 @@ def _fake(monkeypatch, name: str, **functions: Any) -> types.ModuleType:
 def test_wrappers_call_their_targets(monkeypatch):
     calls: list[tuple] = []
 
-    def demo_main(episodes: int = 10, quick: bool = False) -> None:
-        calls.append(("demo", episodes, quick))
-
     def train(recipe, overrides, resume, overwrite=False):
         calls.append(("train", recipe, overrides, resume))
 
-    def serve_main(model, host, port):
-        calls.append(("serve", model, host, port))
-
-    _fake(monkeypatch, "envs.catalog.demo", main=demo_main)
     _fake(monkeypatch, "trainer.cli", train=train)
-    _fake(monkeypatch, "trainer.serving.cli", serve=serve_main)
-    _fake(monkeypatch, "trainer.plan", main=lambda recipe: calls.append(("plan", recipe)))
-    _fake(monkeypatch, "envs.catalog.bench", main=lambda **kw: calls.append(("bench catalog", kw)))
-    _fake(monkeypatch, "trainer.bench", main=lambda **kw: calls.append(("bench trainer", kw)))
+    _fake(monkeypatch, "trainer.serving.cli", serve=lambda model, host, port, **kw: calls.append(
+        ("serve", model, host, port, kw["max_loras"], kw.get("max_n"))))  # fmt: skip
+    _fake(monkeypatch, "trainer.plan", main=lambda recipe, **kw: calls.append(("plan", recipe, kw["gpus"])))
     _fake(
         monkeypatch,
         "rewards.testing",
         cli_main=lambda files, allow_import=False: calls.append(("reward", files)) or 1,
     )
 
-    assert runner.invoke(app, ["demo", "--episodes", "3", "--quick"]).exit_code == 0
     assert (
         runner.invoke(
             app, ["train", "r.yaml", "--set", "optim.lr=1e-4", "--set", "train.steps=2", "--resume"]
         ).exit_code
         == 0
     )
-    assert runner.invoke(app, ["serve", "tiny", "--port", "9000"]).exit_code == 0
-    assert runner.invoke(app, ["plan", "r.yaml"]).exit_code == 0
-    assert runner.invoke(app, ["bench", "catalog", "--quick"]).exit_code == 0
-    assert runner.invoke(app, ["bench", "trainer"]).exit_code == 0
+    assert runner.invoke(app, ["serve", "tiny", "--port", "9000", "--max-n", "8"]).exit_code == 0
+    assert runner.invoke(app, ["plan", "r.yaml", "--gpus", "4"]).exit_code == 0
     assert (
         runner.invoke(app, ["reward", "test", "a.rollouts.yaml", "b.rollouts.yaml"]).exit_code == 1
     )
     assert calls == [
-        ("demo", 3, True),
         ("train", "r.yaml", ["optim.lr=1e-4", "train.steps=2"], True),
-        ("serve", "tiny", "127.0.0.1", 9000),
-        ("plan", "r.yaml"),
-        ("bench catalog", {"quick": True}),
-        ("bench trainer", {}),
+        ("serve", "tiny", "127.0.0.1", 9000, 4, 8),
+        ("plan", "r.yaml", 4),
         ("reward", ["a.rollouts.yaml", "b.rollouts.yaml"]),
     ]
     bad = runner.invoke(app, ["demo", "--bogus", "1"])
-    assert bad.exit_code == 2 and "bogus" in bad.output
+    assert bad.exit_code == 2 and "--bogus" in bad.output
+    assert [line for line in bad.output.splitlines() if line.strip()] == [bad.output.strip()]
 
 
 def test_wrappers_exit_2_when_the_target_is_missing(monkeypatch):
@@ -336,16 +318,16 @@ def test_a_missing_optional_library_is_a_one_line_install_hint(monkeypatch):
     assert "Traceback" not in result.output and len(lines) == 1, result.output
     assert "pip install 'mcp>=2,<3'" in lines[0]
     # a target module that imports a missing library at its top: the hint names the library's extra
-    import twin.cli as cli
+    import builtins
 
-    real_import = cli.importlib.import_module
+    real_import = builtins.__import__
 
-    def import_without_torch(name, *args):
+    def import_without_torch(name, *args, **kwargs):
         if name == "trainer.plan":
             raise ModuleNotFoundError("No module named 'torch'", name="torch")
-        return real_import(name, *args)
+        return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(cli.importlib, "import_module", import_without_torch)
+    monkeypatch.setattr(builtins, "__import__", import_without_torch)
     result = runner.invoke(app, ["plan", "r.yaml"])
     assert result.exit_code == 2, result.output
     assert "needs the package 'torch'" in result.output and "twinrl[train]" in result.output

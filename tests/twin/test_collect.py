@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from twin.cli import app
+from twinrl_cli import app
 from twin.collect import HF_HINT, collect, export_run, read_dataset, write_dataset
 from twin.errors import ConfigError
 from twin.policies import make_policy

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import twin
 from twin.check import Report, doctor
-from twin.cli import app
+from twinrl_cli import app
 from twin.core import Twin
 from twin.doctor_audit import bag_of_words_audit, scan_leaks
 from twin.doctor_report import DEFAULT_THRESHOLDS, parse_threshold, thresholds_for

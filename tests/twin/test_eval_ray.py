@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from twin.cli import app
+from twinrl_cli import app
 from twin.errors import ConfigError
 from twin.evaluation import evaluate
 from twin.policies import make_policy

@@ -498,7 +498,7 @@ def test_twin_runs_reads_a_postgres_store_and_hides_its_password(postgres_url):
     from sqlalchemy.engine import make_url
     from typer.testing import CliRunner
 
-    from twin.cli import app
+    from twinrl_cli import app
 
     # the throwaway server trusts loopback: any password is accepted, and must not be shown
     url = make_url(postgres_url).set(password="s3cret-pw").render_as_string(hide_password=False)
@@ -526,7 +526,11 @@ def test_twin_runs_reads_a_postgres_store_and_hides_its_password(postgres_url):
 
 
 @pytest.mark.parametrize(
-    "module", ["twin.store", "twin.rollout", "twin.policies", "twin.cli", "twin.evaluation"]
+    "module",
+    [
+        "twin.store", "twin.rollout", "twin.policies", "twin.evaluation", "twinrl_cli",
+        "twinrl_cli.app", "twinrl_cli.bench", "twinrl_cli.eval", "twinrl_cli.serve",
+    ],
 )
 def test_public_names(module):
     import importlib
