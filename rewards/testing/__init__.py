@@ -42,7 +42,13 @@ registry's public API (:mod:`twin.registry`), and replays episodes through
 Nothing else in ``rewards/`` imports it (``pyproject.toml``, ``[tool.importlinter]``).
 """
 
-from rewards.testing.replay import CaseOutcome, check_rollout_file, replay_turns, run_rollout_file, score_case
+from rewards.testing.replay import (
+    CaseOutcome,
+    check_rollout_file,
+    replay_turns,
+    run_rollout_file,
+    score_case,
+)
 from rewards.testing.report import cli_main, render_outcomes
 from rewards.testing.resolve import (
     Scorer,
@@ -53,7 +59,14 @@ from rewards.testing.resolve import (
     trusted_reward_packages,
     unregister_reward,
 )
-from rewards.testing.schema import DEFAULT_TOLERANCE, CaseRef, Expect, RolloutCase, RolloutFile, load_rollout_file
+from rewards.testing.schema import (
+    DEFAULT_TOLERANCE,
+    CaseRef,
+    Expect,
+    RolloutCase,
+    RolloutFile,
+    load_rollout_file,
+)
 
 __all__ = [
     "DEFAULT_TOLERANCE",

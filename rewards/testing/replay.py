@@ -16,7 +16,13 @@ from rewards._reward import RewardResult
 from rewards._submission import submission_trajectory
 from rewards.properties import reward_bounds
 from rewards.testing.resolve import resolve_scorer, rollout_twin
-from rewards.testing.schema import DEFAULT_TOLERANCE, CaseRef, RolloutCase, RolloutFile, load_rollout_file
+from rewards.testing.schema import (
+    DEFAULT_TOLERANCE,
+    CaseRef,
+    RolloutCase,
+    RolloutFile,
+    load_rollout_file,
+)
 from twin.cases import Case
 from twin.env import TwinEnv
 from twin.errors import ConfigError, TwinError
