@@ -2,7 +2,7 @@
 its function (envs/catalog/bench.py, trainer/bench.py, trainer/bench_trl.py,
 integrations/openenv_server.py).
 
-The defaults are the functions' own; tests/twin/test_cli_bench.py checks that they agree.
+The defaults are the functions' own; tests/twinrl_cli/test_typed_options.py checks that they agree.
 """
 
 from __future__ import annotations
