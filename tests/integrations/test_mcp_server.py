@@ -89,7 +89,7 @@ def test_stdio_plays_a_catalog_episode_and_reads_the_reward(env):
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
     twin = make_twin("Catalog")
-    params = StdioServerParameters(command=sys.executable, args=["-m", "twin", "mcp", "Catalog"],
+    params = StdioServerParameters(command=sys.executable, args=["-m", "twinrl_cli", "mcp", "Catalog"],
                                    cwd=str(ROOT), env=env)
 
     async def main() -> dict:
@@ -107,7 +107,7 @@ def test_streamable_http_plays_a_catalog_episode_and_reads_the_reward(env):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "twin", "mcp", "Catalog", "--http", "--port", str(port)],
+        [sys.executable, "-m", "twinrl_cli", "mcp", "Catalog", "--http", "--port", str(port)],
         cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:
