@@ -40,6 +40,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from trainer.orchestrator import AsyncTrainer
+from trainer.ray_backend import RayTrainer
+
 __all__ = [
     "BenchRun", "balance_of", "calibrated_epochs", "finite_max", "main", "overlap_slowdown", "pick_baseline",
     "quickest_warmup_step", "ray_overhead", "summarize_run",
@@ -270,6 +273,27 @@ def _restored_process() -> Iterator[None]:
             pin_process(cpus)
 
 
+class _Calibrated:
+    """A trainer with ``update_epochs`` passes over each lot (1 = GRPO as configured).
+
+    ``twin bench trainer`` raises it to make learning take as long as rollout on CPU, where the
+    built-in server is slow; the calibration changes it after the warm-up steps.
+    """
+
+    update_epochs: int = 1
+
+    def learn(self, kept: Any, every: Any, step: int, *, epochs: int = 1) -> Any:
+        return super().learn(kept, every, step, epochs=self.update_epochs)  # type: ignore[misc]
+
+
+class BenchAsyncTrainer(_Calibrated, AsyncTrainer):
+    """:class:`trainer.orchestrator.AsyncTrainer` with calibrated update passes."""
+
+
+class BenchRayTrainer(BenchAsyncTrainer, RayTrainer):
+    """:class:`trainer.ray_backend.RayTrainer` with calibrated update passes."""
+
+
 def _run(
     overrides: list[str],
     run: BenchRun,
@@ -289,7 +313,6 @@ def _run(
     lot's seconds from the worker's put to the learner's get are appended to ``transit``.
     """
     from trainer.config import load_recipe
-    from trainer.orchestrator import AsyncTrainer
 
     cfg = load_recipe(
         "toy-cpu",
@@ -325,12 +348,7 @@ def _run(
                 on_calibrated({**measured, "epochs": float(trainer.update_epochs)})
 
     with _restored_process():
-        if backend == "ray":
-            from trainer.ray_backend import RayTrainer
-
-            trainer = RayTrainer(cfg, on_step=calibrate)
-        else:
-            trainer = AsyncTrainer(cfg, on_step=calibrate)
+        trainer: BenchAsyncTrainer = (BenchRayTrainer if backend == "ray" else BenchAsyncTrainer)(cfg, on_step=calibrate)
         trainer.update_epochs = epochs or 1
         try:
             trainer.setup()

@@ -11,7 +11,7 @@ AdamW settings (constant learning rate, no weight decay, gradient clip 1), the s
     twin bench trl                             # 5 measured steps each, after 1 warm-up step
     twin bench trl --steps 10 --prompts 4 --group 8 --max-tokens 16 --json trl.json
 
-Ours is :class:`trainer.recipe.GRPORecipe`, the loop ``twin train`` runs (sampler
+Ours is :class:`trainer.recipe.SyncTrainer`, the loop ``twin train`` runs (sampler
 ``collect_groups`` + ``Learner.step``); TRL is ``GRPOTrainer.train`` with ``use_vllm=False``.
 A step is timed from the end of the previous step to the end of this one on both sides
 (generation, reward, update and per-step logging included; start-up and the warm-up steps
@@ -77,7 +77,7 @@ def _recipe(s: dict[str, Any], output_dir: Path) -> Any:
 
 def run_ours(s: dict[str, Any], output_dir: Path) -> dict[str, float]:
     """Run our synchronous GRPO loop; return steps/s, completion tokens/s and tokens per step."""
-    from trainer.recipe import GRPORecipe
+    from trainer.recipe import SyncTrainer
 
     stamps: list[float] = []
     tokens: list[float] = []
@@ -87,7 +87,7 @@ def run_ours(s: dict[str, Any], output_dir: Path) -> dict[str, float]:
         per_episode = record.get("episodes/completion_tokens", 0.0)
         tokens.append(per_episode * record.get("episodes/count", 0.0))
 
-    recipe = GRPORecipe(_recipe(s, output_dir), on_step=on_step)
+    recipe = SyncTrainer(_recipe(s, output_dir), on_step=on_step)
     recipe.setup()
     try:
         recipe.train()
@@ -107,7 +107,7 @@ def _toy_prompts(s: dict[str, Any], n: int) -> tuple[Any, Any, list[dict[str, An
     model, tokenizer = load_model("tiny", "float32", device="cpu")
     renderer = Renderer(tokenizer, twin.tool_schemas)
     rows = []
-    for _, index in draw_cases(twin, "train", s["seed"], 0, n):  # as GRPORecipe._next_cases
+    for _, index in draw_cases(twin, "train", s["seed"], 0, n):  # as SyncTrainer.next_cases
         case = twin.case("train", index)
         text = renderer.render(twin.prompt(case), add_generation_prompt=True)
         rows.append({"prompt": text, "split": "train", "index": index})
@@ -143,7 +143,7 @@ def run_trl(s: dict[str, Any], output_dir: Path) -> dict[str, float]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trainer.recipe import seed_everything
+    from trainer.runtime import seed_everything
 
     seed_everything(s["seed"])
     torch.set_num_threads(s["threads"])
@@ -332,7 +332,7 @@ def main(
     table = Table(title="GRPO step throughput (CPU)")
     for col in ("trainer", "steps/s", "s/step", "completion tok/s", "tok/step"):
         table.add_column(col, justify="left" if col == "trainer" else "right")
-    for label, r in (("TRL GRPOTrainer", theirs), ("ours (GRPORecipe)", ours)):
+    for label, r in (("TRL GRPOTrainer", theirs), ("ours (SyncTrainer)", ours)):
         table.add_row(
             label,
             f"{r['steps_per_s']:.3f}",

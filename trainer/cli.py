@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.console import Console
 from rich.markup import escape
@@ -18,7 +20,56 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from twin.errors import TwinError
 
-__all__ = ["train"]
+if TYPE_CHECKING:
+    from trainer.config import Recipe
+
+__all__ = ["Runner", "make_runner", "train"]
+
+
+class Runner(Protocol):
+    """What ``twin train`` drives: a recipe's runner (``setup`` / ``train`` / ``cleanup``)."""
+
+    step: int
+    output_dir: Path
+
+    def setup(self) -> None: ...
+
+    def train(self) -> list[dict[str, Any]]: ...
+
+    def cleanup(self) -> Path | None: ...
+
+
+def make_runner(
+    cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> Runner:
+    """The runner of a recipe: SFT, the synchronous loop, the async loop, or the async loop on Ray.
+
+    ``algorithm.name: sft`` -> :class:`trainer.sft.SFTTrainer`; ``backend: ray`` ->
+    :class:`trainer.ray_backend.RayTrainer` (``ray.learner: actor``: the whole trainer in an actor,
+    :class:`trainer.ray_backend.RemoteLearner`); ``async.max_staleness >= 1``, or LoRA with rollout
+    and learner on different devices -> :class:`trainer.orchestrator.AsyncTrainer` (the sampler in
+    its own process); otherwise :class:`trainer.recipe.SyncTrainer`.
+
+    Raises:
+        TwinError: the runner refuses the recipe (e.g. async without LoRA).
+    """
+    kwargs: dict[str, Any] = {"resume": resume, "overwrite": overwrite, "on_step": on_step}
+    if cfg.algorithm.name == "sft":  # supervised warm start on a trajectory dataset
+        from trainer.sft import SFTTrainer
+
+        return SFTTrainer(cfg, **kwargs)
+    if cfg.backend == "ray":  # the async trainer's processes as Ray actors
+        from trainer.ray_backend import RayTrainer, RemoteLearner
+
+        return RemoteLearner(cfg, **kwargs) if cfg.ray.learner == "actor" else RayTrainer(cfg, **kwargs)
+    if cfg.async_.max_staleness > 0 or (cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner):
+        from trainer.orchestrator import AsyncTrainer  # rollout and learner in separate processes
+
+        return AsyncTrainer(cfg, **kwargs)
+    from trainer.recipe import SyncTrainer
+
+    return SyncTrainer(cfg, **kwargs)
 
 
 def _fmt(record: dict[str, Any], key: str, spec: str = ".3f") -> str:
@@ -55,7 +106,6 @@ def train(
         0 on success, 2 for a bad recipe or setup error, 130 when interrupted.
     """
     from trainer.config import check_devices, load_recipe
-    from trainer.recipe import GRPORecipe
 
     console = console or Console()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -108,21 +158,8 @@ def train(
                 highlight=False,
             )
 
-        recipe_class: Any = GRPORecipe
-        if cfg.algorithm.name == "sft":  # supervised warm start on a trajectory dataset
-            from trainer.sft import SFTRecipe
-
-            recipe_class = SFTRecipe
-        elif cfg.backend == "ray":
-            from trainer.ray_backend import RayTrainer, RemoteLearner  # the async trainer's processes as Ray actors
-
-            recipe_class = RemoteLearner if cfg.ray.learner == "actor" else RayTrainer
-        elif cfg.async_.max_staleness > 0 or (cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner):
-            from trainer.orchestrator import AsyncTrainer  # rollout and learner in separate processes
-
-            recipe_class = AsyncTrainer
         try:
-            runner = recipe_class(cfg, resume=resume, overwrite=overwrite, on_step=on_step)
+            runner = make_runner(cfg, resume=resume, overwrite=overwrite, on_step=on_step)
         except TwinError as exc:
             return _error(console, exc)
         try:

@@ -34,7 +34,7 @@ log = logging.getLogger("twinrl.trainer")
 
 
 def open_training_run(
-    cfg: Any, twin_name: str, run_id: int | None, policy: str | None = None
+    cfg: Any, twin_name: str, run_id: int | None, policy: str | None = None, *, store: Any = None
 ) -> tuple[Any, int | None]:
     """The run store of a training run and its run id, or ``(None, run_id)``.
 
@@ -46,13 +46,16 @@ def open_training_run(
         twin_name: Recorded with the run.
         run_id: The run to continue, or None for a new one.
         policy: Recorded as the run's policy (default: the model path).
+        store: The store to use (``twin.store.RunStore``'s interface; default: a ``RunStore()``,
+            unless ``train.store`` is off).
     """
-    if not cfg.train.store:
+    if store is None and not cfg.train.store:
         return None, run_id
     try:
-        from twin.store import RunStore
+        if store is None:
+            from twin.store import RunStore
 
-        store = RunStore()
+            store = RunStore()
         if run_id is None:
             run_id = store.start_run(
                 "train", twin=twin_name, policy=policy or cfg.model.path,

@@ -18,7 +18,7 @@ What runs where (docs/scaling.md)::
                                                  x N                 (trainer.workers._RolloutLoop)
 
 :class:`RayTrainer` is :class:`trainer.orchestrator.AsyncTrainer` with its one seam,
-``_start_rollout``, answered by Ray: the shared counters become a coordinator actor with the same
+``start_rollout``, answered by Ray: the shared counters become a coordinator actor with the same
 methods (:class:`RaySharedState`), the queues Ray queues (their ``Empty`` / ``Full`` are the
 standard library's), the sampler server a group of engine actors with the server's interface
 (:class:`EngineGroup`) and the adapter client one that ships each version through Ray's object
@@ -48,8 +48,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from trainer.config import Recipe
-from trainer.orchestrator import AdapterClient, AsyncTrainer, _make_server
+from trainer.orchestrator import AsyncTrainer, RolloutSide
 from trainer.placement import place_rollout_process
+from trainer.runtime import AdapterClient, make_sampler_server
 from trainer.workers import (
     Lot,
     ModelCheckTransport,
@@ -223,7 +224,8 @@ class _RayRolloutLoop(_RolloutLoop):
                 self.sampler = ServerSampler(url, adapter_name(0), transport=ModelCheckTransport())
 
     def run(self) -> None:
-        from trainer.rollouts import RolloutSettings
+        import dataclasses
+
         from trainer.samplers import SamplerError
         from trainer.workers import sampler_context_length
 
@@ -231,9 +233,7 @@ class _RayRolloutLoop(_RolloutLoop):
         claim = self._claim()
         self.started = time.perf_counter()
         self._follow_engine()
-        self.settings = RolloutSettings(
-            **{**self.settings.__dict__, "context_length": sampler_context_length(self.base_url)}
-        )
+        self.settings = dataclasses.replace(self.settings, context_length=sampler_context_length(self.base_url))
         while True:
             if claim is None:
                 t0 = time.perf_counter()
@@ -312,7 +312,7 @@ class EngineActor:
         if cfg.devices.rollout.startswith("cuda"):  # Ray shows this actor its own GPU only, as cuda:0
             cfg = cfg.model_copy(update={"devices": cfg.devices.model_copy(update={"rollout": "cuda"})})
         self.dir = Path(tempfile.mkdtemp(prefix=f"twinrl-engine{index}-"))
-        self.server = _make_server(cfg, self.dir, model_path)
+        self.server = make_sampler_server(cfg, self.dir, model_path, max_loras=cfg.async_.max_staleness + 2)
         if self.server is None:
             raise ConfigError("backend: ray starts its own engines; sampler.kind must be 'hf' or 'vllm', not 'server'")
         self.server.host = host
@@ -426,9 +426,11 @@ class EngineGroup:
 
 
 class RayAdapterClient:
-    """:class:`trainer.orchestrator.AdapterClient`'s interface for the engine actors: an adapter
+    """:class:`trainer.runtime.AdapterClient`'s interface (an :class:`trainer.runtime.AdapterSink`) for the engine actors: an adapter
     folder travels as bytes through Ray's object store (``ray.put`` once, every engine reads it), so
     the learner and the engines need no shared filesystem."""
+
+    needs_files = True
 
     def __init__(self, group: EngineGroup) -> None:
         self.group = group
@@ -439,12 +441,12 @@ class RayAdapterClient:
         """The first engine's root URL (the probe and health checks go there)."""
         return self.group.url.rstrip("/").removesuffix("/v1")
 
-    def load(self, name: str, path: str | Path) -> float:
+    def load(self, name: str, path: str | Path | None) -> float:
         import ray
 
         from trainer.workers import AdapterSyncError
 
-        folder = Path(path)
+        folder = Path(str(path))
         files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
         self.sent_bytes += sum(len(b) for b in files.values())
         ref = ray.put(files)
@@ -490,7 +492,7 @@ class RayTrainer(AsyncTrainer):
         self._restarting: dict[int, int] = {}  # worker -> its restarts when it was found dead
         self._final_restarts: list[int] | None = None
 
-    def _start_rollout(self) -> None:
+    def start_rollout(self) -> RolloutSide:
         from twin.ray_eval import ensure_ray
 
         ray = ensure_ray(self.cfg.ray.address)
@@ -503,9 +505,9 @@ class RayTrainer(AsyncTrainer):
             -1, self.step, self.lots_used, self.max_new_tokens(self.step), self.cursor
         )
         self._actors.append(coordinator)
-        self.shared = RaySharedState(coordinator)
-        self.lots = Queue(maxsize=cfg.async_.queue_size, actor_options={"num_cpus": 0})
-        self.events = Queue(actor_options={"num_cpus": 0})
+        shared = self.shared = RaySharedState(coordinator)
+        lots = Queue(maxsize=cfg.async_.queue_size, actor_options={"num_cpus": 0})
+        events = Queue(actor_options={"num_cpus": 0})
 
         # engines: one placement-group bundle each (a GPU when the rollout device is one)
         gpu = cfg.devices.rollout.startswith("cuda")
@@ -539,7 +541,7 @@ class RayTrainer(AsyncTrainer):
             host = "0.0.0.0" if multi_node else "127.0.0.1"  # noqa: S104
             engines.append(actor.remote(recipe, str(self.model_path), i, host))
         self._actors.extend(engines)
-        self.server = EngineGroup(engines, self.shared, rc.rollout_workers)
+        server = self.server = EngineGroup(engines, shared, rc.rollout_workers)
         self.server.start()
         if multi_node:  # reachable addresses, not 0.0.0.0
             ips = ray.get([e.node_ip.remote() for e in engines])
@@ -552,14 +554,14 @@ class RayTrainer(AsyncTrainer):
         remote_worker = ray.remote(RolloutWorkerActor).options(
             num_cpus=rc.worker_cpus, max_restarts=rc.max_restarts, max_task_retries=0
         )
-        self.workers = [remote_worker.remote(spec, self.shared, self.lots, self.events, i)
-                        for i in range(rc.rollout_workers)]  # fmt: skip
+        self.workers = [remote_worker.remote(spec, shared, lots, events, i) for i in range(rc.rollout_workers)]
         self._actors.extend(self.workers)
         self._runs = [w.run.remote() for w in self.workers]
-        self.worker = None  # the local backend's process handle; the actors are watched below
+        # no process handle: check_processes watches the actors
+        return RolloutSide(shared=shared, lots=lots, events=events, base_url=server.url, server=server, worker=None)
 
-    def _next_lot(self) -> tuple[Lot, float]:
-        lot, waited = super()._next_lot()
+    def next_lot(self) -> tuple[Lot, float]:
+        lot, waited = super().next_lot()
         put = lot.stats.pop("ray/put_time", None)
         if put is not None:
             self.lot_transit_s.append(max(0.0, time.time() - put))
@@ -573,7 +575,7 @@ class RayTrainer(AsyncTrainer):
         counts = self.shared._call("restarts")
         return [int(counts.get(i, 0)) for i in range(self.cfg.ray.rollout_workers)]
 
-    def _check_processes(self) -> None:
+    def check_processes(self) -> None:
         import ray
         from ray.exceptions import ActorUnavailableError, RayActorError
 
@@ -594,10 +596,10 @@ class RayTrainer(AsyncTrainer):
                 self._runs[i] = self.workers[i].run.remote()
                 continue
             except RayActorError as exc:  # dead for good: out of restarts
-                self._drain_events()
+                self.drain_events()
                 raise TwinError(f"rollout worker actor {i} died and Ray will not restart it again "
                                 f"(ray.max_restarts {self.cfg.ray.max_restarts}): {exc}") from exc  # fmt: skip
-            self._drain_events()
+            self.drain_events()
             raise TwinError(f"rollout worker actor {i} stopped before the run ended")
         if self._restarting:  # a death is over once its new instance said hello
             now = self.worker_restarts

@@ -143,7 +143,6 @@ class RehearsalTrainer(AsyncTrainer):
 
     jitter: float = 0.05
 
-    def _save(self, version: int) -> Path:
-        if self.jitter and not (self._adapter_dir(version) / "adapter_config.json").exists():
+    def before_adapter_save(self, version: int) -> None:
+        if self.jitter:
             jitter_lora(self.learner.model, seed=version, scale=self.jitter)
-        return super()._save(version)

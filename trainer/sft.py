@@ -49,7 +49,7 @@ from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.trajectory import Trajectory
 
-__all__ = ["SFTRecipe", "eval_metrics", "parse_rate", "render_row", "sft_step"]
+__all__ = ["SFTTrainer", "eval_metrics", "parse_rate", "render_row", "sft_step"]
 
 log = logging.getLogger("twinrl.trainer")
 
@@ -221,8 +221,8 @@ def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, f
     }
 
 
-class SFTRecipe:
-    """Supervised fine-tuning on trajectory datasets; the interface of :class:`trainer.recipe.GRPORecipe`.
+class SFTTrainer:
+    """Supervised fine-tuning on trajectory datasets; the interface of :class:`trainer.recipe.SyncTrainer`.
 
     Args:
         cfg: A recipe with ``algorithm.name: sft`` and ``data.paths``.
@@ -236,7 +236,7 @@ class SFTRecipe:
         on_step: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:  # fmt: skip
         if cfg.algorithm.name != "sft":
-            raise ConfigError(f"SFTRecipe needs algorithm.name: sft, got {cfg.algorithm.name!r}")
+            raise ConfigError(f"SFTTrainer needs algorithm.name: sft, got {cfg.algorithm.name!r}")
         self.cfg = cfg
         self.resume = resume
         self.overwrite = overwrite
@@ -252,7 +252,7 @@ class SFTRecipe:
     def setup(self) -> None:
         """Seed; build the twin, model, learner and renderer; render the dataset; metrics, store."""
         from trainer.models import load_model
-        from trainer.recipe import seed_everything
+        from trainer.runtime import seed_everything
         from twin.registry import make_twin
 
         cfg = self.cfg

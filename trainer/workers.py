@@ -252,39 +252,10 @@ def guarded_command(argv: list[str]) -> list[str]:
 
 
 def _batched_sampler(base_url: str) -> Any:
-    """A ``ServerSampler`` that sends each call as ONE request with one seed (``twin serve`` only).
+    """A :class:`trainer.rollouts.BatchedServerSampler` of ``base_url`` with the model check."""
+    from trainer.rollouts import BatchedServerSampler
 
-    ``ServerSampler`` sends one request per prompt when seeded, because vLLM would give every row
-    of a batch the same seed (and so the same sample for a group's identical prompts). ``twin
-    serve`` derives a seed per row itself, so one request keeps the samples distinct and lets the
-    server batch the whole lot at once (about 1.5x faster on CPU).
-    """
-    from trainer.samplers import ServerSampler
-
-    class _OneRequest(ServerSampler):
-        async def asample(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0,
-                          top_p: float = 1.0, stop_ids: Any = None, seed: int | None = None) -> list[Any]:  # fmt: skip
-            request = getattr(self, "_request", None)
-            if seed is None or not prompts or request is None or not isinstance(max_new_tokens, int):
-                return await super().asample(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                             top_p=top_p, stop_ids=stop_ids, seed=seed)  # fmt: skip
-            from twin.cases import stable_seed
-
-            body: dict[str, Any] = {
-                "model": self.model_name, "prompt": [list(p) for p in prompts], "max_tokens": int(max_new_tokens),
-                "temperature": float(temperature), "top_p": float(top_p), "logprobs": 1,
-                "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
-                "seed": stable_seed("server-sampler-batch", seed) % (2**31),
-            }  # fmt: skip
-            if stop_ids:
-                body["stop_token_ids"] = [int(t) for t in stop_ids]
-            stop_set = {int(t) for t in stop_ids or ()}
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, transport=self.transport,
-                                         headers=headers, verify=tls_context()) as client:  # fmt: skip
-                return list(await request(client, body, len(prompts), stop_set))
-
-    return _OneRequest(base_url, adapter_name(0), transport=ModelCheckTransport())
+    return BatchedServerSampler(base_url, adapter_name(0), transport=ModelCheckTransport())
 
 
 class _Stopped(Exception):
@@ -347,9 +318,8 @@ class _RolloutLoop:
         import torch
 
         from trainer.config import load_recipe
-        from trainer.models import resolve_model_path
         from trainer.renderer import Renderer
-        from trainer.rollouts import RolloutSettings
+        from trainer.rollouts import load_tokenizer, rollout_settings
         from trainer.samplers import ServerSampler
         from twin.registry import make_twin
 
@@ -358,18 +328,9 @@ class _RolloutLoop:
         self.cfg = cfg = load_recipe(spec.recipe)
         self.k = cfg.async_.max_staleness
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path), local_files_only=True)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer = load_tokenizer(cfg.model.path)
         self.renderer_factory = lambda tools: Renderer(tokenizer, tools, chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs)  # fmt: skip
-        self.settings = RolloutSettings(
-            max_new_tokens=cfg.sampler.max_new_tokens,
-            max_episode_tokens=cfg.sampler.max_episode_tokens,
-            temperature=cfg.sampler.temperature,
-            top_p=cfg.sampler.top_p,
-        )
+        self.settings = rollout_settings(cfg)
         if cfg.sampler.kind == "hf":  # the trainer started `twin serve`
             self.sampler = _batched_sampler(spec.base_url)
         else:
@@ -417,64 +378,41 @@ class _RolloutLoop:
         return cases
 
     def _collect(self, version: int) -> Lot:
-        """One lot: ``groups_per_step`` informative groups (dynamic sampling, bounded refills)."""
-        from trainer import objective
-        from trainer.rollouts import RolloutSettings, collect_groups
-        from twin.cases import stable_seed
+        """One lot: ``groups_per_step`` informative groups (:func:`trainer.rollouts.sample_step`)."""
+        import dataclasses
+
+        from trainer.rollouts import sample_step
 
         cfg = self.cfg
-        n = cfg.algorithm.groups_per_step
         name = adapter_name(version)
         self.sampler.model_name = name
         # the per-turn limit the learner published (it runs the recipe's length curriculum)
         limit = self.shared.max_new_tokens() or cfg.sampler.max_new_tokens
-        settings = RolloutSettings(**{**self.settings.__dict__, "policy_name": name, "max_new_tokens": limit})
+        settings = dataclasses.replace(self.settings, policy_name=name, max_new_tokens=limit)
         start_cursor = self.cursor
         t0 = time.perf_counter()
-        every: list[Any] = []
-        kept: list[int] = []
-        rounds = 0
         try:
-            while True:
-                groups = collect_groups(
-                    self.twin, self._cases(n - len(kept)), self.sampler, self.renderer_factory,
-                    group_size=cfg.algorithm.group_size, settings=settings,
-                    seed=stable_seed("lot", cfg.seed, self.produced, rounds), policy_version=version,
-                )  # fmt: skip
-                for g in groups:
-                    shaped = objective.group_rewards(g, cfg)
-                    for t, r in zip(g.trajectories, shaped.tolist()):
-                        t.info["shaped_reward"] = r
-                    informative = bool(objective.informative(shaped[None, :])[0])
-                    if (informative or not cfg.algorithm.dynamic_sampling) and len(kept) < n:
-                        kept.append(len(every))
-                    every.append(g)
-                if len(kept) >= n or not cfg.algorithm.dynamic_sampling or rounds >= cfg.algorithm.max_refill_rounds:
-                    break
-                rounds += 1
+            sample = sample_step(
+                cfg, self.twin, self._cases, self.sampler, self.renderer_factory, settings,
+                seed_key=("lot", cfg.seed, self.produced), policy_version=version,
+            )  # fmt: skip
         except BaseException:
             self.cursor = start_cursor  # the same lot is sampled again after a sampler restart
             raise
         rollout_s = time.perf_counter() - t0
-        tokens = sum(t.completion_tokens for g in every for t in g.trajectories)
+        tokens = sum(t.completion_tokens for g in sample.groups for t in g.trajectories)
         return Lot(
             index=self.produced,
             version=version,
             cursor=self.cursor,
-            groups=[g.model_dump_json() for g in every],
-            kept=kept,
-            stats={
-                "batch/max_new_tokens": float(settings.max_new_tokens),
-                "batch/groups": float(len(kept)),
-                "batch/groups_sampled": float(len(every)),
-                "batch/refill_rounds": float(rounds),
-                "rollout_s": rollout_s,
-                "sampled_tokens": float(tokens),
-            },
+            groups=[g.model_dump_json() for g in sample.groups],
+            kept=sample.kept,
+            stats={**sample.stats(), "rollout_s": rollout_s, "sampled_tokens": float(tokens)},
         )
 
     def run(self) -> None:
-        from trainer.rollouts import RolloutSettings
+        import dataclasses
+
         from trainer.samplers import SamplerError
 
         self.events.put(("ready",))
@@ -486,7 +424,7 @@ class _RolloutLoop:
         self.started = time.perf_counter()
         # the server is up now: no request may ask for more than its context holds
         context = sampler_context_length(self.spec.base_url)
-        self.settings = RolloutSettings(**{**self.settings.__dict__, "context_length": context})
+        self.settings = dataclasses.replace(self.settings, context_length=context)
         while True:
             self._wait(lambda: self.shared.may_sample(self.produced, self.k))
             published, _claimed, _consumed, epoch, _stop = self.shared.get()

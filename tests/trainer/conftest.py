@@ -1,10 +1,18 @@
-"""Fixtures shared by the learner tests: GRPO-shaped batches and the tiny model made trainable."""
+"""Fixtures shared by the trainer tests: GRPO-shaped batches, the tiny model made trainable, and the
+fakes the async trainer is built with (a stub learner, a mock sampler server, an in-memory rollout side)."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import queue
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -60,3 +68,216 @@ def grouped_batch() -> Callable[..., TrainBatch]:
 def trainable_tiny() -> Callable[[bool], Any]:
     """:func:`make_trainable_tiny`: ``trainable_tiny(lora)``, a fresh model each call."""
     return make_trainable_tiny
+
+
+# -- fakes of the async trainer's collaborators ----------------------------------------------------
+class StubLearner:
+    """A learner that counts updates, saves empty adapters and scores every token -0.75.
+
+    The mock sampler scores -0.5, so a probe's mismatch is 0.25. ``step_hook`` runs inside each
+    update (tests use it to interleave events with learning).
+    """
+
+    temperature = 1.0
+
+    def __init__(self, step_hook: Callable[[int], None] | None = None) -> None:
+        self.steps = 0
+        self.version = 0
+        self.saved: list[Path] = []
+        self.step_hook = step_hook
+
+    def step(self, batch: Any) -> dict[str, float]:
+        assert len(batch) == 2
+        if self.step_hook is not None:
+            self.step_hook(self.steps)
+        self.steps += 1
+        self.version += 1
+        return {"losses/loss": 0.5, "perf/learner_s": 0.01}
+
+    def save_adapter(self, path: Path) -> Path:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "adapter_config.json").write_text("{}")
+        self.saved.append(path)
+        return path
+
+    def logprobs(self, batch: Any) -> list[list[float]]:
+        return [[0.0] + [-0.75] * (len(batch.input_ids[0]) - 1)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps, self.version = int(state["steps"]), int(state["version"])
+
+
+class MockSamplerServer:
+    """A sampler server behind an ``httpx.MockTransport``: loads adapters (after ``load_delay`` s),
+    serves only loaded ones (404 otherwise, as vLLM and twin serve do), answers probes with -0.5 per
+    token, and ``/health`` while ``server`` (a :class:`FakeManagedServer`) is up.
+
+    ``refuse``: the adapter whose load fails (HTTP 400; or, with ``server``, the server dies during
+    that load, once). ``hold``: ``{adapter name: event}``, a probe of that adapter waits for the event
+    (at most 10 s) and records in ``released`` whether it came.
+    """
+
+    def __init__(self, *, load_delay: float = 0.0, refuse: str | None = None, server: Any = None,
+                 hold: dict[str, threading.Event] | None = None) -> None:  # fmt: skip
+        self.loaded: set[str] = set()
+        self.load_delay, self.refuse, self.server = load_delay, refuse, server
+        self.hold = hold or {}
+        self.released: list[bool] = []
+        self.loads: list[str] = []
+        self.unloads: list[str] = []
+        self.probes: list[str] = []
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        up = self.server is None or self.server.up
+        if path.endswith("/health"):
+            if not up:
+                raise httpx.ConnectError("connection refused", request=request)
+            return httpx.Response(200, text="ok")
+        body = json.loads(request.content or b"{}")
+        if path.endswith("/load_lora_adapter"):
+            name = body["lora_name"]
+            self.loads.append(name)
+            time.sleep(self.load_delay)
+            if name == self.refuse:
+                if self.server is not None:  # the server dies during this load (once)
+                    self.server.up, self.refuse = False, None
+                    raise httpx.ConnectError("connection refused", request=request)
+                return httpx.Response(400, text=f"cannot load {name}: rank 64 > --max-lora-rank 16")
+            self.loaded.add(name)
+            return httpx.Response(200, text="Success")
+        if path.endswith("/unload_lora_adapter"):
+            self.unloads.append(body["lora_name"])
+            return httpx.Response(200, text="Success")
+        if body["model"] not in self.loaded:
+            return httpx.Response(404, json={"error": f"model {body['model']} not found"})
+        if body["model"] in self.hold:
+            self.released.append(self.hold[body["model"]].wait(timeout=10))
+        self.probes.append(body["model"])
+        ids = body["prompt"]
+        scored = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in ids[1:]]
+        choice = {"index": 0, "token_ids": [7], "prompt_logprobs": scored, "finish_reason": "length"}
+        return httpx.Response(200, json={"model": body["model"], "choices": [choice]})
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handler)
+
+
+class FakeManagedServer:
+    """A managed sampler server's interface (start / stop / alive / log), with no process."""
+
+    url = "http://sampler"
+    process = None
+
+    def __init__(self, log_path: Path, *, stays_dead: bool = False, log: str = "") -> None:
+        self.log_path = log_path
+        self.up = not stays_dead
+        self.stays_dead = stays_dead
+        self.starts = 0
+        self.log = log
+
+    def alive(self) -> bool:
+        return self.up
+
+    def start(self) -> FakeManagedServer:
+        self.starts += 1
+        self.up = not self.stays_dead
+        return self
+
+    def stop(self) -> None:
+        self.up = False
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.log
+
+
+class InMemoryRollout:
+    """A rollout launcher with no worker process: the lots given (or put later) on an in-memory queue.
+
+    Attributes:
+        side: The :class:`trainer.orchestrator.RolloutSide` handed to the trainer (after setup).
+    """
+
+    def __init__(self, lots: list[Any] = (), *, events: list[Any] = (), server: Any = None) -> None:  # type: ignore[assignment]
+        self.lots, self.events, self.server = list(lots), list(events), server
+        self.side: Any = None
+
+    def __call__(self, trainer: Any) -> Any:
+        from trainer.orchestrator import RolloutSide
+        from trainer.workers import SharedState
+
+        shared = SharedState(multiprocessing.get_context("spawn"))
+        shared.update(published=-1, claimed=trainer.step, consumed=trainer.lots_used)
+        lots: queue.Queue[Any] = queue.Queue()
+        for lot in self.lots:
+            lots.put(lot)
+        events: queue.Queue[Any] = queue.Queue()
+        for event in self.events:
+            events.put(event)
+        self.side = RolloutSide(shared=shared, lots=lots, events=events, base_url="http://sampler", server=self.server)
+        return self.side
+
+
+def make_lot(index: int, version: int, rewards: tuple[float, ...] = (0.0, 1.0)) -> Any:
+    """A lot of one two-episode group sampled by ``version`` (its rewards differ: it is kept)."""
+    from trainer.workers import Lot
+    from twin.trajectory import Group, TokenTurn, Trajectory
+
+    trajs = []
+    for r in rewards:
+        turn = TokenTurn(prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.5, -0.25])
+        trajs.append(
+            Trajectory(
+                twin="Toy", case_id="Toy/train/0", reward=r, components={"correct": r}, token_turns=[turn],
+                completion_tokens=2, num_turns=1, info={"shaped_reward": r, "episode_tokens": 5},
+            )
+        )
+    group = Group(case_id="Toy/train/0", trajectories=trajs, policy_version=version)
+    return Lot(index=index, version=version, cursor=index + 1, groups=[group.model_dump_json()], kept=[0],
+               stats={"batch/groups": 1.0, "rollout_s": 0.5, "sampled_tokens": 4.0,
+                      "worker_idle_s": 0.25, "worker_wall_s": 1.0})  # fmt: skip
+
+
+def make_async_trainer(
+    tmp_path: Path, k: int, lots: list[Any], steps: int, *, sampler: MockSamplerServer | None = None,
+    server: Any = None, events: list[Any] = (), overrides: list[str] = (),  # type: ignore[assignment]
+    on_step: Callable[[dict[str, Any]], None] | None = None, learner: Any = None, setup: bool = True,
+) -> tuple[Any, MockSamplerServer, InMemoryRollout]:
+    """An :class:`trainer.orchestrator.AsyncTrainer` of the toy recipe built with fakes (set up)."""
+    from trainer.config import load_recipe
+    from trainer.orchestrator import AsyncTrainer
+
+    cfg = load_recipe("toy-cpu", [
+        "lora.enabled=true", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",
+        f"train.output_dir={tmp_path}", "train.store=false", "train.log=[jsonl]", *overrides,
+    ])  # fmt: skip
+    sampler = sampler or MockSamplerServer(server=server)
+    rollout = InMemoryRollout(lots, events=events, server=server)
+    trainer = AsyncTrainer(cfg, learner=learner or StubLearner(), launcher=rollout, transport=sampler.transport(),
+                           on_step=on_step)  # fmt: skip
+    if setup:
+        trainer.setup()
+    return trainer, sampler, rollout
+
+
+@pytest.fixture
+def async_fakes() -> Any:
+    """The async trainer's fakes: ``async_fakes.trainer(...)`` (:func:`make_async_trainer`),
+    ``.lot``, ``.Sampler``, ``.Server``, ``.Learner``."""
+    from types import SimpleNamespace
+
+    made: list[Any] = []
+
+    def trainer(*args: Any, **kwargs: Any) -> tuple[Any, MockSamplerServer, InMemoryRollout]:
+        result = make_async_trainer(*args, **kwargs)
+        made.append(result[0])
+        return result
+
+    yield SimpleNamespace(trainer=trainer, lot=make_lot, Sampler=MockSamplerServer, Server=FakeManagedServer,
+                          Learner=StubLearner)  # fmt: skip
+    for t in made:  # the load / probe threads
+        t.stop_workers()

@@ -138,13 +138,13 @@ def test_overlong_buffer_zero_leaves_training_rewards_alone() -> None:
     from types import SimpleNamespace
 
     from trainer.config import load_recipe
-    from trainer.recipe import GRPORecipe
+    from trainer.objective import group_rewards
 
     cfg = load_recipe({"twin": {"name": "Toy"}, "sampler": {"max_episode_tokens": 100}})
     assert cfg.algorithm.overlong_buffer == 0
     trajs = [SimpleNamespace(completion_tokens=n) for n in (0, 50, 99)]  # at most 100 - 1 prompt token
     group = SimpleNamespace(rewards=[1.0, 0.0, 0.5], trajectories=trajs)
-    assert GRPORecipe._shaped_rewards(SimpleNamespace(cfg=cfg), group) == [1.0, 0.0, 0.5]
+    assert group_rewards(group, cfg).tolist() == [1.0, 0.0, 0.5]
 
 
 # ================================================================== per-token pieces

@@ -282,13 +282,13 @@ def test_template_names_and_paths(tmp_path: Path) -> None:
 
 def test_recipe_fields_reach_the_renderer(tmp_path: Path) -> None:
     from trainer.config import load_recipe
-    from trainer.recipe import GRPORecipe
+    from trainer.recipe import SyncTrainer
 
     cfg = load_recipe("toy-cpu", [
         "model.chat_template=qwen3_append_only", "model.template_kwargs={enable_thinking: false}",
         f"train.output_dir={tmp_path}", "train.store=false",
     ])
-    recipe = GRPORecipe(cfg)
+    recipe = SyncTrainer(cfg)
     recipe.setup()
     r = recipe.renderer_factory(TOOLS)
     assert r.chat_template == load_chat_template("qwen3_append_only")

@@ -110,27 +110,32 @@ def test_missing_recipe_file() -> None:
 
 
 def test_length_curriculum() -> None:
-    from trainer.recipe import GRPORecipe
+    from trainer.runtime import LengthCurriculum
 
-    r = GRPORecipe(load_recipe(BASE, ["sampler.max_new_tokens=10", "sampler.length_curriculum=linear",
-                                      "sampler.max_new_tokens_ramp=100"]))
+    def curriculum(*overrides: str) -> LengthCurriculum:
+        return LengthCurriculum(load_recipe(BASE, list(overrides)).sampler)
+
+    r = curriculum("sampler.max_new_tokens=10", "sampler.length_curriculum=linear", "sampler.max_new_tokens_ramp=100")
     limits = [r.max_new_tokens(s) for s in range(0, 130, 10)]
     assert limits[0] == 1 and limits[-1] == 10 and limits == sorted(limits)
-    assert GRPORecipe(load_recipe(BASE, ["sampler.max_new_tokens=10"])).max_new_tokens(0) == 10
-    p = GRPORecipe(load_recipe(BASE, ["sampler.max_new_tokens=3", "sampler.length_curriculum=plateau"]))
+    assert curriculum("sampler.max_new_tokens=10").max_new_tokens(0) == 10
+    p = curriculum("sampler.max_new_tokens=3", "sampler.length_curriculum=plateau")
     assert p.max_new_tokens(0) == 1
-    p._grow_length([], 0.0)  # the first step sets the level this length starts from
-    p._grow_length([], 0.005)  # nothing learned yet (noise): stay
+    p.grow([], 0.0)  # the first step sets the level this length starts from
+    p.grow([], 0.005)  # nothing learned yet (noise): stay
     assert p.max_new_tokens(1) == 1
-    p._grow_length(["informative group"], 0.2)  # still learning this length: stay
+    p.grow(["informative group"], 0.2)  # still learning this length: stay
     assert p.max_new_tokens(2) == 1
-    p._grow_length([], 0.2)  # settled above the last level: grow
+    p.grow([], 0.2)  # settled above the last level: grow
     assert p.max_new_tokens(3) == 2
-    p._grow_length([], 0.2)  # no progress at the new length: stay
+    p.grow([], 0.2)  # no progress at the new length: stay
     assert p.max_new_tokens(4) == 2
-    p._grow_length([], 0.5)
-    p._grow_length([], 0.9)
+    p.grow([], 0.5)
+    p.grow([], 0.9)
     assert p.max_new_tokens(5) == 3, "capped at max_new_tokens"
+    restored = curriculum("sampler.max_new_tokens=3", "sampler.length_curriculum=plateau")
+    restored.load_state_dict(p.state_dict())  # a checkpoint carries the curriculum
+    assert restored.max_new_tokens(6) == 3 and restored.state_dict() == p.state_dict()
 
 
 def test_entropy_coef_defaults_off_and_must_be_non_negative() -> None:

@@ -23,7 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from trainer.orchestrator import AdapterClient, AsyncTrainer, guarded_command
+from trainer.orchestrator import AsyncTrainer, guarded_command
+from trainer.probe import SyncProbe, probe_sequence
+from trainer.runtime import AdapterClient
 from trainer.samplers import ServerSampler
 from trainer.workers import AdapterSyncError, ModelCheckTransport
 
@@ -76,36 +78,26 @@ def test_answer_from_the_asked_model_passes_and_transport_is_reusable() -> None:
         assert [s.ids for s in sampler.sample([[1, 2], [3]], max_new_tokens=1, seed=seed)] == [[5], [5]]
 
 
-def test_sampler_error_while_server_is_up_is_raised(tmp_path: Path) -> None:
-    from trainer.config import load_recipe
-
-    cfg = load_recipe("toy-cpu", ["lora.enabled=true", "async.max_staleness=1", f"train.output_dir={tmp_path}"])
-    trainer = AsyncTrainer(cfg)
-    import queue
-
-    trainer.events = queue.Queue()
-    trainer.adapters = AdapterClient("http://sampler")
-    trainer._healthy = lambda url: True  # type: ignore[method-assign]
-    trainer.events.put(("sampler_error", 0, "sampler server answered HTTP 404 for model 'policy@2'"))
+def test_sampler_error_while_server_is_up_is_raised(tmp_path: Path, async_fakes: Any) -> None:
+    # the worker's sampler failed and the server answers /health: a real error, not a restart
+    event = ("sampler_error", 0, "sampler server answered HTTP 404 for model 'policy@2'")
+    trainer, _, _ = async_fakes.trainer(tmp_path, 1, [], steps=1, events=[event])
     with pytest.raises(AdapterSyncError, match="while the server is up.*policy@2"):
-        trainer._drain_events()
+        trainer.train()
+    assert trainer.restarts == 0
 
 
-def test_a_sampler_that_keeps_dying_fails_the_run(tmp_path: Path) -> None:
-    from trainer.config import load_recipe
+def test_a_sampler_that_keeps_dying_fails_the_run(tmp_path: Path, async_fakes: Any) -> None:
     from trainer.orchestrator import MAX_RESTARTS_WITHOUT_PROGRESS, SamplerDiedError
 
-    class _DeadServer:
-        url, log_path = "http://127.0.0.1:9", tmp_path / "vllm.log"
-
-        def log_tail(self, lines: int = 40) -> str:
-            return "RuntimeError: Unsupported CPU attention configuration: head_dim=16"
-
-    trainer = AsyncTrainer(load_recipe("toy-cpu", ["lora.enabled=true", f"train.output_dir={tmp_path}"]))
-    trainer.server = _DeadServer()
-    trainer._failures_since_step = MAX_RESTARTS_WITHOUT_PROGRESS
+    log = "RuntimeError: Unsupported CPU attention configuration: head_dim=16"
+    server = async_fakes.Server(tmp_path / "vllm.log", log=log)
+    trainer, _, _ = async_fakes.trainer(tmp_path, 1, [], steps=1, server=server)
+    server.stays_dead, server.up = True, False  # it served set-up, then dies whenever started
     with pytest.raises(SamplerDiedError, match=r"(?s)without a training step.*head_dim=16"):
-        trainer._restart_sampler("process exited with code 1")
+        trainer.train()
+    assert trainer.restarts == MAX_RESTARTS_WITHOUT_PROGRESS  # it tried, then gave up
+    assert server.starts == 1 + MAX_RESTARTS_WITHOUT_PROGRESS
 
 
 # -- against the real built-in server (in-process thread) ----------------------------------------------
@@ -153,22 +145,19 @@ def test_probe_tells_a_synced_adapter_from_one_that_never_arrived(live_server: s
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
-    trainer = AsyncTrainer(cfg)
-    trainer.learner = Learner(model, algorithm=cfg.algorithm, optim=cfg.optim)
-    trainer.tokenizer = tokenizer
-    trainer.twin = make_twin("Toy")
-    trainer.adapters = AdapterClient(live_server)
-    trainer._probe_ids = trainer._probe_sequence()
-    trainer.adapters.load("policy@7", trainer.learner.save_adapter(tmp_path / "policy@7"))
-    trainer._launch_probe(7)
-    synced, version = trainer._probe_result()
+    learner = Learner(model, algorithm=cfg.algorithm, optim=cfg.optim)
+    probe = SyncProbe(learner, probe_sequence(make_twin("Toy"), tokenizer, cfg), lambda: live_server)
+    AdapterClient(live_server).load("policy@7", learner.save_adapter(tmp_path / "policy@7"))
+    probe.launch(7)
+    synced, version, _ = probe.collect()
     assert version == 7 and synced < 1e-4
     with torch.no_grad():  # the learner moves on; the sampler never gets the new weights
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.mul_(-1.0)
-    trainer._launch_probe(7)
-    stale, _ = trainer._probe_result()
+    probe.launch(7)
+    stale, _, _ = probe.collect()
+    probe.close()
     assert stale > 100 * max(synced, 1e-6) and stale > 1e-3, (synced, stale)
     print(f"probe mismatch: synced {synced:.2e}, adapter not synced {stale:.2e}")
 

@@ -1,17 +1,18 @@
-"""The per-step learning body shared by the synchronous recipe and the async learner."""
+"""The per-step learning body shared by the synchronous loop and the async learner (trainer/runtime.py)."""
 
 from __future__ import annotations
 
 import logging
-import math
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trainer import orchestrator, recipe
+from trainer import runtime
 from trainer.config import load_recipe
-from trainer.recipe import learn_from_groups, make_batch
+from trainer.runtime import learn_from_groups, make_batch
+from trainer.samplers import Sample
+from trainer.workers import Lot
 from twin.trajectory import Group, TokenTurn, Trajectory
 
 
@@ -67,6 +68,8 @@ def test_nothing_kept_means_no_update_and_a_warning(caplog) -> None:
 class _Recorded:
     """A learner that notes whether each update ran inside the shared step body."""
 
+    temperature = 1.0
+
     def __init__(self) -> None:
         self.version = 0
         self.in_body = False
@@ -77,19 +80,33 @@ class _Recorded:
         self.version += 1
         return {"losses/loss": 0.5}
 
+    def save_adapter(self, path: Any) -> Any:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "adapter_config.json").write_text("{}")
+        return path
 
-class _Metrics:
-    def __init__(self) -> None:
-        self.history: list[dict[str, Any]] = []
+    def logprobs(self, batch: Any) -> list[list[float]]:
+        return [[0.0] + [-0.5] * (len(batch.input_ids[0]) - 1)]
 
-    def log(self, step: int, record: dict[str, Any], episodes: Any = None) -> dict[str, Any]:
-        self.history.append({"step": step, **record})
-        return record
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+
+class _AlternatingSampler:
+    """Samples one token per prompt: a toy answer call or a plain word, in turn (rewards 1.0 / 0 / 0.1)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.calls = 0
+
+    def sample(self, prompts: list[list[int]], **kwargs: Any) -> list[Sample]:
+        self.calls += 1
+        return [Sample([self.tokens[(i + self.calls) % len(self.tokens)]], [-1.0], "stop") for i in range(len(prompts))]
 
 
 def _spy_on_the_body(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count calls of ``trainer.recipe.learn_from_groups``, flagging the learner while inside."""
-    real, calls = recipe.learn_from_groups, []
+    """Count calls of ``trainer.runtime.learn_from_groups``, flagging the learner while inside."""
+    real, calls = runtime.learn_from_groups, []
 
     def body(learner: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(kwargs["step"])
@@ -99,50 +116,51 @@ def _spy_on_the_body(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         finally:
             learner.in_body = False
 
-    monkeypatch.setattr(recipe, "learn_from_groups", body)
+    monkeypatch.setattr(runtime, "learn_from_groups", body)
     return calls
 
 
-def _check_updates(learner: _Recorded, kept: list[Group]) -> None:
-    expected = make_batch(kept, "grpo")
-    assert [inside for _, inside in learner.updates] == [True, True], "every update goes through the body"
-    for batch, _ in learner.updates:
+def test_the_sync_loop_updates_through_the_step_body_and_publishes_each_version(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from trainer.recipe import SyncTrainer
+    from trainer.rollouts import load_tokenizer
+    from trainer.runtime import InProcessAdapters
+    from trainer.tiny import WHOLE_CALL_TOKENS
+
+    calls = _spy_on_the_body(monkeypatch)
+    cfg = load_recipe("toy-cpu", [
+        "train.steps=2", f"train.output_dir={tmp_path}", "train.store=false", "train.log=[jsonl]",
+        "algorithm.group_size=4", "algorithm.groups_per_step=2",
+    ])  # fmt: skip
+    tokenizer = load_tokenizer("tiny")
+    sampler = _AlternatingSampler([tokenizer.convert_tokens_to_ids(WHOLE_CALL_TOKENS[0]), tokenizer.convert_tokens_to_ids("red")])
+    sink = InProcessAdapters()
+    loop = SyncTrainer(cfg, learner=_Recorded(), sampler=sampler, adapters=sink)
+    loop.setup()
+    try:
+        history = loop.train()
+    finally:
+        loop.cleanup()
+    assert calls == [0, 1]
+    assert [inside for _, inside in loop.learner.updates] == [True, True], "every update goes through the body"
+    assert sink.versions == ["policy@0", "policy@1", "policy@2"]  # each version reaches the sampler, in order
+    assert [r["episodes/count"] for r in history] == [r["batch/groups_sampled"] * 4 for r in history]
+    assert all(r["batch/groups"] == 2.0 for r in history)  # the alternating answers differ: kept
+    assert all(r["rewards/std"] > 0 and r["policy/version"] == r["step"] + 1 for r in history)
+
+
+def test_the_async_loop_updates_through_the_step_body(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                      async_fakes: Any) -> None:  # fmt: skip
+    calls = _spy_on_the_body(monkeypatch)
+    kept = [_group([0.0, 1.0, 1.0], [1, 2, 3])]
+    every = kept + [_group([1.0, 1.0, 1.0], [4, 5])]
+    lots = [Lot(i, i, i + 1, [g.model_dump_json() for g in every], [0]) for i in range(2)]
+    trainer, _, _ = async_fakes.trainer(tmp_path, 0, lots, steps=2, learner=_Recorded())
+    history = trainer.train()
+    assert calls == [0, 1]
+    expected = make_batch(kept, trainer.cfg.algorithm.advantage)  # the toy recipe's dr_grpo
+    assert [inside for _, inside in trainer.learner.updates] == [True, True], "every update goes through the body"
+    for batch, _ in trainer.learner.updates:
         assert (batch.input_ids, batch.advantages) == (expected.input_ids, expected.advantages)
-
-
-def test_the_sync_loop_updates_only_through_the_step_body(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    calls = _spy_on_the_body(monkeypatch)
-    cfg = load_recipe({"twin": {"name": "Toy"}, "train": {"steps": 2, "output_dir": str(tmp_path)}})
-    loop = recipe.GRPORecipe(cfg)
-    kept = [_group([0.0, 1.0, 1.0], [1, 2, 3])]
-    every = kept + [_group([1.0, 1.0, 1.0], [4, 5])]
-    loop.learner, loop.metrics = _Recorded(), _Metrics()  # type: ignore[assignment]
-    monkeypatch.setattr(loop, "collect", lambda step: (kept, every, {}))
-    monkeypatch.setattr(loop, "save", lambda: tmp_path)
-    history = loop.train()
-    assert calls == [0, 1]
-    _check_updates(loop.learner, kept)  # type: ignore[arg-type]
     assert [r["episodes/count"] for r in history] == [6.0, 6.0]  # every sampled group is reported
-
-
-def test_the_async_loop_updates_only_through_the_step_body(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from trainer.workers import Lot
-
-    calls = _spy_on_the_body(monkeypatch)
-    cfg = load_recipe({"twin": {"name": "Toy"}, "train": {"steps": 2, "output_dir": str(tmp_path)}})
-    loop = orchestrator.AsyncTrainer(cfg)
-    kept = [_group([0.0, 1.0, 1.0], [1, 2, 3])]
-    every = kept + [_group([1.0, 1.0, 1.0], [4, 5])]
-    lots = iter(Lot(i, i, i + 1, [g.model_dump_json() for g in every], [0]) for i in range(2))
-    loop.learner, loop.metrics = _Recorded(), _Metrics()  # type: ignore[assignment]
-    loop.shared = SimpleNamespace(update=lambda **kwargs: None)  # type: ignore[attr-defined]
-    for name, fake in {
-        "_next_lot": lambda: (next(lots), 0.0), "_qsize": lambda: 0, "_sync": lambda version: 0.0,
-        "_collect_probes": lambda wait_below=None: (math.nan, 0, 0), "_launch_probe": lambda version: None,
-        "_settle_load": lambda wait: 0.0, "save": lambda: tmp_path,
-    }.items():  # fmt: skip
-        monkeypatch.setattr(loop, name, fake)
-    history = loop.train()
-    assert calls == [0, 1]
-    _check_updates(loop.learner, kept)  # type: ignore[arg-type]
-    assert [r["episodes/count"] for r in history] == [6.0, 6.0]

@@ -13,7 +13,7 @@ from trainer.models import load_model
 from trainer.objective import (
     Scored, Settings, advantages, informative, objective, policy_loss, shaped_rewards,
 )
-from trainer.recipe import make_batch
+from trainer.runtime import make_batch
 from twin.errors import ConfigError
 
 

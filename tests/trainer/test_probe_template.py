@@ -10,7 +10,7 @@ def test_probe_sequence_uses_the_recipes_template(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     from trainer.config import load_recipe
-    from trainer.orchestrator import PROBE_MAX_TOKENS, AsyncTrainer
+    from trainer.probe import PROBE_MAX_TOKENS, probe_sequence
     from trainer.renderer import Renderer
     from trainer.tiny import build_tiny
     from twin.env import TwinEnv
@@ -20,16 +20,12 @@ def test_probe_sequence_uses_the_recipes_template(tmp_path: Path) -> None:
         "model.chat_template=qwen3", "model.template_kwargs={enable_thinking: false}",
         f"train.output_dir={tmp_path / 'run'}", "train.store=false",
     ])  # fmt: skip
-    trainer = AsyncTrainer(cfg)  # nothing starts before setup(); the probe needs only these two
-    trainer.twin = make_twin(cfg.twin.name, **cfg.twin.config)
-    trainer.tokenizer = AutoTokenizer.from_pretrained(build_tiny(), local_files_only=True)
-    try:
-        probe = trainer._probe_sequence()
-    finally:
-        trainer.stop_workers()
-    obs, info = TwinEnv(trainer.twin).reset(options={"split": cfg.twin.split, "index": 0})
-    episode = Renderer(trainer.tokenizer, info["tools"], chat_template="qwen3",
+    twin = make_twin(cfg.twin.name, **cfg.twin.config)
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny(), local_files_only=True)
+    probe = probe_sequence(twin, tokenizer, cfg)
+    obs, info = TwinEnv(twin).reset(options={"split": cfg.twin.split, "index": 0})
+    episode = Renderer(tokenizer, info["tools"], chat_template="qwen3",
                        template_kwargs={"enable_thinking": False}).start(obs)  # fmt: skip
     assert probe == list(episode)[:PROBE_MAX_TOKENS]
-    text = trainer.tokenizer.decode(probe)
+    text = tokenizer.decode(probe)
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # qwen3 with thinking off

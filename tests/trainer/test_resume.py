@@ -16,7 +16,7 @@ from rewards import Reward
 from trainer.checkpoint import capture_rng, latest_checkpoint, load_checkpoint, prepare_output_dir, restore_rng
 from trainer.config import load_recipe
 from trainer.metrics import read_metrics
-from trainer.recipe import GRPORecipe
+from trainer.recipe import SyncTrainer
 from twin.errors import ConfigError
 from twin.registry import register, registry
 
@@ -56,7 +56,7 @@ def _cfg(out, steps: int, lora: bool):
 
 
 def _run(cfg, resume: bool = False) -> list[dict]:
-    recipe = GRPORecipe(cfg, resume=resume)
+    recipe = SyncTrainer(cfg, resume=resume)
     recipe.setup()
     try:
         return recipe.train()
@@ -95,9 +95,9 @@ def test_fresh_run_refuses_old_checkpoints_unless_overwrite(tmp_path) -> None:
     first = latest_checkpoint(tmp_path / "c")
     assert first is not None
     with pytest.raises(ConfigError, match=r"already holds checkpoints \(latest: step-000002\).*--resume.*--overwrite"):
-        GRPORecipe(_cfg(tmp_path / "c", 1, False)).setup()
+        SyncTrainer(_cfg(tmp_path / "c", 1, False)).setup()
     assert latest_checkpoint(tmp_path / "c") == first  # nothing was deleted
-    recipe = GRPORecipe(_cfg(tmp_path / "c", 1, False), overwrite=True)
+    recipe = SyncTrainer(_cfg(tmp_path / "c", 1, False), overwrite=True)
     recipe.setup()
     recipe.cleanup()
     assert latest_checkpoint(tmp_path / "c") is None
@@ -111,7 +111,7 @@ def test_both_runners_refuse_to_start_over_checkpoints(tmp_path, runner: str) ->
     checkpoint = tmp_path / "checkpoints" / "step-000004"
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer_state.pt").write_bytes(b"from an earlier run")
-    cls = GRPORecipe if runner == "sync" else AsyncTrainer
+    cls = SyncTrainer if runner == "sync" else AsyncTrainer
     with pytest.raises(ConfigError, match="already holds checkpoints"):
         cls(cfg).setup()  # refused before any model, worker or server is started
     assert (checkpoint / "trainer_state.pt").read_bytes() == b"from an earlier run"

@@ -34,7 +34,7 @@ def test_sync_trainer_stops_episodes_at_a_short_server_context(tmp_path: Path) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.config import load_recipe
-    from trainer.recipe import GRPORecipe
+    from trainer.recipe import SyncTrainer
     from trainer.renderer import Renderer
     from trainer.serving.completions import CompletionServer
     from trainer.serving.http import make_http_server
@@ -61,16 +61,16 @@ def test_sync_trainer_stops_episodes_at_a_short_server_context(tmp_path: Path) -
         "algorithm.group_size=2", "algorithm.groups_per_step=1", "algorithm.dynamic_sampling=false",
         "train.steps=1", "train.checkpoint_every=0", "train.store=false", f"train.output_dir={tmp_path / 'run'}",
     ])  # fmt: skip
-    recipe = GRPORecipe(cfg)
+    recipe = SyncTrainer(cfg)
     try:
         recipe.setup()
         assert recipe.settings.context_length == context
-        kept, _every, _stats = recipe.collect(0)
+        sample = recipe.collect(0)
     finally:
         recipe.cleanup()
         httpd.shutdown()
         httpd.server_close()
         core.close()
-    trajs = [t for g in kept for t in g.trajectories]
+    trajs = [t for g in sample.kept_groups for t in g.trajectories]
     assert trajs and all(t.info["episode_tokens"] <= context for t in trajs)
     assert all(t.completion_tokens <= 3 for t in trajs)
