@@ -3,11 +3,12 @@
 :class:`HFPolicy` acts through the trainer's own parts, so an evaluation sees the model exactly as
 training does: the :class:`trainer.renderer.Renderer` builds each episode's token sequence from
 the chat template with the twin's tool schemas (token-exact across turns: sampled ids are kept,
-never re-tokenized), the :class:`trainer.samplers.HFSampler` samples, and the completion is
-decoded into an assistant message (content + parsed ``tool_calls``).
+never re-tokenized), the :class:`trainer.samplers.HFSampler` samples (with the decoding engine
+of ``twin serve``, ``trainer/serving/engine.py``), and the completion is decoded into an
+assistant message (content + parsed ``tool_calls``).
 
-Concurrent episodes are batched: each ``act`` queues its prompt, and one worker samples every
-queued prompt in one ``generate`` call in a thread, so the event loop (and the tools) keep running.
+Concurrent episodes are batched: each ``act`` queues its prompt, and one task hands every queued
+prompt to the sampler as one batch in a thread, so the event loop (and the tools) keep running.
 
 Specs: ``hf:MODEL[,key=value...]`` with ``MODEL`` = ``tiny``, ``smollm2``, a local HF folder or a
 twinrl checkpoint (``<output_dir>/checkpoints/step-N`` of an SFT or GRPO run, or the run's output
@@ -17,8 +18,8 @@ options ``temperature`` (0.7), ``top_p`` (1.0), ``max_new_tokens`` (128: a catal
 is under 100 tokens), ``dtype`` (auto),
 ``device`` (cpu), ``adapter`` (a LoRA adapter folder, e.g. a training checkpoint), ``seed`` (0),
 ``max_batch`` (32), ``prefix_cache`` (1: reuse keys/values across turns and the shared system
-prompt; 0 = re-run the whole conversation every turn through ``generate``). Everything loads
-offline. ``temperature=0`` samples greedily.
+prompt; 0 = prefill the whole conversation every turn). Everything loads offline.
+``temperature=0`` samples greedily.
 """
 
 from __future__ import annotations
@@ -187,10 +188,8 @@ class HFPolicy:
     ) -> None:
         from trainer.samplers import HFSampler
 
-        if temperature < 0 or (temperature == 0 and not prefix_cache):
-            raise ConfigError(
-                f"HFPolicy: temperature must be >= 0 (0 = greedy needs prefix_cache), got {temperature}"
-            )
+        if temperature < 0:
+            raise ConfigError(f"HFPolicy: temperature must be >= 0 (0 = greedy), got {temperature}")
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -248,10 +247,12 @@ class HFPolicy:
             prompts: Token-id prompts.
             seeds: One seed per prompt (default: derived from the batch number).
         """
+        from trainer.samplers import HFSampler
+
         self._batches += 1
         room = self.max_context - max(len(p) for p in prompts)
         options: dict[str, Any] = {}
-        if seeds is not None and getattr(self.sampler, "store", None) is not None:
+        if seeds is not None and isinstance(self.sampler, HFSampler):
             options["row_seeds"] = seeds
         return self.sampler.sample(
             prompts,

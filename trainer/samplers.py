@@ -2,14 +2,15 @@
 
 One interface, two implementations:
 
-- :class:`HFSampler`: batched transformers ``generate`` on the in-process model (with whatever
-  LoRA adapter is active), CPU by default.
+- :class:`HFSampler`: batched decoding on the in-process model (with whatever LoRA adapter is
+  active), CPU by default, through the same engine as ``twin serve``
+  (``trainer/serving/engine.py``).
 - :class:`ServerSampler`: the same over an OpenAI-compatible ``/v1/completions`` endpoint that
   takes token-id prompts (vLLM, or ``twin serve``).
 
-Logprobs are those of the distribution sampled from at temperature ``T``:
-``log_softmax(logits / T)`` of the sampled token (top-p truncation is not folded in, matching what
-the learner recomputes). Both samplers are deterministic given ``seed``.
+Logprobs are those of the distribution sampled from: ``log_softmax`` of the logits at temperature
+``T`` after top-p (vLLM's ``processed_logprobs``; the trainer requires ``top_p`` 1, where this is
+what the learner recomputes). Both samplers are deterministic given ``seed``.
 
 ``max_new_tokens`` is one number for every prompt or one per prompt: a multi-turn rollout gives
 each episode what its context has left, so a request never asks a server (vLLM answers HTTP 400)
@@ -102,16 +103,6 @@ def per_prompt_budgets(max_new_tokens: Budget, n: int) -> list[int]:
     return budgets
 
 
-def _within(samples: list[Sample], budgets: list[int]) -> list[Sample]:
-    # Rows sampled under a larger shared limit, cut to their own (a cut row did not stop).
-    out = []
-    for sample, b in zip(samples, budgets):
-        if len(sample.ids) > b:
-            sample = Sample(sample.ids[:b], sample.logprobs[:b], "length")
-        out.append(sample)
-    return out
-
-
 def _cut(ids: list[int], logprobs: list[float], stop: set[int]) -> Sample:
     for i, tok in enumerate(ids):
         if tok in stop:
@@ -120,23 +111,26 @@ def _cut(ids: list[int], logprobs: list[float], stop: set[int]) -> Sample:
 
 
 class HFSampler:
-    """Batched sampling with transformers ``generate`` on an in-process model.
+    """Batched sampling on an in-process model, with the engine of ``twin serve``.
 
     The model may be a peft model: sampling uses its active adapter, so a learner sharing the
-    model object is always sampled on-policy. Prompts are left-padded into one batch.
+    model object is always sampled on-policy. Each prompt is one row of
+    :meth:`trainer.serving.engine.Engine.decode` with its own seed and length limit.
 
     Args:
         model: A causal LM (or peft model around one).
         tokenizer: Its tokenizer (needs a pad or eos token).
-        max_batch: Most prompts per ``generate`` call (larger lists are split).
-        prefix_cache: Keep the keys/values of finished rows and of each batch's common prefix
-            (:mod:`trainer.kvcache`) and run the model only over tokens not seen before: a
-            multi-turn episode then prefills each turn's new messages only, and concurrent
-            episodes share one prefill of the system prompt. Sampling then runs a plain loop
-            instead of ``generate`` (per-row seeds; temperature 0 = greedy). Call
-            :meth:`clear_cache` whenever the weights change (e.g. after an optimizer step).
+        max_batch: Most prompts decoded together (larger lists are split).
+        prefix_cache: Keep the keys/values of finished rows (``trainer/serving/kvcache.py``) and
+            run the model only over tokens not seen before: a multi-turn episode then prefills
+            each turn's new messages only. Call :meth:`clear_cache` whenever the weights change
+            (e.g. after an optimizer step).
         cache_bytes: Memory bound of the prefix cache.
     """
+
+    #: Prefill each distinct prompt of a batch once (a GRPO group repeats its prompt G times),
+    #: and the batch's common prefix once.
+    share_prefill: bool = True
 
     def __init__(
         self,
@@ -147,18 +141,17 @@ class HFSampler:
         prefix_cache: bool = False,
         cache_bytes: int = 4 << 30,
     ) -> None:
+        from trainer.serving.engine import Engine, PrefixStore
+
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        self.store: Any = None
-        if prefix_cache:
-            from trainer.kvcache import PrefixStore
-
-            self.store = PrefixStore(cache_bytes)
+        self.store: Any = PrefixStore(cache_bytes) if prefix_cache else None
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
             raise ConfigError("HFSampler: the tokenizer has neither a pad nor an eos token; set one")
         self.pad_id = int(pad)
+        self.engine = Engine(model, pad_id=self.pad_id)
 
     @property
     def device(self) -> torch.device:
@@ -185,176 +178,51 @@ class HFSampler:
 
         Args:
             prompts: Token-id prompts (non-empty lists).
-            max_new_tokens: Most tokens to sample, for all prompts or one per prompt (the batch
-                runs to the largest; each row is cut to its own).
-            temperature: Sampling temperature (> 0).
+            max_new_tokens: Most tokens to sample, for all prompts or one per prompt.
+            temperature: Sampling temperature (0 = greedy).
             top_p: Nucleus threshold.
             stop_ids: Ids that end a completion (default: the tokenizer's eos).
-            seed: Seeds a private RNG stream for this call (the global RNG is left unchanged).
-            row_seeds: With ``prefix_cache``: one seed per prompt (default: derived from
-                ``seed`` and the prompt's index), so a row's sample does not depend on its
-                batch.
+            seed: Seeds the rows' private RNG streams (the global RNG is left unchanged);
+                None: the engine's own stream, which each call advances.
+            row_seeds: One seed per prompt (default: derived from ``seed`` and the prompt's
+                index), so a row's sample does not depend on its batch.
 
         Returns:
             One :class:`Sample` per prompt, in order.
         """
+        from trainer.serving.engine import Row
+
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise SamplerError("HFSampler: every prompt needs at least one token")
-        if temperature < 0 or (temperature == 0 and self.store is None):
-            raise ConfigError(
-                f"HFSampler: temperature must be > 0 (or 0 = greedy with prefix_cache=True), "
-                f"got {temperature}"
-            )
-        stops = list(stop_ids) if stop_ids else [self.tokenizer.eos_token_id]
+        if temperature < 0:
+            raise ConfigError(f"HFSampler: temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise ConfigError(f"HFSampler: top_p must be in (0, 1], got {top_p}")
+        stops = frozenset(int(t) for t in (stop_ids or [self.tokenizer.eos_token_id]))
         budgets = per_prompt_budgets(max_new_tokens, len(prompts))
-        if self.store is not None:
-            limit = max(budgets)
-            rows = self._sample_cached(prompts, limit, temperature, top_p, stops, seed, row_seeds)
-            return _within(rows, budgets)
-        out: list[Sample] = []
-        for start in range(0, len(prompts), self.max_batch):
-            chunk = prompts[start : start + self.max_batch]
-            chunk_seed = None if seed is None else stable_seed("hf-sampler", seed, start)
-            limit = max(budgets[start : start + self.max_batch])
-            out.extend(self._sample_batch(chunk, limit, temperature, top_p, stops, chunk_seed))
-        return _within(out, budgets)
-
-    def _sample_cached(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stops: list[int],
-        seed: int | None,
-        row_seeds: Sequence[int] | None,
-    ) -> list[Sample]:
-        from trainer.kvcache import sample_with_cache
-
-        if row_seeds is None:
-            base = 0 if seed is None else seed
-            row_seeds = [stable_seed("hf-sampler-row", base, i) for i in range(len(prompts))]
-        elif len(row_seeds) != len(prompts):
+        if row_seeds is not None and len(row_seeds) != len(prompts):
             raise ConfigError(
                 f"HFSampler: {len(row_seeds)} row_seeds for {len(prompts)} prompts; pass one per prompt"
             )
-        was_training = self.model.training
-        self.model.eval()
-        out: list[Sample] = []
-        try:
-            for start in range(0, len(prompts), self.max_batch):
-                end = start + self.max_batch
-                rows = sample_with_cache(
-                    self.model,
-                    self.store,
-                    prompts[start:end],
-                    max_new_tokens=max(1, int(max_new_tokens)),
-                    temperature=float(temperature),
-                    top_p=float(top_p),
-                    stops=stops,
-                    seeds=list(row_seeds[start:end]),
-                )
-                out.extend(Sample(ids, lps, reason) for ids, lps, reason in rows)
-        finally:
-            self.model.train(was_training)
-        return out
-
-    @torch.no_grad()
-    def _sample_batch(
-        self,
-        prompts: list[list[int]],
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stops: list[int],
-        seed: int | None,
-    ) -> list[Sample]:
-        from transformers import GenerationConfig
-
-        device = self.device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, p in enumerate(prompts):
-            input_ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attention[row, width - len(p) :] = 1
-        # A fresh config: no top_k, repetition penalty or other defaults from the checkpoint
-        # may change the distribution we report logprobs for.
-        gen_config = GenerationConfig(
-            do_sample=True,
-            temperature=float(temperature),
-            top_p=float(top_p),
-            top_k=0,
-            max_new_tokens=int(max_new_tokens),
-            eos_token_id=stops,
-            pad_token_id=self.pad_id,
-            bos_token_id=None,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        devices = [device] if device.type == "cuda" else []
+        if row_seeds is None and seed is not None:
+            row_seeds = [stable_seed("hf-sampler-row", seed, i) for i in range(len(prompts))]
+        rows = [
+            Row(
+                prompt=list(p), max_tokens=b, temperature=float(temperature), top_p=float(top_p), stop_ids=stops,
+                generator=None if row_seeds is None else torch.Generator().manual_seed(int(row_seeds[i]) % (2**63)),
+            )
+            for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))
+        ]  # fmt: skip
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
         try:
-            with torch.random.fork_rng(devices=devices):
-                if seed is not None:
-                    torch.manual_seed(seed % (2**63))
-                result = self.model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention.to(device),
-                    generation_config=gen_config,
-                    **self._shared_prefill(input_ids.to(device), attention.to(device)),
-                )
+            for start in range(0, len(rows), self.max_batch):
+                self.engine.decode(rows[start : start + self.max_batch], store=self.store, share_prefill=self.share_prefill)
         finally:
             self.model.train(was_training)
-        new = result.sequences[:, width:]
-        if new.shape[1] == 0:
-            return [Sample([], [], "length") for _ in prompts]
-        logits = torch.stack(result.logits, dim=1).float()  # [B, T, V] raw logits
-        logprobs = torch.log_softmax(logits / temperature, dim=-1)
-        chosen = logprobs.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B, T]
-        stop_set = set(stops)
-        ids_list = new.tolist()
-        lp_list = chosen.tolist()
-        return [_cut(ids, lps, stop_set) for ids, lps in zip(ids_list, lp_list)]
-
-    #: Prefill each distinct prompt of a ``generate`` batch once (a GRPO group repeats its prompt
-    #: G times) and hand ``generate`` the keys/values indexed out to the rows.
-    share_prefill: bool = True
-
-    def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor) -> dict[str, Any]:
-        """``{"cache": ...}`` for ``generate`` when rows repeat a prompt, else ``{}``.
-
-        The cache holds all but each row's last prompt token (``generate`` runs that one, so the
-        first sampled token's logits come from it), with ``generate``'s own position ids for
-        left-padded rows (``cumsum(mask) - 1``); the prompt is thus prefilled once per distinct
-        prompt instead of once per row.
-        """
-        if not self.share_prefill or input_ids.shape[1] < 2:
-            return {}
-        index: dict[tuple[int, ...], int] = {}
-        unit = [index.setdefault(tuple(row), len(index)) for row in input_ids.tolist()]
-        if len(index) == len(unit):
-            return {}
-        import inspect
-
-        from transformers.generation.utils import GenerationMixin
-
-        # transformers 5 names the cache argument ``cache`` (``past_key_values`` before)
-        generation = inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
-        name = "cache" if "cache" in generation else "past_key_values"
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        params = inspect.signature(base.forward).parameters
-        extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # the cache is what counts
-        first = torch.tensor([unit.index(u) for u in range(len(index))], device=input_ids.device)
-        ids, mask = input_ids[first, :-1], attention[first, :-1]
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
-        cache = getattr(out, "cache", None) or out.past_key_values
-        cache.batch_select_indices(torch.tensor(unit, device=input_ids.device))
-        return {name: cache}
+        return [Sample(r.ids, r.token_logprobs, r.finish_reason or "length") for r in rows]
 
 
 class ServerSampler:

@@ -167,5 +167,8 @@ def test_greedy_and_uncached_specs(policy: HFPolicy) -> None:
     uncached = HFPolicy.from_spec("hf:tiny,prefix_cache=0,max_new_tokens=4")
     assert uncached.sampler.store is None
     assert asyncio.run(uncached.act(OPENING, TOOLS))["role"] == "assistant"
-    with pytest.raises(ConfigError, match="greedy"):
-        HFPolicy(policy.model, policy.tokenizer, temperature=0.0, prefix_cache=False)
+    # greedy without the cache: the same engine, the same message as with it
+    greedy_uncached = HFPolicy(policy.model, policy.tokenizer, temperature=0.0, max_new_tokens=6, prefix_cache=False)
+    assert asyncio.run(greedy_uncached.for_episode("z#0").act(OPENING, TOOLS)) == a
+    with pytest.raises(ConfigError, match="temperature must be >= 0"):
+        HFPolicy(policy.model, policy.tokenizer, temperature=-0.5)

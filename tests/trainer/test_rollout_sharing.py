@@ -33,7 +33,7 @@ def _prompts() -> list[list[int]]:
     return prompts + [list(range(5, 25))]  # and a prompt of its own, shorter (left padding)
 
 
-def test_shared_prefill_samples_what_generate_samples(tiny, monkeypatch) -> None:
+def test_shared_prefill_samples_what_the_unshared_path_samples(tiny, monkeypatch) -> None:
     model, tok = tiny
     prompts = _prompts()
     calls: list[int] = []
@@ -52,10 +52,10 @@ def test_shared_prefill_samples_what_generate_samples(tiny, monkeypatch) -> None
         monkeypatch.setattr(type(model), "forward", counting)
         runs[share] = sampler.sample(prompts, max_new_tokens=6, temperature=1.0, seed=11)
         monkeypatch.setattr(type(model), "forward", forward)
-        if share:  # the prefill: one row per distinct prompt, then generate runs the rest
-            assert calls[0] == 4 and all(n == len(prompts) for n in calls[1:])
+        if share:  # the prefill: one row per distinct prompt, then every row decodes
+            assert calls[0] == 4 and calls[1] == len(prompts)
         else:
-            assert all(n == len(prompts) for n in calls)
+            assert calls[0] == len(prompts)
     for a, b in zip(runs[False], runs[True]):
         assert a.ids == b.ids and a.finish_reason == b.finish_reason
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
@@ -67,11 +67,19 @@ def test_shared_prefill_samples_what_generate_samples(tiny, monkeypatch) -> None
     assert torch.allclose(want, torch.tensor(row.logprobs), atol=1e-5)
 
 
-def test_distinct_prompts_skip_the_shared_prefill(tiny) -> None:
+def test_distinct_prompts_prefill_every_row(tiny, monkeypatch) -> None:
     model, tok = tiny
-    sampler = HFSampler(model, tok)
-    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    assert sampler._shared_prefill(ids, torch.ones_like(ids)) == {}
+    rows: list[int] = []
+    forward = type(model).forward
+
+    @functools.wraps(forward)
+    def counting(self, *args, **kwargs):
+        rows.append(kwargs["input_ids"].shape[0])
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", counting)
+    HFSampler(model, tok).sample([[1, 2, 3], [4, 5, 6]], max_new_tokens=2, seed=0)
+    assert rows[0] == 2  # nothing shared: no separate prefill
 
 
 def test_group_episodes_fork_one_rendered_prompt(tiny) -> None:

@@ -2,7 +2,8 @@
 
 By layer, each importing only those below it:
 
-- ``engine.py``: batched decoding;
+- ``engine.py``: batched decoding, the one path of the server, :class:`trainer.samplers.HFSampler`
+  and ``hf:`` policies, over the KV buffers and prefix store of ``kvcache.py``;
 - ``lora.py``: LoRA adapter slots (load, unload, activate; a failed load changes nothing);
 - ``api.py``: the API contract (errors, resource limits, request bodies);
 - ``completions.py``: the completions server (request queue, batching worker, vLLM's answers);

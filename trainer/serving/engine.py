@@ -1,10 +1,16 @@
-"""Batched decoding: sample many rows of one model together, each with its own settings.
+"""Batched decoding: the one decode path of ``twin serve``, ``HFSampler`` and ``hf:`` policies.
 
 A :class:`Row` is one sequence to sample: its prompt, length limit, temperature, top-p, stop ids
-and random generator. :meth:`Engine.decode` left-pads the prompts into one batch, prefills each
-distinct prompt once (a GRPO group repeats its prompt G times) and samples every row to its stop.
-Each row draws one uniform per token from its own generator (inverse-CDF sampling), so a seeded
-row gives the same tokens whatever else shares its batch.
+and random generator. :meth:`Engine.decode` puts the rows in one batch over preallocated KV
+buffers (``trainer/serving/kvcache.py``): it prefills the batch's common prefix once, each
+distinct prompt once (a GRPO group repeats its prompt G times) and, with a prefix store, only
+the part of a prompt not seen in an earlier call (the next turn of an episode). Then it samples
+every row to its stop. Each row draws one uniform per token from its own generator
+(inverse-CDF sampling), so a seeded row gives the same tokens whatever else shares its batch.
+
+Users: :class:`trainer.serving.completions.CompletionServer` (the sampler server),
+:class:`trainer.samplers.HFSampler` (in-process sampling for the trainer) and, through it,
+:class:`trainer.policy.HFPolicy` (``hf:`` policies).
 
 Logprobs are ``processed_logprobs`` by default (after temperature and top-p: the distribution
 that was sampled from) or ``raw_logprobs`` (before them, vLLM's default); a greedy row
@@ -20,8 +26,9 @@ from typing import Any
 import torch
 
 from trainer.serving.api import LogprobsMode
+from trainer.serving.kvcache import PrefixStore, build_batch, prefill_common_prefix
 
-__all__ = ["Engine", "Row", "top_p_filter"]
+__all__ = ["Engine", "PrefixStore", "Row", "top_p_filter"]
 
 #: vLLM's floor for a logprob: -inf (a token top-p removed) is not JSON.
 LOGPROB_FLOOR = -9999.0
@@ -83,7 +90,8 @@ class Engine:
         self.logprobs_mode = logprobs_mode
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this model takes.
-        params = inspect.signature(model.forward).parameters
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft passes kwargs on
+        params = inspect.signature(base.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @property
@@ -92,76 +100,85 @@ class Engine:
         return next(self.model.parameters()).device
 
     @torch.inference_mode()
-    def decode(self, rows: list[Row]) -> None:
-        """Sample every row to its stop; prompts are left-padded so all rows decode in step."""
-        from transformers import DynamicCache
+    def decode(self, rows: list[Row], *, store: PrefixStore | None = None, share_prefill: bool = True) -> None:
+        """Sample every row to its stop (filling in its outputs).
 
-        device = self.device
-        width = max(len(row.prompt) for row in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
-            mask[i, width - len(row.prompt) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        need_full = any(row.prompt_logprobs is not None for row in rows)
-        # A GRPO group sends its prompt G times: prefill each distinct (left-padded) prompt once and
-        # index its keys/values out to the rows (not with prompt logprobs, which need every row's).
+        Args:
+            rows: The rows; each is sampled on its own generator, so its tokens do not depend on
+                the others (up to float round-off of batched matrix products).
+            store: Keys/values kept across calls (:class:`~trainer.serving.kvcache.PrefixStore`):
+                prompts continue their longest stored prefix and finished rows are stored. Only
+                valid while the weights stay the same. None: nothing is kept after the call.
+            share_prefill: Prefill each distinct prompt once (a GRPO group repeats its prompt)
+                and the batch's common prefix once.
+        """
+        if not rows:
+            return
+        for row in rows:
+            if not row.prompt:
+                raise ValueError("every prompt needs at least one token")
+            row.ids, row.token_logprobs, row.top = [], [], []
+            row.finish_reason = "length" if row.max_tokens <= 0 else None
+        work = store if store is not None else PrefixStore()  # scratch: the common prefix only
+        full = any(row.prompt_logprobs is not None for row in rows)  # needs every prompt position's logits
+        prompts = [row.prompt for row in rows]
+        if share_prefill and not full and len(rows) > 1:
+            prefill_common_prefix(self.model, work, prompts, self._cache_kw)
         index: dict[tuple[int, ...], int] = {}
-        unit = [index.setdefault(tuple(row.prompt), len(index)) for row in rows]
-        shared = not need_full and len(index) < len(unit)
-        if shared:
-            first = torch.tensor([unit.index(u) for u in range(len(index))], device=device)
-            spread = torch.tensor(unit, device=device)
-        out = self.model(
-            input_ids=ids[first] if shared else ids,
-            attention_mask=mask[first] if shared else mask,
-            position_ids=positions[first] if shared else positions,
-            use_cache=True,
-            **{self._cache_kw: DynamicCache()},
-            **({} if need_full else {"logits_to_keep": 1}),
-        )
-        if need_full:
-            for i, row in enumerate(rows):
+        if share_prefill and not full:
+            unit = [index.setdefault(tuple(p), len(index)) for p in prompts]
+            distinct = [list(p) for p in index]
+        else:
+            unit, distinct = list(range(len(rows))), prompts
+        limits = [0 if full else len(p) - 1 for p in distinct]
+        room = max(row.max_tokens for row in rows)
+        batch, ids, pos, new = build_batch(self.model, work, distinct, limits, room, self._cache_kw)
+        logits = batch.forward(ids, pos, new, all_logits=full)
+        if full:
+            width = ids.shape[1]
+            for b, row in enumerate(rows):
                 if row.prompt_logprobs is not None:
-                    start = width - len(row.prompt)
-                    row.prompt_lps = _prompt_logprobs(out.logits[i, start:].float(), row.prompt, row.prompt_logprobs)
-        logits = out.logits[:, -1].float()
-        cache = getattr(out, self._cache_kw)
-        if shared:
-            cache.batch_select_indices(spread)
-            logits = logits[spread]
-        active = [row.max_tokens > 0 for row in rows]
-        for i, row in enumerate(rows):
-            if not active[i]:
-                row.finish_reason = "length"
-        while any(active):
-            live = [i for i, a in enumerate(active) if a]
-            tokens = self._sample_step([rows[i] for i in live], logits[live])
-            next_ids = torch.full((len(rows),), self.pad_id, dtype=torch.long)
-            for i, token in zip(live, tokens, strict=True):
-                next_ids[i] = token
-                row = rows[i]
+                    row.prompt_lps = _prompt_logprobs(logits[b, width - len(row.prompt) :], row.prompt, row.prompt_logprobs)
+            logits = logits[:, -1]
+        if len(distinct) < len(rows):
+            batch.expand(unit)
+            logits = logits[torch.tensor(unit, device=logits.device)]
+        order = list(range(len(rows)))  # batch position -> row
+        while True:
+            live = [b for b, i in enumerate(order) if rows[i].finish_reason is None]
+            if not live:
+                break
+            tokens = self._sample_step([rows[order[b]] for b in live], logits[live])
+            feed = [self.pad_id] * len(order)
+            for b, token in zip(live, tokens, strict=True):
+                row = rows[order[b]]
+                feed[b] = token
                 if token in row.stop_ids:
                     row.finish_reason, row.stop_token = "stop", token
-                    active[i] = False
                 elif len(row.ids) >= row.max_tokens:
                     row.finish_reason = "length"
-                    active[i] = False
-            if not any(active):
+                if row.finish_reason is not None and store is not None:
+                    store.add(batch.take_row(b, row.ids))
+            alive = [rows[i].finish_reason is None for i in order]
+            if not any(alive):
                 break
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=1)
-            positions = positions[:, -1:] + 1
-            out = self.model(
-                input_ids=next_ids[:, None].to(device),
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                **{self._cache_kw: cache},
+            if sum(alive) <= 3 * len(order) // 4:  # worth the copy: a quarter of the rows are done
+                keep = [b for b, a in enumerate(alive) if a]
+                batch.keep(keep)
+                order, feed, alive = [order[b] for b in keep], [feed[b] for b in keep], [True] * len(keep)
+            column = batch.length
+            positions = []
+            for slot, a in zip(batch.slots, alive, strict=True):
+                positions.append([slot.position])
+                if a:
+                    slot.columns.append(column)
+                    slot.position += 1
+            device = batch.device
+            logits = batch.forward(
+                torch.tensor([[t] for t in feed], dtype=torch.long, device=device),
+                torch.tensor(positions, dtype=torch.long, device=device),
+                torch.tensor([[a] for a in alive], dtype=torch.bool, device=device),
             )
-            cache = getattr(out, self._cache_kw)
-            logits = out.logits[:, -1].float()
 
     def _sample_step(self, rows: list[Row], logits: torch.Tensor) -> list[int]:
         """Sample one token for each row (batched), append it and its logprob to the row."""

@@ -1,16 +1,17 @@
-"""Prefix KV caching for :class:`trainer.samplers.HFSampler` (``prefix_cache=True``).
+"""Prefix KV caching for the decoding engine (``trainer/serving/engine.py``).
 
 An agent episode is one growing token sequence (:mod:`trainer.renderer`): turn ``t+1``'s prompt
 is turn ``t``'s prompt, its sample and the new messages. Re-running the model over the whole
 conversation every turn makes CPU evaluation of a 1.4k-token catalog prompt take minutes per
-turn, so the sampler keeps the keys and values of what it has already seen and runs the model
-only over tokens it has not:
+turn, so with a :class:`PrefixStore` the engine keeps the keys and values of what it has already
+seen and runs the model only over tokens it has not:
 
 - **Across turns**: when a row finishes, its keys/values (prompt + sample, all but the last
   sampled token, which was never fed) are stored under its token ids; the next prompt that
   starts with those ids prefills only its new suffix.
 - **Across episodes**: the prompts of one batch usually share a long prefix (the system prompt
-  with the tool schemas); it is prefilled once and every row starts from it.
+  with the tool schemas); it is prefilled once and every row starts from it (also without a
+  store: the engine then uses a scratch one for the call).
 
 A batch mixes rows with cached prefixes of different lengths. Each row's cache is copied
 right-aligned into one preallocated buffer per layer (``[batch, kv_heads, capacity, head_dim]``,
@@ -18,10 +19,11 @@ written in place as tokens arrive: no per-step concatenation), new tokens are le
 it, and the model gets explicit position ids (RoPE positions of each row's own sequence) and an
 explicit additive 4-D mask (causal in buffer order, padding columns masked with the dtype's
 minimum rather than ``-inf`` so a padding query that sees nothing stays finite). Rows that finish
-leave the batch when enough have finished to be worth the copy.
+leave the batch when enough have finished to be worth the copy (:meth:`CacheBatch.keep`); rows
+that repeat a prompt are prefilled once and copied out (:meth:`CacheBatch.expand`).
 
 The outputs are the model's own: logprobs equal a teacher-forced forward pass up to float
-round-off (tested against the uncached path).
+round-off (tested against an uncached forward pass).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-__all__ = ["KVEntry", "PrefixStore", "sample_with_cache"]
+__all__ = ["CacheBatch", "KVEntry", "PrefixStore", "build_batch", "common_prefix"]
 
 #: A shared batch prefix is prefilled on its own only when it adds at least this many tokens.
 MIN_SHARED = 32
@@ -192,7 +194,8 @@ class _BufferLayer(DynamicLayer):
         return self._k[row].index_select(1, columns), self._v[row].index_select(1, columns)
 
 
-def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+def common_prefix(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix every prompt starts with."""
     first = prompts[0]
     n = min(len(p) for p in prompts)
     for p in prompts[1:]:
@@ -210,35 +213,56 @@ def _common_prefix(prompts: Sequence[Sequence[int]]) -> int:
 
 
 @dataclass
-class _Row:
+class Slot:
+    """One batch row's place in the buffers.
+
+    Attributes:
+        prompt: The row's prompt.
+        columns: Buffer columns holding the row's tokens, in order.
+        position: RoPE position of the next token to feed.
+    """
+
     prompt: list[int]
-    cached: int  # prompt tokens whose keys/values come from the store
-    columns: list[int]  # buffer columns holding this row's tokens, in order
-    position: int  # RoPE position of the next token to feed
-    ids: list[int]
-    logprobs: list[float]
-    generator: torch.Generator | None
-    done: bool = False
-    reason: str = "length"
+    columns: list[int]
+    position: int
 
 
-class _Batch:
-    """A batch's cache, mask and rows; runs forward passes and hands finished rows their KV."""
+class CacheBatch:
+    """A batch's cache, mask and rows; runs forward passes and hands finished rows their KV.
 
-    def __init__(self, model: Any, rows: list[_Row], layers: list[_BufferLayer], mask: torch.Tensor) -> None:
+    Args:
+        model: The causal LM.
+        slots: One per row, in batch order.
+        layers: One buffer per decoder layer.
+        mask: ``[B, capacity]`` bool, the columns each row may attend to.
+        cache_kw: The name the model's forward takes its cache under (``cache`` or
+            ``past_key_values``, by transformers version).
+    """
+
+    def __init__(
+        self, model: Any, slots: list[Slot], layers: list[_BufferLayer], mask: torch.Tensor, cache_kw: str
+    ) -> None:
         self.model = model
-        self.rows = rows  # active rows, in batch order
+        self.slots = slots
         self.cache = Cache(layers=list(layers))
         self.layers = layers
-        self.mask = mask  # [B, capacity] bool: columns each row may attend to
+        self.mask = mask
         self.device = mask.device
+        self.cache_kw = cache_kw
 
     @property
     def length(self) -> int:
+        """Buffer columns in use."""
         return self.layers[0].length if self.layers else 0
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
-        """Feed ``input_ids`` [B, q] at the next ``q`` columns; logits of the last column [B, V]."""
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor, *, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Feed ``input_ids`` [B, q] at the next ``q`` columns.
+
+        Returns:
+            Logits of the last column [B, V], or of every column [B, q, V] with ``all_logits``.
+        """
         start = self.length
         q = input_ids.shape[1]
         self.mask[:, start : start + q] = new_mask
@@ -252,37 +276,52 @@ class _Batch:
             input_ids=input_ids,
             attention_mask=additive[:, None],
             position_ids=positions,
-            cache=self.cache,
             use_cache=True,
-            logits_to_keep=1,
+            **{self.cache_kw: self.cache},
+            **({} if all_logits else {"logits_to_keep": 1}),
         )
-        return out.logits[:, -1].float()
+        return out.logits.float() if all_logits else out.logits[:, -1].float()
 
-    def take_row(self, b: int) -> KVEntry:
+    def take_row(self, b: int, sampled: list[int]) -> KVEntry:
         """The stored form of row ``b``: keys/values of its prompt and all but its last sample."""
-        row = self.rows[b]
-        cols = torch.tensor(row.columns, dtype=torch.long, device=self.device)
+        slot = self.slots[b]
+        cols = torch.tensor(slot.columns, dtype=torch.long, device=self.device)
         keys, values = [], []
         for layer in self.layers:
             k, v = layer.row(b, cols)
             keys.append(k)
             values.append(v)
-        return KVEntry(row.prompt + row.ids[:-1], keys, values)
+        return KVEntry(slot.prompt + sampled[:-1], keys, values)
 
     def keep(self, index: list[int]) -> None:
-        """Drop every row not in ``index`` from the buffers."""
+        """Keep the rows in ``index``, in that order (a row listed twice is copied)."""
         idx = torch.tensor(index, dtype=torch.long, device=self.device)
         for layer in self.layers:
             layer.select_rows(idx)
         self.mask = self.mask.index_select(0, idx)
-        self.rows = [self.rows[i] for i in index]
+        self.slots = [Slot(list(self.slots[i].prompt), list(self.slots[i].columns), self.slots[i].position) for i in index]
+
+    expand = keep  # rows that repeat a prompt: prefilled once, then copied out
 
 
-def _build(
-    model: Any, store: PrefixStore, prompts: list[list[int]], limits: list[int], room: int,
-    generators: list[torch.Generator | None],
-) -> tuple[_Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A batch whose cache holds each row's best stored prefix; the uncached suffixes to feed."""
+def build_batch(
+    model: Any, store: PrefixStore, prompts: list[list[int]], limits: list[int], room: int, cache_kw: str
+) -> tuple[CacheBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch whose cache holds each row's best stored prefix, and the uncached suffixes to feed.
+
+    Args:
+        model: The causal LM.
+        store: Where prefixes come from.
+        prompts: The rows' prompts.
+        limits: Per row, the most cached tokens usable (``len(prompt) - 1``: the last prompt
+            token's logits are needed; 0: prefill the whole prompt).
+        room: Columns to leave for sampled tokens.
+        cache_kw: See :class:`CacheBatch`.
+
+    Returns:
+        The batch, and the ``input_ids``, ``position_ids`` and new-column mask of the suffixes
+        (left-padded) for its first :meth:`CacheBatch.forward`.
+    """
     device = next(model.parameters()).device
     found = [store.best(p, limit=lim) for p, lim in zip(prompts, limits, strict=True)]
     for entry, _ in found:
@@ -304,7 +343,7 @@ def _build(
     input_ids = torch.zeros(len(prompts), width_n, dtype=torch.long, device=device)
     positions = torch.zeros(len(prompts), width_n, dtype=torch.long, device=device)
     new_mask = torch.zeros(len(prompts), width_n, dtype=torch.bool, device=device)
-    rows = []
+    slots = []
     for b, (p, n, s) in enumerate(zip(prompts, cached, suffixes, strict=True)):
         mask[b, width_c - n : width_c] = True
         pad = width_n - len(s)
@@ -313,116 +352,23 @@ def _build(
             positions[b, pad:] = torch.arange(n, len(p))
             new_mask[b, pad:] = True
         columns = list(range(width_c - n, width_c)) + list(range(width_c + pad, width_c + width_n))
-        rows.append(_Row(list(p), n, columns, len(p), [], [], generators[b]))
+        slots.append(Slot(list(p), columns, len(p)))
         store.hits += n
         store.misses += len(s)
-    return _Batch(model, rows, layers, mask), input_ids, positions, new_mask
+    return CacheBatch(model, slots, layers, mask, cache_kw), input_ids, positions, new_mask
 
 
-def _pick(
-    logits: torch.Tensor, temperature: float, top_p: float, generators: list[torch.Generator | None]
-) -> tuple[list[int], list[float]]:
-    """Sample (or, at temperature 0, take the argmax of) each row's next token and its logprob."""
-    if temperature <= 0:
-        logp = torch.log_softmax(logits, dim=-1)
-        chosen = logp.argmax(dim=-1)
-        return chosen.tolist(), logp.gather(1, chosen[:, None])[:, 0].tolist()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest set reaching top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    ids = [
-        int(torch.multinomial(probs[b], 1, generator=g).item())
-        for b, g in enumerate(generators)
-    ]
-    chosen = torch.tensor(ids, dtype=torch.long, device=logits.device)
-    return ids, logp.gather(1, chosen[:, None])[:, 0].tolist()
+def prefill_common_prefix(model: Any, store: PrefixStore, prompts: list[list[int]], cache_kw: str) -> None:
+    """Prefill the batch's common prefix (system prompt + tool schemas) once and store it as shared.
 
-
-@torch.no_grad()
-def sample_with_cache(
-    model: Any,
-    store: PrefixStore,
-    prompts: list[list[int]],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    stops: Sequence[int],
-    seeds: Sequence[int],
-) -> list[tuple[list[int], list[float], str]]:
-    """Sample one completion per prompt, reusing and refilling ``store``.
-
-    Args:
-        model: A causal LM whose forward takes ``cache``, ``position_ids`` and a 4-D
-            additive ``attention_mask``.
-        store: Where prefixes come from and finished rows go.
-        prompts: Non-empty token-id prompts.
-        max_new_tokens: Most tokens per completion.
-        temperature: Sampling temperature; 0 takes the argmax (logprobs at temperature 1).
-        top_p: Nucleus threshold.
-        stops: Ids that end a completion (kept as its last id).
-        seeds: One seed per prompt: a row's sample depends on its seed only, never on what it
-            was batched with (up to float round-off of batched matrix products).
-
-    Returns:
-        ``(ids, logprobs, finish_reason)`` per prompt, in order.
+    Skipped when the store already has most of it (fewer than ``MIN_SHARED`` new tokens).
     """
-    device = next(model.parameters()).device
-    generators: list[torch.Generator | None] = []
-    for seed in seeds:
-        g = torch.Generator(device=device)
-        g.manual_seed(int(seed) % (2**63))
-        generators.append(g)
-    if len(prompts) > 1:
-        shared = _common_prefix(prompts)
-        _, have = store.best(prompts[0][:shared], limit=shared)
-        if shared - have >= MIN_SHARED:
-            # The batch's common prefix (system prompt + tool schemas) once, for every row.
-            batch, ids, pos, new = _build(model, store, [prompts[0][:shared]], [shared], 0, [None])
-            batch.forward(ids, pos, new)
-            row = batch.rows[0]
-            row.ids = [0]  # take_row keeps prompt + ids[:-1] = the whole prefix
-            entry = batch.take_row(0)
-            entry.shared = True
-            store.add(entry)
-    limits = [len(p) - 1 for p in prompts]
-    batch, ids, pos, new = _build(model, store, prompts, limits, max_new_tokens, generators)
-    results: dict[int, tuple[list[int], list[float], str]] = {}
-    order = list(range(len(prompts)))  # batch row -> prompt index
-    stop_set = set(int(s) for s in stops)
-    logits = batch.forward(ids, pos, new)
-    for step in range(max_new_tokens):
-        picked, lps = _pick(logits, temperature, top_p, [r.generator for r in batch.rows])
-        for b, (tok, lp) in enumerate(zip(picked, lps, strict=True)):
-            row = batch.rows[b]
-            if row.done:
-                continue
-            row.ids.append(tok)
-            row.logprobs.append(lp)
-            if tok in stop_set or step == max_new_tokens - 1:
-                row.done = True
-                row.reason = "stop" if tok in stop_set else "length"
-                results[order[b]] = (row.ids, row.logprobs, row.reason)
-                store.add(batch.take_row(b))
-        live = [b for b, r in enumerate(batch.rows) if not r.done]
-        if not live:
-            break
-        if len(live) <= 3 * len(batch.rows) // 4:
-            batch.keep(live)  # worth the copy: a quarter of the rows are done
-            order = [order[b] for b in live]
-            picked = [picked[b] for b in live]
-        column = batch.length
-        feed = torch.tensor([[t] for t in picked], dtype=torch.long, device=device)
-        alive = torch.tensor([[not r.done] for r in batch.rows], dtype=torch.bool, device=device)
-        positions = []
-        for r in batch.rows:
-            positions.append([r.position])
-            if not r.done:
-                r.columns.append(column)
-                r.position += 1
-        logits = batch.forward(feed, torch.tensor(positions, dtype=torch.long, device=device), alive)
-    return [results[i] for i in range(len(prompts))]
+    shared = common_prefix(prompts)
+    _, have = store.best(prompts[0][:shared], limit=shared)
+    if shared - have < MIN_SHARED:
+        return
+    batch, ids, pos, new = build_batch(model, store, [prompts[0][:shared]], [shared], 0, cache_kw)
+    batch.forward(ids, pos, new)
+    entry = batch.take_row(0, [0])  # take_row keeps prompt + sampled[:-1] = the whole prefix
+    entry.shared = True
+    store.add(entry)
