@@ -54,7 +54,8 @@ def serve(
     threads: Annotated[
         int | None,
         typer.Option(
-            "--threads", min=1, help="CPU threads (default: one per core of --cpus when pinned, else torch's)."
+            "--threads", min=1,
+            help="CPU threads (default: one per core of --cpus when pinned, else torch's).",
         ),
     ] = None,
     cpus: Annotated[
@@ -75,7 +76,9 @@ def serve(
     adapter_root: Annotated[
         str | None, typer.Option("--adapter-root", help="Only adapters under this folder load.")
     ] = None,
-    max_n: Annotated[int | None, typer.Option("--max-n", help=_LIMIT + "most completions per prompt (n).")] = None,
+    max_n: Annotated[
+        int | None, typer.Option("--max-n", help=_LIMIT + "most completions per prompt (n).")
+    ] = None,
     max_prompts: Annotated[
         int | None, typer.Option("--max-prompts", help=_LIMIT + "most prompts in one request.")
     ] = None,
@@ -90,7 +93,9 @@ def serve(
     ] = None,
     max_logprobs: Annotated[
         int | None,
-        typer.Option("--max-logprobs", help=_LIMIT + "most alternatives per token (logprobs, prompt_logprobs)."),
+        typer.Option(
+            "--max-logprobs", help=_LIMIT + "most alternatives per token (logprobs, prompt_logprobs)."
+        ),
     ] = None,
     max_stop_token_ids: Annotated[
         int | None, typer.Option("--max-stop-token-ids", help=_LIMIT + "most stop_token_ids.")

@@ -166,7 +166,9 @@ def plan(
     recipe: Annotated[str, typer.Argument(help="Recipe YAML (or a shipped recipe's name).")],
     gpu_memory_gb: Annotated[
         float,
-        typer.Option("--gpu-memory-gb", min=0.0, help="Memory of a GPU that is not visible here (decimal GB)."),
+        typer.Option(
+            "--gpu-memory-gb", min=0.0, help="Memory of a GPU that is not visible here (decimal GB)."
+        ),
     ] = 96.0,
     gradient_checkpointing: Annotated[
         bool | None,
