@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the benchmark runs, their calibration and the report are one command and change together.
 """``twin bench trainer``: the async two-worker loop against the same loop run synchronously.
 
 Runs the toy twin with the tiny model through :class:`trainer.orchestrator.AsyncTrainer` with

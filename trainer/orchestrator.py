@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the async loop and its fault handling (sampler restarts, the load thread, stale lots) read as one unit.
 """The async loop: rollout and learning in separate processes, bounded staleness, LoRA hot-swap.
 
 ::
@@ -70,14 +71,14 @@ from trainer.probe import SyncProbe, probe_sequence
 # at import, not in the load thread: an import compiles, and CPython 3.11's compiler is not safe
 # against a compile in another thread ("AST constructor recursion depth mismatch")
 from trainer.samplers import SamplerError
-from trainer.runtime import (
+from trainer.adapters import (
     AdapterClient,
     AdapterPublisher,
     AdapterSink,
-    TrainingRuntime,
     make_sampler_server,
     require_lora_for_server,
 )
+from trainer.runtime import TrainingRuntime
 from trainer.workers import (
     AdapterSyncError,
     Lot,
@@ -180,7 +181,7 @@ class AsyncTrainer(TrainingRuntime):
         overwrite: Without ``resume``, delete the checkpoints an earlier run left there.
         on_step: Called with each step's metrics record.
         learner: The learner (default: built from the recipe).
-        adapters: Loads versions into the sampler (default: an :class:`trainer.runtime.AdapterClient`
+        adapters: Loads versions into the sampler (default: an :class:`trainer.adapters.AdapterClient`
             of the launched server, over ``transport``).
         store: A run store (default: the recipe's ``train.store``).
         launcher: Starts the rollout side (default: :func:`spawn_rollout_worker`).

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: the Ray backend (coordinator, worker and engine actors, the trainer, the learner actor) is one optional feature behind one dependency.
 """``backend: ray``: the async trainer's rollout side as Ray actors, on one machine or a cluster.
 
 ::
@@ -50,7 +51,7 @@ from typing import Any
 from trainer.config import Recipe
 from trainer.orchestrator import AsyncTrainer, RolloutSide
 from trainer.placement import place_rollout_process
-from trainer.runtime import AdapterClient, make_sampler_server
+from trainer.adapters import AdapterClient, make_sampler_server
 from trainer.workers import (
     Lot,
     ModelCheckTransport,
@@ -426,7 +427,7 @@ class EngineGroup:
 
 
 class RayAdapterClient:
-    """:class:`trainer.runtime.AdapterClient`'s interface (an :class:`trainer.runtime.AdapterSink`) for the engine actors: an adapter
+    """:class:`trainer.adapters.AdapterClient`'s interface (an :class:`trainer.adapters.AdapterSink`) for the engine actors: an adapter
     folder travels as bytes through Ray's object store (``ray.put`` once, every engine reads it), so
     the learner and the engines need no shared filesystem."""
 

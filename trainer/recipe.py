@@ -36,15 +36,15 @@ import httpx
 
 from trainer.config import Recipe
 from trainer.rollouts import StepSample, rollout_settings, sample_step
-from trainer.runtime import (
+from trainer.adapters import (
     AdapterClient,
     AdapterPublisher,
     AdapterSink,
     InProcessAdapters,
-    TrainingRuntime,
     make_sampler_server,
     require_lora_for_server,
 )
+from trainer.runtime import TrainingRuntime
 from trainer.serving.http import auth_headers
 from trainer.workers import adapter_name, sampler_context_length
 from twin.errors import ConfigError
@@ -67,8 +67,8 @@ class SyncTrainer(TrainingRuntime):
         sampler: Samples the episodes (default: ``sampler.kind: hf`` an in-process
             :class:`trainer.samplers.HFSampler` on the learner's model; ``vllm`` a vLLM server
             this run starts; ``server`` the one at ``sampler.base_url``).
-        adapters: Where each new version goes (default: :class:`trainer.runtime.InProcessAdapters`
-            for ``hf``, else an :class:`trainer.runtime.AdapterClient` of the server).
+        adapters: Where each new version goes (default: :class:`trainer.adapters.InProcessAdapters`
+            for ``hf``, else an :class:`trainer.adapters.AdapterClient` of the server).
         store: A run store (default: the recipe's ``train.store``).
 
     Raises:

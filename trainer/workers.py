@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from trainer.placement import place_rollout_process
-from twin.errors import ConfigError, TwinError
+from twin.errors import TwinError
 from twin.http import tls_context
 
 __all__ = [

@@ -332,7 +332,7 @@ def test_resume_restores_the_async_counters_from_the_shared_checkpoint_format(tm
 
 
 def test_placement_reaches_the_sampler_server(tmp_path: Path) -> None:
-    from trainer.runtime import make_sampler_server
+    from trainer.adapters import make_sampler_server
 
     cfg = load_recipe("toy-cpu", [
         "lora.enabled=true", "devices.rollout=cuda:1", "devices.learner=cuda:0", "model.dtype=auto",

@@ -25,7 +25,7 @@ import pytest
 
 from trainer.orchestrator import AsyncTrainer, guarded_command
 from trainer.probe import SyncProbe, probe_sequence
-from trainer.runtime import AdapterClient
+from trainer.adapters import AdapterClient
 from trainer.samplers import ServerSampler
 from trainer.workers import AdapterSyncError, ModelCheckTransport
 

@@ -14,7 +14,6 @@ from trainer import objective
 from trainer.config import AlgorithmConfig, OptimConfig, load_recipe
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.models import load_model
-from trainer.objective import group_rewards
 from twin.errors import ConfigError
 
 
@@ -78,7 +77,7 @@ def test_overlong_penalty_counts_only_the_tokens_the_policy_wrote() -> None:
     # both episodes hold 95 tokens (prompt and tool results included); one policy wrote 90, one 10
     trajs = [SimpleNamespace(completion_tokens=n, info={"episode_tokens": 95}) for n in (90, 10)]
     group = SimpleNamespace(rewards=[1.0, 1.0], trajectories=trajs)
-    shaped = group_rewards(group, cfg).tolist()
+    shaped = objective.group_rewards(group, cfg).tolist()
     assert shaped == pytest.approx([1.0 - 0.5, 1.0])
 
 

@@ -125,7 +125,7 @@ def test_the_sync_loop_updates_through_the_step_body_and_publishes_each_version(
 ) -> None:
     from trainer.recipe import SyncTrainer
     from trainer.rollouts import load_tokenizer
-    from trainer.runtime import InProcessAdapters
+    from trainer.adapters import InProcessAdapters
     from trainer.tiny import WHOLE_CALL_TOKENS
 
     calls = _spy_on_the_body(monkeypatch)
