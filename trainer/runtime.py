@@ -56,6 +56,7 @@ __all__ = [
     "LengthCurriculum",
     "StepUpdate",
     "TrainingRuntime",
+    "build_learner",
     "episode_metrics",
     "finite",
     "learn_from_groups",
@@ -158,6 +159,37 @@ def learn_from_groups(
     else:
         log.warning("step %d: every group had equal rewards; no update", step)
     return StepUpdate(learn, episode_metrics(every), time.perf_counter() - t0)
+
+
+def build_learner(cfg: Recipe, model_path: str, *, temperature: float) -> tuple[Learner, Any]:
+    """The recipe's model (LoRA on it when ``lora.enabled``, else every weight trainable) in a Learner.
+
+    Used by both GRPO loops (:class:`TrainingRuntime`) and by SFT (``trainer/sft.py``).
+
+    Args:
+        cfg: The recipe (``model``, ``lora``, ``algorithm``, ``optim``, ``devices.learner``).
+        model_path: The weights to start from (``model.init_from``'s merged ones, or ``model.path``).
+        temperature: The sampling temperature the learner's logprobs are taken at.
+
+    Returns:
+        ``(learner, tokenizer)``.
+    """
+    from trainer.models import load_model
+
+    model, tokenizer = load_model(model_path, cfg.model.dtype, device=cfg.devices.learner)
+    if cfg.lora.enabled:
+        model = build_lora_model(
+            model, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+        )  # fmt: skip
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    learner = Learner(
+        model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=temperature,
+        max_tokens=cfg.sampler.max_episode_tokens,
+    )  # fmt: skip
+    return learner, tokenizer
 
 
 class LengthCurriculum:
@@ -297,23 +329,7 @@ class TrainingRuntime:
         self.store, self.run_id = open_training_run(cfg, self.twin.name, self.run_id, store=self._given_store)
 
     def _build_learner(self) -> tuple[Learner, Any]:
-        from trainer.models import load_model
-
-        cfg = self.cfg
-        model, tokenizer = load_model(self.model_path, cfg.model.dtype, device=cfg.devices.learner)
-        if cfg.lora.enabled:
-            model = build_lora_model(
-                model, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                target_modules=cfg.lora.target_modules,
-            )  # fmt: skip
-        else:
-            for p in model.parameters():
-                p.requires_grad_(True)
-        learner = Learner(
-            model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=cfg.sampler.temperature,
-            max_tokens=cfg.sampler.max_episode_tokens,
-        )  # fmt: skip
-        return learner, tokenizer
+        return build_learner(self.cfg, self.model_path, temperature=self.cfg.sampler.temperature)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:

@@ -42,7 +42,7 @@ import torch
 
 from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
 from trainer.config import Recipe, check_devices
-from trainer.learner import Learner, TrainBatch, build_lora_model
+from trainer.learner import Learner, TrainBatch
 from trainer.metrics import MetricsLogger, open_training_run, plot_rewards
 from trainer.renderer import EpisodeTokens, Renderer
 from twin.cases import stable_seed
@@ -251,8 +251,7 @@ class SFTTrainer:
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         """Seed; build the twin, model, learner and renderer; render the dataset; metrics, store."""
-        from trainer.models import load_model
-        from trainer.runtime import seed_everything
+        from trainer.runtime import build_learner, seed_everything
         from twin.registry import make_twin
 
         cfg = self.cfg
@@ -266,19 +265,8 @@ class SFTTrainer:
             self.twin.num_cases(cfg.eval.split)  # an unknown split fails before the model loads
         rows = self._read_rows()
         self.model_path = init_model_path(cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype)
-        model, self.tokenizer = load_model(self.model_path, cfg.model.dtype, device=cfg.devices.learner)
-        if cfg.lora.enabled:
-            model = build_lora_model(
-                model, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                target_modules=cfg.lora.target_modules,
-            )  # fmt: skip
-        else:
-            for p in model.parameters():
-                p.requires_grad_(True)
-        self.learner = Learner(
-            model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=1.0,
-            max_tokens=cfg.sampler.max_episode_tokens,
-        )  # fmt: skip
+        # the GRPO loops' model, LoRA and learner; NLL is taken at temperature 1
+        self.learner, self.tokenizer = build_learner(cfg, self.model_path, temperature=1.0)
         self.episodes = self._render(rows)
         self.total_steps = math.ceil(cfg.data.epochs * len(self.episodes) / cfg.data.batch_size)
         self.output_dir.mkdir(parents=True, exist_ok=True)
