@@ -203,14 +203,13 @@ class _RayRolloutLoop(_RolloutLoop):
         self.redo: list[tuple[int, int]] = []  # (cursor, n) blocks of a lot sampled again
 
     def _cases(self, n: int) -> list[tuple[str, int]]:
-        from trainer.cases import draw_cases
+        from trainer.rollouts import training_cases
 
-        cfg = self.cfg
         if self.redo:  # the same cases as the try that failed, block by block (still claimed)
             start, n = self.redo.pop(0)
         else:
             start = self.shared._call("take_cases", self.worker, n)
-        return draw_cases(self.twin, cfg.twin.split, cfg.seed, start, n, balance=cfg.twin.balance)
+        return training_cases(self.cfg, self.twin, start, n)
 
     def _follow_engine(self) -> None:
         """Sample on the engine the coordinator names (it moves when an engine actor restarts)."""

@@ -44,6 +44,7 @@ __all__ = [
     "load_tokenizer",
     "rollout_settings",
     "sample_step",
+    "training_cases",
 ]
 
 
@@ -293,6 +294,14 @@ class StepSample:
             "batch/groups_sampled": float(len(self.groups)),
             "batch/refill_rounds": float(self.rounds),
         }
+
+
+def training_cases(cfg: Any, twin: Twin, start: int, n: int) -> list[tuple[str, int]]:
+    """The ``n`` training cases at data-cursor position ``start``: the recipe's seeded draw of its split
+    (``twin.balance``; :func:`trainer.cases.draw_cases`). Every loop and worker takes its cases here."""
+    from trainer.cases import draw_cases
+
+    return draw_cases(twin, cfg.twin.split, cfg.seed, start, n, balance=cfg.twin.balance)
 
 
 def sample_step(

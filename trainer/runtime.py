@@ -43,13 +43,12 @@ import numpy as np
 import torch
 
 from trainer import objective
-from trainer.cases import draw_cases
 from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
 from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, open_training_run, plot_rewards
 from trainer.adapters import AdapterPublisher, AdapterSink
-from trainer.rollouts import episode_tokens, load_tokenizer
+from trainer.rollouts import episode_tokens, load_tokenizer, training_cases
 from twin.trajectory import Group
 
 __all__ = [
@@ -369,8 +368,7 @@ class TrainingRuntime:
     # -- one step --------------------------------------------------------------------------------
     def next_cases(self, n: int) -> list[tuple[str, int]]:
         """The next ``n`` training cases: a seeded, kind-balanced draw per cursor position."""
-        cfg = self.cfg
-        cases = draw_cases(self.twin, cfg.twin.split, cfg.seed, self.cursor, n, balance=cfg.twin.balance)
+        cases = training_cases(self.cfg, self.twin, self.cursor, n)
         self.cursor += n
         return cases
 

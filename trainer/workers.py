@@ -370,10 +370,9 @@ class _RolloutLoop:
 
     # -- sampling --------------------------------------------------------------------------------
     def _cases(self, n: int) -> list[tuple[str, int]]:
-        from trainer.cases import draw_cases
+        from trainer.rollouts import training_cases
 
-        cfg = self.cfg
-        cases = draw_cases(self.twin, cfg.twin.split, cfg.seed, self.cursor, n, balance=cfg.twin.balance)
+        cases = training_cases(self.cfg, self.twin, self.cursor, n)
         self.cursor += n
         return cases
 
