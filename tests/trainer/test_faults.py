@@ -52,9 +52,16 @@ def test_unreachable_sampler_on_load_raises() -> None:
         AdapterClient("http://sampler:8000", transport=httpx.MockTransport(down)).load("policy@1", "/x")
 
 
-def test_successful_load_returns_its_time() -> None:
-    seconds = AdapterClient("http://sampler:8000", transport=_answer(200, "Success")).load("policy@1", "/x")
-    assert 0.0 <= seconds < 5.0
+def test_successful_load_posts_the_adapter_and_returns_seconds() -> None:
+    seen: list[tuple[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        return httpx.Response(200, text="Success")
+
+    seconds = AdapterClient("http://sampler:8000/v1", transport=httpx.MockTransport(handler)).load("policy@1", "/x")
+    assert isinstance(seconds, float) and seconds >= 0.0
+    assert seen == [("/v1/load_lora_adapter", {"lora_name": "policy@1", "lora_path": "/x"})]
 
 
 def _completions(model_in_answer: str | None) -> httpx.MockTransport:
