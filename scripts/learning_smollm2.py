@@ -1,0 +1,392 @@
+"""The SmolLM2 learning proof on the Catalog twin (v1): zero-shot -> SFT -> GRPO, on CPU.
+
+Every stage runs the product's own commands (``twin eval``, ``twin collect``, ``twin sft``,
+``twin train``) with the recipes ``data/recipes/catalog-smollm2-sft-cpu.yaml`` and
+``data/recipes/catalog-smollm2-grpo-cpu.yaml``, and writes into ``runs/learning-smollm2/``
+(gitignored). A stage whose output exists is skipped, so a run that was stopped continues where it
+left off. The last step (``report``) reads the per-episode results from the run store
+(``twin.store.RunStore``) and writes ``docs/learning/results.json``, ``docs/learning/table.md`` and
+the curves ``docs/learning/*.png``, which docs/learning.md shows.
+
+Every policy is scored on the same test cases (``0 .. test_cases - 1``), so stages can be compared
+case by case: mean reward with a 95% percentile bootstrap interval (numpy, seed 0, 10,000
+resamples) and, for the stage differences, a paired bootstrap over the case ids.
+
+Usage::
+
+    .venv/bin/python scripts/learning_smollm2.py                     # the full run (hours on CPU)
+    .venv/bin/python scripts/learning_smollm2.py --test-cases 24 --collect-episodes 24 \
+        --sft-batch-size 2 --grpo-steps 1                            # what fits a short session
+    .venv/bin/python scripts/learning_smollm2.py --only report       # rewrite the report
+
+Run it with ``nohup ... > runs/learning-smollm2/log.txt 2>&1 &``; each stage logs its wall-clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_DIR = ROOT / "runs" / "learning-smollm2"
+DOCS_DIR = ROOT / "docs" / "learning"
+SFT_RECIPE = "data/recipes/catalog-smollm2-sft-cpu.yaml"
+GRPO_RECIPE = "data/recipes/catalog-smollm2-grpo-cpu.yaml"
+#: The twin settings every stage uses (the recipes say the same): the compact prompt, three turns.
+TWIN_SETS = ["prompt_style=compact", "max_turns=3"]
+#: Per-turn token limit of every model evaluation: the heuristic's longest turn is 109 tokens.
+MAX_NEW_TOKENS = 112
+STAGES = ("refs", "collect", "zeroshot", "sft", "sft_eval", "grpo", "grpo_eval", "report")
+#: The policies of the table, in order: (stage name, label).
+ROWS = (
+    ("heuristic", "heuristic (reference)"),
+    ("careful", "careful (reference)"),
+    ("zeroshot", "SmolLM2 zero-shot"),
+    ("sft", "SmolLM2 after SFT"),
+    ("grpo", "SmolLM2 after SFT + GRPO"),
+)
+VERDICTS = ("ok", "counterfeit", "prohibited")
+BOOT_SEED = 0
+BOOT_RESAMPLES = 10_000
+
+
+def log(message: str) -> None:
+    """One timestamped line on stdout (the log file of a nohup run)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def twin_cmd(*args: str) -> list[str]:
+    return [str(ROOT / ".venv" / "bin" / "twin"), *args]
+
+
+def run(cmd: list[str], stdout_path: Path | None = None) -> None:
+    """Run a product command; single-threaded torch (fastest on a shared 2-core machine)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log("$ " + " ".join(cmd))
+    if stdout_path is None:
+        subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+        return
+    with open(stdout_path, "w") as out:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out)
+    # twin eval exits 3 when some episodes failed: they are stored and scored, so keep going.
+    if proc.returncode not in (0, 3):
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+
+
+class Timings:
+    """Wall-clock seconds per stage, kept in ``timings.json`` across resumed runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+
+    def record(self, stage: str, seconds: float) -> None:
+        self.data[stage] = round(seconds, 1)
+        self.path.write_text(json.dumps(self.data, indent=1) + "\n")
+
+
+# -- stages ------------------------------------------------------------------------------------
+def evaluate(name: str, policy: str, args: argparse.Namespace) -> None:
+    """``twin eval`` of ``policy`` on test cases 0..N-1, then its episodes exported from the store."""
+    summary = RUN_DIR / f"eval-{name}.json"
+    if summary.exists():
+        log(f"{name}: {summary.name} exists, skipped")
+        return
+    partial = summary.with_suffix(".partial")
+    cmd = twin_cmd(
+        "eval", "catalog", "--policy", policy, "--split", "test", "--episodes", str(args.test_cases),
+        "--store", str(args.store), "--json", "--no-progress", "-c", str(args.test_cases),
+    )
+    for s in TWIN_SETS:
+        cmd += ["--set", s]
+    run(cmd, partial)
+    data = json.loads(partial.read_text())
+    export_episodes(data["run_id"], RUN_DIR / f"episodes-{name}.jsonl", args.store)
+    partial.rename(summary)
+
+
+def export_episodes(run_id: int, out: Path, store_path: Path) -> None:
+    """One line per episode: case, kind, reward, components, parse rate and verdicts."""
+    from twin.registry import make_twin
+    from twin.store import RunStore
+
+    twin = make_twin("catalog")
+    store = RunStore(str(store_path))
+    try:
+        episodes = store.episodes(run_id)
+    finally:
+        store.close()
+    with open(out, "w") as f:
+        for t in episodes:
+            turns = [m for m in t.messages if m.get("role") == "assistant"]
+            parsed = sum(1 for m in turns if m.get("tool_calls"))
+            truth = twin.case(t.split, t.index).truth
+            f.write(json.dumps({
+                "case_id": t.case_id, "index": t.index, "kind": t.case_kind, "reward": t.reward,
+                "components": t.components, "turns": len(turns), "parsed_turns": parsed,
+                "submitted": t.submission is not None,
+                "verdict": (t.submission or {}).get("verdict", "none"),
+                "true_verdict": truth["verdict"],
+            }) + "\n")
+
+
+def collect(args: argparse.Namespace) -> None:
+    out = RUN_DIR / "data-heuristic"
+    if (out / "dataset.json").exists():
+        log("collect: data-heuristic exists, skipped")
+        return
+    cmd = twin_cmd(
+        "collect", "catalog", "--policy", "heuristic", "--split", "train",
+        "--episodes", str(args.collect_episodes), "--min-reward", "0.9", "--out", str(out),
+        "--store", str(args.store), "--no-progress",
+    )
+    for s in TWIN_SETS:
+        cmd += ["--set", s]
+    run(cmd)
+
+
+def train(stage: str, args: argparse.Namespace) -> None:
+    out = RUN_DIR / stage
+    if (out / "checkpoints" / "latest").exists():
+        log(f"{stage}: {out.name}/checkpoints exists, skipped")
+        return
+    sets = [f"train.output_dir={out}", f"twin.config.max_turns=3"]
+    if stage == "sft":
+        sets += [f"data.paths=[{RUN_DIR / 'data-heuristic'}]", f"data.epochs={args.sft_epochs}",
+                 f"data.batch_size={args.sft_batch_size}", f"eval.cases={args.sft_eval_cases}"]
+        cmd = twin_cmd("sft", SFT_RECIPE)
+    else:
+        sets += [f"model.init_from={RUN_DIR / 'sft'}", f"train.steps={args.grpo_steps}"]
+        cmd = twin_cmd("train", GRPO_RECIPE)
+    for s in sets:
+        cmd += ["--set", s]
+    env_store = os.environ.get("TWINRL_STORE")
+    os.environ["TWINRL_STORE"] = str(args.store)  # the training runs go to the same store
+    try:
+        run(cmd)
+    finally:
+        if env_store is None:
+            os.environ.pop("TWINRL_STORE", None)
+        else:
+            os.environ["TWINRL_STORE"] = env_store
+
+
+# -- report ------------------------------------------------------------------------------------
+def bootstrap_ci(values: np.ndarray) -> tuple[float, float]:
+    """95% percentile interval of the mean of ``values`` over resampled cases.
+
+    Each interval draws from its own generator seeded ``BOOT_SEED``, so a figure does not depend
+    on which other stages exist or the order they are reported in.
+    """
+    rng = np.random.default_rng(BOOT_SEED)
+    idx = rng.integers(0, len(values), size=(BOOT_RESAMPLES, len(values)))
+    means = values[idx].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def read_episodes(name: str) -> list[dict[str, Any]] | None:
+    path = RUN_DIR / f"episodes-{name}.jsonl"
+    if not path.exists():
+        return None
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rewards = np.array([r["reward"] if r["reward"] is not None else 0.0 for r in rows], dtype=float)
+    lo, hi = bootstrap_ci(rewards)
+    turns = sum(r["turns"] for r in rows)
+    confusion = {t: {p: 0 for p in (*VERDICTS, "none")} for t in VERDICTS}
+    for r in rows:
+        confusion[r["true_verdict"]][r["verdict"] if r["verdict"] in VERDICTS else "none"] += 1
+    kinds: dict[str, list[float]] = {}
+    for r, x in zip(rows, rewards, strict=True):
+        kinds.setdefault(r["kind"], []).append(float(x))
+    return {
+        "episodes": len(rows),
+        "reward_mean": float(rewards.mean()),
+        "reward_ci95": [lo, hi],
+        "parse_rate": (sum(r["parsed_turns"] for r in rows) / turns) if turns else 0.0,
+        "submit_rate": sum(r["submitted"] for r in rows) / len(rows),
+        "verdict_accuracy": sum(r["verdict"] == r["true_verdict"] for r in rows) / len(rows),
+        "verdict_confusion": confusion,
+        "by_kind": {k: {"episodes": len(v), "reward_mean": float(np.mean(v))} for k, v in sorted(kinds.items())},
+    }
+
+
+def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean of ``b - a`` over the shared case ids, with a paired 95% bootstrap interval."""
+    ra = {r["case_id"]: r["reward"] or 0.0 for r in a}
+    rb = {r["case_id"]: r["reward"] or 0.0 for r in b}
+    ids = sorted(set(ra) & set(rb))
+    diff = np.array([rb[i] - ra[i] for i in ids], dtype=float)
+    lo, hi = bootstrap_ci(diff)
+    return {"cases": len(ids), "mean_diff": float(diff.mean()), "ci95": [lo, hi]}
+
+
+def read_metrics(stage: str) -> list[dict[str, Any]]:
+    path = RUN_DIR / stage / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves() -> list[str]:
+    """Loss of the SFT stage and sampled reward of the GRPO stage per step, as PNGs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for stage, keys, ylabel in (
+        ("sft", ("losses/loss",), "token NLL (assistant tokens)"),
+        ("grpo", ("rewards/total", "reward/mean"), "mean reward of the step's rollouts"),
+    ):
+        records = read_metrics(stage)
+        key = next((k for k in keys if any(k in r for r in records)), None)
+        if key is None:
+            continue
+        pts = [(r["step"], r[key]) for r in records if key in r]
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"SmolLM2 on Catalog v1: {stage} ({key})")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        name = f"{stage}-curve.png"
+        fig.savefig(DOCS_DIR / name, dpi=100)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def fmt_ci(s: dict[str, Any]) -> str:
+    return f"{s['reward_mean']:+.3f} [{s['reward_ci95'][0]:+.3f}, {s['reward_ci95'][1]:+.3f}]"
+
+
+def report(args: argparse.Namespace) -> None:
+    DOCS_DIR.mkdir(parents=True, exist_ok=True)
+    timings = Timings(RUN_DIR / "timings.json").data
+    sizes_path = RUN_DIR / "sizes.json"
+    sizes = json.loads(sizes_path.read_text()) if sizes_path.exists() else {}
+    episodes = {name: read_episodes(name) for name, _ in ROWS}
+    stats = {name: summarize(rows) for name, rows in episodes.items() if rows}
+    diffs = {}
+    for a, b in (("sft", "grpo"), ("zeroshot", "sft"), ("heuristic", "grpo"), ("heuristic", "sft")):
+        if episodes.get(a) and episodes.get(b):
+            diffs[f"{b}-{a}"] = paired(episodes[a], episodes[b])
+    sft_rows = read_metrics("sft")
+    grpo_rows = read_metrics("grpo")
+    # The cases every stage was scored on (the same ids: evaluate() always runs 0..N-1).
+    n_cases = max((s["episodes"] for s in stats.values()), default=0)
+    results = {
+        "twin": "Catalog v1", "split": "test", "test_cases": n_cases,
+        "twin_config": TWIN_SETS, "max_new_tokens": MAX_NEW_TOKENS,
+        "bootstrap": {"seed": BOOT_SEED, "resamples": BOOT_RESAMPLES, "interval": "percentile 95%"},
+        "sizes": {**sizes, "sft_steps_run": len([r for r in sft_rows if "losses/loss" in r]),
+                  "grpo_steps_run": len([r for r in grpo_rows if "losses/loss" in r or "rewards/total" in r])},
+        "stages": stats, "differences": diffs, "wall_clock_s": timings,
+    }
+    (DOCS_DIR / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    curves = plot_curves()
+
+    wall = {"heuristic": "refs", "careful": "refs", "zeroshot": "zeroshot", "sft": "sft_eval", "grpo": "grpo_eval"}
+    lines = [
+        f"Catalog v1, test cases 0..{n_cases - 1} ({n_cases} cases, one greedy episode each; "
+        f"compact prompt, 3 turns, {MAX_NEW_TOKENS} new tokens per turn). Reward: mean [95% bootstrap interval].",
+        "",
+        "| policy | reward [95% CI] | parse rate | submitted | verdict accuracy | eval wall-clock (s) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, label in ROWS:
+        if name not in stats:
+            lines.append(f"| {label} | not run | | | | |")
+            continue
+        s = stats[name]
+        lines.append(
+            f"| {label} | {fmt_ci(s)} | {s['parse_rate']:.2f} | {s['submit_rate']:.2f} | "
+            f"{s['verdict_accuracy']:.2f} | {timings.get(wall[name], float('nan')):.0f} |"
+        )
+    lines += ["", "Training wall-clock (s): " + ", ".join(
+        f"{k} {v:.0f}" for k, v in timings.items() if k in ("collect", "sft", "grpo"))]
+    if diffs:
+        lines += ["", "| difference (paired over cases) | mean [95% CI] |", "| --- | --- |"]
+        for key, d in diffs.items():
+            lines.append(f"| {key} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+    lines += ["", "Verdict confusion (rows: true verdict; columns: submitted, `none` = no submit):", ""]
+    for name, label in ROWS:
+        if name not in stats:
+            continue
+        c = stats[name]["verdict_confusion"]
+        lines += [f"{label}:", "", "| true \\ submitted | " + " | ".join((*VERDICTS, "none")) + " |",
+                  "| --- |" + " --- |" * (len(VERDICTS) + 1)]
+        lines += [f"| {t} | " + " | ".join(str(c[t][p]) for p in (*VERDICTS, "none")) + " |" for t in VERDICTS]
+        lines.append("")
+    kinds = sorted({k for s in stats.values() for k in s["by_kind"]})
+    names = [n for n, _ in ROWS if n in stats]
+    lines += ["Mean reward per case kind:", "", "| kind | n | " + " | ".join(names) + " |",
+              "| --- | --- |" + " --- |" * len(names)]
+    for k in kinds:
+        n = next(s["by_kind"][k]["episodes"] for s in stats.values() if k in s["by_kind"])
+        cells = [f"{stats[x]['by_kind'][k]['reward_mean']:+.2f}" if k in stats[x]["by_kind"] else "" for x in names]
+        lines.append(f"| {k} | {n} | " + " | ".join(cells) + " |")
+    if curves:
+        lines += [""] + [f"![{c}]({c})" for c in curves]
+    (DOCS_DIR / "table.md").write_text("\n".join(lines) + "\n")
+    log(f"report: {DOCS_DIR / 'results.json'}, {DOCS_DIR / 'table.md'}, {', '.join(curves) or 'no curves'}")
+
+
+# -- main --------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--test-cases", type=int, default=200, help="test cases 0..N-1 for every policy (200 = the whole split)")
+    p.add_argument("--collect-episodes", type=int, default=160, help="heuristic train episodes run (kept: reward >= 0.9)")
+    p.add_argument("--sft-epochs", type=int, default=2)
+    p.add_argument("--sft-batch-size", type=int, default=8)
+    p.add_argument("--sft-eval-cases", type=int, default=0, help="dev cases scored during SFT (0 = none)")
+    p.add_argument("--grpo-steps", type=int, default=8)
+    p.add_argument("--only", choices=STAGES, action="append", help="run only these stages (repeatable)")
+    args = p.parse_args(argv)
+    if not 1 <= args.test_cases <= 200:
+        p.error(f"--test-cases must be in 1..200 (the catalog test split has 200 cases), got {args.test_cases}")
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    args.store = RUN_DIR / "store.db"
+    timings = Timings(RUN_DIR / "timings.json")
+    if not args.only or set(args.only) - {"report"}:  # the sizes the stages ran with, for the report
+        sizes = {k: getattr(args, k) for k in ("test_cases", "collect_episodes", "sft_epochs", "sft_batch_size", "grpo_steps")}
+        (RUN_DIR / "sizes.json").write_text(json.dumps(sizes, indent=1) + "\n")
+    policy = f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={args.test_cases}"
+    actions = {
+        "refs": lambda: (evaluate("heuristic", "heuristic", args), evaluate("careful", "careful", args)),
+        "collect": lambda: collect(args),
+        "zeroshot": lambda: evaluate("zeroshot", f"hf:smollm2,{policy}", args),
+        "sft": lambda: train("sft", args),
+        "sft_eval": lambda: evaluate("sft", f"hf:{RUN_DIR / 'sft'},{policy}", args),
+        "grpo": lambda: train("grpo", args),
+        "grpo_eval": lambda: evaluate("grpo", f"hf:{RUN_DIR / 'grpo'},{policy}", args),
+        "report": lambda: report(args),
+    }
+    for stage in STAGES:
+        if args.only and stage not in args.only:
+            continue
+        log(f"stage {stage}")
+        t0 = time.monotonic()
+        actions[stage]()
+        seconds = time.monotonic() - t0
+        if stage != "report" and seconds > 5:  # a skipped stage keeps its first wall-clock
+            timings.record(stage, seconds)
+        log(f"stage {stage} done in {seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
