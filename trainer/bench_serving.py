@@ -139,7 +139,8 @@ def asgi_app(core: Any, api_key: str | None = None) -> Any:
         if scope["type"] == "http" and scope["path"] not in OPEN_ROUTES:
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             if not _key_matches(header, api_key):
-                denied = answer(401, ServerError("missing or wrong API key", 401).body(), {"WWW-Authenticate": "Bearer"})
+                error = ServerError("missing or wrong API key", 401).body()
+                denied = answer(401, error, {"WWW-Authenticate": "Bearer"})
                 await denied(scope, receive, send)
                 return
         await app(scope, receive, send)

@@ -219,7 +219,8 @@ class HFSampler:
         self.model.eval()  # no dropout while sampling
         try:
             for start in range(0, len(rows), self.max_batch):
-                self.engine.decode(rows[start : start + self.max_batch], store=self.store, share_prefill=self.share_prefill)
+                chunk = rows[start : start + self.max_batch]
+                self.engine.decode(chunk, store=self.store, share_prefill=self.share_prefill)
         finally:
             self.model.train(was_training)
         return [Sample(r.ids, r.token_logprobs, r.finish_reason or "length") for r in rows]

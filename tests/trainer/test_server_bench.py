@@ -47,7 +47,8 @@ def test_the_fastapi_candidate_answers_what_the_served_layer_answers(api_key: st
                 assert a.status_code == (401 if api_key else 200)
                 continue  # the 401 texts differ in wording
             assert a.content == b.content or a.json() == b.json(), (path, a.text, b.text)
-        assert json.loads(served.post("/v1/completions", json=BODY, headers=auth).content)["choices"][0]["token_ids"] == [5, 6, 7, 8]
+        answer = json.loads(served.post("/v1/completions", json=BODY, headers=auth).content)
+        assert answer["choices"][0]["token_ids"] == [5, 6, 7, 8]
     finally:
         served.close()
         httpd.shutdown()

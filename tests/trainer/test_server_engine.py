@@ -21,10 +21,11 @@ def tiny():
 
 def _prompt(tok, text: str) -> list[int]:
     messages = [{"role": "user", "content": text}]
-    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(ids["input_ids"])
 
 
-def _three_users(model, tok, prompt: list[int], *, temperature: float, seed: int) -> list[tuple[list[int], list[float]]]:
+def _three_users(model, tok, prompt: list[int], *, temperature: float, seed: int) -> list[tuple[list, list]]:
     """The same request through the server, the sampler and a policy: (ids, logprobs) of each."""
     eos = tok.eos_token_id
     server = CompletionServer(model, tok, model_name="tiny")
@@ -79,7 +80,8 @@ def test_prompt_logprobs_and_shared_prefill_rows_are_the_model_s(tiny) -> None:
     with torch.no_grad():
         lps = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
     assert scored.finish_reason == "length" and scored.ids == []
-    assert [v for v, _, _ in scored.prompt_lps] == pytest.approx(lps.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist(), abs=1e-5)
+    expected = lps.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
+    assert [v for v, _, _ in scored.prompt_lps] == pytest.approx(expected, abs=1e-5)
     assert all(len(top) == 2 and rank >= 1 for _, rank, top in scored.prompt_lps)
     group = [Row(prompt=prompt, max_tokens=6, generator=torch.Generator().manual_seed(i)) for i in range(4)]
     engine.decode(group)

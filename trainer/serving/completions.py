@@ -171,7 +171,6 @@ class CompletionServer:
             self._wakeup.notify_all()
         self._worker.join(timeout=10)
 
-
     # -- routes ----------------------------------------------------------------------------------
     def models(self) -> dict[str, Any]:
         """The ``GET /v1/models`` body: the base model, then the adapters in load order."""
@@ -212,7 +211,6 @@ class CompletionServer:
                 f"generation failed: {type(request.error).__name__}: {request.error}", 500
             )
         return self._response(req, request, name)
-
 
     def _parse(self, body: dict[str, Any]) -> tuple[_Request, str, Any]:
         """Validate a completions body against the limits; the queued request, model name and body."""
@@ -260,7 +258,6 @@ class CompletionServer:
                 raise ServerError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}", 400)
             out.append(ids)
         return out
-
 
     def _response(self, req: Any, request: _Request, name: str) -> dict[str, Any]:
         as_ids, with_ids, skip_special = req.return_tokens_as_token_ids, req.return_token_ids, req.skip_special_tokens
@@ -319,7 +316,6 @@ class CompletionServer:
         if as_ids:
             return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id])
-
 
     def _prompt_logprobs(self, row: Row) -> list[dict[str, Any] | None] | None:
         """vLLM's ``prompt_logprobs``: None for the first token, then ``{id: {logprob, rank, decoded_token}}``."""
@@ -407,7 +403,6 @@ class CompletionServer:
                     self.slots.collect()
                 for r in finished:
                     r.done.set()
-
 
     def _run(self, batch: list[tuple[_Request, int, int]]) -> None:
         rows: list[Row] = []

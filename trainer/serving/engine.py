@@ -138,7 +138,8 @@ class Engine:
             width = ids.shape[1]
             for b, row in enumerate(rows):
                 if row.prompt_logprobs is not None:
-                    row.prompt_lps = _prompt_logprobs(logits[b, width - len(row.prompt) :], row.prompt, row.prompt_logprobs)
+                    scores = logits[b, width - len(row.prompt) :]
+                    row.prompt_lps = _prompt_logprobs(scores, row.prompt, row.prompt_logprobs)
             logits = logits[:, -1]
         if len(distinct) < len(rows):
             batch.expand(unit)
@@ -216,7 +217,11 @@ class Engine:
         return token_list
 
 
-def _prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[tuple[float, int, list[tuple[int, float]]]]:
+#: Per prompt position: the token's logprob, its rank, the top alternatives ``(id, logprob)``.
+PromptLogprobs = list[tuple[float, int, list[tuple[int, float]]]]
+
+
+def _prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> PromptLogprobs:
     """Per prompt token after the first: its logprob, its rank and the ``k`` most likely tokens."""
     lps = torch.log_softmax(logits[:-1], dim=-1)
     out = []

@@ -299,7 +299,8 @@ class CacheBatch:
         for layer in self.layers:
             layer.select_rows(idx)
         self.mask = self.mask.index_select(0, idx)
-        self.slots = [Slot(list(self.slots[i].prompt), list(self.slots[i].columns), self.slots[i].position) for i in index]
+        old = self.slots
+        self.slots = [Slot(list(old[i].prompt), list(old[i].columns), old[i].position) for i in index]
 
     expand = keep  # rows that repeat a prompt: prefilled once, then copied out
 
