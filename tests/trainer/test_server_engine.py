@@ -89,3 +89,23 @@ def test_prompt_logprobs_and_shared_prefill_rows_are_the_model_s(tiny) -> None:
     alone = Row(prompt=prompt, max_tokens=6, generator=torch.Generator().manual_seed(2))
     engine.decode([alone])
     assert alone.ids == group[2].ids
+
+
+def test_eager_and_sdpa_attention_sample_the_same(tiny) -> None:
+    """The engine's mask is boolean for SDPA and additive for eager attention: the same tokens,
+    with left padding and a row whose padding queries see nothing else."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.tiny import build_tiny
+
+    _, tok = tiny
+    runs = []
+    for attention in ("sdpa", "eager"):
+        model = AutoModelForCausalLM.from_pretrained(build_tiny(), dtype=torch.float32, attn_implementation=attention)
+        engine = Engine(model.eval(), pad_id=tok.pad_token_id or tok.eos_token_id)
+        rows = [Row(prompt=p, max_tokens=6, temperature=0.0) for p in (_prompt(tok, "A longer prompt here."), [5, 6])]
+        engine.decode(rows)
+        assert not any(torch.isnan(torch.tensor(r.token_logprobs)).any() for r in rows)
+        runs.append([(r.ids, r.token_logprobs) for r in rows])
+    for (ids_a, lps_a), (ids_b, lps_b) in zip(*runs, strict=True):
+        assert ids_a == ids_b and lps_a == pytest.approx(lps_b, abs=1e-5)

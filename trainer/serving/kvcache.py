@@ -17,8 +17,8 @@ A batch mixes rows with cached prefixes of different lengths. Each row's cache i
 right-aligned into one preallocated buffer per layer (``[batch, kv_heads, capacity, head_dim]``,
 written in place as tokens arrive: no per-step concatenation), new tokens are left-padded after
 it, and the model gets explicit position ids (RoPE positions of each row's own sequence) and an
-explicit additive 4-D mask (causal in buffer order, padding columns masked with the dtype's
-minimum rather than ``-inf`` so a padding query that sees nothing stays finite). Rows that finish
+explicit 4-D mask (causal in buffer order, padding columns masked; boolean for SDPA, additive
+for eager attention; a padding query sees its own column, so no row is all masked). Rows that finish
 leave the batch when enough have finished to be worth the copy (:meth:`CacheBatch.keep`); rows
 that repeat a prompt are prefilled once and copied out (:meth:`CacheBatch.expand`).
 
@@ -249,6 +249,10 @@ class CacheBatch:
         self.mask = mask
         self.device = mask.device
         self.cache_kw = cache_kw
+        # the model's attention: SDPA takes the boolean mask; eager attention adds it, so it
+        # gets the additive form (the dtype's minimum where masked)
+        config = getattr(model, "config", None)
+        self.bool_mask = getattr(config, "_attn_implementation", None) == "sdpa"
 
     @property
     def length(self) -> int:
@@ -269,12 +273,20 @@ class CacheBatch:
         keys = self.mask[:, : start + q]  # [B, kv]
         causal = torch.ones(q, start + q, dtype=torch.bool, device=self.device).tril(start)
         allowed = keys[:, None, :] & causal[None]  # [B, q, kv]
-        dtype = next(self.model.parameters()).dtype
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-        additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+        # A padding query sees its own column: no query row is all masked, which SDPA would
+        # answer with NaN (and a NaN value times a zero weight is still NaN in later rows).
+        diagonal = torch.arange(q, device=self.device)
+        allowed[:, diagonal, start + diagonal] = True
+        if self.bool_mask:
+            mask = allowed[:, None]  # SDPA takes a boolean mask: a quarter of the float one's memory
+        else:
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+            mask = mask[:, None]
         out = self.model(
             input_ids=input_ids,
-            attention_mask=additive[:, None],
+            attention_mask=mask,
             position_ids=positions,
             use_cache=True,
             **{self.cache_kw: self.cache},
