@@ -1,0 +1,254 @@
+"""A CI-sized proof of multi-turn learning on the catalog twin: SFT warm start, then GRPO.
+
+A tiny model is built here (:func:`trainer.tiny.build_tiny`, its BPE trained on the catalog
+episodes it will read) and taught the tools by SFT on a demonstrator's episodes
+(:func:`twin.collect.collect`), then trained by GRPO from that checkpoint (``model.init_from``) on
+the catalog twin (v1, compact prompt, three turns). Both stages run as ``twin train`` runs them
+(:func:`trainer.cli.train`). Both checkpoints are scored on the same held-out ``dev`` cases, which
+neither stage saw, with the same sampling seeds.
+
+The demonstrator (:class:`FormatTeacher`) searches the taxonomy with the listing's item type, looks
+the top-level category of the first hit up with ``get_attribute_schema`` and submits that category
+with a verdict it draws without looking at the evidence (ok 3/5, counterfeit 1/5, prohibited 1/5).
+SFT teaches the calls; the verdict it teaches is noise. The reward knows what the demonstrator does
+not: a missed counterfeit costs 7x a false alarm (envs/catalog/README.md), so GRPO must move the
+verdicts away from the demonstrator's to raise the held-out reward.
+
+The tiny tokenizer holds the fixed JSON around each call's arguments as added tokens
+(``EXTRA_TOKENS``, as ``trainer.tiny.CALL_TOKENS`` do for the toy): a call is an opening token, its
+argument values as ordinary tokens (the query's words, the category id, the verdict) and a closing
+token. docs/training.md ("A CI-sized proof on the catalog") has the measured figures.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rich.console import Console
+
+from envs.catalog.baselines import parse_prompt
+from trainer.cli import train
+from trainer.tiny import build_tiny, chat_template, chat_text
+from twin.collect import collect, read_dataset
+from twin.errors import ConfigError
+from twin.registry import make_twin
+
+#: The twin: catalog v1 with the compact prompt; three turns (search, look-up, submit).
+TWIN: dict[str, Any] = {"prompt_style": "compact", "max_turns": 3}
+#: The fixed text around the arguments of the demonstrator's calls, exactly as the chat template
+#: (``trainer/templates/chatml_tools.jinja``) writes them; ``'"}}\n</tool_call>'`` closes every
+#: call (it is ``trainer.tiny.CALL_TOKENS[1]`` already): the search names its ``limit`` first.
+EXTRA_TOKENS: tuple[str, ...] = (
+    '<tool_call>\n{"name": "search_taxonomy", "arguments": {"limit": 1, "query": "',
+    '<tool_call>\n{"name": "get_attribute_schema", "arguments": {"category_id": "',
+    '<tool_call>\n{"name": "submit", "arguments": {"category_id": "',
+    '", "attributes": {}, "verdict": "',
+)
+#: The demonstrator's verdicts, drawn without evidence.
+NOISY_VERDICTS: tuple[str, ...] = ("ok", "ok", "ok", "counterfeit", "prohibited")
+#: Model shape over trainer.tiny.TINY_SHAPE: an output layer of its own (see build_tiny).
+SHAPE: dict[str, Any] = {"tie_word_embeddings": False}
+def listing_only_template() -> str:
+    """The tiny model's chat template (``trainer/templates/chatml_tools.jinja``) without the system
+    turn and the tool list: the listing, the calls and their results.
+
+    A randomly initialised model cannot read instructions, and its attention starts out spread
+    evenly over the whole context: the ~850 tokens of the compact system prompt and tool schemas
+    would dilute what the calls depend on (the listing, the tool results) several times over,
+    and triple the cost of every step.
+    """
+    text = chat_template()
+    start, end = text.index("{%- if tools %}"), text.index("{%- for message in messages %}")
+    return text[:start] + text[end:]
+
+
+DEMOS = 96  # demonstrator episodes (train split)
+SFT = {"epochs": 4, "batch_size": 4, "lr": 1.0e-2}
+GRPO = {"steps": 12, "group_size": 8, "groups_per_step": 4, "lr": 1.0e-3}
+EVAL_CASES = 48  # held-out dev cases
+EVAL_SAMPLES = 2  # episodes per held-out case
+RISE_MIN = 0.10  # GRPO's held-out reward over its SFT start
+
+
+class FormatTeacher:
+    """The demonstrator: a search and a look-up in one turn, then a submit with a verdict drawn
+    without evidence.
+
+    Turn 1 searches the taxonomy for the listing's item type and, in the same turn, looks up the
+    schema of the top-level category that search finds first (it runs the search itself to know
+    it); turn 2 submits that category, no attributes, and a seeded verdict.
+
+    Args:
+        twin: The catalog twin (its ``search_taxonomy`` picks the category to look up).
+        seed: Seeds the verdict draws (with the listing).
+    """
+
+    name = "format-teacher"
+
+    def __init__(self, twin: Any, seed: int) -> None:
+        self.twin = twin
+        self.seed = seed
+
+    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+        """The next turn (see the class docstring)."""
+        listing = parse_prompt(messages)
+        query = listing["specifics"].get("item type") or listing["title"]
+        hits = self.twin.search_taxonomy(query=query, limit=1).get("results") or [{"id": "aa"}]
+        top = hits[0]["id"].split("-")[0]
+        if not any(m.get("role") == "assistant" for m in messages):
+            return _turn([("search_taxonomy", {"limit": 1, "query": query}),
+                          ("get_attribute_schema", {"category_id": top})])
+        rng = random.Random(f"{self.seed}:{messages[1]['content']}")
+        return _turn([("submit", {"category_id": top, "attributes": {}, "verdict": rng.choice(NOISY_VERDICTS)})])
+
+
+def _turn(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{i}_{name}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        for i, (name, args) in enumerate(calls)
+    ]}  # fmt: skip
+def _recipe(root: Path, name: str, body: dict[str, Any]) -> str:
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return str(path)
+
+
+def _common(seed: int, model: Path, out: Path) -> dict[str, Any]:
+    return {
+        "seed": seed,
+        "twin": {"name": "Catalog", "config": TWIN, "split": "train"},
+        "model": {"path": str(model), "dtype": "float32", "chat_template": listing_only_template()},
+        "lora": {"enabled": False},
+        "sampler": {"kind": "hf", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16, "max_episode_tokens": 2400},
+        "train": {"output_dir": str(out), "checkpoint_every": 0, "store": False},
+        "devices": {"rollout": "cpu", "learner": "cpu", "cpu_threads": 1},
+    }
+
+
+def held_out(checkpoint: Path, seed: int) -> dict[str, Any]:
+    """Score a checkpoint on the first ``EVAL_CASES`` dev cases, ``EVAL_SAMPLES`` episodes each."""
+    from trainer.checkpoint import load_checkpoint_model
+    from trainer.policy import HFPolicy
+    from twin.evaluation import evaluate
+
+    model, tokenizer = load_checkpoint_model(checkpoint, "float32")
+    policy = HFPolicy(model, tokenizer, name=f"hf:{checkpoint.name}", temperature=1.0, max_new_tokens=16, seed=seed,
+                      chat_template=listing_only_template())
+    twin = make_twin("Catalog", **TWIN)
+    result = evaluate(twin, policy, [("dev", i) for i in range(EVAL_CASES)], group_size=EVAL_SAMPLES, progress=False)
+    episodes = [t for g in result.groups for t in g.trajectories]
+    calls = [c for t in episodes for m in t.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+    queries = []
+    for c in calls:
+        if c["function"]["name"] == "search_taxonomy":
+            try:
+                queries.append(str(json.loads(c["function"]["arguments"]).get("query", "")))
+            except (ValueError, AttributeError):
+                pass
+    verdicts = [str(t.submission.get("verdict")) for t in episodes if t.submission]
+    return {
+        "reward": statistics.fmean(t.reward or 0.0 for t in episodes),
+        "submitted": sum(bool(t.submission) for t in episodes) / len(episodes),
+        "calls": len(calls) / len(episodes),
+        "turns": statistics.fmean(t.num_turns for t in episodes),
+        "query_tokens": statistics.fmean(len(tokenizer.encode(q, add_special_tokens=False)) for q in queries)
+        if queries else 0.0,
+        "verdicts": {v: verdicts.count(v) / len(episodes) for v in sorted(set(verdicts))},
+        "components": {k: statistics.fmean(t.components.get(k, 0.0) for t in episodes)
+                       for k in ("category", "attributes", "policy")},
+        "episodes": len(episodes),
+    }
+
+
+def run_proof(seed: int, root: Path, *, sft_only: bool = False) -> dict[str, Any]:
+    """Demonstrations -> tiny model -> SFT -> GRPO; the held-out figures of both checkpoints."""
+    started = time.perf_counter()
+    twin = make_twin("Catalog", **TWIN)
+    demos = collect(twin, FormatTeacher(twin, seed), [("train", i) for i in range(DEMOS)], out=root / "demos",
+                    progress=False)
+    rows = read_dataset(demos.out)
+    model = build_tiny(root / "model", seed=seed, extra_corpus=[chat_text(r["messages"], r["tools"]) for r in rows[:48]],
+                       vocab_size=2048, shape=SHAPE, extra_tokens=EXTRA_TOKENS)
+    console = Console(file=io.StringIO(), width=120)
+    sft = {
+        **_common(seed, model, root / "sft"),
+        "algorithm": {"name": "sft"},
+        "data": {"paths": [str(demos.out)], "epochs": SFT["epochs"], "batch_size": SFT["batch_size"]},
+        "eval": {"split": "dev", "cases": 0},
+        "optim": {"lr": SFT["lr"], "grad_clip": 1.0, "micro_batch_tokens": 16384},
+    }
+    assert train(_recipe(root, "sft", sft), [], console=console) == 0, console.file.getvalue()
+    t_sft = time.perf_counter()
+    if sft_only:
+        return {"seed": seed, "sft": held_out(root / "sft", seed), "sft_s": t_sft - started}
+    grpo = {
+        **_common(seed, model, root / "grpo"),
+        "algorithm": {
+            "name": "grpo", "advantage": "dr_grpo", "loss_aggregation": "token_mean", "kl_coef": 0.0,
+            "entropy_coef": 0.0, "dynamic_sampling": True, "max_refill_rounds": 1, "overlong_buffer": 0,
+            "group_size": GRPO["group_size"], "groups_per_step": GRPO["groups_per_step"],
+        },
+        "optim": {"lr": GRPO["lr"], "grad_clip": 1.0, "micro_batch_tokens": 16384},
+    }
+    grpo["model"]["init_from"] = str(root / "sft")
+    grpo["train"]["steps"] = GRPO["steps"]
+    assert train(_recipe(root, "grpo", grpo), [], console=console) == 0, console.file.getvalue()
+    t_grpo = time.perf_counter()
+    before, after = held_out(root / "sft", seed), held_out(root / "grpo", seed)
+    return {"seed": seed, "sft": before, "grpo": after, "demo_reward": demos.summary.get("reward_mean"),
+            "sft_s": t_sft - started, "grpo_s": t_grpo - t_sft, "total_s": time.perf_counter() - started}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_grpo_lifts_the_held_out_catalog_reward_over_its_sft_start(seed: int, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "store.db"))
+    figures = run_proof(seed, tmp_path)
+    print(json.dumps(figures, indent=1))
+    sft, grpo = figures["sft"], figures["grpo"]
+    # multi-turn, multi-token tool use: search, look-up, submit, with a query of several tokens
+    for stage in (sft, grpo):
+        assert stage["calls"] >= 2.0 and stage["turns"] >= 2.0, stage
+        assert stage["query_tokens"] >= 2.0, stage
+    assert grpo["submitted"] >= 0.5, grpo
+    assert grpo["reward"] >= sft["reward"] + RISE_MIN, (sft, grpo)
+
+
+# -- the product options this proof needs (fast) -------------------------------------------------
+def test_extra_tokens_hold_the_call_text_whole_and_shape_changes_the_model(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = build_tiny(tmp_path / "m", shape={"tie_word_embeddings": False, "hidden_size": 32},
+                      extra_tokens=EXTRA_TOKENS)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    assert config.hidden_size == 32 and config.tie_word_embeddings is False
+    text = EXTRA_TOKENS[2] + "red" + EXTRA_TOKENS[3] + "ok" + '"}}\n</tool_call>'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert [tok.decode([i]) for i in ids] == [EXTRA_TOKENS[2], "red", EXTRA_TOKENS[3], "ok", '"}}\n</tool_call>']
+    plain = AutoTokenizer.from_pretrained(build_tiny(tmp_path / "plain"), local_files_only=True)
+    assert len(plain.encode(text, add_special_tokens=False)) > 2 * len(ids)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"shape": {"hidden": 32}}, "unknown shape field"),
+        ({"shape": {"hidden_size": 0}}, "positive integers"),
+        ({"shape": {"hidden_size": 30}}, "multiple of num_attention_heads"),
+        ({"shape": {"tie_word_embeddings": "no"}}, "true or false"),
+        ({"extra_tokens": "<tool_call>"}, "sequence of non-empty strings"),
+        ({"extra_tokens": [""]}, "sequence of non-empty strings"),
+    ],
+)
+def test_build_tiny_refuses_bad_shapes_and_tokens(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        build_tiny(tmp_path / "m", **kwargs)
