@@ -93,7 +93,6 @@ from twin.http import tls_context
 from twin.trajectory import Group
 
 __all__ = [
-    "AdapterClient",
     "AdapterSyncError",
     "AsyncTrainer",
     "RolloutLauncher",

@@ -79,12 +79,12 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
     tokens, differ with the wrong adapter; prompt logprobs work beside decoding requests."""
     import torch
 
+    from trainer.adapters import AdapterClient
     from trainer.learner import Learner, build_lora_model
     from trainer.models import load_model
-    from trainer.orchestrator import AdapterClient, AdapterSyncError
     from trainer.samplers import ServerSampler
     from trainer.vllm import VLLMServer, build_vllm_tiny
-    from trainer.workers import adapter_name
+    from trainer.workers import AdapterSyncError, adapter_name
 
     torch.set_num_threads(1)
     model_dir = build_vllm_tiny()
