@@ -76,7 +76,8 @@ def measure_learner_activations(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from trainer.config import AlgorithmConfig, OptimConfig
-    from trainer.learner import Learner, TrainBatch, _decoder_layers, build_lora_model
+    from trainer.learner import Learner, TrainBatch, build_lora_model
+    from trainer.scoring import decoder_layers
     from trainer.plan import KNOWN_MODELS
 
     dims = replace(KNOWN_MODELS[model], layers=layers, vocab=vocab)
@@ -108,16 +109,16 @@ def measure_learner_activations(
         optim=OptimConfig(micro_batch_tokens=10 * rows * tokens, gradient_checkpointing=checkpointing),
         shared_prefix=prompt > 0,
     )  # fmt: skip
-    ((mrows, units),) = list(learner._plan(list(range(rows)), batch))
-    mb = learner._pad(mrows, batch, units)
+    ((mrows, units),) = list(learner.scorer.plan(list(range(rows)), batch))
+    mb = learner.scorer.pad(mrows, batch, units)
     lm.train()
     # The first layer's input (the embeddings) needs no gradient under LoRA: count the others.
-    counted_layers = _decoder_layers(lm)[1:] if layers > 1 else _decoder_layers(lm)
+    counted_layers = decoder_layers(lm)[1:] if layers > 1 else decoder_layers(lm)
     with saved_bytes(exclude=lm.parameters(), within=counted_layers) as counted:
-        logp, _ = learner._forward(mb)
+        logp, _ = learner.scorer.forward(mb)
     del logp
     if prompt:  # what the learner charges to the budget for this micro-batch
-        budget = prompt + rows * ((tokens - prompt) + learner._shared_prompt_weight() * prompt)
+        budget = prompt + rows * ((tokens - prompt) + learner.scorer.shared_prompt_weight() * prompt)
     else:
         budget = rows * tokens
     return Measured(counted.total / (budget * len(counted_layers)), int(budget), len(counted_layers))

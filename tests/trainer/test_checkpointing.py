@@ -66,11 +66,11 @@ def test_checkpointing_keeps_fewer_tensors_for_backward(shared: bool, trainable_
             model, algorithm=AlgorithmConfig(),
             optim=OptimConfig(micro_batch_tokens=100_000, gradient_checkpointing=ckpt), shared_prefix=shared,
         )  # fmt: skip
-        ((mrows, units),) = list(learner._plan(rows, batch))
+        ((mrows, units),) = list(learner.scorer.plan(rows, batch))
         assert (units is not None) == shared
-        mb = learner._pad(mrows, batch, units)
+        mb = learner.scorer.pad(mrows, batch, units)
         with saved_bytes(exclude=model.parameters()) as counted:
-            logp, _ = learner._forward(mb)
+            logp, _ = learner.scorer.forward(mb)
         figures.append(counted.total)
         logp.sum().backward()  # the recompute runs without error
     plain, checkpointed = figures

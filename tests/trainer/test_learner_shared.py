@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from trainer.config import AlgorithmConfig, OptimConfig
 from trainer.learner import Learner, TrainBatch
+from trainer.scoring import plan_micro_batches
 
 
 def _run(model, state, *, shared: bool, algorithm: dict, optim: dict, batch: TrainBatch):
@@ -64,12 +65,12 @@ def test_shared_prefix_is_used_and_runs_fewer_tokens(trainable_tiny, grouped_bat
     model = trainable_tiny(lora=False)
     learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=100_000))
     batch = grouped_batch()
-    plan = list(learner._plan(range(len(batch)), batch))
+    plan = list(learner.scorer.plan(range(len(batch)), batch))
     assert len(plan) == 1
     rows, units = plan[0]
     assert units is not None
     assert sorted(len(u) for _, u in units) == [1, 4, 4, 4]  # three groups and the solo row
-    mb = learner._pad(rows, batch, units)
+    mb = learner.scorer.pad(rows, batch, units)
     shared = mb["prefix_ids"].numel() + mb["suffix_ids"].numel()
     assert shared < 0.6 * mb["input_ids"].numel()
     # the prefix ends just before the first loss token's predictor
@@ -77,16 +78,16 @@ def test_shared_prefix_is_used_and_runs_fewer_tokens(trainable_tiny, grouped_bat
         first = batch.loss_mask[i].index(1)
         assert int(mb["prefix_len"][r]) == first - 1
     off = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(), shared_prefix=False)
-    assert all(u is None for _, u in off._plan(range(len(batch)), batch))
+    assert all(u is None for _, u in off.scorer.plan(range(len(batch)), batch))
 
 
 def test_no_sharing_falls_back_to_the_padded_pass(trainable_tiny, grouped_batch) -> None:
     model = trainable_tiny(lora=False)
     learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig())
     batch = grouped_batch(groups=3, group_size=1)  # every prompt distinct
-    assert all(u is None for _, u in learner._plan(range(len(batch)), batch))
+    assert all(u is None for _, u in learner.scorer.plan(range(len(batch)), batch))
     one_token = TrainBatch([[5, 6, 7], [5, 6, 8]], [[0, 1, 1], [0, 1, 1]], [[0.0] * 3] * 2, [1.0, -1.0])
-    assert all(u is None for _, u in learner._plan(range(2), one_token)), "an empty prefix is never shared"
+    assert all(u is None for _, u in learner.scorer.plan(range(2), one_token)), "an empty prefix is never shared"
 
 
 @settings(max_examples=40, deadline=None)
@@ -106,13 +107,9 @@ def test_plan_covers_every_row_once_unit_by_unit(prompts, sizes, tails, budget) 
             ids.append([p + 1] * plen + [9] * tail)
             masks.append([0] * plen + [1] * tail)
     batch = TrainBatch(ids, masks, [[0.0] * len(r) for r in ids], [0.0] * len(ids))
-    learner = Learner.__new__(Learner)  # planning needs no model
-    learner.shared_prefix = True
-    learner.optim_config = OptimConfig(micro_batch_tokens=budget)
-    learner._split = ("decoder", "head")
-    learner._kappa = 0.25  # each row's copy of a prompt token costs a quarter token
     seen: list[int] = []
-    for rows, units in learner._plan(range(len(batch)), batch):
+    # each row's copy of a prompt token costs a quarter token
+    for rows, units in plan_micro_batches(range(len(batch)), batch, budget, prompt_weight=0.25):
         seen.extend(rows)
         if units is None:
             continue
