@@ -1,3 +1,5 @@
+# Over 500 lines on purpose: the GRPO family's pieces, each a short pure function beside its
+# equation (docs/algorithms.md); trainer/objective.py composes them on one screen.
 """GRPO-family advantages and losses as pure functions.
 
 Each function reads like its equation (see ``docs/algorithms.md``); a recipe picks variants by

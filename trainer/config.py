@@ -1,3 +1,5 @@
+# Over 500 lines on purpose: the whole recipe schema (one pydantic model per section) and its
+# loading rules in one place, so that a recipe key has exactly one definition.
 """Recipes: YAML files validated by one small pydantic model per section.
 
 A recipe is data; the loop that reads it lives in :mod:`trainer.recipe`. Every field is documented

@@ -1,3 +1,5 @@
+# Over 500 lines on purpose: one memory model of both sides (rollout and learner), its measured
+# constants and its print-out change together; tests/trainer/test_memory_plan.py checks them as one.
 """``twin plan RECIPE``: memory per device for a recipe, and whether it fits.
 
 Estimates, per device named in the recipe's ``devices:`` (rollout and learner; one table when
@@ -37,10 +39,7 @@ __all__ = [
     "DevicePlan",
     "ModelDims",
     "activation_bytes_per_token_layer",
-    "ClusterPlan",
     "check_runnable",
-    "plan_cluster",
-    "sides_from_bench",
     "dims_from_hf_config",
     "lora_parameters",
     "main",
@@ -636,119 +635,6 @@ def check_runnable(recipe: Any, gpus: int = 2) -> None:
         raise ConfigError(f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)")
 
 
-# -- a Ray cluster: how many engines for one learner, and which side bounds throughput ----------------
-@dataclass(frozen=True)
-class ClusterPlan:
-    """Where ``backend: ray`` puts rollout and learner on ``nodes x gpus_per_node`` GPUs.
-
-    Attributes:
-        nodes: Nodes of the cluster.
-        gpus_per_node: GPUs per node.
-        learner_gpus: GPUs of the learner (one: the learner is one process, on the head node).
-        engines: Sampler engines proposed (one GPU each); more would idle behind the learner.
-        spare_gpus: GPUs left unused (the learner bounds throughput before they would help).
-        rollout_workers: Rollout worker actors proposed (two per engine: one samples while the
-            other runs its envs and renders).
-        rollout_s: Seconds of one lot on one engine (measured).
-        learner_s: Seconds of one update on the learner (measured).
-        steps_per_s: Expected learner steps per second (k >= 1, sides overlapped).
-        bound: ``"learner"`` or ``"rollout"``: the side that sets ``steps_per_s``.
-        placement: One line per node: what runs there.
-    """
-
-    nodes: int
-    gpus_per_node: int
-    learner_gpus: int
-    engines: int
-    spare_gpus: int
-    rollout_workers: int
-    rollout_s: float
-    learner_s: float
-    steps_per_s: float
-    bound: str
-    placement: list[str] = field(default_factory=list)
-
-
-def sides_from_bench(path: str | Path) -> tuple[float, float]:
-    """``(rollout_s, learner_s)`` per step from ``twin bench trainer --json FILE``: the synchronous
-    pinned run's rollout side (the learner's wait for a lot) and learner side (the rest of the step).
-
-    Raises:
-        ConfigError: the file is missing or is not a bench report.
-    """
-    try:
-        report = json.loads(Path(path).read_text())
-        run = report["runs"].get("k0_pinned") or report["runs"][report["baseline"]]
-        rollout_s = float(run["learner_wait_s"])
-        learner_s = float(run["step_s"]) - rollout_s
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"--bench {path}: not a `twin bench trainer --json` report ({type(exc).__name__}: {exc}); "
-            "write one with `twin bench trainer --json bench.json`, or give --rollout-s and --learner-s"
-        ) from None
-    return rollout_s, learner_s
-
-
-def plan_cluster(nodes: int, gpus_per_node: int, rollout_s: float, learner_s: float) -> ClusterPlan:
-    """Engines and workers for one learner GPU, from the measured seconds per step of each side.
-
-    With ``E`` engines each sampling a lot in ``rollout_s`` and the learner taking ``learner_s`` per
-    update, the overlapped loop (``max_staleness >= 1``) makes ``min(E / rollout_s, 1 / learner_s)``
-    steps per second: engines beyond ``ceil(rollout_s / learner_s)`` would wait for the learner.
-
-    Raises:
-        ConfigError: fewer than 2 GPUs in all, or a side's time that is not positive.
-    """
-    total = nodes * gpus_per_node
-    if nodes < 1 or gpus_per_node < 1 or total < 2:
-        raise ConfigError(
-            f"a cluster plan needs >= 2 GPUs in all (one learner, >= 1 engine); got {nodes} node(s) x "
-            f"{gpus_per_node} GPU(s)"
-        )
-    if not (rollout_s > 0 and learner_s > 0):
-        raise ConfigError(f"per-step seconds must be > 0, got rollout {rollout_s} and learner {learner_s}")
-    import math
-
-    wanted = max(1, math.ceil(rollout_s / learner_s - 1e-9))
-    engines = min(total - 1, wanted)
-    rollout_rate, learner_rate = engines / rollout_s, 1.0 / learner_s
-    bound = "learner" if learner_rate <= rollout_rate else "rollout"
-    placement: list[str] = []
-    left = engines
-    for node in range(nodes):
-        here = gpus_per_node - (1 if node == 0 else 0)
-        used = min(here, left)
-        left -= used
-        parts = (["learner (driver, 1 GPU)"] if node == 0 else []) + ([f"{used} engine(s)"] if used else [])
-        parts.append(f"{gpus_per_node - used - (1 if node == 0 else 0)} GPU(s) free")
-        placement.append(f"node {node}: " + ", ".join(parts))
-    return ClusterPlan(
-        nodes=nodes, gpus_per_node=gpus_per_node, learner_gpus=1, engines=engines, spare_gpus=total - 1 - engines,
-        rollout_workers=2 * engines, rollout_s=rollout_s, learner_s=learner_s,
-        steps_per_s=min(rollout_rate, learner_rate), bound=bound, placement=placement,
-    )  # fmt: skip
-
-
-def _print_cluster(console: Any, plan: ClusterPlan) -> None:
-    console.print(
-        f"[bold]cluster[/]: {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s); measured per step: rollout "
-        f"{plan.rollout_s:.2f} s on one engine, learner {plan.learner_s:.2f} s", soft_wrap=True
-    )
-    for line in plan.placement:
-        console.print(f"  {line}", soft_wrap=True)
-    other = "rollout" if plan.bound == "learner" else "learner"
-    console.print(
-        f"  {plan.engines} engine(s), {plan.rollout_workers} rollout worker(s): ~{plan.steps_per_s:.3f} steps/s; "
-        f"the [bold]{plan.bound}[/] bounds throughput"
-        + (f" ({plan.spare_gpus} GPU(s) would idle as engines: the {other} side already outpaces it)"
-           if plan.spare_gpus else ""), soft_wrap=True
-    )
-    console.print(
-        f"  recipe: backend: ray; ray: {{engines: {plan.engines}, rollout_workers: {plan.rollout_workers}}}; "
-        "async: {max_staleness: 1}", soft_wrap=True, markup=False
-    )
-
-
 def main(
     recipe: Any,
     gpu_memory_gb: float = 96.0,
@@ -774,7 +660,7 @@ def main(
         vllm_utilization: vLLM's ``--gpu-memory-utilization``.
         gpus: GPUs of the machine planned for when none is visible here (devices past them are
             an error).
-        nodes: With ``gpus_per_node``: also plan a Ray cluster (:func:`plan_cluster`).
+        nodes: With ``gpus_per_node``: also plan a Ray cluster (:func:`trainer.cluster_plan.plan_cluster`).
         gpus_per_node: GPUs of each node of that cluster.
         bench: ``twin bench trainer --json`` report the per-side seconds come from.
         rollout_s: Seconds of one lot on one engine (instead of, or over, ``bench``'s).
@@ -782,6 +668,8 @@ def main(
     """
     from rich.console import Console
     from rich.table import Table
+
+    from trainer.cluster_plan import plan_cluster, print_cluster, sides_from_bench
 
     cluster = None
     if nodes is not None or gpus_per_node is not None:
@@ -831,5 +719,5 @@ def main(
                 f"  [bold red]DOES NOT FIT[/] on {p.device}: short by {-p.headroom / GIB:.2f} GiB"
             )
     if cluster is not None:
-        _print_cluster(console, cluster)
+        print_cluster(console, cluster)
     return 0 if ok else 1

@@ -1,3 +1,5 @@
+# Over 500 lines on purpose: token-exact incremental rendering is one algorithm around one class
+# (Renderer); its prefix checks and fallbacks only make sense beside it.
 """Token-exact multi-turn episodes, built incrementally from the model's chat template.
 
 A multi-turn episode is ONE token sequence: prompt ids, then for every assistant turn the ids the

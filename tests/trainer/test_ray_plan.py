@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.plan import main, plan_cluster, sides_from_bench
+from trainer.cluster_plan import plan_cluster, sides_from_bench
+from trainer.plan import main
 from twin.errors import ConfigError
 
 
