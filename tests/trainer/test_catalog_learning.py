@@ -1,18 +1,19 @@
 """A CI-sized proof of multi-turn learning on the catalog twin: SFT warm start, then GRPO.
 
-A tiny model is built here (:func:`trainer.tiny.build_tiny`, its BPE trained on the catalog
-episodes it will read) and taught the tools by SFT on a demonstrator's episodes
-(:func:`twin.collect.collect`), then trained by GRPO from that checkpoint (``model.init_from``) on
-the catalog twin (v1, compact prompt, three turns). Both stages run as ``twin train`` runs them
-(:func:`trainer.cli.train`). Both checkpoints are scored on the same held-out ``dev`` cases, which
-neither stage saw, with the same sampling seeds.
+A tiny model is built here (:func:`trainer.tiny.build_tiny`, its BPE trained on rendered catalog
+episodes: prompts, tool schemas, tool results) and taught the tools by SFT on a demonstrator's
+episodes (:func:`twin.collect.collect`, train split), then trained by GRPO from that checkpoint
+(``model.init_from``) on the catalog twin (v1, compact prompt, at most three turns). Both stages
+run as ``twin train`` runs them (:func:`trainer.cli.train`). Both checkpoints are then scored on the
+same held-out ``dev`` cases (v1's held-out world, never seen by either stage) with the same
+sampling seeds, at the sampling temperature GRPO trains with (1.0).
 
-The demonstrator (:class:`FormatTeacher`) searches the taxonomy with the listing's item type, looks
-the top-level category of the first hit up with ``get_attribute_schema`` and submits that category
-with a verdict it draws without looking at the evidence (ok 3/5, counterfeit 1/5, prohibited 1/5).
-SFT teaches the calls; the verdict it teaches is noise. The reward knows what the demonstrator does
-not: a missed counterfeit costs 7x a false alarm (envs/catalog/README.md), so GRPO must move the
-verdicts away from the demonstrator's to raise the held-out reward.
+The demonstrator (:class:`FormatTeacher`) calls ``search_taxonomy`` with the listing's item type
+and ``get_attribute_schema`` on a top-level category in its first turn, and ``submit`` in its
+second, with a verdict it draws without looking at the evidence (ok 3/5, counterfeit 1/5,
+prohibited 1/5). SFT teaches the calls; the verdicts it teaches are noise. The reward knows what
+the demonstrator does not: a missed counterfeit costs 7x a false alarm (envs/catalog/README.md),
+and an episode without a valid submission scores -1. GRPO has to beat its demonstrator.
 
 The tiny tokenizer holds the fixed JSON around each call's arguments as added tokens
 (``EXTRA_TOKENS``, as ``trainer.tiny.CALL_TOKENS`` do for the toy): a call is an opening token, its
@@ -41,7 +42,8 @@ from twin.collect import collect, read_dataset
 from twin.errors import ConfigError
 from twin.registry import make_twin
 
-#: The twin: catalog v1 with the compact prompt; three turns (search, look-up, submit).
+#: The twin: catalog v1 with the compact prompt. The demonstrator takes two turns (search and
+#: look-up, then submit); the third leaves room for a second try.
 TWIN: dict[str, Any] = {"prompt_style": "compact", "max_turns": 3}
 #: The fixed text around the arguments of the demonstrator's calls, exactly as the chat template
 #: (``trainer/templates/chatml_tools.jinja``) writes them; ``'"}}\n</tool_call>'`` closes every
@@ -56,14 +58,17 @@ EXTRA_TOKENS: tuple[str, ...] = (
 NOISY_VERDICTS: tuple[str, ...] = ("ok", "ok", "ok", "counterfeit", "prohibited")
 #: Model shape over trainer.tiny.TINY_SHAPE: an output layer of its own (see build_tiny).
 SHAPE: dict[str, Any] = {"tie_word_embeddings": False}
+
+
 def listing_only_template() -> str:
     """The tiny model's chat template (``trainer/templates/chatml_tools.jinja``) without the system
     turn and the tool list: the listing, the calls and their results.
 
     A randomly initialised model cannot read instructions, and its attention starts out spread
     evenly over the whole context: the ~850 tokens of the compact system prompt and tool schemas
-    would dilute what the calls depend on (the listing, the tool results) several times over,
-    and triple the cost of every step.
+    dilute what its calls depend on (the listing, the tool results) and make every step longer.
+    Measured on seed 0 (48 SFT steps): with them 46 s and no held-out episode submitted; without
+    them 29 s and 8% submitted. The twin, its tools and its reward are unchanged.
     """
     text = chat_template()
     start, end = text.index("{%- if tools %}"), text.index("{%- for message in messages %}")
@@ -73,9 +78,12 @@ def listing_only_template() -> str:
 DEMOS = 96  # demonstrator episodes (train split)
 SFT = {"epochs": 4, "batch_size": 4, "lr": 1.0e-2}
 GRPO = {"steps": 12, "group_size": 8, "groups_per_step": 4, "lr": 1.0e-3}
-EVAL_CASES = 48  # held-out dev cases
+EVAL_CASES = 96  # held-out dev cases
 EVAL_SAMPLES = 2  # episodes per held-out case
-RISE_MIN = 0.10  # GRPO's held-out reward over its SFT start
+#: GRPO's held-out reward over its SFT start. Measured: +0.29 to +0.49 on seeds 0-2, while five
+#: evaluations of one checkpoint with different sampling seeds spread over 0.15-0.20 (48 cases x 2).
+RISE_MIN = 0.20
+SUBMIT_RISE_MIN = 0.10  # and its share of episodes that end in a valid submission
 
 
 class FormatTeacher:
@@ -115,6 +123,8 @@ def _turn(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         {"id": f"c{i}_{name}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         for i, (name, args) in enumerate(calls)
     ]}  # fmt: skip
+
+
 def _recipe(root: Path, name: str, body: dict[str, Any]) -> str:
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -218,7 +228,7 @@ def test_grpo_lifts_the_held_out_catalog_reward_over_its_sft_start(seed: int, tm
     for stage in (sft, grpo):
         assert stage["calls"] >= 2.0 and stage["turns"] >= 2.0, stage
         assert stage["query_tokens"] >= 2.0, stage
-    assert grpo["submitted"] >= 0.5, grpo
+    assert grpo["submitted"] >= sft["submitted"] + SUBMIT_RISE_MIN, (sft, grpo)
     assert grpo["reward"] >= sft["reward"] + RISE_MIN, (sft, grpo)
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from envs.catalog.listings import DEFAULT_MIX, KINDS, kind_for, validate_mix
 from twin.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VERDICT_OF = {
     "clean": "ok", "hard_negative_sale": "ok", "hard_negative_authorized": "ok",
     "hard_negative_replica": "ok", "hard_negative_accessory": "ok", "wrong_category_words": "ok",

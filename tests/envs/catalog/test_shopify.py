@@ -10,7 +10,7 @@ import pytest
 from envs.catalog.world import CatalogWorld, build_world, load_shopify
 from twin.errors import ConfigError
 
-SHOPIFY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "shopify-product-taxonomy"
+SHOPIFY = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "shopify-product-taxonomy"
 
 needs_shopify = pytest.mark.skipif(
     not (SHOPIFY / "data" / "categories").is_dir(),

@@ -10,7 +10,7 @@ import pytest
 from envs.catalog.reward_checks import check_catalog_reward
 from rewards.testing import cli_main, rollout_twin
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _make(name: str):

@@ -25,7 +25,7 @@ from envs.catalog.world import (
 )
 from twin.errors import ToolError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")
