@@ -29,14 +29,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.samplers import Sample, Sampler, ServerSampler
+from trainer.samplers import Sample, Sampler
 from twin.cases import stable_seed
 from twin.core import Twin
 from twin.trajectory import Group, Trajectory
 
 __all__ = [
     "RolloutSettings",
-    "BatchedServerSampler",
     "StepSample",
     "collect_group",
     "collect_groups",
@@ -374,41 +373,3 @@ def load_tokenizer(spec: str) -> Any:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
-
-
-class BatchedServerSampler(ServerSampler):
-    """A :class:`trainer.samplers.ServerSampler` that sends a seeded call as ONE request (``twin serve`` only).
-
-    ``ServerSampler`` sends one request per prompt when seeded, because vLLM would give every row
-    of a batch the same seed (and so the same sample for a group's identical prompts). ``twin
-    serve`` derives a seed per row itself, so one request keeps the samples distinct and lets the
-    server batch the whole lot at once (about 1.5x faster on CPU). Unseeded calls, and per-prompt
-    token limits, go the parent's way.
-    """
-
-    async def asample(
-        self, prompts: list[list[int]], *, max_new_tokens: Any, temperature: float = 1.0, top_p: float = 1.0,
-        stop_ids: Sequence[int] | None = None, seed: int | None = None,
-    ) -> list[Sample]:  # fmt: skip
-        if seed is None or not prompts or not isinstance(max_new_tokens, int):
-            return await super().asample(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                         top_p=top_p, stop_ids=stop_ids, seed=seed)  # fmt: skip
-        import httpx
-
-        from twin.http import tls_context
-
-        body: dict[str, Any] = {
-            "model": self.model_name, "prompt": [list(p) for p in prompts], "max_tokens": int(max_new_tokens),
-            "temperature": float(temperature), "top_p": float(top_p), "logprobs": 1,
-            "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": False,
-            "seed": stable_seed("server-sampler-batch", seed) % (2**31),
-        }  # fmt: skip
-        if stop_ids:
-            body["stop_token_ids"] = [int(t) for t in stop_ids]
-        stop_set = {int(t) for t in stop_ids or ()}
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, transport=self.transport,
-                                     headers=headers, verify=tls_context()) as client:  # fmt: skip
-            # the parent's request and answer parsing (one code path for both); a protected member
-            # of the parent class, which this subclass extends
-            return list(await self._request(client, body, len(prompts), stop_set))

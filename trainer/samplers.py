@@ -242,6 +242,9 @@ class ServerSampler:
         timeout: Seconds per request.
         transport: An httpx transport (tests pass ``httpx.MockTransport``).
         concurrency: Most requests in flight at once.
+        per_row_seeds: The server derives a seed per row of a request itself (``twin serve``
+            does; vLLM does not): a seeded call with one token limit then goes as ONE request,
+            which lets the server batch the whole lot at once (about 1.5x faster on CPU).
     """
 
     def __init__(
@@ -253,6 +256,7 @@ class ServerSampler:
         timeout: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
         concurrency: int = 64,
+        per_row_seeds: bool = False,
     ) -> None:
         url = base_url.rstrip("/")
         self.base_url = url if url.endswith("/v1") else url + "/v1"
@@ -261,6 +265,7 @@ class ServerSampler:
         self.timeout = timeout
         self.transport = transport
         self.concurrency = concurrency
+        self.per_row_seeds = per_row_seeds
 
     def sample(
         self,
@@ -297,7 +302,8 @@ class ServerSampler:
         """Sample one completion per prompt, in order.
 
         Each request's ``max_tokens`` is its prompt's own limit: seeded prompts go one request
-        each; unseeded prompts go as one request per distinct limit.
+        each (one request in all with ``per_row_seeds`` and a single limit); unseeded prompts go
+        as one request per distinct limit.
 
         Raises:
             SamplerError: the server is unreachable or answered with an error or a malformed body.
@@ -323,6 +329,10 @@ class ServerSampler:
             verify=tls_context(),
         ) as client:
             limit = asyncio.Semaphore(self.concurrency)
+            if seed is not None and self.per_row_seeds and len(set(budgets)) == 1:
+                body = {**base, "max_tokens": budgets[0], "prompt": [list(p) for p in prompts],
+                        "seed": stable_seed("server-sampler-batch", seed) % (2**31)}  # fmt: skip
+                return list(await self._request(client, body, len(prompts), stop_set))
             if seed is None:
                 rows: dict[int, list[int]] = {}
                 for i, b in enumerate(budgets):

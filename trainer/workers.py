@@ -252,10 +252,11 @@ def guarded_command(argv: list[str]) -> list[str]:
 
 
 def _batched_sampler(base_url: str) -> Any:
-    """A :class:`trainer.rollouts.BatchedServerSampler` of ``base_url`` with the model check."""
-    from trainer.rollouts import BatchedServerSampler
+    """A :class:`trainer.samplers.ServerSampler` of ``twin serve`` at ``base_url`` (seeded lots go
+    as one request: the server seeds each row) with the model check."""
+    from trainer.samplers import ServerSampler
 
-    return BatchedServerSampler(base_url, adapter_name(0), transport=ModelCheckTransport())
+    return ServerSampler(base_url, adapter_name(0), transport=ModelCheckTransport(), per_row_seeds=True)
 
 
 class _Stopped(Exception):

@@ -116,6 +116,24 @@ def test_server_sampler_seed_gives_each_prompt_its_own_request() -> None:
     assert sorted(b["seed"] for b in again) == sorted(b["seed"] for b in seen)
 
 
+def test_a_server_that_seeds_rows_itself_gets_a_seeded_lot_as_one_request() -> None:
+    seen: list[dict] = []
+    transport = httpx.MockTransport(_vllm_handler(seen))
+    sampler = ServerSampler("http://s", "m", transport=transport, per_row_seeds=True)
+    out = sampler.sample([[1], [1], [5]], max_new_tokens=3, seed=4)
+    assert [s.ids for s in out] == [[2, 3, 99], [2, 3, 99], [6, 7, 99]]
+    (body,) = seen
+    assert body["prompt"] == [[1], [1], [5]] and body["max_tokens"] == 3
+    again: list[dict] = []
+    ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(again)), per_row_seeds=True).sample(
+        [[1], [1], [5]], max_new_tokens=3, seed=4
+    )
+    assert again[0]["seed"] == body["seed"]
+    seen.clear()  # per-prompt limits cannot share one request's max_tokens: one request per prompt
+    sampler.sample([[1], [5]], max_new_tokens=[2, 3], seed=4)
+    assert sorted(b["max_tokens"] for b in seen) == [2, 3]
+
+
 def test_server_sampler_cuts_after_stop_id() -> None:
     sampler = ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler([])))
     (s,) = sampler.sample([[10]], max_new_tokens=3, stop_ids=[12])
