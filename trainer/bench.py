@@ -1,7 +1,7 @@
 # Over 500 lines on purpose: the benchmark runs, their calibration and the report are one command and change together.
 """``twin bench trainer``: the async two-worker loop against the same loop run synchronously.
 
-Runs the toy twin with the tiny model through :class:`trainer.orchestrator.AsyncTrainer` with
+Runs the toy twin with the tiny model through :class:`trainer.async_trainer.AsyncTrainer` with
 ``async.max_staleness: 0`` (synchronous: sample, then learn, then sync) and ``1`` (the worker
 samples the next lot while the learner trains), on the same recipe, and prints throughput
 (steps/s, sampled tokens/s), the ratio, each worker's idle fraction, the per-step rollout,
@@ -41,7 +41,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from trainer.orchestrator import AsyncTrainer
+from trainer.async_trainer import AsyncTrainer
 from trainer.ray_backend import RayTrainer
 
 __all__ = [
@@ -288,7 +288,7 @@ class _Calibrated:
 
 
 class BenchAsyncTrainer(_Calibrated, AsyncTrainer):
-    """:class:`trainer.orchestrator.AsyncTrainer` with calibrated update passes."""
+    """:class:`trainer.async_trainer.AsyncTrainer` with calibrated update passes."""
 
 
 class BenchRayTrainer(BenchAsyncTrainer, RayTrainer):

@@ -11,7 +11,7 @@ AdamW settings (constant learning rate, no weight decay, gradient clip 1), the s
     twin bench trl                             # 5 measured steps each, after 1 warm-up step
     twin bench trl --steps 10 --prompts 4 --group 8 --max-tokens 16 --json trl.json
 
-Ours is :class:`trainer.recipe.SyncTrainer`, the loop ``twin train`` runs (sampler
+Ours is :class:`trainer.sync_trainer.SyncTrainer`, the loop ``twin train`` runs (sampler
 ``collect_groups`` + ``Learner.step``); TRL is ``GRPOTrainer.train`` with ``use_vllm=False``.
 A step is timed from the end of the previous step to the end of this one on both sides
 (generation, reward, update and per-step logging included; start-up and the warm-up steps
@@ -77,7 +77,7 @@ def _recipe(s: dict[str, Any], output_dir: Path) -> Any:
 
 def run_ours(s: dict[str, Any], output_dir: Path) -> dict[str, float]:
     """Run our synchronous GRPO loop; return steps/s, completion tokens/s and tokens per step."""
-    from trainer.recipe import SyncTrainer
+    from trainer.sync_trainer import SyncTrainer
 
     stamps: list[float] = []
     tokens: list[float] = []

@@ -48,8 +48,8 @@ def make_runner(
     ``algorithm.name: sft`` -> :class:`trainer.sft.SFTTrainer`; ``backend: ray`` ->
     :class:`trainer.ray_backend.RayTrainer` (``ray.learner: actor``: the whole trainer in an actor,
     :class:`trainer.ray_backend.RemoteLearner`); ``async.max_staleness >= 1``, or LoRA with rollout
-    and learner on different devices -> :class:`trainer.orchestrator.AsyncTrainer` (the sampler in
-    its own process); otherwise :class:`trainer.recipe.SyncTrainer`.
+    and learner on different devices -> :class:`trainer.async_trainer.AsyncTrainer` (the sampler in
+    its own process); otherwise :class:`trainer.sync_trainer.SyncTrainer`.
 
     Raises:
         TwinError: the runner refuses the recipe (e.g. async without LoRA).
@@ -64,10 +64,10 @@ def make_runner(
 
         return RemoteLearner(cfg, **kwargs) if cfg.ray.learner == "actor" else RayTrainer(cfg, **kwargs)
     if cfg.async_.max_staleness > 0 or (cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner):
-        from trainer.orchestrator import AsyncTrainer  # rollout and learner in separate processes
+        from trainer.async_trainer import AsyncTrainer  # rollout and learner in separate processes
 
         return AsyncTrainer(cfg, **kwargs)
-    from trainer.recipe import SyncTrainer
+    from trainer.sync_trainer import SyncTrainer
 
     return SyncTrainer(cfg, **kwargs)
 

@@ -2,7 +2,7 @@
 # loading rules in one place, so that a recipe key has exactly one definition.
 """Recipes: YAML files validated by one small pydantic model per section.
 
-A recipe is data; the loop that reads it lives in :mod:`trainer.recipe`. Every field is documented
+A recipe is data; the loop that reads it lives in :mod:`trainer.sync_trainer`. Every field is documented
 here, and unknown keys are errors that name the nearest valid key::
 
     recipe = load_recipe("data/recipes/toy-cpu.yaml", ["optim.lr=1e-4", "train.steps=20"])
@@ -176,7 +176,7 @@ class AlgorithmConfig(_Section):
 
     name: Literal["grpo", "sft"] = Field(
         "grpo",
-        description="'grpo' = the GRPO family (trainer/recipe.py; 'advantage' picks GRPO, Dr. GRPO or "
+        description="'grpo' = the GRPO family (trainer/sync_trainer.py; 'advantage' picks GRPO, Dr. GRPO or "
         "RLOO); 'sft' = supervised fine-tuning on a trajectory dataset (the 'data' section; "
         "trainer/sft.py). Every other key of this section is GRPO's.",
     )

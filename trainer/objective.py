@@ -1,6 +1,6 @@
 """The GRPO-family objective on one screen: what one update minimises, equation by equation.
 
-Per group (the ``G`` episodes of one case), where the rollouts are collected (``trainer.recipe``)::
+Per group (the ``G`` episodes of one case), where the rollouts are collected (``trainer.sync_trainer``)::
 
     r~_i = r_i + overlong(L_i)                     shaped reward; L_i = tokens the policy wrote
     keep the group iff max(r~) - min(r~) > 0       dynamic sampling (DAPO)

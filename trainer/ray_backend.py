@@ -18,7 +18,7 @@ What runs where (docs/scaling.md)::
     lots.get()  <----------------------------  RolloutWorkerActor  the local worker's loop
                                                  x N                 (trainer.workers._RolloutLoop)
 
-:class:`RayTrainer` is :class:`trainer.orchestrator.AsyncTrainer` with its one seam,
+:class:`RayTrainer` is :class:`trainer.async_trainer.AsyncTrainer` with its one seam,
 ``start_rollout``, answered by Ray: the shared counters become a coordinator actor with the same
 methods (:class:`RaySharedState`), the queues Ray queues (their ``Empty`` / ``Full`` are the
 standard library's), the sampler server a group of engine actors with the server's interface
@@ -49,7 +49,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from trainer.config import Recipe
-from trainer.orchestrator import AsyncTrainer, RolloutSide
+from trainer.async_trainer import AsyncTrainer, RolloutSide
 from trainer.placement import place_rollout_process
 from trainer.adapters import AdapterClient, make_sampler_server
 from trainer.workers import (
@@ -203,7 +203,7 @@ class _RayRolloutLoop(_RolloutLoop):
         self.redo: list[tuple[int, int]] = []  # (cursor, n) blocks of a lot sampled again
 
     def _cases(self, n: int) -> list[tuple[str, int]]:
-        from trainer.rollouts import training_cases
+        from trainer.episodes import training_cases
 
         if self.redo:  # the same cases as the try that failed, block by block (still claimed)
             start, n = self.redo.pop(0)
@@ -469,7 +469,7 @@ class RayAdapterClient:
 
 # -- the trainer ------------------------------------------------------------------------------------
 class RayTrainer(AsyncTrainer):
-    """:class:`trainer.orchestrator.AsyncTrainer` with its rollout side on Ray (``backend: ray``).
+    """:class:`trainer.async_trainer.AsyncTrainer` with its rollout side on Ray (``backend: ray``).
 
     The learner is this process (run it on the node with the learner GPU: the head node, or
     ``ray job submit`` with ``--entrypoint-num-gpus 1``). Extra attributes: ``workers`` (the

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.orchestrator import AsyncTrainer
+from trainer.async_trainer import AsyncTrainer
 
 __all__ = ["REHEARSAL_RECIPE", "RehearsalTrainer", "jitter_lora", "rehearsal_model", "rehearsal_overrides", "twin_corpus"]
 

@@ -33,7 +33,7 @@ episode and the template's own rendering of the whole conversation first differ.
 
 A template that refuses an assistant turn (Llama 3.x raises on two or more tool calls in one turn)
 never crashes an episode: the turn is kept as its raw text for the template and
-:attr:`Renderer.refusal` holds a message for the agent (``trainer.rollouts`` passes it to
+:attr:`Renderer.refusal` holds a message for the agent (``trainer.episodes`` passes it to
 ``TwinEnv.refuse``: an invalid turn that runs nothing).
 
 The chat template is the tokenizer's own unless one is given (``chat_template=``: a template

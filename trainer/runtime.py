@@ -2,8 +2,8 @@
 
 :class:`TrainingRuntime` owns a run's state and set-up; the loops are two schedules over it::
 
-    SyncTrainer  (trainer/recipe.py)        k = 0, in process: sample -> learn -> publish
-    AsyncTrainer (trainer/orchestrator.py)  k >= 1 (or 0), a worker process samples while the learner learns
+    SyncTrainer  (trainer/sync_trainer.py)        k = 0, in process: sample -> learn -> publish
+    AsyncTrainer (trainer/async_trainer.py)  k >= 1 (or 0), a worker process samples while the learner learns
     RayTrainer   (trainer/ray_backend.py)   AsyncTrainer with its rollout side on Ray actors
 
 What the runtime owns (each written once):
@@ -48,7 +48,7 @@ from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, open_training_run, plot_rewards
 from trainer.adapters import AdapterPublisher, AdapterSink
-from trainer.rollouts import episode_tokens, load_tokenizer, training_cases
+from trainer.episodes import episode_tokens, load_tokenizer, training_cases
 from twin.trajectory import Group
 
 __all__ = [
@@ -242,8 +242,8 @@ class LengthCurriculum:
 
 # -- the runtime --------------------------------------------------------------------------------------
 class TrainingRuntime:
-    """A training run's state and set-up; :class:`trainer.recipe.SyncTrainer` and
-    :class:`trainer.orchestrator.AsyncTrainer` are its two loops (``setup`` / ``train`` / ``cleanup``).
+    """A training run's state and set-up; :class:`trainer.sync_trainer.SyncTrainer` and
+    :class:`trainer.async_trainer.AsyncTrainer` are its two loops (``setup`` / ``train`` / ``cleanup``).
 
     Args:
         cfg: The validated recipe.

@@ -17,7 +17,7 @@ negative log-likelihood over the step's assistant tokens::
     loss = - sum(mask * log p(token)) / sum(mask)          # one optimizer step per batch
 
 Every ``eval.every`` steps (and before the first and after the last) the current weights act in
-the twin as an in-process policy (:class:`trainer.policy.HFPolicy`) on cases ``0..eval.cases-1``
+the twin as an in-process policy (:class:`trainer.hf_policy.HFPolicy`) on cases ``0..eval.cases-1``
 of ``eval.split``: ``eval/reward``, ``eval/parse_rate`` (share of assistant turns holding a call
 that parses), ``eval/kind/<kind>`` and ``rewards/*`` (so the reward plot is the held-out curve).
 Metrics go to ``metrics.jsonl`` (:class:`trainer.metrics.MetricsLogger`), the held-out episodes to
@@ -222,7 +222,7 @@ def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, f
 
 
 class SFTTrainer:
-    """Supervised fine-tuning on trajectory datasets; the interface of :class:`trainer.recipe.SyncTrainer`.
+    """Supervised fine-tuning on trajectory datasets; the interface of :class:`trainer.sync_trainer.SyncTrainer`.
 
     Args:
         cfg: A recipe with ``algorithm.name: sft`` and ``data.paths``.
@@ -356,7 +356,7 @@ class SFTTrainer:
 
     def evaluate(self) -> tuple[dict[str, float], list[Trajectory]]:
         """The current weights as an in-process policy on ``eval.cases`` cases of ``eval.split``."""
-        from trainer.policy import HFPolicy
+        from trainer.hf_policy import HFPolicy
         from twin.evaluation import evaluate
 
         cfg = self.cfg

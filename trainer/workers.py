@@ -1,6 +1,6 @@
 """The rollout worker process and the queue protocol between it and the learner.
 
-The async trainer (:mod:`trainer.orchestrator`) runs three processes::
+The async trainer (:mod:`trainer.async_trainer`) runs three processes::
 
     learner (the trainer's own process)     rollout worker (this module)       sampler server
     -----------------------------------     -----------------------------      -----------------
@@ -8,7 +8,7 @@ The async trainer (:mod:`trainer.orchestrator`) runs three processes::
     publish v+1 in SharedState  ----------> reads v, asks for policy@<v>  ---> /v1/completions
     lots.get()  <------------------------- Lot(version=v, groups) <---------   ids + logprobs
 
-The worker runs the twin's envs with :func:`trainer.rollouts.collect_groups` through a
+The worker runs the twin's envs with :func:`trainer.episodes.collect_groups` through a
 :class:`trainer.samplers.ServerSampler`, applies dynamic sampling, and puts one :class:`Lot`
 (the groups of one learner step, tagged with the policy version that sampled them) on a bounded
 queue. It starts a lot only when the lot cannot be more than ``max_staleness`` versions old when
@@ -320,7 +320,7 @@ class _RolloutLoop:
 
         from trainer.config import load_recipe
         from trainer.renderer import Renderer
-        from trainer.rollouts import load_tokenizer, rollout_settings
+        from trainer.episodes import load_tokenizer, rollout_settings
         from trainer.samplers import ServerSampler
         from twin.registry import make_twin
 
@@ -371,17 +371,17 @@ class _RolloutLoop:
 
     # -- sampling --------------------------------------------------------------------------------
     def _cases(self, n: int) -> list[tuple[str, int]]:
-        from trainer.rollouts import training_cases
+        from trainer.episodes import training_cases
 
         cases = training_cases(self.cfg, self.twin, self.cursor, n)
         self.cursor += n
         return cases
 
     def _collect(self, version: int) -> Lot:
-        """One lot: ``groups_per_step`` informative groups (:func:`trainer.rollouts.sample_step`)."""
+        """One lot: ``groups_per_step`` informative groups (:func:`trainer.episodes.sample_step`)."""
         import dataclasses
 
-        from trainer.rollouts import sample_step
+        from trainer.episodes import sample_step
 
         cfg = self.cfg
         name = adapter_name(version)

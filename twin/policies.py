@@ -754,7 +754,7 @@ POLICY_FORMS = (
 _TRAIN_PACKAGES = frozenset({"torch", "transformers", "tokenizers", "peft", "gguf"})
 
 #: Entry-point group of policy kinds: ``NAME = "module:factory"`` makes ``NAME:ARG`` a policy spec,
-#: built by ``factory(spec, twin)``. twinrl's own ``hf:`` is one (``trainer.policy``), so the core
+#: built by ``factory(spec, twin)``. twinrl's own ``hf:`` is one (``trainer.hf_policy``), so the core
 #: never imports the trainer.
 POLICY_ENTRY_POINT_GROUP = "twin.policies"
 
@@ -778,7 +778,7 @@ def make_policy(
     Specs: ``random`` / ``random:SEED``, ``replay:FILE``, ``openai:MODEL``, a baseline of the
     twin (``Twin.baselines() -> {name: factory(twin) -> policy}``, e.g. ``heuristic``, ``oracle``)
     and the kinds registered in the entry-point group ``twin.policies``, e.g. ``hf:PATH`` /
-    ``hf:smollm2`` (twinrl's ``trainer.policy.HFPolicy.from_spec(spec, twin)``).
+    ``hf:smollm2`` (twinrl's ``trainer.hf_policy.HFPolicy.from_spec(spec, twin)``).
 
     Args:
         spec: The spec.

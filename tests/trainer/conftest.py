@@ -199,7 +199,7 @@ class InMemoryRollout:
     """A rollout launcher with no worker process: the lots given (or put later) on an in-memory queue.
 
     Attributes:
-        side: The :class:`trainer.orchestrator.RolloutSide` handed to the trainer (after setup).
+        side: The :class:`trainer.async_trainer.RolloutSide` handed to the trainer (after setup).
     """
 
     def __init__(self, lots: list[Any] = (), *, events: list[Any] = (), server: Any = None) -> None:  # type: ignore[assignment]
@@ -207,7 +207,7 @@ class InMemoryRollout:
         self.side: Any = None
 
     def __call__(self, trainer: Any) -> Any:
-        from trainer.orchestrator import RolloutSide
+        from trainer.async_trainer import RolloutSide
         from trainer.workers import SharedState
 
         shared = SharedState(multiprocessing.get_context("spawn"))
@@ -247,9 +247,9 @@ def make_async_trainer(
     server: Any = None, events: list[Any] = (), overrides: list[str] = (),  # type: ignore[assignment]
     on_step: Callable[[dict[str, Any]], None] | None = None, learner: Any = None, setup: bool = True,
 ) -> tuple[Any, MockSamplerServer, InMemoryRollout]:
-    """An :class:`trainer.orchestrator.AsyncTrainer` of the toy recipe built with fakes (set up)."""
+    """An :class:`trainer.async_trainer.AsyncTrainer` of the toy recipe built with fakes (set up)."""
     from trainer.config import load_recipe
-    from trainer.orchestrator import AsyncTrainer
+    from trainer.async_trainer import AsyncTrainer
 
     cfg = load_recipe("toy-cpu", [
         "lora.enabled=true", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",

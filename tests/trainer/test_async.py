@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainer.config import load_recipe
-from trainer.orchestrator import AsyncTrainer
+from trainer.async_trainer import AsyncTrainer
 from trainer.workers import SharedState, adapter_name
 from twin.errors import ConfigError
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainer.renderer import Renderer, load_chat_template, shipped_templates
-from trainer.rollouts import RolloutSettings, collect_groups
+from trainer.episodes import RolloutSettings, collect_groups
 from trainer.tiny import build_tiny
 from twin.errors import ConfigError
 from twin.registry import make_twin
@@ -282,7 +282,7 @@ def test_template_names_and_paths(tmp_path: Path) -> None:
 
 def test_recipe_fields_reach_the_renderer(tmp_path: Path) -> None:
     from trainer.config import load_recipe
-    from trainer.recipe import SyncTrainer
+    from trainer.sync_trainer import SyncTrainer
 
     cfg = load_recipe("toy-cpu", [
         "model.chat_template=qwen3_append_only", "model.template_kwargs={enable_thinking: false}",

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from trainer.orchestrator import AsyncTrainer, guarded_command
+from trainer.async_trainer import AsyncTrainer, guarded_command
 from trainer.probe import SyncProbe, probe_sequence
 from trainer.adapters import AdapterClient
 from trainer.samplers import ServerSampler
@@ -95,7 +95,7 @@ def test_sampler_error_while_server_is_up_is_raised(tmp_path: Path, async_fakes:
 
 
 def test_a_sampler_that_keeps_dying_fails_the_run(tmp_path: Path, async_fakes: Any) -> None:
-    from trainer.orchestrator import MAX_RESTARTS_WITHOUT_PROGRESS, SamplerDiedError
+    from trainer.async_trainer import MAX_RESTARTS_WITHOUT_PROGRESS, SamplerDiedError
 
     log = "RuntimeError: Unsupported CPU attention configuration: head_dim=16"
     server = async_fakes.Server(tmp_path / "vllm.log", log=log)
@@ -262,7 +262,7 @@ def test_killed_learner_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     overrides = _overrides(tmp_path, 6, **{"train.store": "true"})
     script = textwrap.dedent(f"""
         from trainer.config import load_recipe
-        from trainer.orchestrator import AsyncTrainer
+        from trainer.async_trainer import AsyncTrainer
         if __name__ == "__main__":
             t = AsyncTrainer(load_recipe("toy-cpu", {overrides!r}))
             t.setup()

@@ -123,8 +123,8 @@ def _spy_on_the_body(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_the_sync_loop_updates_through_the_step_body_and_publishes_each_version(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from trainer.recipe import SyncTrainer
-    from trainer.rollouts import load_tokenizer
+    from trainer.sync_trainer import SyncTrainer
+    from trainer.episodes import load_tokenizer
     from trainer.adapters import InProcessAdapters
     from trainer.tiny import WHOLE_CALL_TOKENS
 

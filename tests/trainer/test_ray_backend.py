@@ -100,7 +100,7 @@ def test_a_claim_waits_in_the_coordinator_until_the_rule_allows_it():
 
 
 def _train(tmp_path: Path, backend: str, on_step: Any = None) -> tuple[list[dict[str, Any]], Any]:
-    from trainer.orchestrator import AsyncTrainer
+    from trainer.async_trainer import AsyncTrainer
     from trainer.ray_backend import RayTrainer
 
     cfg = load_recipe("toy-lora-cpu", [

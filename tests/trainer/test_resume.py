@@ -16,7 +16,7 @@ from rewards import Reward
 from trainer.checkpoint import capture_rng, latest_checkpoint, load_checkpoint, prepare_output_dir, restore_rng
 from trainer.config import load_recipe
 from trainer.metrics import read_metrics
-from trainer.recipe import SyncTrainer
+from trainer.sync_trainer import SyncTrainer
 from twin.errors import ConfigError
 from twin.registry import register, registry
 
@@ -105,7 +105,7 @@ def test_fresh_run_refuses_old_checkpoints_unless_overwrite(tmp_path) -> None:
 
 @pytest.mark.parametrize("runner", ["sync", "async"])
 def test_both_runners_refuse_to_start_over_checkpoints(tmp_path, runner: str) -> None:
-    from trainer.orchestrator import AsyncTrainer
+    from trainer.async_trainer import AsyncTrainer
 
     cfg = load_recipe("toy-cpu", [f"train.output_dir={tmp_path}", "lora.enabled=true", "train.store=false"])
     checkpoint = tmp_path / "checkpoints" / "step-000004"

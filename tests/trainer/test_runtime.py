@@ -10,8 +10,8 @@ import pytest
 
 from trainer.adapters import AdapterPublisher, InProcessAdapters
 from trainer.config import load_recipe
-from trainer.recipe import SyncTrainer
-from trainer.rollouts import load_tokenizer
+from trainer.sync_trainer import SyncTrainer
+from trainer.episodes import load_tokenizer
 from trainer.samplers import Sample
 from trainer.tiny import WHOLE_CALL_TOKENS
 from twin.errors import ConfigError

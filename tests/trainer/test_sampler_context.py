@@ -34,7 +34,7 @@ def test_sync_trainer_stops_episodes_at_a_short_server_context(tmp_path: Path) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.config import load_recipe
-    from trainer.recipe import SyncTrainer
+    from trainer.sync_trainer import SyncTrainer
     from trainer.renderer import Renderer
     from trainer.serving.completions import CompletionServer
     from trainer.serving.http import make_http_server

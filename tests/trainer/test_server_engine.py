@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainer.models import load_model
-from trainer.policy import HFPolicy
+from trainer.hf_policy import HFPolicy
 from trainer.samplers import HFSampler
 from trainer.serving.completions import CompletionServer
 from trainer.serving.engine import Engine, Row

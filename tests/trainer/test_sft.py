@@ -182,7 +182,7 @@ def test_sft_on_toy_lowers_the_loss_and_raises_held_out_reward_and_parse_rate(to
 
 
 def test_grpo_init_from_starts_from_the_sft_weights(toy_sft: Any, tiny: tuple[Any, Any]) -> None:
-    from trainer.recipe import SyncTrainer
+    from trainer.sync_trainer import SyncTrainer
 
     root, _ = toy_sft
     cfg = load_recipe({

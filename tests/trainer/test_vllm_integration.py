@@ -158,7 +158,7 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
 def test_async_training_with_vllm_sampler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The toy recipe with ``sampler.kind: vllm`` and k = 1: the trainer starts vLLM, loads each
     adapter as ``policy@<v>`` and its sync probe finds vLLM sampling with exactly that adapter."""
-    from trainer.orchestrator import AsyncTrainer
+    from trainer.async_trainer import AsyncTrainer
     from trainer.vllm import build_vllm_tiny
 
     monkeypatch.setenv("TWINRL_VLLM_PYTHON", str(PYTHON))

@@ -514,7 +514,7 @@ def test_make_policy_specs(twin, tmp_path, monkeypatch):
     assert make_policy("always-k0", twin).name == "always-k0"
 
     made = []
-    fake = types.ModuleType("trainer.policy")
+    fake = types.ModuleType("trainer.hf_policy")
 
     class HFPolicy:
         @classmethod
@@ -523,7 +523,7 @@ def test_make_policy_specs(twin, tmp_path, monkeypatch):
             return "hf-policy"
 
     fake.HFPolicy = HFPolicy
-    monkeypatch.setitem(sys.modules, "trainer.policy", fake)
+    monkeypatch.setitem(sys.modules, "trainer.hf_policy", fake)
     assert make_policy("hf:smollm2", twin) == "hf-policy" and made == [("hf:smollm2", twin)]
 
 
@@ -532,7 +532,7 @@ def test_policy_kinds_are_entry_point_plugins(twin, monkeypatch):
 
     import twin.policies as policies
 
-    assert policies.policy_kinds()["hf"].value == "trainer.policy:HFPolicy.from_spec"  # ours, a plugin too
+    assert policies.policy_kinds()["hf"].value == "trainer.hf_policy:HFPolicy.from_spec"  # ours, a plugin too
     plugin = types.ModuleType("my_policies")
     plugin.make = lambda spec, twin_: ("made", spec, twin_)
     monkeypatch.setitem(sys.modules, "my_policies", plugin)

@@ -10,7 +10,7 @@ every row to its stop. Each row draws one uniform per token from its own generat
 
 Users: :class:`trainer.serving.completions.CompletionServer` (the sampler server),
 :class:`trainer.samplers.HFSampler` (in-process sampling for the trainer) and, through it,
-:class:`trainer.policy.HFPolicy` (``hf:`` policies).
+:class:`trainer.hf_policy.HFPolicy` (``hf:`` policies).
 
 Logprobs are ``processed_logprobs`` by default (after temperature and top-p: the distribution
 that was sampled from) or ``raw_logprobs`` (before them, vLLM's default); a greedy row

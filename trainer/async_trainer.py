@@ -37,7 +37,7 @@ One step of :meth:`AsyncTrainer.train`, the loop in plain view::
 after the adapter of the step before it is loaded. With ``k >= 1`` the worker samples the next lot
 with the newest published adapter while the learner trains on the previous one. Set-up,
 checkpoints, the store, the curriculum and the update are the runtime's
-(:class:`trainer.runtime.TrainingRuntime`), shared with :class:`trainer.recipe.SyncTrainer`.
+(:class:`trainer.runtime.TrainingRuntime`), shared with :class:`trainer.sync_trainer.SyncTrainer`.
 
 Collaborators are constructor arguments: ``launcher`` starts the rollout side (default: the
 sampler server and a spawned worker process, :func:`spawn_rollout_worker`), ``adapters`` loads
@@ -170,7 +170,7 @@ def spawn_rollout_worker(trainer: AsyncTrainer) -> RolloutSide:
 class AsyncTrainer(TrainingRuntime):
     """GRPO with the rollout worker and the learner in separate processes.
 
-    The interface of :class:`trainer.recipe.SyncTrainer` (``setup`` / ``train`` / ``cleanup``),
+    The interface of :class:`trainer.sync_trainer.SyncTrainer` (``setup`` / ``train`` / ``cleanup``),
     the same metrics plus ``async/*``, the same checkpoints (plus the counters of
     :meth:`extra_state`) and ``--resume``.
 

@@ -20,8 +20,8 @@ One step (``train()``)::
 
 Set-up, checkpoints, the run store, the curriculum and the update are the runtime's
 (:class:`trainer.runtime.TrainingRuntime`), shared with the async loop
-(:class:`trainer.orchestrator.AsyncTrainer`); sampling a step is
-:func:`trainer.rollouts.sample_step`, which the rollout worker runs too.
+(:class:`trainer.async_trainer.AsyncTrainer`); sampling a step is
+:func:`trainer.episodes.sample_step`, which the rollout worker runs too.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from trainer.config import Recipe
-from trainer.rollouts import StepSample, rollout_settings, sample_step
+from trainer.episodes import StepSample, rollout_settings, sample_step
 from trainer.adapters import (
     AdapterClient,
     AdapterPublisher,

@@ -8,7 +8,7 @@ import torch
 from envs.toy.twin import ideal_call
 from trainer.models import load_model
 from trainer.renderer import Renderer
-from trainer.rollouts import RolloutSettings, collect_groups, episode_tokens
+from trainer.episodes import RolloutSettings, collect_groups, episode_tokens
 from trainer.samplers import HFSampler, Sample
 from twin.registry import make_twin
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from trainer.policy import HFPolicy, parse_hf_spec
+from trainer.hf_policy import HFPolicy, parse_hf_spec
 from twin.errors import ConfigError
 from twin.registry import make_twin
 from twin.rollout import run_episodes

@@ -233,7 +233,7 @@ def episode_tokens(trajectory: Trajectory) -> tuple[list[int], list[int], list[f
     if not trajectory.token_turns:
         raise ValueError(
             f"trajectory {trajectory.case_id} has no token_turns: only episodes collected by "
-            "trainer.rollouts carry the token record the learner needs"
+            "trainer.episodes carry the token record the learner needs"
         )
     ids: list[int] = []
     mask: list[int] = []
