@@ -157,17 +157,8 @@ class Learner:
     def temperature(self, value: float) -> None:
         self.scorer.temperature = float(value)
 
-    @torch.no_grad()
     def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> list[list[float]]:
-        """Each sequence's token logprobs under the current weights (or the base model).
-
-        Args:
-            batch: The sequences.
-            reference: Use the base model (LoRA adapter disabled).
-
-        Returns:
-            One list per sequence, aligned with ``input_ids`` (the first entry is 0.0).
-        """
+        """Each sequence's token logprobs now, no grad (:meth:`trainer.scoring.BatchScorer.logprobs`)."""
         return self.scorer.logprobs(batch, reference=reference)
 
     # -- the update ----------------------------------------------------------------------------
