@@ -411,8 +411,8 @@ def build_tiny(
         vocab_size: Target tokenizer size (the BPE may stop earlier on a small corpus).
         shape: Model shape fields over :data:`TINY_SHAPE` (``hidden_size``, ``intermediate_size``,
             ``num_hidden_layers``, ``num_attention_heads``, ``tie_word_embeddings``), e.g.
-            ``{"tie_word_embeddings": False}``: an output layer of its own learns which token
-            follows which much faster than tied embeddings (measured on catalog episodes).
+            ``{"tie_word_embeddings": False}`` (an output layer of its own, as the catalog proof in
+            ``tests/trainer/test_catalog_learning.py`` uses).
         extra_tokens: More added tokens, kept whole like :data:`CALL_TOKENS`: e.g. the fixed
             text a twin's tool calls put around their arguments as the chat template writes it
             (``'<tool_call>\\n{"name": "search_taxonomy", "arguments": {"query": "'``), so a call

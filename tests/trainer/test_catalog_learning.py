@@ -80,8 +80,9 @@ SFT = {"epochs": 4, "batch_size": 4, "lr": 1.0e-2}
 GRPO = {"steps": 12, "group_size": 8, "groups_per_step": 4, "lr": 1.0e-3}
 EVAL_CASES = 96  # held-out dev cases
 EVAL_SAMPLES = 2  # episodes per held-out case
-#: GRPO's held-out reward over its SFT start. Measured: +0.29 to +0.49 on seeds 0-2, while five
-#: evaluations of one checkpoint with different sampling seeds spread over 0.15-0.20 (48 cases x 2).
+#: GRPO's held-out reward over its SFT start. Measured (96 cases x 2): +0.49, +0.47, +0.22 on seeds
+#: 0-2, while five evaluations of one checkpoint with different sampling seeds spread over
+#: 0.15-0.21 (48 cases x 2).
 RISE_MIN = 0.20
 SUBMIT_RISE_MIN = 0.10  # and its share of episodes that end in a valid submission
 
@@ -144,15 +145,14 @@ def _common(seed: int, model: Path, out: Path) -> dict[str, Any]:
 
 
 def held_out(checkpoint: Path, seed: int) -> dict[str, Any]:
-    """Score a checkpoint on the first ``EVAL_CASES`` dev cases, ``EVAL_SAMPLES`` episodes each."""
-    from trainer.checkpoint import load_checkpoint_model
-    from trainer.policy import HFPolicy
+    """Score a checkpoint on the first ``EVAL_CASES`` dev cases, ``EVAL_SAMPLES`` episodes each,
+    as ``twin eval catalog --policy hf:<checkpoint>,temperature=1,...`` does."""
     from twin.evaluation import evaluate
+    from twin.policies import make_policy
 
-    model, tokenizer = load_checkpoint_model(checkpoint, "float32")
-    policy = HFPolicy(model, tokenizer, name=f"hf:{checkpoint.name}", temperature=1.0, max_new_tokens=16, seed=seed,
-                      chat_template=listing_only_template())
     twin = make_twin("Catalog", **TWIN)
+    policy = make_policy(f"hf:{checkpoint},temperature=1.0,max_new_tokens=16,dtype=float32,seed={seed}", twin)
+    tokenizer = policy.tokenizer
     result = evaluate(twin, policy, [("dev", i) for i in range(EVAL_CASES)], group_size=EVAL_SAMPLES, progress=False)
     episodes = [t for g in result.groups for t in g.trajectories]
     calls = [c for t in episodes for m in t.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
@@ -164,11 +164,15 @@ def held_out(checkpoint: Path, seed: int) -> dict[str, Any]:
             except (ValueError, AttributeError):
                 pass
     verdicts = [str(t.submission.get("verdict")) for t in episodes if t.submission]
+    submitted = [t for t in episodes if t.submission]
     return {
         "reward": statistics.fmean(t.reward or 0.0 for t in episodes),
         "submitted": sum(bool(t.submission) for t in episodes) / len(episodes),
         "calls": len(calls) / len(episodes),
         "turns": statistics.fmean(t.num_turns for t in episodes),
+        # of the episodes that submit: the share that searched in an earlier turn first
+        "searched_first": sum(_searched_before_submit(t.messages) for t in submitted) / len(submitted)
+        if submitted else 0.0,
         "query_tokens": statistics.fmean(len(tokenizer.encode(q, add_special_tokens=False)) for q in queries)
         if queries else 0.0,
         "verdicts": {v: verdicts.count(v) / len(episodes) for v in sorted(set(verdicts))},
@@ -176,6 +180,17 @@ def held_out(checkpoint: Path, seed: int) -> dict[str, Any]:
                        for k in ("category", "attributes", "policy")},
         "episodes": len(episodes),
     }
+
+
+def _searched_before_submit(messages: list[dict[str, Any]]) -> bool:
+    """A ``search_taxonomy`` call in an assistant turn before the one that holds ``submit``."""
+    searched = False
+    for m in messages:
+        names = [c["function"]["name"] for c in m.get("tool_calls") or []] if m.get("role") == "assistant" else []
+        if "submit" in names:
+            return searched
+        searched = searched or "search_taxonomy" in names
+    return False
 
 
 def run_proof(seed: int, root: Path, *, sft_only: bool = False) -> dict[str, Any]:
@@ -262,3 +277,36 @@ def test_extra_tokens_hold_the_call_text_whole_and_shape_changes_the_model(tmp_p
 def test_build_tiny_refuses_bad_shapes_and_tokens(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         build_tiny(tmp_path / "m", **kwargs)
+
+
+def test_the_demonstrator_searches_and_looks_up_then_submits_and_its_calls_are_few_tokens(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    twin = make_twin("Catalog", **TWIN)
+    result = collect(twin, FormatTeacher(twin, 0), [("train", i) for i in range(4)], out=tmp_path / "d", progress=False)
+    rows = read_dataset(result.out)
+    assert result.rows == len(rows) == 4
+    corpus = [chat_text(r["messages"], r["tools"]) for r in rows]
+    path = build_tiny(tmp_path / "m", extra_corpus=corpus, vocab_size=2048, extra_tokens=EXTRA_TOKENS)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    for row in rows:
+        turns = [[c["function"]["name"] for c in m["tool_calls"]] for m in row["messages"] if m["role"] == "assistant"]
+        assert turns == [["search_taxonomy", "get_attribute_schema"], ["submit"]]
+        assert row["components"]["submitted"] == 1.0 and row["invalid_calls"] == 0
+        submit = json.loads(row["messages"][-2]["tool_calls"][0]["function"]["arguments"])
+        assert submit["verdict"] in NOISY_VERDICTS and submit["attributes"] == {}
+        # the submit call is: opening token, the category id, one token, the verdict, closing token
+        text = chat_text([row["messages"][-2]])
+        call = text[text.index("<tool_call>") : text.index("</tool_call>") + len("</tool_call>")]
+        pieces = [tok.decode([i]) for i in tok.encode(call, add_special_tokens=False)]
+        assert pieces[0] == EXTRA_TOKENS[2] and EXTRA_TOKENS[3] in pieces and pieces[-1] == '"}}\n</tool_call>'
+        assert "".join(pieces) == call and len(pieces) <= 8
+    # the tokenizer's corpus holds the twin's prompt and tool schemas; the model's template neither
+    assert rows[0]["messages"][0]["content"] in corpus[0] and '"name": "lookup_brand"' in corpus[0]
+    from jinja2 import Environment
+
+    seen = Environment().from_string(listing_only_template()).render(
+        messages=rows[0]["messages"], tools=rows[0]["tools"], add_generation_prompt=False
+    )
+    assert rows[0]["messages"][0]["content"] not in seen and "lookup_brand" not in seen
+    assert rows[0]["messages"][1]["content"] in seen and seen.startswith("<|im_start|>user\n")
