@@ -23,7 +23,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOG_SINKS", "MetricsLogger", "episode_rows", "open_training_run", "plot_rewards", "read_metrics"]
+__all__ = [
+    "LOG_SINKS",
+    "MetricsLogger",
+    "close_training_run",
+    "episode_rows",
+    "open_training_run",
+    "plot_rewards",
+    "read_metrics",
+]
 
 #: The metric sinks a recipe's ``train.log`` may name.
 LOG_SINKS = ("jsonl", "tensorboard", "wandb", "trackio")
@@ -65,6 +73,24 @@ def open_training_run(
         log.warning("run store unavailable (%s); episodes are not stored", exc)
         return None, run_id
     return store, run_id
+
+
+def close_training_run(store: Any, run_id: int | None, *, done: bool, summary: dict[str, Any]) -> None:
+    """End a training run's use of the store (the other half of :func:`open_training_run`).
+
+    A run whose steps are all done is finished with ``summary``; an unfinished one stays
+    ``running`` so that ``--resume`` continues it (as a killed one does: the store reads a stale
+    heartbeat as interrupted). The store is closed either way; a failing store only warns.
+    """
+    if store is None:
+        return
+    try:
+        if run_id is not None and done:
+            store.finish_run(run_id, metrics=summary)
+    except Exception as exc:  # noqa: BLE001 - the store is a record, not needed to train
+        log.warning("run store: could not finish run %s: %s", run_id, exc)
+    finally:
+        store.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

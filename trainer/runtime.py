@@ -46,7 +46,7 @@ from trainer import objective
 from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
 from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
-from trainer.metrics import MetricsLogger, open_training_run, plot_rewards
+from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
 from trainer.adapters import AdapterPublisher, AdapterSink
 from trainer.episodes import episode_tokens, load_tokenizer, training_cases
 from twin.trajectory import Group
@@ -424,13 +424,9 @@ class TrainingRuntime:
         finally:
             if metrics is not None:
                 metrics.close()
-            if self.store is not None:
-                if self.run_id is not None and self.step >= self.cfg.train.steps:
-                    # an unfinished run stays 'running' (resumable), as a killed one does
-                    last = metrics.history[-1] if metrics is not None and metrics.history else {}
-                    try:
-                        self.store.finish_run(self.run_id, metrics={k: v for k, v in last.items() if finite(v)})
-                    except Exception as exc:  # noqa: BLE001
-                        log.warning("run store: could not finish run %s: %s", self.run_id, exc)
-                self.store.close()
+            last = metrics.history[-1] if metrics is not None and metrics.history else {}
+            close_training_run(
+                self.store, self.run_id, done=self.step >= self.cfg.train.steps,
+                summary={k: v for k, v in last.items() if finite(v)},
+            )  # fmt: skip
         return plot

@@ -43,7 +43,7 @@ import torch
 from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
 from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch
-from trainer.metrics import MetricsLogger, open_training_run, plot_rewards
+from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
 from trainer.renderer import EpisodeTokens, Renderer
 from twin.cases import stable_seed
 from twin.errors import ConfigError
@@ -445,12 +445,6 @@ class SFTTrainer:
             )  # fmt: skip
         finally:
             self.metrics.close()
-            if self.store is not None:
-                if self.run_id is not None and self.step >= self.total_steps:
-                    last = next((r for r in reversed(self.metrics.history) if "eval/reward" in r), {})
-                    try:
-                        self.store.finish_run(self.run_id, metrics=last)
-                    except Exception as exc:  # noqa: BLE001
-                        log.warning("run store: could not finish run %s: %s", self.run_id, exc)
-                self.store.close()
+            last = next((r for r in reversed(self.metrics.history) if "eval/reward" in r), {})
+            close_training_run(self.store, self.run_id, done=self.step >= self.total_steps, summary=last)
         return plot
