@@ -138,14 +138,12 @@ def main(
         metrics["wall_s"] = round(elapsed, 3)
         results[name] = {"summary": summary, "metrics": metrics}
         if run_store is not None:
-            run_id = run_store.start_run(
-                "demo", twin.name, name,
-                {"split": split, "cases": len(cases), "group_size": group_size, "seed": seed,
-                 "taxonomy": taxonomy, "world": world.digest()},
-            )
-            run_store.add_episodes(run_id, [t for g in groups for t in g.trajectories])
-            run_store.finish_run(run_id, {"summary": summary, "catalog": metrics})
-            run_ids[name] = run_id
+            config = {"split": split, "cases": len(cases), "group_size": group_size, "seed": seed,
+                      "taxonomy": taxonomy, "world": world.digest()}  # fmt: skip
+            with run_store.track_run("demo", twin.name, name, config) as run:
+                run.add_episodes([t for g in groups for t in g.trajectories])
+                run.metrics = {"summary": summary, "catalog": metrics}
+            run_ids[name] = run.id
         print_tables(console, name, summary, metrics)
         console.print(f"{name}: {len(cases) * group_size} episodes in {elapsed:.1f} s\n")
     total_s = time.perf_counter() - started

@@ -29,6 +29,8 @@ def test_demo_small(twin, tmp_path, capsys):
 
     runs = RunStore(str(store)).runs()
     assert {r.policy for r in runs} == {"random", "heuristic", "oracle"}
+    assert {r.status for r in runs} == {"finished"} and {r.episodes for r in runs} == {28}
+    assert all("summary" in r.metrics and "catalog" in r.metrics for r in runs)
 
 
 def test_demo_v1_runs_careful_and_the_degenerate_policies(twin_v1, tmp_path, capsys):
