@@ -396,7 +396,7 @@ def test_server_process_reports_log_tail_on_failure(tmp_path: Path) -> None:
 
 def test_the_trainer_server_sampler_reads_our_responses(server: httpx.Client, base) -> None:
     """trainer.samplers.ServerSampler (written for vLLM) works against twin serve unchanged."""
-    samplers = pytest.importorskip("trainer.samplers")
+    from trainer import samplers
     model, _ = base
     sampler = samplers.ServerSampler(str(server.base_url), "tiny")
     samples = sampler.sample([PROMPT, PROMPT[:4]], max_new_tokens=6, temperature=1.0, seed=11)
