@@ -158,7 +158,7 @@ def train(stage: str, args: argparse.Namespace) -> None:
     if (out / "checkpoints" / "latest").exists():
         log(f"{stage}: {out.name}/checkpoints exists, skipped")
         return
-    sets = [f"train.output_dir={out}", f"twin.config.max_turns=3"]
+    sets = [f"train.output_dir={out}", "twin.config.max_turns=3"]
     if stage == "sft":
         sets += [f"data.paths=[{RUN_DIR / 'data-heuristic'}]", f"data.epochs={args.sft_epochs}",
                  f"data.batch_size={args.sft_batch_size}", f"eval.cases={args.sft_eval_cases}"]
