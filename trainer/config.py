@@ -122,8 +122,11 @@ class SamplerConfig(_Section):
 
     kind: Literal["hf", "server", "vllm"] = Field(
         "hf",
-        description="'hf' = in-process transformers generate; 'server' = an OpenAI-compatible "
-        "completions server at base_url; 'vllm' = a vLLM server the trainer starts.",
+        description="Which engine samples (the loop decides where it runs): 'hf' = twinrl's own "
+        "transformers decoding engine (trainer/serving/engine.py), in the learner's process when "
+        "synchronous (async.max_staleness: 0) and in a `twin serve` process the trainer starts when "
+        "async or on Ray; 'vllm' = a vLLM server the trainer starts; 'server' = an OpenAI-compatible "
+        "completions server already running at base_url.",
     )
     base_url: str | None = Field(None, description="Server URL (kind 'server'), e.g. http://127.0.0.1:8000.")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (logprobs use logits / T).")
