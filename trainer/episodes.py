@@ -86,7 +86,9 @@ CUT_NOTE = "episode cut at max_episode_tokens"
 
 
 @dataclass
-class _Live:
+class _RunningEpisode:
+    """One episode while it is being collected: its env, its token record, whether it ended."""
+
     env: Any
     renderer: Any
     done: bool = False
@@ -126,7 +128,7 @@ def collect_groups(
     from twin.env import TwinEnv
 
     started = time.perf_counter()
-    live: list[_Live] = []
+    live: list[_RunningEpisode] = []
     for split, index in cases:
         opening: tuple[Any, Any, Any] | None = None  # (obs, tools, renderer) of the group's first episode
         for _ in range(group_size):
@@ -140,7 +142,7 @@ def collect_groups(
                 if hasattr(renderer, "fork"):
                     opening = (obs, info["tools"], renderer)
             env.trajectory.policy = settings.policy_name
-            item = _Live(env, renderer)
+            item = _RunningEpisode(env, renderer)
             if settings.budget(len(renderer.ids)) == 0:
                 item.done = item.overlong = True
                 env.truncate(CUT_NOTE)  # the env counts turns, not tokens

@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: Rows that share a loss-free prefix: ``(prefix length, rows)`` per unit.
-_Units = list[tuple[int, list[int]]]
+_SharedPrefixUnits = list[tuple[int, list[int]]]
 
 
 @dataclass
@@ -127,7 +127,7 @@ class BatchScorer:
         """Pack rows (longest first) so that rows x longest row <= micro_batch_tokens."""
         return padded_micro_batches(rows, batch, self.micro_batch_tokens)
 
-    def plan(self, rows: Sequence[int], batch: TrainBatch) -> Iterator[tuple[list[int], _Units | None]]:
+    def plan(self, rows: Sequence[int], batch: TrainBatch) -> Iterator[tuple[list[int], _SharedPrefixUnits | None]]:
         """Micro-batches as ``(rows, units)`` (:func:`plan_micro_batches`): prompts are shared
         when ``shared_prefix`` is on and the model's decoder and output layer can run apart."""
         share = self.shared_prefix and self._parts() is not None
@@ -185,7 +185,7 @@ class BatchScorer:
         return out
 
     @staticmethod
-    def _split_prefix(rows: list[int], batch: TrainBatch, units: _Units) -> dict[str, torch.Tensor]:
+    def _split_prefix(rows: list[int], batch: TrainBatch, units: _SharedPrefixUnits) -> dict[str, torch.Tensor]:
         """Right-padded prefixes (one per unit) and suffixes (one per row) of a micro-batch."""
         pw = max(length for length, _ in units)
         lengths = [length for length, urows in units for _ in urows]  # per row, in ``rows`` order
@@ -373,7 +373,7 @@ def padded_micro_batches(rows: Sequence[int], batch: TrainBatch, budget: int) ->
 
 def plan_micro_batches(
     rows: Sequence[int], batch: TrainBatch, budget: int, *, share: bool = True, prompt_weight: float = 0.0
-) -> Iterator[tuple[list[int], _Units | None]]:
+) -> Iterator[tuple[list[int], _SharedPrefixUnits | None]]:
     """Micro-batches as ``(rows, units)``; ``units`` is None for the padded per-row pass.
 
     A unit is ``(L, rows)``: rows whose first ``L`` tokens are equal and carry no loss, with
@@ -413,7 +413,7 @@ def plan_micro_batches(
         yield [r for _, rs in current for r in rs], current
 
 
-def shared_units(rows: Sequence[int], batch: TrainBatch) -> _Units | None:
+def shared_units(rows: Sequence[int], batch: TrainBatch) -> _SharedPrefixUnits | None:
     """Rows grouped by their shared loss-free prefix; None when sharing saves nothing."""
     by_key: dict[tuple[int, ...], list[int]] = {}
     for i in rows:

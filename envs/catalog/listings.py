@@ -473,7 +473,7 @@ def _compose(rng: random.Random, draft: _Draft, *, brand_in_title: bool = True,
 
 
 # -- the case generators -----------------------------------------------------------------------
-class _Gen:
+class _ListingBuilder:
     """Builds one listing of a given kind from a seeded rng."""
 
     def __init__(self, world: Any, rng: random.Random) -> None:
@@ -757,7 +757,7 @@ def make_listing(world: Any, rng: random.Random, kind: str, lid: str) -> tuple[d
     """
     if kind not in KINDS:
         raise ConfigError(f"unknown case kind {kind!r}; known kinds: {', '.join(KINDS)}")
-    gen = _Gen(world, rng)
+    gen = _ListingBuilder(world, rng)
     if kind == "missing_attributes":
         draft, verdict = gen.clean(drop_required=True)
     else:

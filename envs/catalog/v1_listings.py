@@ -352,7 +352,7 @@ def _in_text(value: str, text: str) -> bool:
     return re.search(r"(?<![a-z0-9])" + re.escape(_norm(value)) + r"(?![a-z0-9])", text) is not None
 
 
-class _Gen:
+class _ListingBuilder:
     """Builds one v1 listing of a given kind from a seeded rng."""
 
     def __init__(self, world: V1World, part: str, rng: random.Random) -> None:
@@ -855,7 +855,7 @@ def make_listing(world: V1World, split: str, rng: random.Random, kind: str,
     part = SPLIT_PART.get(split)
     if part is None:
         raise ConfigError(f"unknown split {split!r}; splits: {', '.join(SPLIT_PART)}")
-    gen = _Gen(world, part, rng)
+    gen = _ListingBuilder(world, part, rng)
     want = KIND_VERDICT[kind]
     best: tuple[dict[str, Any], dict[str, Any]] | None = None
     for _ in range(_TRIES):
