@@ -1,3 +1,5 @@
+# Just over 500 lines: the scorer and the pure micro-batch planning it runs are one unit, tested
+# together (tests/trainer/test_learner_shared.py).
 """Token logprobs of a batch of episodes under a causal LM, in token-budget micro-batches.
 
 :class:`BatchScorer` is how the learner reads its model: :meth:`BatchScorer.plan` packs rows into

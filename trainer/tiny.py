@@ -1,3 +1,5 @@
+# Over 500 lines on purpose: the tiny models' shapes, their tokenizer corpus and the chat template
+# they ship with are built together and hashed into one cache key.
 """A tiny randomly initialised causal LM with a locally trained tokenizer, for tests and toys.
 
 ``build_tiny()`` writes (once, then from cache) an HF model directory that loads offline with
