@@ -78,7 +78,7 @@ from trainer.adapters import (
     make_sampler_server,
     require_lora_for_server,
 )
-from trainer.runtime import TrainingRuntime
+from trainer.runtime import TrainingRuntime, step_perf
 from trainer.workers import (
     AdapterSyncError,
     Lot,
@@ -553,14 +553,10 @@ class AsyncTrainer(TrainingRuntime):
                 "async/check_s": check_s,
                 "async/probe_version": float(probed),
                 "async/sampler_restarts": float(self.restarts),
-                "perf/rollout_s": lot.stats.get("rollout_s", 0.0),
-                "perf/sample_tokens_per_s": tokens / lot.stats["rollout_s"] if lot.stats.get("rollout_s") else 0.0,
                 "perf/learn_s": update.learn_s,
-                "perf/sync_s": sync_s,
                 "perf/sampled_tokens": tokens,
-                "perf/step_s": step_s,
-                "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
-                "data/cursor": float(self.cursor),
+                **step_perf(rollout_s=lot.stats.get("rollout_s", 0.0), sampled_tokens=tokens, sync_s=sync_s,
+                            step_s=step_s, cursor=self.cursor),  # fmt: skip
             }
             self.record_step(step, record, every)
         return list(self.metrics.history)

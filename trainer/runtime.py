@@ -160,6 +160,22 @@ def learn_from_groups(
     return StepUpdate(learn, episode_metrics(every), time.perf_counter() - t0)
 
 
+def step_perf(*, rollout_s: float, sampled_tokens: int, sync_s: float, step_s: float, cursor: int) -> dict[str, float]:
+    """The ``perf/*`` and ``data/cursor`` entries of a step's record, the same in every loop.
+
+    ``rollout_s`` is the time the lot took to sample (in the worker, for the async loop);
+    ``sampled_tokens`` the completion tokens it holds; ``step_s`` the learner's wall time for the step.
+    """
+    return {
+        "perf/rollout_s": rollout_s,
+        "perf/sample_tokens_per_s": sampled_tokens / rollout_s if rollout_s > 0 else 0.0,
+        "perf/sync_s": sync_s,
+        "perf/step_s": step_s,
+        "perf/tokens_per_s": sampled_tokens / step_s if step_s > 0 else 0.0,
+        "data/cursor": float(cursor),
+    }
+
+
 def build_learner(cfg: Recipe, model_path: str, *, temperature: float) -> tuple[Learner, Any]:
     """The recipe's model (LoRA on it when ``lora.enabled``, else every weight trainable) in a Learner.
 

@@ -44,7 +44,7 @@ from trainer.adapters import (
     make_sampler_server,
     require_lora_for_server,
 )
-from trainer.runtime import TrainingRuntime
+from trainer.runtime import TrainingRuntime, step_perf
 from trainer.serving.http import auth_headers
 from trainer.workers import adapter_name, sampler_context_length
 from twin.errors import ConfigError
@@ -176,12 +176,8 @@ class SyncTrainer(TrainingRuntime):
                 **update.learn,
                 "batch/skipped": float(not kept),
                 "policy/version": float(self.learner.version),
-                "perf/rollout_s": rollout_s,
-                "perf/sample_tokens_per_s": sampled_tokens / rollout_s if rollout_s > 0 else 0.0,
-                "perf/sync_s": sync_s,
-                "perf/step_s": step_s,
-                "perf/tokens_per_s": sampled_tokens / step_s if step_s > 0 else 0.0,
-                "data/cursor": float(self.cursor),
+                **step_perf(rollout_s=rollout_s, sampled_tokens=sampled_tokens, sync_s=sync_s, step_s=step_s,
+                            cursor=self.cursor),  # fmt: skip
             }
             self.record_step(step, record, every)
         return list(self.metrics.history)
