@@ -1,6 +1,6 @@
 """``twin train RECIPE [--set key=value ...] [--resume | --overwrite]``: run a recipe with a progress display.
 
-``twin/cli.py`` calls :func:`train`; it can also be called directly (tests do)::
+``twinrl_cli/train.py`` calls :func:`train`; it can also be called directly (tests do)::
 
     from trainer.cli import train
     exit_code = train("data/recipes/toy-cpu.yaml", ["train.steps=20"], resume=False)
