@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trainer.async_trainer import VLLM_UTILIZATION_ENV
+    from trainer.adapters import VLLM_UTILIZATION_ENV
     from trainer.rehearsal import rehearsal_model
     from trainer.tiny import QWEN3_8B_SHAPE
     from trainer.vllm import find_vllm_python
