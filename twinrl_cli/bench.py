@@ -15,6 +15,12 @@ import yaml
 
 from twinrl_cli.app import bench_app, needs, run_target
 
+#: ``--json FILE`` and ``--output-dir DIR`` of the trainer benches.
+FiguresJsonOpt = Annotated[str | None, typer.Option("--json", help="Also write the figures as JSON to this file.")]
+RunsDirOpt = Annotated[
+    str | None, typer.Option("--output-dir", help="Where the runs write (default: a temporary folder).")
+]
+
 __all__ = ["bench_catalog", "bench_openenv", "bench_trainer", "bench_trl"]
 
 
@@ -89,13 +95,8 @@ def bench_trainer(
             "--set algorithm.groups_per_step=4 for longer steps.",
         ),
     ] = None,
-    json: Annotated[
-        str | None, typer.Option("--json", help="Also write the figures as JSON to this file.")
-    ] = None,
-    output_dir: Annotated[
-        str | None,
-        typer.Option("--output-dir", help="Where the runs write (default: a temporary folder)."),
-    ] = None,
+    json: FiguresJsonOpt = None,
+    output_dir: RunsDirOpt = None,
     epochs: Annotated[
         int | None,
         typer.Option(
@@ -160,13 +161,8 @@ def bench_trl(
             "out a drift in machine load.",
         ),
     ] = 1,
-    json: Annotated[
-        str | None, typer.Option("--json", help="Also write the figures as JSON to this file.")
-    ] = None,
-    output_dir: Annotated[
-        str | None,
-        typer.Option("--output-dir", help="Where the runs write (default: a temporary folder)."),
-    ] = None,
+    json: FiguresJsonOpt = None,
+    output_dir: RunsDirOpt = None,
 ) -> None:
     """Our synchronous GRPO step vs TRL's GRPOTrainer: same tiny model, prompts and batch."""
     with needs("bench trl", "trainer.bench_trl:main"):
