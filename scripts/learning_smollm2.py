@@ -14,10 +14,14 @@ resamples) and, for the stage differences, a paired bootstrap over the case ids.
 
 Usage::
 
-    .venv/bin/python scripts/learning_smollm2.py                     # the full run (hours on CPU)
-    .venv/bin/python scripts/learning_smollm2.py --test-cases 24 --collect-episodes 24 \
-        --sft-batch-size 2 --grpo-steps 1                            # what fits a short session
+    .venv/bin/python scripts/learning_smollm2.py                     # the run of docs/learning.md
+    .venv/bin/python scripts/learning_smollm2.py --collect-episodes 160 --sft-epochs 2 \
+        --sft-batch-size 8 --grpo-steps 8                            # a longer run (many hours on CPU)
     .venv/bin/python scripts/learning_smollm2.py --only report       # rewrite the report
+
+The defaults are the sizes of the run docs/learning.md reports: 200 test cases per policy, SFT on
+the heuristic's good episodes among 16 (one epoch, 2 per step), 2 GRPO steps. Its training stages
+ran with one torch thread and its model evaluations with two (``--threads 2``, on an idle machine).
 
 Run it with ``nohup ... > runs/learning-smollm2/log.txt 2>&1 &``; each stage logs its wall-clock.
 """
@@ -67,9 +71,15 @@ def twin_cmd(*args: str) -> list[str]:
     return [str(ROOT / ".venv" / "bin" / "twin"), *args]
 
 
+#: torch threads of every stage (``--threads``): 1 is fastest on a 2-core machine shared with other
+#: work, 2 on an idle one.
+THREADS = ["1"]
+
+
 def run(cmd: list[str], stdout_path: Path | None = None) -> None:
-    """Run a product command; single-threaded torch (fastest on a shared 2-core machine)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    """Run a product command with ``THREADS`` torch threads."""
+    n = THREADS[0]
+    env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TOKENIZERS_PARALLELISM": "false"}
     log("$ " + " ".join(cmd))
     if stdout_path is None:
         subprocess.run(cmd, cwd=ROOT, env=env, check=True)
@@ -103,7 +113,7 @@ def evaluate(name: str, policy: str, args: argparse.Namespace) -> None:
     partial = summary.with_suffix(".partial")
     cmd = twin_cmd(
         "eval", "catalog", "--policy", policy, "--split", "test", "--episodes", str(args.test_cases),
-        "--store", str(args.store), "--json", "--no-progress", "-c", str(args.test_cases),
+        "--store", str(args.store), "--json", "--no-progress", "-c", str(min(args.eval_batch, args.test_cases)),
     )
     for s in TWIN_SETS:
         cmd += ["--set", s]
@@ -349,11 +359,15 @@ def report(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--test-cases", type=int, default=200, help="test cases 0..N-1 for every policy (200 = the whole split)")
-    p.add_argument("--collect-episodes", type=int, default=160, help="heuristic train episodes run (kept: reward >= 0.9)")
-    p.add_argument("--sft-epochs", type=int, default=2)
-    p.add_argument("--sft-batch-size", type=int, default=8)
+    p.add_argument("--collect-episodes", type=int, default=16, help="heuristic train episodes run (kept: reward >= 0.9)")
+    p.add_argument("--sft-epochs", type=int, default=1)
+    p.add_argument("--sft-batch-size", type=int, default=2)
     p.add_argument("--sft-eval-cases", type=int, default=0, help="dev cases scored during SFT (0 = none)")
-    p.add_argument("--grpo-steps", type=int, default=8)
+    p.add_argument("--grpo-steps", type=int, default=2)
+    p.add_argument("--eval-batch", type=int, default=24,
+                   help="episodes played at once per model evaluation (their keys/values must fit the "
+                        "sampler's 4 GiB prefix cache across turns: 24 SmolLM2 episodes take ~3 GiB)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per stage (2 on an idle 2-core machine)")
     p.add_argument("--only", choices=STAGES, action="append", help="run only these stages (repeatable)")
     args = p.parse_args(argv)
     if not 1 <= args.test_cases <= 200:
@@ -362,9 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     args.store = RUN_DIR / "store.db"
     timings = Timings(RUN_DIR / "timings.json")
     if not args.only or set(args.only) - {"report"}:  # the sizes the stages ran with, for the report
-        sizes = {k: getattr(args, k) for k in ("test_cases", "collect_episodes", "sft_epochs", "sft_batch_size", "grpo_steps")}
+        sizes = {k: getattr(args, k) for k in ("test_cases", "collect_episodes", "sft_epochs", "sft_batch_size", "grpo_steps", "eval_batch", "threads")}
         (RUN_DIR / "sizes.json").write_text(json.dumps(sizes, indent=1) + "\n")
-    policy = f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={args.test_cases}"
+    THREADS[0] = str(args.threads)
+    batch = min(args.eval_batch, args.test_cases)
+    policy = f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}"
     actions = {
         "refs": lambda: (evaluate("heuristic", "heuristic", args), evaluate("careful", "careful", args)),
         "collect": lambda: collect(args),
