@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -49,13 +50,12 @@ TWIN_SETS = ["prompt_style=compact", "max_turns=3"]
 #: Per-turn token limit of every model evaluation: the heuristic's longest turn is 109 tokens.
 MAX_NEW_TOKENS = 112
 STAGES = ("refs", "collect", "zeroshot", "sft", "sft_eval", "grpo", "grpo_eval", "report")
-#: The policies of the table, in order: (stage name, label).
-ROWS = (
+#: The policies of the table before the GRPO rows (see :func:`rows`): (evaluation name, label).
+BASE_ROWS = (
     ("heuristic", "heuristic (reference)"),
     ("careful", "careful (reference)"),
     ("zeroshot", "SmolLM2 zero-shot"),
     ("sft", "SmolLM2 after SFT"),
-    ("grpo", "SmolLM2 after SFT + GRPO"),
 )
 VERDICTS = ("ok", "counterfeit", "prohibited")
 BOOT_SEED = 0
@@ -98,18 +98,62 @@ class Timings:
         self.path = path
         self.data: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
 
-    def record(self, stage: str, seconds: float) -> None:
-        self.data[stage] = round(seconds, 1)
+    def record(self, stage: str, seconds: float, *, add: bool = False) -> None:
+        """Keep ``seconds`` for ``stage`` (``add``: on top of an earlier, stopped part of it)."""
+        # read again first: two stages may run at once in two processes (docs/learning.md)
+        self.data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.data[stage] = round(seconds + (self.data.get(stage, 0.0) if add else 0.0), 1)
         self.path.write_text(json.dumps(self.data, indent=1) + "\n")
 
 
+def rows(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The table's policies: the references, zero-shot, SFT, then GRPO at each ``--grpo-eval-at``
+    step (``grpo-K``) and at its last step (``grpo``)."""
+    grpo = [(f"grpo-{k}", f"SmolLM2 after SFT + GRPO ({k} steps)") for k in args.grpo_eval_at]
+    return [*BASE_ROWS, *grpo, ("grpo", f"SmolLM2 after SFT + GRPO ({args.grpo_steps} steps)")]
+
+
 # -- stages ------------------------------------------------------------------------------------
+def take_lock(path: Path) -> bool:
+    """Create ``path`` holding this process's id; False while a live process holds it (a stage may
+    run in two processes at once, e.g. an evaluation beside GRPO). A dead holder's lock is taken."""
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(path.read_text().strip() or 0), 0)
+                return False
+            except (ProcessLookupError, ValueError):
+                path.unlink(missing_ok=True)
+                continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
+
+
 def evaluate(name: str, policy: str, args: argparse.Namespace) -> None:
-    """``twin eval`` of ``policy`` on test cases 0..N-1, then its episodes exported from the store."""
+    """``twin eval`` of ``policy`` on test cases 0..N-1, then its episodes exported from the store.
+
+    Its wall-clock is kept in ``timings.json`` as ``eval-<name>``.
+    """
     summary = RUN_DIR / f"eval-{name}.json"
     if summary.exists():
         log(f"{name}: {summary.name} exists, skipped")
         return
+    lock = summary.with_suffix(".lock")
+    if not take_lock(lock):
+        log(f"{name}: being evaluated by another process ({lock.name}), skipped")
+        return
+    try:
+        _evaluate(name, policy, summary, args)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _evaluate(name: str, policy: str, summary: Path, args: argparse.Namespace) -> None:
+    t0 = time.monotonic()
     partial = summary.with_suffix(".partial")
     cmd = twin_cmd(
         "eval", "catalog", "--policy", policy, "--split", "test", "--episodes", str(args.test_cases),
@@ -121,6 +165,7 @@ def evaluate(name: str, policy: str, args: argparse.Namespace) -> None:
     data = json.loads(partial.read_text())
     export_episodes(data["run_id"], RUN_DIR / f"episodes-{name}.jsonl", args.store)
     partial.rename(summary)
+    Timings(RUN_DIR / "timings.json").record(f"eval-{name}", time.monotonic() - t0)
 
 
 def export_episodes(run_id: int, out: Path, store_path: Path) -> None:
@@ -163,19 +208,64 @@ def collect(args: argparse.Namespace) -> None:
     run(cmd)
 
 
-def train(stage: str, args: argparse.Namespace) -> None:
+def last_step(out: Path) -> int:
+    """The step count of a training run's newest checkpoint (0: none)."""
+    latest = out / "checkpoints" / "latest"
+    return int(latest.read_text().strip().removeprefix("step-")) if latest.exists() else 0
+
+
+def snapshot_dir(step: int) -> Path:
+    """Where GRPO's checkpoint of ``step`` is kept for ``--grpo-eval-at`` (the run itself keeps
+    only its newest two)."""
+    return RUN_DIR / f"grpo-step-{step}"
+
+
+def train_grpo(args: argparse.Namespace) -> bool:
+    """Run GRPO to ``--grpo-steps`` in segments that end at each ``--grpo-eval-at`` step, where
+    the checkpoint's adapter and recipe are copied to :func:`snapshot_dir`; True when it continued
+    an earlier run.
+
+    Each segment after the first is ``twin train --resume`` with a larger ``train.steps``: the
+    trainer's resume restores the weights, optimizer, sampling RNG and case cursor, so the run is
+    the one an uninterrupted run would have been (``tests/trainer/test_resume.py``; the learning
+    rate is constant). A run that was stopped continues the same way.
+    """
+    out = RUN_DIR / "grpo"
+    resumed = bool(last_step(out))
+    for target in sorted({*args.grpo_eval_at, args.grpo_steps}):
+        if last_step(out) < target:
+            train("grpo", args, steps=target)
+        snap = snapshot_dir(target)
+        if target in args.grpo_eval_at and not snap.exists():
+            ckpt = out / "checkpoints" / f"step-{target:06d}"
+            snap.mkdir()
+            shutil.copytree(ckpt / "adapter", snap / "adapter")
+            shutil.copy2(ckpt / "recipe.yaml", snap / "recipe.yaml")
+    return resumed
+
+
+def train(stage: str, args: argparse.Namespace, steps: int = 0) -> bool:
+    """Run the SFT stage, or GRPO to ``steps``; True when it continued an earlier run.
+
+    A stage whose checkpoints already reach its length is skipped; a GRPO run with fewer steps
+    continues from its newest checkpoint (``--resume``).
+    """
     out = RUN_DIR / stage
-    if (out / "checkpoints" / "latest").exists():
-        log(f"{stage}: {out.name}/checkpoints exists, skipped")
-        return
+    done = last_step(out)
+    if done and (stage == "sft" or done >= steps):
+        log(f"{stage}: {out.name}/checkpoints reach step {done}, skipped")
+        return False
     sets = [f"train.output_dir={out}", "twin.config.max_turns=3"]
     if stage == "sft":
         sets += [f"data.paths=[{RUN_DIR / 'data-heuristic'}]", f"data.epochs={args.sft_epochs}",
                  f"data.batch_size={args.sft_batch_size}", f"eval.cases={args.sft_eval_cases}"]
         cmd = twin_cmd("sft", SFT_RECIPE)
     else:
-        sets += [f"model.init_from={RUN_DIR / 'sft'}", f"train.steps={args.grpo_steps}"]
+        sets += [f"model.init_from={RUN_DIR / 'sft'}", f"train.steps={steps}"]
         cmd = twin_cmd("train", GRPO_RECIPE)
+        if done:
+            log(f"{stage}: continuing from step {done} to {steps}")
+            cmd.append("--resume")
     for s in sets:
         cmd += ["--set", s]
     env_store = os.environ.get("TWINRL_STORE")
@@ -187,6 +277,7 @@ def train(stage: str, args: argparse.Namespace) -> None:
             os.environ.pop("TWINRL_STORE", None)
         else:
             os.environ["TWINRL_STORE"] = env_store
+    return bool(done)
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -248,8 +339,12 @@ def read_metrics(stage: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_curves() -> list[str]:
-    """Loss of the SFT stage and sampled reward of the GRPO stage per step, as PNGs."""
+def plot_curves(test_points: list[tuple[int, dict[str, Any]]]) -> list[str]:
+    """Loss of the SFT stage and sampled reward of the GRPO stage per step, as PNGs.
+
+    ``test_points``: (GRPO step, summary) of the greedy test evaluations (step 0 = the SFT
+    checkpoint GRPO starts from), drawn on the GRPO curve with their 95% intervals.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -266,7 +361,15 @@ def plot_curves() -> list[str]:
             continue
         pts = [(r["step"], r[key]) for r in records if key in r]
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="sampled rollouts (T=0.7)")
+        if stage == "grpo" and test_points:
+            xs = [k for k, _ in test_points]
+            ys = [t["reward_mean"] for _, t in test_points]
+            err = [[y - t["reward_ci95"][0] for y, (_, t) in zip(ys, test_points, strict=True)],
+                   [t["reward_ci95"][1] - y for y, (_, t) in zip(ys, test_points, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3,
+                        label=f"greedy test reward ({test_points[0][1]['episodes']} cases, 95% CI)")
+            ax.legend(fontsize=7)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.set_title(f"SmolLM2 on Catalog v1: {stage} ({key})")
@@ -288,10 +391,14 @@ def report(args: argparse.Namespace) -> None:
     timings = Timings(RUN_DIR / "timings.json").data
     sizes_path = RUN_DIR / "sizes.json"
     sizes = json.loads(sizes_path.read_text()) if sizes_path.exists() else {}
-    episodes = {name: read_episodes(name) for name, _ in ROWS}
-    stats = {name: summarize(rows) for name, rows in episodes.items() if rows}
+    table_rows = rows(args)
+    episodes = {name: read_episodes(name) for name, _ in table_rows}
+    stats = {name: summarize(eps) for name, eps in episodes.items() if eps}
     diffs = {}
-    for a, b in (("sft", "grpo"), ("zeroshot", "sft"), ("heuristic", "grpo"), ("heuristic", "sft")):
+    early = [f"grpo-{k}" for k in args.grpo_eval_at]
+    pairs = [("sft", "grpo"), *[("sft", e) for e in early], *[(e, "grpo") for e in early],
+             ("zeroshot", "sft"), ("heuristic", "grpo"), ("heuristic", "sft")]
+    for a, b in pairs:
         if episodes.get(a) and episodes.get(b):
             diffs[f"{b}-{a}"] = paired(episodes[a], episodes[b])
     sft_rows = read_metrics("sft")
@@ -307,9 +414,13 @@ def report(args: argparse.Namespace) -> None:
         "stages": stats, "differences": diffs, "wall_clock_s": timings,
     }
     (DOCS_DIR / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    curves = plot_curves()
+    test_points = [(k, stats[n]) for k, n in ((0, "sft"), *((k, f"grpo-{k}") for k in args.grpo_eval_at),
+                                              (results["sizes"]["grpo_steps_run"], "grpo")) if n in stats]
+    curves = plot_curves(test_points)
 
-    wall = {"heuristic": "refs", "careful": "refs", "zeroshot": "zeroshot", "sft": "sft_eval", "grpo": "grpo_eval"}
+    def wall(name: str) -> float:
+        return timings.get(f"eval-{name}", float("nan"))
+
     lines = [
         f"Catalog v1, test cases 0..{n_cases - 1} ({n_cases} cases, one greedy episode each; "
         f"compact prompt, 3 turns, {MAX_NEW_TOKENS} new tokens per turn). Reward: mean [95% bootstrap interval].",
@@ -317,14 +428,14 @@ def report(args: argparse.Namespace) -> None:
         "| policy | reward [95% CI] | parse rate | submitted | verdict accuracy | eval wall-clock (s) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for name, label in ROWS:
+    for name, label in table_rows:
         if name not in stats:
             lines.append(f"| {label} | not run | | | | |")
             continue
         s = stats[name]
         lines.append(
             f"| {label} | {fmt_ci(s)} | {s['parse_rate']:.2f} | {s['submit_rate']:.2f} | "
-            f"{s['verdict_accuracy']:.2f} | {timings.get(wall[name], float('nan')):.0f} |"
+            f"{s['verdict_accuracy']:.2f} | {wall(name):.0f} |"
         )
     lines += ["", "Training wall-clock (s): " + ", ".join(
         f"{k} {v:.0f}" for k, v in timings.items() if k in ("collect", "sft", "grpo"))]
@@ -333,7 +444,7 @@ def report(args: argparse.Namespace) -> None:
         for key, d in diffs.items():
             lines.append(f"| {key} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
     lines += ["", "Verdict confusion (rows: true verdict; columns: submitted, `none` = no submit):", ""]
-    for name, label in ROWS:
+    for name, label in table_rows:
         if name not in stats:
             continue
         c = stats[name]["verdict_confusion"]
@@ -342,7 +453,7 @@ def report(args: argparse.Namespace) -> None:
         lines += [f"| {t} | " + " | ".join(str(c[t][p]) for p in (*VERDICTS, "none")) + " |" for t in VERDICTS]
         lines.append("")
     kinds = sorted({k for s in stats.values() for k in s["by_kind"]})
-    names = [n for n, _ in ROWS if n in stats]
+    names = [n for n, _ in table_rows if n in stats]
     lines += ["Mean reward per case kind:", "", "| kind | n | " + " | ".join(names) + " |",
               "| --- | --- |" + " --- |" * len(names)]
     for k in kinds:
@@ -364,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft-batch-size", type=int, default=2)
     p.add_argument("--sft-eval-cases", type=int, default=0, help="dev cases scored during SFT (0 = none)")
     p.add_argument("--grpo-steps", type=int, default=2)
+    p.add_argument("--grpo-eval-at", type=int, action="append", default=[], metavar="K",
+                   help="also score GRPO's checkpoint of step K (repeatable; K < --grpo-steps)")
     p.add_argument("--eval-batch", type=int, default=24,
                    help="episodes played at once per model evaluation (their keys/values must fit the "
                         "sampler's 4 GiB prefix cache across turns: 24 SmolLM2 episodes take ~3 GiB)")
@@ -372,11 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 1 <= args.test_cases <= 200:
         p.error(f"--test-cases must be in 1..200 (the catalog test split has 200 cases), got {args.test_cases}")
+    if any(not 1 <= k < args.grpo_steps for k in args.grpo_eval_at):
+        p.error(f"--grpo-eval-at takes steps in 1..{args.grpo_steps - 1} (before --grpo-steps), got {args.grpo_eval_at}")
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     args.store = RUN_DIR / "store.db"
     timings = Timings(RUN_DIR / "timings.json")
     if not args.only or set(args.only) - {"report"}:  # the sizes the stages ran with, for the report
-        sizes = {k: getattr(args, k) for k in ("test_cases", "collect_episodes", "sft_epochs", "sft_batch_size", "grpo_steps", "eval_batch", "threads")}
+        sizes = {k: getattr(args, k) for k in ("test_cases", "collect_episodes", "sft_epochs", "sft_batch_size", "grpo_steps", "grpo_eval_at", "eval_batch", "threads")}
         (RUN_DIR / "sizes.json").write_text(json.dumps(sizes, indent=1) + "\n")
     THREADS[0] = str(args.threads)
     batch = min(args.eval_batch, args.test_cases)
@@ -387,8 +502,14 @@ def main(argv: list[str] | None = None) -> int:
         "zeroshot": lambda: evaluate("zeroshot", f"hf:smollm2,{policy}", args),
         "sft": lambda: train("sft", args),
         "sft_eval": lambda: evaluate("sft", f"hf:{RUN_DIR / 'sft'},{policy}", args),
-        "grpo": lambda: train("grpo", args),
-        "grpo_eval": lambda: evaluate("grpo", f"hf:{RUN_DIR / 'grpo'},{policy}", args),
+        "grpo": lambda: train_grpo(args),
+        "grpo_eval": lambda: (
+            [evaluate(f"grpo-{k}", f"hf:{snapshot_dir(k)},{policy}", args)
+             for k in args.grpo_eval_at],
+            evaluate("grpo", f"hf:{RUN_DIR / 'grpo'},{policy}", args)
+            if last_step(RUN_DIR / "grpo") >= args.grpo_steps
+            else log(f"grpo: at step {last_step(RUN_DIR / 'grpo')} of {args.grpo_steps}, not evaluated"),
+        ),
         "report": lambda: report(args),
     }
     for stage in STAGES:
@@ -396,10 +517,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         log(f"stage {stage}")
         t0 = time.monotonic()
-        actions[stage]()
+        resumed = actions[stage]()
         seconds = time.monotonic() - t0
-        if stage != "report" and seconds > 5:  # a skipped stage keeps its first wall-clock
-            timings.record(stage, seconds)
+        # evaluations keep their own wall-clock (evaluate); a skipped stage keeps its first one
+        if stage in ("collect", "sft", "grpo") and seconds > 5:
+            timings.record(stage, seconds, add=resumed is True)
         log(f"stage {stage} done in {seconds:.0f} s")
     return 0
 
