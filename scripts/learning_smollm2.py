@@ -353,7 +353,7 @@ def plot_curves(test_points: list[tuple[int, dict[str, Any]]]) -> list[str]:
     written = []
     for stage, keys, ylabel in (
         ("sft", ("losses/loss",), "token NLL (assistant tokens)"),
-        ("grpo", ("rewards/total", "reward/mean"), "mean reward of the step's rollouts"),
+        ("grpo", ("rewards/total", "reward/mean"), "mean reward"),
     ):
         records = read_metrics(stage)
         key = next((k for k in keys if any(k in r for r in records)), None)
