@@ -208,6 +208,18 @@ def collect(args: argparse.Namespace) -> None:
     run(cmd)
 
 
+def evaluate_grpo(policy: str, args: argparse.Namespace) -> None:
+    """Score GRPO's ``--grpo-eval-at`` snapshots, then its last checkpoint when that is the step
+    ``--grpo-steps`` names (a run stopped early, or longer than asked, would be mislabelled)."""
+    for k in args.grpo_eval_at:
+        evaluate(f"grpo-{k}", f"hf:{snapshot_dir(k)},{policy}", args)
+    step = last_step(RUN_DIR / "grpo")
+    if step != args.grpo_steps:
+        log(f"grpo: the run is at step {step}, not {args.grpo_steps}; not evaluated")
+        return
+    evaluate("grpo", f"hf:{RUN_DIR / 'grpo'},{policy}", args)
+
+
 def last_step(out: Path) -> int:
     """The step count of a training run's newest checkpoint (0: none)."""
     latest = out / "checkpoints" / "latest"
@@ -503,13 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         "sft": lambda: train("sft", args),
         "sft_eval": lambda: evaluate("sft", f"hf:{RUN_DIR / 'sft'},{policy}", args),
         "grpo": lambda: train_grpo(args),
-        "grpo_eval": lambda: (
-            [evaluate(f"grpo-{k}", f"hf:{snapshot_dir(k)},{policy}", args)
-             for k in args.grpo_eval_at],
-            evaluate("grpo", f"hf:{RUN_DIR / 'grpo'},{policy}", args)
-            if last_step(RUN_DIR / "grpo") >= args.grpo_steps
-            else log(f"grpo: at step {last_step(RUN_DIR / 'grpo')} of {args.grpo_steps}, not evaluated"),
-        ),
+        "grpo_eval": lambda: evaluate_grpo(policy, args),
         "report": lambda: report(args),
     }
     for stage in STAGES:
