@@ -221,9 +221,11 @@ def evaluate_grpo(policy: str, args: argparse.Namespace) -> None:
 
 
 def last_step(out: Path) -> int:
-    """The step count of a training run's newest checkpoint (0: none)."""
-    latest = out / "checkpoints" / "latest"
-    return int(latest.read_text().strip().removeprefix("step-")) if latest.exists() else 0
+    """The step count of a training run's newest complete checkpoint (0: none)."""
+    from trainer.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(out)
+    return int(ckpt.name.removeprefix("step-")) if ckpt is not None else 0
 
 
 def snapshot_dir(step: int) -> Path:
