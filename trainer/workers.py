@@ -112,7 +112,9 @@ class ModelCheckTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._inner is None:
-            self._inner = httpx.AsyncHTTPTransport(verify=tls_context())
+            from trainer.samplers import DEFAULT_CONCURRENCY, connection_limits
+
+            self._inner = httpx.AsyncHTTPTransport(verify=tls_context(), limits=connection_limits(DEFAULT_CONCURRENCY))
         response = await self._inner.handle_async_request(request)
         if request.method == "POST" and request.url.path.endswith("/completions") and response.status_code == 200:
             body = await response.aread()

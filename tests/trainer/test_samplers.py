@@ -10,6 +10,7 @@ import torch
 
 from trainer.models import load_model
 from trainer.samplers import HFSampler, Sample, Sampler, SamplerError, ServerSampler
+from twin.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +255,109 @@ def test_budget_list_must_match_the_prompts() -> None:
         sampler.sample([[1], [2], [3]], max_new_tokens=[4, 4])
     with pytest.raises(ConfigError, match="must be >= 0, got -1 for prompt 1"):
         sampler.sample([[1], [2]], max_new_tokens=[4, -1])
+
+
+# -- every sampling field is stated; enough requests in flight -----------------------------------
+@pytest.mark.parametrize("seed, per_row", [(None, False), (4, False), (4, True)])
+def test_every_request_states_top_k_and_the_neutral_sampling_fields(seed, per_row) -> None:
+    # vLLM fills an omitted field from generation_config.json (Qwen3-8B: top_k 20), so a request
+    # without top_k would sample from 20 tokens while the learner scores the full softmax
+    seen: list[dict] = []
+    sampler = ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), per_row_seeds=per_row)
+    sampler.sample([[1], [1]], max_new_tokens=3, seed=seed)
+    assert seen
+    for body in seen:
+        assert body["top_k"] == -1 and body["top_p"] == 1.0 and body["temperature"] == 1.0
+        assert body["min_p"] == 0.0 and body["repetition_penalty"] == 1.0
+        assert body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0
+
+
+def test_top_k_zero_and_minus_one_both_mean_the_whole_vocabulary() -> None:
+    for given in (None, 0, -1):
+        seen: list[dict] = []
+        ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), top_k=given).sample(
+            [[1]], max_new_tokens=2
+        )
+        assert seen[0]["top_k"] == -1
+    seen = []
+    ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), top_k=5).sample(
+        [[1]], max_new_tokens=2
+    )
+    assert seen[0]["top_k"] == 5
+    with pytest.raises(ConfigError, match="top_k must be -1 or 0"):
+        ServerSampler("http://s", "m", top_k=-2)
+
+
+def test_a_large_lot_keeps_about_256_requests_in_flight() -> None:
+    import asyncio
+
+    state = {"open": 0, "peak": 0}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        state["open"] += 1
+        state["peak"] = max(state["peak"], state["open"])
+        await asyncio.sleep(0.02)
+        state["open"] -= 1
+        body = json.loads(request.content)
+        choice = {"index": 0, "token_ids": [7], "logprobs": {"token_logprobs": [-0.1]}, "finish_reason": "length"}
+        return httpx.Response(200, json={"choices": [choice] * len(body["prompt"])})
+
+    out = ServerSampler("http://s", "m", transport=httpx.MockTransport(handler)).sample(
+        [[1]] * 300, max_new_tokens=1, seed=0
+    )
+    assert len(out) == 300
+    assert state["peak"] == 256
+
+
+def test_a_real_connection_pool_does_not_cap_requests_in_flight_at_httpx_default() -> None:
+    # httpx pools at most 100 connections unless told otherwise; count what reaches a socket
+    import asyncio
+    import threading
+
+    from trainer.workers import ModelCheckTransport
+
+    state = {"open": 0, "peak": 0}
+    ready = threading.Event()
+    port: list[int] = []
+    loop = asyncio.new_event_loop()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+                return
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+            await reader.readexactly(length)
+            state["open"] += 1
+            state["peak"] = max(state["peak"], state["open"])
+            await asyncio.sleep(0.3)
+            state["open"] -= 1
+            choice = {"index": 0, "token_ids": [7], "logprobs": {"token_logprobs": [-0.1]}, "finish_reason": "length"}
+            data = json.dumps({"model": "m", "choices": [choice]}).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+            await writer.drain()
+
+    stop: list[asyncio.Event] = []
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, backlog=512)
+        port.append(server.sockets[0].getsockname()[1])
+        stop.append(asyncio.Event())
+        ready.set()
+        await stop[0].wait()
+        server.close()
+        await server.wait_closed()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    ready.wait(10)
+    url = f"http://127.0.0.1:{port[0]}"
+    for transport in (None, ModelCheckTransport()):
+        state["peak"] = 0
+        out = ServerSampler(url, "m", transport=transport).sample([[1]] * 160, max_new_tokens=1, seed=0)
+        assert len(out) == 160
+        assert state["peak"] > 100, (transport, state["peak"])
+    loop.call_soon_threadsafe(stop[0].set)
+    thread.join(10)

