@@ -47,6 +47,13 @@ whose parameter is declared ``string`` stays text and any other is read as JSON 
 (``3`` -> 3, ``true`` -> True, ``null`` -> None); without a schema for the parameter a value is
 read as JSON when it parses, else kept as text.
 
+*Reasoning is never a call*: text inside ``<think>...</think>`` (Qwen3, DeepSeek-R1 style) is the
+model's reasoning. A call drafted there is not executed and a tag merely mentioned there is not
+read as one; the reasoning stays in :attr:`ParsedTurn.content`, ahead of the text outside it. A
+``<think>`` never closed (the turn was cut mid-thought) makes the rest of the turn reasoning, and
+a ``</think>`` with no opening tag (the chat template wrote ``<think>`` into the prompt) makes
+everything before it reasoning.
+
 Everything that goes wrong becomes an error text written for the agent: a problem with one call
 sits on that :class:`ParsedCall` (``error``), a problem with the turn as a whole (an unclosed tag,
 empty text, an action of the wrong type) sits in :attr:`ParsedTurn.errors`. Calls without an id
@@ -74,6 +81,7 @@ __all__ = [
     "ToolSchemas",
     "parse_tool_calls",
     "short_text",
+    "split_reasoning",
 ]
 
 #: How a call should look; error messages end with it.
@@ -177,9 +185,57 @@ def parse_tool_calls(action: Any, *, turn: int = 0, tools: ToolSchemas | None = 
 
 
 # -- text ---------------------------------------------------------------------------------------
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """``(reasoning, rest)`` of an assistant turn: the ``<think>`` blocks (tags kept) and the text
+    outside them, where tool calls are read.
+
+    A ``</think>`` before any ``<think>`` closes reasoning the prompt opened; an unclosed
+    ``<think>`` runs to the end of the turn. Tags nested inside a block are part of its text.
+    """
+    if _THINK_CLOSE not in text and _THINK_OPEN not in text:
+        return "", text
+    reasoning: list[str] = []
+    outside: list[str] = []
+    pos = 0
+    first_close = text.find(_THINK_CLOSE)
+    first_open = text.find(_THINK_OPEN)
+    if first_close >= 0 and (first_open < 0 or first_close < first_open):
+        pos = first_close + len(_THINK_CLOSE)
+        reasoning.append(text[:pos])
+    while True:
+        start = text.find(_THINK_OPEN, pos)
+        if start < 0:
+            outside.append(text[pos:])
+            break
+        outside.append(text[pos:start])
+        end = text.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        if end < 0:
+            reasoning.append(text[start:])
+            break
+        pos = end + len(_THINK_CLOSE)
+        reasoning.append(text[start:pos])
+    return "".join(reasoning), "".join(outside)
+
+
 def _parse_text(text: str, turn: int, first: int = 0, tools: ToolSchemas | None = None) -> ParsedTurn:
     if not text.strip():
         return ParsedTurn("", errors=[f"the turn is empty; call a tool like {CALL_FORMAT}"])
+    if "think>" in text:
+        reasoning, rest = split_reasoning(text)
+        if reasoning:
+            if not rest.strip():  # only reasoning: prose, no call and nothing to complain about
+                return ParsedTurn(text.strip())
+            parsed = _parse_outside(rest, turn, first, tools)
+            parsed.content = (reasoning.strip() + "\n\n" + parsed.content).strip()
+            return parsed
+    return _parse_outside(text, turn, first, tools)
+
+
+def _parse_outside(text: str, turn: int, first: int = 0, tools: ToolSchemas | None = None) -> ParsedTurn:
     # Fast path: a call needs a '<' (tag), a '[' (Mistral) or a '{' (bare JSON); prose has none
     # of them most of the time.
     if "<" in text:
