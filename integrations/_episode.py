@@ -65,11 +65,8 @@ class ToolCallEpisode:
         Raises:
             CaseError: an unknown split or an index out of range; the message says what is allowed.
         """
-        if index is not None and not isinstance(index, int):
-            try:
-                index = int(index)
-            except (TypeError, ValueError):
-                raise CaseError(f"index must be an integer, got {index!r}") from None
+        if index is not None:
+            index = _case_index(index)
         options: dict[str, Any] = {"split": split}
         if index is not None:
             options["index"] = index
@@ -158,6 +155,21 @@ class ToolCallEpisode:
             "reward": self._info.get("reward") if self.done else None,
             "outcome": thaw(self._info.get("outcome")) if self.done else None,
         }
+
+
+def _case_index(value: Any) -> int:
+    """A case index from a wire value: an int, a whole float (``3.0``) or a string of digits.
+
+    Raises:
+        CaseError: anything else (``1.5``, ``True``, ``"x"``): never silently rounded.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
+    raise CaseError(f"index must be a whole number (a case index), got {value!r}")
 
 
 def _json(value: Any) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from twinrl_cli.app import app, errors, needs, parse_overrides, run_target
+from twinrl_cli.app import StoreOpt, app, errors, needs, parse_overrides, run_target
 
 __all__ = ["mcp", "serve"]
 
@@ -103,10 +103,16 @@ def serve(
     max_body_bytes: Annotated[
         int | None, typer.Option("--max-body-bytes", help=_LIMIT + "largest request body (bytes).")
     ] = None,
+    body_budget_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--body-budget-bytes", help=_LIMIT + "bytes of request bodies read or being answered at once."
+        ),
+    ] = None,
     read_timeout: Annotated[
         float | None,
         typer.Option(
-            "--read-timeout", help=_LIMIT + "seconds a connection may take to send a request or stay idle."
+            "--read-timeout", help=_LIMIT + "seconds a whole request may take to arrive; also the idle limit."
         ),
     ] = None,
     http_threads: Annotated[
@@ -122,7 +128,7 @@ def serve(
         "max_n": max_n, "max_prompts": max_prompts, "max_rows": max_rows, "max_tokens": max_tokens,
         "max_prompt_tokens": max_prompt_tokens, "max_logprobs": max_logprobs,
         "max_stop_token_ids": max_stop_token_ids, "max_body_bytes": max_body_bytes,
-        "read_timeout": read_timeout, "http_threads": http_threads, "max_connections": max_connections,
+        "body_budget_bytes": body_budget_bytes, "read_timeout": read_timeout, "http_threads": http_threads, "max_connections": max_connections,
     }  # fmt: skip
     limits = {name: value for name, value in given.items() if value is not None}
     with needs("serve", "trainer.serving.cli:serve"):
@@ -146,10 +152,39 @@ def mcp(
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Twin option KEY=VALUE, repeatable.")
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", envvar="TWINRL_API_KEY", show_envvar=True,
+                     help="HTTP: Bearer key every request must send (prefer the variable)."),
+    ] = None,
+    max_sessions: Annotated[
+        int, typer.Option("--max-sessions", min=1, help="HTTP: most live sessions; more are refused.")
+    ] = 1024,
+    idle_timeout: Annotated[
+        float,
+        typer.Option("--idle-timeout", min=0.001, help="HTTP: seconds without requests before a "
+                     "session expires with its episode."),
+    ] = 1800.0,
+    store: StoreOpt = None,
+    no_store: Annotated[
+        bool, typer.Option("--no-store", help="Do not write ended episodes to the run store.")
+    ] = False,
 ) -> None:
-    """Serve a twin's tools as an MCP server (integrations.mcp_server; docs/integrations.md)."""
+    """Serve a twin's tools as an MCP server (integrations.mcp_server; docs/integrations.md).
+    Ended episodes go to the run store as one eval run (policy mcp)."""
     with needs("mcp", "integrations.mcp_server:serve"):
         from integrations.mcp_server import serve as serve_twin
     with errors():
         config = parse_overrides(overrides)
-    run_target(serve_twin, twin_name, transport="http" if http else "stdio", host=host, port=port, **config)
+        from twin.store import RunStore
+
+        run_store = None if no_store else RunStore(store)
+    try:
+        run_target(
+            serve_twin, twin_name, transport="http" if http else "stdio", host=host, port=port,
+            api_key=api_key, max_sessions=max_sessions, idle_timeout_s=idle_timeout,
+            store=run_store, **config,
+        )  # fmt: skip
+    finally:
+        if run_store is not None:
+            run_store.close()

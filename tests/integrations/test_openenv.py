@@ -116,6 +116,9 @@ def test_bad_requests_say_what_is_wrong(url):
     with httpx.Client(base_url=url, timeout=30.0) as http:
         r = http.post("/reset", json={"split": "nope"})
         assert (r.status_code, r.json()["detail"]) == (400, "Catalog: unknown split 'nope'; splits: train, dev, test")
+        for index in (1.5, True, "2x"):  # issue 24: 1.5 was played as case 1
+            r = http.post("/reset", json={"split": "test", "index": index})
+            assert r.status_code == 400 and "index must be a whole number" in r.json()["detail"], index
         r = http.post("/reset", json={"split": "test", "indx": 1})
         assert r.json()["detail"] == "unknown reset option(s) indx; the options are seed, episode_id, split and index"
         r = http.post("/step", json={"action": {"tool": "search_taxonomy", "arguments": {}}})
