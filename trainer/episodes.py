@@ -41,6 +41,7 @@ __all__ = [
     "collect_groups",
     "episode_tokens",
     "load_tokenizer",
+    "recipe_renderer_factory",
     "rollout_settings",
     "sample_step",
     "training_cases",
@@ -359,6 +360,30 @@ def sample_step(
             break
         rounds += 1
     return StepSample(every, kept, rounds, settings.max_new_tokens)
+
+
+def recipe_renderer_factory(cfg: Any, tokenizer: Any, model: str | None = None) -> Callable[[Any], Any]:
+    """``tools -> Renderer`` for the recipe's template, ending turns on every id vLLM stops on.
+
+    Args:
+        cfg: The recipe (``model.chat_template``, ``model.template_kwargs``, ``model.path``).
+        tokenizer: The model's tokenizer.
+        model: The model spec or folder whose ``generation_config.json`` names more eos ids
+            (default: ``model.path``); see :func:`trainer.samplers.turn_stop_ids`.
+    """
+    from trainer.models import resolve_model_path
+    from trainer.renderer import Renderer
+    from trainer.samplers import turn_stop_ids
+
+    stop_ids = turn_stop_ids(tokenizer, resolve_model_path(str(model or cfg.model.path)))
+
+    def factory(tools: Any) -> Any:
+        return Renderer(
+            tokenizer, tools, stop_ids=stop_ids, chat_template=cfg.model.chat_template,
+            template_kwargs=cfg.model.template_kwargs,
+        )  # fmt: skip
+
+    return factory
 
 
 def load_tokenizer(spec: str) -> Any:

@@ -48,7 +48,7 @@ from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
 from trainer.adapters import AdapterPublisher, AdapterSink
-from trainer.episodes import episode_tokens, load_tokenizer, training_cases
+from trainer.episodes import episode_tokens, load_tokenizer, recipe_renderer_factory, training_cases
 from twin.trajectory import Group
 
 __all__ = [
@@ -202,7 +202,7 @@ def build_learner(cfg: Recipe, model_path: str, *, temperature: float) -> tuple[
             p.requires_grad_(True)
     learner = Learner(
         model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=temperature,
-        max_tokens=cfg.sampler.max_episode_tokens,
+        max_tokens=cfg.sampler.max_episode_tokens, autocast=cfg.model.autocast,
     )  # fmt: skip
     return learner, tokenizer
 
@@ -302,12 +302,12 @@ class TrainingRuntime:
     # -- set-up ----------------------------------------------------------------------------------
     def place_threads(self) -> None:
         """Threads of this process (the async trainer also pins cores: ``trainer/placement.py``)."""
-        if self.cfg.devices.cpu_threads:
-            torch.set_num_threads(self.cfg.devices.cpu_threads)
+        from trainer.threads import place_cpu_threads
+
+        place_cpu_threads(self.cfg.devices.cpu_threads)
 
     def setup_runtime(self) -> None:
         """Output folder, seeds, twin, model and learner, checkpoint restore, metrics, store."""
-        from trainer.renderer import Renderer
         from twin.registry import make_twin
 
         cfg = self.cfg
@@ -328,7 +328,7 @@ class TrainingRuntime:
         else:
             self.tokenizer = load_tokenizer(self.model_path)
         tokenizer = self.tokenizer
-        self.renderer_factory = lambda tools: Renderer(tokenizer, tools, chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs)  # fmt: skip
+        self.renderer_factory = recipe_renderer_factory(cfg, tokenizer, self.model_path)
 
         # adapters are saved again from the learner (a killed run may have left one half written)
         shutil.rmtree(self.output_dir / "adapters", ignore_errors=True)

@@ -30,6 +30,7 @@ import asyncio
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
@@ -50,6 +51,7 @@ __all__ = [
     "connection_limits",
     "per_prompt_budgets",
     "top_k_field",
+    "turn_stop_ids",
 ]
 
 #: Most new tokens: one number for all prompts, or one per prompt.
@@ -74,6 +76,41 @@ def connection_limits(concurrency: int) -> httpx.Limits:
     """An httpx pool that holds ``concurrency`` connections (httpx's default stops at 100, which
     would quietly cap the requests in flight below :data:`DEFAULT_CONCURRENCY`)."""
     return httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+
+def turn_stop_ids(tokenizer: Any, model_dir: str | os.PathLike[str] | None = None) -> list[int]:
+    """Ids that end an assistant turn: the tokenizer's eos and every eos id of the model's
+    ``generation_config.json`` (vLLM stops on both: 151643 ``<|endoftext|>`` besides
+    ``<|im_end|>`` for Qwen3, 128008 ``<|eom_id|>`` and 128009 for Llama 3.1).
+
+    Args:
+        tokenizer: The model's tokenizer.
+        model_dir: The model's folder; None or a folder without a generation config: the
+            tokenizer's eos only.
+
+    Raises:
+        ConfigError: neither holds an eos id, or the generation config is not JSON.
+    """
+    ids: list[int] = []
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    path = None if model_dir is None else Path(model_dir) / "generation_config.json"
+    if path is not None and path.is_file():
+        import json
+
+        try:
+            eos = json.loads(path.read_text()).get("eos_token_id")
+        except (ValueError, AttributeError) as exc:
+            raise ConfigError(f"{path} is not a JSON object ({exc}); fix or remove it") from None
+        for i in eos if isinstance(eos, list) else [eos]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    if not ids:
+        raise ConfigError(
+            "neither the tokenizer nor generation_config.json names an eos token; the sampler "
+            "cannot tell where a turn ends (set tokenizer.eos_token)"
+        )
+    return ids
 
 
 def top_k_field(top_k: int | None) -> int:

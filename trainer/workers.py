@@ -321,8 +321,7 @@ class _RolloutLoop:
         import torch
 
         from trainer.config import load_recipe
-        from trainer.renderer import Renderer
-        from trainer.episodes import load_tokenizer, rollout_settings
+        from trainer.episodes import load_tokenizer, recipe_renderer_factory, rollout_settings
         from trainer.samplers import ServerSampler
         from twin.registry import make_twin
 
@@ -332,7 +331,7 @@ class _RolloutLoop:
         self.k = cfg.async_.max_staleness
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
         tokenizer = load_tokenizer(cfg.model.path)
-        self.renderer_factory = lambda tools: Renderer(tokenizer, tools, chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs)  # fmt: skip
+        self.renderer_factory = recipe_renderer_factory(cfg, tokenizer)
         self.settings = rollout_settings(cfg)
         if cfg.sampler.kind == "hf":  # the trainer started `twin serve`
             self.sampler = _batched_sampler(spec.base_url)

@@ -182,3 +182,43 @@ def test_budget_is_the_least_of_turn_episode_and_context() -> None:
     assert s.token_limit == 374
     assert [s.budget(n) for n in (0, 310, 358, 374, 400)] == [64, 64, 16, 0, 0]
     assert RolloutSettings(max_new_tokens=64, max_episode_tokens=300).budget(250) == 50
+
+
+# ------------------------------------------------------------------ stop ids of the generation config
+def test_a_generation_config_eos_ends_a_turn(tiny, tmp_path) -> None:
+    # vLLM stops on generation_config.json's eos ids too (Qwen3: <|endoftext|> besides <|im_end|>);
+    # a turn that ends on one must count as ended, not as cut off
+    import json
+    import shutil
+    from types import SimpleNamespace
+
+    from trainer.episodes import recipe_renderer_factory
+    from trainer.models import resolve_model_path
+
+    _, tok = tiny
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_model_path("tiny"), folder)
+    other_eos = tok.encode("a", add_special_tokens=False)[0]
+    assert other_eos != tok.eos_token_id
+    config = json.loads((folder / "generation_config.json").read_text())
+    config["eos_token_id"] = [tok.eos_token_id, other_eos]
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    cfg = SimpleNamespace(model=SimpleNamespace(path=str(folder), chat_template=None, template_kwargs={}))
+
+    asked: list[list[int]] = []
+
+    class EndsOnTheOtherEos:
+        def sample(self, prompts, *, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=None, seed=None):
+            asked.append(sorted(stop_ids))
+            ids = tok.encode("hi", add_special_tokens=False) + [other_eos]
+            return [Sample(ids, [-1.0] * len(ids), "stop") for _ in prompts]
+
+    twin = make_twin("Toy", max_turns=2)
+    (group,) = collect_groups(
+        twin, [("train", 0)], EndsOnTheOtherEos(), recipe_renderer_factory(cfg, tok),
+        group_size=1, settings=RolloutSettings(max_new_tokens=8, max_episode_tokens=600), seed=0,
+    )
+    assert asked[0] == sorted([tok.eos_token_id, other_eos])
+    (t,) = group.trajectories
+    assert t.info["renderer"].get("unterminated", 0) == 0
+    assert t.messages[2]["content"] == "hi"  # the stop id is not part of the message

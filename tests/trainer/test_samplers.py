@@ -361,3 +361,21 @@ def test_a_real_connection_pool_does_not_cap_requests_in_flight_at_httpx_default
         assert state["peak"] > 100, (transport, state["peak"])
     loop.call_soon_threadsafe(stop[0].set)
     thread.join(10)
+
+
+def test_turn_stop_ids_add_the_generation_config_eos_ids(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from trainer.samplers import turn_stop_ids
+
+    tok = SimpleNamespace(eos_token_id=151645)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+    assert turn_stop_ids(tok, tmp_path) == [151645, 151643]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 128008}))
+    assert turn_stop_ids(tok, tmp_path) == [151645, 128008]
+    assert turn_stop_ids(tok, tmp_path / "missing") == [151645] == turn_stop_ids(tok)
+    (tmp_path / "generation_config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="generation_config.json is not a JSON object"):
+        turn_stop_ids(tok, tmp_path)
+    with pytest.raises(ConfigError, match="names an eos token"):
+        turn_stop_ids(SimpleNamespace(eos_token_id=None), None)
