@@ -467,6 +467,11 @@ class OpenAIChatPolicy:
         self.usage = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "retries": 0}
         self.in_flight = 0
         self.last_retry: str | None = None
+        #: How the server wants the turn's token budget sent: ``max_tokens``, or
+        #: ``max_completion_tokens`` once the server refused the first (OpenAI reasoning models).
+        self.token_field = "max_tokens"
+        #: Sampling parameters the server refused (``temperature``, ``top_p``): no longer sent.
+        self.dropped: set[str] = set()
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -495,14 +500,33 @@ class OpenAIChatPolicy:
             "model": self.model,
             "messages": _wire_messages(messages),
             "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
+            self.token_field: self.max_tokens,
         }
         if self.top_p is not None:
             body["top_p"] = self.top_p
+        for name in self.dropped:
+            body.pop(name, None)
         if tools:
             body["tools"] = list(tools)
         body.update(self.extra_body)
         return body
+
+    def _adapt(self, body: dict[str, Any], response: httpx.Response) -> bool:
+        """Follow a 400 that refuses one of our own parameters: send ``max_completion_tokens``
+        instead of ``max_tokens``, or leave out a refused ``temperature`` / ``top_p`` (reasoning
+        models take only their defaults). True when ``body`` was changed and should be re-sent."""
+        param = _unsupported_parameter(response)
+        if param is None or param in self.extra_body:  # the user's own extra_body: theirs to fix
+            return False
+        if param == "max_tokens" and "max_tokens" in body:
+            self.token_field = "max_completion_tokens"
+            body["max_completion_tokens"] = body.pop("max_tokens")
+            return True
+        if param in ("temperature", "top_p") and param in body:
+            self.dropped.add(param)
+            body.pop(param)
+            return True
+        return False
 
     async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         """POST the chat and return the assistant message (``tool_calls`` kept).
@@ -557,16 +581,24 @@ class OpenAIChatPolicy:
     async def _post(self, body: dict[str, Any]) -> httpx.Response:
         client = self._client()
         delay = 0.5
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+        adaptations = 3  # at most: max_tokens, temperature, top_p
+        attempt = 0
+        while True:
+            last = attempt >= self.retries
             try:
-                response = await client.post(self.url, json=body)
-            except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+                # httpx's timeout restarts with every byte read: a server that drips its reply
+                # would never hit it. The whole request (headers and body) gets `timeout` seconds.
+                response = await asyncio.wait_for(
+                    client.post(self.url, json=body), timeout=self.timeout
+                )
+            except (httpx.ReadTimeout, httpx.WriteTimeout, asyncio.TimeoutError) as exc:
+                cause = "deadline" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
                 raise PolicyError(
                     f"POST {self.url}: no reply within {self.timeout:g} s "
-                    f"({type(exc).__name__}); the server may be slow or generating up to "
+                    f"({cause}); the server may be slow or generating up to "
                     f"max_tokens={self.max_tokens} tokens",
                     hint="raise --timeout (seconds per request) or lower --max-tokens",
+                    cause="deadline" if cause == "deadline" else None,
                 ) from exc
             except httpx.TransportError as exc:
                 if last:
@@ -580,6 +612,9 @@ class OpenAIChatPolicy:
             else:
                 if response.status_code < 400:
                     return response
+                if response.status_code == 400 and adaptations and self._adapt(body, response):
+                    adaptations -= 1
+                    continue  # the same request in the form the server asked for: no retry used
                 if last or response.status_code not in _RETRY_STATUS:
                     raise PolicyError(
                         _http_message(self.url, response, self.model),
@@ -591,9 +626,9 @@ class OpenAIChatPolicy:
                 if retry_after.replace(".", "", 1).isdigit():
                     delay = min(float(retry_after), 30.0)
             self.usage["retries"] += 1
+            attempt += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
         """Close the HTTP client (call from the loop that used it)."""
@@ -651,9 +686,33 @@ _CONTEXT_OVERFLOW = re.compile(
 )
 
 
+_UNSUPPORTED = re.compile(r"unsupported (?:parameter|value):? *'(\w+)'", re.IGNORECASE)
+
+
+def _unsupported_parameter(response: httpx.Response) -> str | None:
+    """The request parameter a 400 says the model does not take (OpenAI's ``error.param`` with
+    code ``unsupported_parameter`` / ``unsupported_value``, or its message), else None."""
+    try:
+        error = response.json().get("error") or {}
+    except (ValueError, AttributeError):
+        error = {}
+    if isinstance(error, dict) and error.get("code") in ("unsupported_parameter", "unsupported_value"):
+        if isinstance(error.get("param"), str):
+            return error["param"]
+    found = _UNSUPPORTED.search(response.text)
+    return found.group(1) if found else None
+
+
 def _http_hint(response: httpx.Response) -> str | None:
     """The ``twin eval`` flag that fixes a failed request, when one does."""
     code = response.status_code
+    refused = _unsupported_parameter(response) if code == 400 else None
+    if refused:
+        return (
+            f"the model does not take {refused!r}: leave it out of --extra-body / the policy file"
+            if refused not in ("max_tokens", "max_completion_tokens", "temperature", "top_p")
+            else f"the server refused {refused!r} in every form twinrl sends; see its message"
+        )
     if code == 401:
         return "pass --api-key (or set $OPENAI_API_KEY)"
     if code == 404:

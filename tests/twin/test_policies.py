@@ -655,3 +655,117 @@ def test_policy_file_settings_and_errors(tmp_path):
         load_policy_file(bad)
     with pytest.raises(ConfigError, match="not found"):
         load_policy_file(tmp_path / "missing.yaml")
+
+
+# -- deadlines and reasoning-model endpoints ---------------------------------------------------
+class _Dripping(BaseHTTPRequestHandler):
+    """Answers 200 at once, then sends its body one byte every 0.2 s (bounded: 200 bytes)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b" " * 200
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            for i in range(len(body)):
+                self.wfile.write(body[i : i + 1])
+                self.wfile.flush()
+                threading.Event().wait(0.2)
+        except OSError:  # the client gave up: expected
+            pass
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _serve(handler: type) -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+def test_the_timeout_is_a_deadline_for_the_whole_request():
+    """Issue 24: a server dripping a byte at a time kept each read under the timeout, so a
+    request under --timeout 5 took 101 s and counted as no error."""
+    server, url = _serve(_Dripping)
+    try:
+        policy = OpenAIChatPolicy(url, "m", timeout=1.0, retries=0)
+        loop = asyncio.new_event_loop()
+        start = loop.time()
+        with pytest.raises(PolicyError) as err:
+            loop.run_until_complete(policy.act(PROMPT, []))
+        elapsed = loop.time() - start
+        loop.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "no reply within 1 s (deadline)" in str(err.value) and err.value.cause == "deadline"
+    assert elapsed < 20  # the drip takes 40 s; this bounds the test, it is not a timing claim
+
+
+class _ReasoningModel(BaseHTTPRequestHandler):
+    """Like OpenAI's reasoning models: refuses max_tokens and a temperature other than 1."""
+
+    bodies: list[dict] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        type(self).bodies.append(body)
+        if "max_tokens" in body:
+            return self._send(400, {"error": {
+                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                "Use 'max_completion_tokens' instead.", "type": "invalid_request_error",
+                "param": "max_tokens", "code": "unsupported_parameter"}})
+        if body.get("temperature", 1) != 1:
+            return self._send(400, {"error": {
+                "message": "Unsupported value: 'temperature' does not support 0 with this model. "
+                "Only the default (1) value is supported.", "type": "invalid_request_error",
+                "param": "temperature", "code": "unsupported_value"}})
+        n = sum(m["role"] == "assistant" for m in body["messages"])
+        call = ("lookup", {"key": "k12"}) if n == 0 else ("submit", {"value": "v12"})
+        self._send(200, _completion({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{n}", "type": "function",
+             "function": {"name": call[0], "arguments": json.dumps(call[1])}}]}))
+
+    def _send(self, code: int, data: dict) -> None:
+        raw = json.dumps(data).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_reasoning_model_endpoint_gets_max_completion_tokens_and_its_default_temperature():
+    _ReasoningModel.bodies = []
+    server, url = _serve(_ReasoningModel)
+    try:
+        policy = OpenAIChatPolicy(url, "o-mini", max_tokens=77, retries=0)
+        first = asyncio.run(policy.act(PROMPT, []))
+        second = asyncio.run(policy.act(PROMPT, []))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first["tool_calls"][0]["function"]["name"] == "lookup" and second == first
+    assert policy.token_field == "max_completion_tokens" and policy.dropped == {"temperature"}
+    sent = _ReasoningModel.bodies[-1]
+    assert sent["max_completion_tokens"] == 77 and "max_tokens" not in sent and "temperature" not in sent
+    assert len(_ReasoningModel.bodies) == 4  # 2 refusals on the first turn, none after
+    assert policy.usage["retries"] == 0
+
+
+def test_a_refused_parameter_is_not_mistaken_for_a_context_overflow():
+    text = json.dumps({"error": {"message": "Unsupported parameter: 'logit_bias' is not supported "
+                                 "with this model.", "param": "logit_bias",
+                                 "code": "unsupported_parameter"}})
+    policy = OpenAIChatPolicy("http://m.test/v1", "m", extra_body={"logit_bias": {}},
+                              transport=httpx.MockTransport(lambda r: httpx.Response(400, text=text)))
+    with pytest.raises(PolicyError) as err:
+        asyncio.run(policy.act(PROMPT, []))
+    assert "logit_bias" in err.value.hint and "--max-tokens" not in err.value.hint
