@@ -9,8 +9,14 @@ This is the rollout side of the trainer. Each episode runs the real :class:`twin
         obs, reward, terminated, truncated, info = env.step(decoded text)
         renderer.add_messages(obs)                  # tool results + next assistant header
 
-All episodes of a call advance together: their next turns go to the sampler as one batch, each
-prompt with its own ``max_new_tokens``: the least of ``max_new_tokens``, the episode's token
+With a sampler that sends each prompt as its own request (:class:`~trainer.samplers.ServerSampler`
+on vLLM: ``streams_turns``), episodes advance independently: an episode's next turn is requested
+as soon as its tool results are in, so a fast episode never waits for the slowest one of the lot
+and the server always has ``concurrency`` requests to batch. Each request is seeded from the
+episode's index and turn number, so the samples do not depend on the order answers arrive in.
+With other samplers (the in-process engine, ``twin serve``'s batched lots) all episodes of a call
+advance together: their next turns go to the sampler as one batch. Either way each prompt has its
+own ``max_new_tokens``: the least of ``max_new_tokens``, the episode's token
 budget left (``max_episode_tokens`` minus the episode so far) and the context left
 (``context_length`` minus the episode so far), so no request ever asks a server for more than
 its context holds. An episode with no budget left ends as overlong (truncated, scored). The
@@ -155,6 +161,51 @@ def collect_groups(
             return str(tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
     stop_ids = sorted(live[0].renderer.stop_ids) if live else None
+    if getattr(sampler, "streams_turns", False):
+        _advance_independently(live, sampler, settings, seed, stop_ids, decode)
+    else:
+        _advance_together(live, sampler, settings, seed, stop_ids, decode)
+    total_s = time.perf_counter() - started
+    groups: list[Group] = []
+    for g, (split, index) in enumerate(cases):
+        trajs: list[Trajectory] = []
+        for item in live[g * group_size : (g + 1) * group_size]:
+            traj = item.env.trajectory
+            traj.token_turns = item.renderer.token_turns()
+            traj.completion_tokens = sum(len(t.completion_ids) for t in traj.token_turns)
+            traj.info["overlong"] = item.overlong
+            traj.info["episode_tokens"] = len(item.renderer.ids)
+            traj.info["renderer"] = dict(item.renderer.stats)
+            traj.timings["policy"] = item.sample_s
+            traj.timings["total"] = total_s
+            trajs.append(traj)
+        groups.append(Group(case_id=trajs[0].case_id, trajectories=trajs, policy_version=policy_version))
+    return groups
+
+
+def _take_turn(item: _RunningEpisode, sample: Sample, budget: int, settings: RolloutSettings,
+               decode: Callable[[list[int]], str]) -> None:
+    """Record a sampled turn, run it in the env, and append the env's answer (or end the episode)."""
+    ids, lps = list(sample.ids[:budget]), list(sample.logprobs[:budget])
+    item.renderer.add_completion(ids, lps)
+    body = ids[:-1] if ids and ids[-1] in item.renderer.stop_ids else ids
+    refusal = getattr(item.renderer, "refusal", None)
+    if refusal:  # the template cannot hold this turn: the env records it and runs nothing
+        obs, _reward, terminated, truncated, _info = item.env.refuse(decode(body), refusal)
+    else:
+        obs, _reward, terminated, truncated, _info = item.env.step(decode(body))
+    if terminated or truncated:
+        item.done = True
+        return
+    item.renderer.add_messages(obs)
+    if settings.budget(len(item.renderer.ids)) == 0:
+        item.done = item.overlong = True
+        item.env.truncate(CUT_NOTE)
+
+
+def _advance_together(live: list[_RunningEpisode], sampler: Sampler, settings: RolloutSettings, seed: int,
+                      stop_ids: list[int] | None, decode: Callable[[list[int]], str]) -> None:
+    """Every unfinished episode's next turn in one sampler call, until all are done."""
     call = 0
     while True:
         active = [e for e in live if not e.done]
@@ -175,38 +226,45 @@ def collect_groups(
         call += 1
         for item, sample, budget in zip(active, samples, budgets):
             item.sample_s += dt / len(active)
-            ids, lps = list(sample.ids[:budget]), list(sample.logprobs[:budget])
-            item.renderer.add_completion(ids, lps)
-            body = ids[:-1] if ids and ids[-1] in item.renderer.stop_ids else ids
-            refusal = getattr(item.renderer, "refusal", None)
-            if refusal:  # the template cannot hold this turn: the env records it and runs nothing
-                obs, _reward, terminated, truncated, _info = item.env.refuse(decode(body), refusal)
-            else:
-                obs, _reward, terminated, truncated, _info = item.env.step(decode(body))
-            if terminated or truncated:
-                item.done = True
-                continue
-            item.renderer.add_messages(obs)
-            if settings.budget(len(item.renderer.ids)) == 0:
-                item.done = item.overlong = True
-                item.env.truncate(CUT_NOTE)
+            _take_turn(item, sample, budget, settings, decode)
 
-    total_s = time.perf_counter() - started
-    groups: list[Group] = []
-    for g, (split, index) in enumerate(cases):
-        trajs: list[Trajectory] = []
-        for item in live[g * group_size : (g + 1) * group_size]:
-            traj = item.env.trajectory
-            traj.token_turns = item.renderer.token_turns()
-            traj.completion_tokens = sum(len(t.completion_ids) for t in traj.token_turns)
-            traj.info["overlong"] = item.overlong
-            traj.info["episode_tokens"] = len(item.renderer.ids)
-            traj.info["renderer"] = dict(item.renderer.stats)
-            traj.timings["policy"] = item.sample_s
-            traj.timings["total"] = total_s
-            trajs.append(traj)
-        groups.append(Group(case_id=trajs[0].case_id, trajectories=trajs, policy_version=policy_version))
-    return groups
+
+def _advance_independently(live: list[_RunningEpisode], sampler: Any, settings: RolloutSettings, seed: int,
+                           stop_ids: list[int] | None, decode: Callable[[list[int]], str]) -> None:
+    """Each episode in its own task: its next turn is requested as soon as its last one ran.
+
+    At most ``sampler.concurrency`` requests are in flight. The env steps run on the event loop's
+    thread, one at a time, while the server keeps decoding the other requests.
+    """
+    import asyncio
+
+    async def run_all() -> None:
+        limit = asyncio.Semaphore(sampler.concurrency)
+        async with sampler.client() as client:
+
+            async def episode(k: int, item: _RunningEpisode) -> None:
+                turn = 0
+                while not item.done:
+                    budget = settings.budget(len(item.renderer.ids))
+                    t0 = time.perf_counter()
+                    async with limit:
+                        sample = await sampler.asample_one(
+                            client, item.renderer.ids, max_new_tokens=budget, temperature=settings.temperature,
+                            top_p=settings.top_p, stop_ids=stop_ids, seed=stable_seed("rollout-episode", seed, k, turn),
+                        )  # fmt: skip
+                    item.sample_s += time.perf_counter() - t0
+                    turn += 1
+                    _take_turn(item, sample, budget, settings, decode)
+
+            tasks = [asyncio.ensure_future(episode(k, e)) for k, e in enumerate(live) if not e.done]
+            try:
+                await asyncio.gather(*tasks)
+            finally:  # one failed request ends the collection: stop the others' requests too
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(run_all())
 
 
 def collect_group(

@@ -405,25 +405,9 @@ class ServerSampler:
         if not prompts:
             return []
         budgets = per_prompt_budgets(max_new_tokens, len(prompts))
-        base: dict[str, Any] = {
-            "model": self.model_name,
-            "temperature": float(temperature),
-            "top_p": float(top_p),
-            "top_k": self.top_k,
-            **NEUTRAL_SAMPLING,
-            "logprobs": 1,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
-            "skip_special_tokens": False,
-        }
-        if stop_ids:
-            base["stop_token_ids"] = [int(t) for t in stop_ids]
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        base = self._base_body(temperature, top_p, stop_ids)
         stop_set = set(int(t) for t in stop_ids or ())
-        async with httpx.AsyncClient(
-            base_url=self.base_url, timeout=self.timeout, transport=self.transport, headers=headers,
-            verify=tls_context(), limits=connection_limits(self.concurrency),
-        ) as client:
+        async with self.client() as client:
             limit = asyncio.Semaphore(self.concurrency)
             if seed is not None and self.per_row_seeds and len(set(budgets)) == 1:
                 body = {**base, "max_tokens": budgets[0], "prompt": [list(p) for p in prompts],
@@ -453,6 +437,64 @@ class ServerSampler:
                     return (await self._request(client, body, 1, stop_set))[0]
 
             return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+    #: Episodes sampled through this sampler may advance one by one (:meth:`asample_one`): each
+    #: request is its own, so nothing is gained by waiting for the others. A server that seeds the
+    #: rows of one request itself (``per_row_seeds``) batches a whole lot better as one request.
+    @property
+    def streams_turns(self) -> bool:
+        """Whether :func:`trainer.episodes.collect_groups` should advance episodes independently."""
+        return not self.per_row_seeds
+
+    def client(self) -> httpx.AsyncClient:
+        """An HTTP client for this server (use it as ``async with``), pooled for
+        :attr:`concurrency` connections."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx.AsyncClient(
+            base_url=self.base_url, timeout=self.timeout, transport=self.transport, headers=headers,
+            verify=tls_context(), limits=connection_limits(self.concurrency),
+        )  # fmt: skip
+
+    def _base_body(self, temperature: float, top_p: float, stop_ids: Sequence[int] | None) -> dict[str, Any]:
+        base: dict[str, Any] = {
+            "model": self.model_name,
+            "temperature": float(temperature),
+            "top_p": float(top_p),
+            "top_k": self.top_k,
+            **NEUTRAL_SAMPLING,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if stop_ids:
+            base["stop_token_ids"] = [int(t) for t in stop_ids]
+        return base
+
+    async def asample_one(
+        self,
+        client: httpx.AsyncClient,
+        prompt: list[int],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_ids: Sequence[int] | None = None,
+        seed: int | None = None,
+    ) -> Sample:
+        """One completion of one prompt over ``client`` (from :meth:`client`); ``seed`` is the
+        request's own. The caller bounds how many run at once.
+
+        Raises:
+            SamplerError: as :meth:`asample`.
+        """
+        if not prompt:
+            raise SamplerError("ServerSampler: every prompt needs at least one token")
+        body = {**self._base_body(temperature, top_p, stop_ids), "max_tokens": int(max_new_tokens),
+                "prompt": [list(prompt)]}  # fmt: skip
+        if seed is not None:
+            body["seed"] = int(seed) % (2**31)
+        return (await self._request(client, body, 1, set(int(t) for t in stop_ids or ())))[0]
 
     async def _request(
         self, client: httpx.AsyncClient, body: dict[str, Any], n: int, stop_set: set[int]

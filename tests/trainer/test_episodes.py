@@ -222,3 +222,70 @@ def test_a_generation_config_eos_ends_a_turn(tiny, tmp_path) -> None:
     (t,) = group.trajectories
     assert t.info["renderer"].get("unterminated", 0) == 0
     assert t.messages[2]["content"] == "hi"  # the stop id is not part of the message
+
+
+# ------------------------------------------------------------------ episodes advance independently
+def _two_speed_server(tok, log: list[tuple[str, int]]):
+    """The first episode's first request is answered only once the other episode has asked for
+    its second turn: episodes that advance in lockstep never get there (the request times out)."""
+    import asyncio
+    import json
+
+    import httpx
+
+    filler = tok.encode("a", add_special_tokens=False)[0]
+    state: dict = {"slow": None, "event": None, "firsts": {}}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if state["event"] is None:
+            state["event"] = asyncio.Event()
+        body = json.loads(request.content)
+        (prompt,) = body["prompt"]
+        key = tuple(prompt[:FIRST_PROMPT])
+        turn = state["firsts"].setdefault(key, 0)
+        state["firsts"][key] += 1
+        if state["slow"] is None:
+            state["slow"] = key
+        log.append(("slow" if key == state["slow"] else "fast", turn))
+        if key == state["slow"] and turn == 0:
+            try:
+                await asyncio.wait_for(state["event"].wait(), 10)
+            except TimeoutError:
+                return httpx.Response(504, json={"error": "the other episode never asked for its next turn"})
+        elif key != state["slow"] and turn >= 1:
+            state["event"].set()
+        rng = body["seed"] % 5 + 1
+        ids = [filler] * rng + [tok.eos_token_id]
+        choice = {"index": 0, "token_ids": ids, "finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+        return httpx.Response(200, json={"model": body["model"], "choices": [choice]})
+
+    return handler
+
+
+def _collect_two(tok, log):
+    import httpx
+
+    from trainer.samplers import ServerSampler
+
+    sampler = ServerSampler("http://vllm:8000", "policy@0", transport=httpx.MockTransport(_two_speed_server(tok, log)))
+    return collect_groups(
+        make_twin("Toy", max_turns=3), [("train", 0), ("train", 2)], sampler, lambda tools: Renderer(tok, tools),
+        group_size=1, settings=RolloutSettings(max_new_tokens=16, max_episode_tokens=2000), seed=7,
+    )
+
+
+def test_an_episode_asks_for_its_next_turn_without_waiting_for_the_others(tiny) -> None:
+    _, tok = tiny
+    log: list[tuple[str, int]] = []
+    groups = _collect_two(tok, log)
+    # the fast episode took its second turn while the slow one's first was still out
+    assert log.index(("fast", 1)) < len(log) and ("slow", 1) in log
+    assert log.index(("fast", 1)) < log.index(("slow", 1))
+    for g in groups:
+        (t,) = g.trajectories
+        assert len(t.token_turns) == 3 and t.reward is not None
+    # the samples do not depend on the order answers arrived in: seeds are per episode and turn
+    again = _collect_two(tok, [])
+    assert [[x.completion_ids for x in g.trajectories[0].token_turns] for g in groups] == [
+        [x.completion_ids for x in g.trajectories[0].token_turns] for g in again
+    ]
