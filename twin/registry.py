@@ -112,6 +112,15 @@ class TwinSpec:
 registry: dict[str, TwinSpec] = {}
 
 
+def _is_preview(s: TwinSpec) -> bool:
+    """Whether a spec's class says ``preview = True`` (a bare name then resolves to an older
+    version); a class that cannot be loaded counts as no preview."""
+    try:
+        return bool(getattr(s.load(), "preview", False))
+    except UnknownTwinError:
+        return False
+
+
 def register(
     entry_point_or_class: str | type[Twin],
     *,
@@ -176,6 +185,8 @@ def spec(id_or_name: str) -> TwinSpec:
             if s.name.lower() == name and (version is None or s.version == int(version))
         ]
         if found:
+            if version is None:  # the latest version that is not a preview (a class's `preview = True`)
+                found = [s for s in found if not _is_preview(s)] or found
             return max(found, key=lambda s: s.version)
     known = sorted(registry)
     keys = {k.lower(): k for k in known}

@@ -1,0 +1,271 @@
+"""The ceiling policy of catalog v2: the written policy played from tool outputs alone.
+
+It reads the prompt (the listing, and the policy text every agent reads) and the tools' answers,
+never the case's truth, the labelling code or the world: this module imports only the standard
+library (a test checks it). It is short on purpose (three turns, four or five calls, compact
+arguments), so that ``twin collect`` can use it as a teacher:
+
+1. ``search_taxonomy`` for the item (the item type without brand and model, or the item the
+   description says it really is) and ``get_seller``;
+2. ``get_attribute_schema`` of the leaf whose name has the item's words, ``lookup_brand`` with
+   that category, and ``lookup_brand`` of every name the listing says it copies;
+3. ``submit`` with the required attributes the item specifics state and the policy's decision.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["CeilingPolicy", "decide_from_tools", "read_listing", "resolve"]
+
+Message = dict[str, Any]
+
+_FIELD = re.compile(r"^(Title|Brand|Seller|Price|Item specifics|Description): (.*)$")
+_MODEL = re.compile(r"\b[A-Z]{2,3}-\d{3,5}[A-Z]?\b")
+_BATCH = re.compile(r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b", re.I)
+_CONDITION = re.compile(r"(?<!never )(?<!not )\b(open[- ]box|refurbished|used|pre-owned|ex-display|clearance)\b",
+                        re.I)
+_COPY = re.compile(r"\b(?:inspired by|dupe of|1:1 copy of|copy of|replica of|mirror copy of|knock-?off of)\s+"
+                   r"(?:the\s+|a\s+|an\s+)?([^.,;:!?()\n|]+)", re.I)
+_COPY_STOP = {"at", "for", "with", "in", "and", "but", "from", "quality", "design", "style", "look", "looks",
+              "same", "made", "sold", "original", "-", "—"}
+_CUE = re.compile(r"\b(?:really|works as|doubles as)\s+(?:an?\s+)?([^.!?,;|•/]+)", re.I)
+_STOP = {"and", "&", "for", "the", "a", "an", "of", "with", "set", "pcs", "pc"}
+
+
+def _singular(word: str) -> str:
+    if len(word) <= 3:
+        return word
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if re.search(r"(ches|shes|xes|sses|zzes)$", word):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us")):
+        return word[:-1]
+    return word
+
+
+def _key(text: str) -> tuple[str, ...]:
+    words = re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", re.sub(r"'s?\b", "", text.lower()))
+    return tuple(sorted(_singular(w) for w in words if w not in _STOP))
+
+
+def read_listing(messages: Sequence[Message]) -> dict[str, Any]:
+    """The listing fields of the user message (item specifics keyed by their display names)."""
+    text = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+    out: dict[str, Any] = {"title": "", "brand": "", "seller": "", "price": 0.0, "specifics": {}, "description": ""}
+    for line in text.splitlines():
+        m = _FIELD.match(line)
+        if not m:
+            continue
+        key, value = m.group(1), m.group(2).strip()
+        if key == "Price":
+            out["price"] = float(value.split()[0])
+        elif key == "Item specifics":
+            if value != "(none)":
+                for part in value.split("; "):
+                    name, _, val = part.partition(": ")
+                    out["specifics"][name.strip()] = val.strip()
+        else:
+            out[key.lower()] = value
+    if out["brand"] == "(none given)":
+        out["brand"] = ""
+    return out
+
+
+def _text(listing: dict[str, Any]) -> str:
+    return " ".join([listing["title"], listing["description"],
+                     *(f"{k}: {v}." for k, v in listing["specifics"].items())])
+
+
+def _item(listing: dict[str, Any]) -> tuple[str, str]:
+    """The item to categorise (bare words) and the department (empty when none applies)."""
+    spec = listing["specifics"]
+    item = _bare(spec.get("Item type", listing["title"]), listing["brand"])
+    cue = _CUE.search(listing["description"])
+    if cue and _key(_bare(cue.group(1), listing["brand"])) != _key(item):
+        return _bare(cue.group(1), listing["brand"]), ""
+    return item, spec.get("Department", "")
+
+
+def _bare(item: str, brand: str) -> str:
+    if brand:
+        item = re.sub(re.escape(brand), " ", item, flags=re.I)
+    return re.sub(r"\s+", " ", _MODEL.sub(" ", item)).strip(" ,")
+
+
+def resolve(hits: Sequence[dict[str, Any]], item: str, dept: str) -> str | None:
+    """The hit whose name has the item's words (and whose parent path ends with ``dept``)."""
+    key = _key(item)
+
+    def under(h: dict[str, Any]) -> bool:
+        return not dept or h["full_name"].lower().rsplit(" > ", 1)[0].endswith(dept.lower())
+
+    found = [h for h in hits if _key(h["name"]) == key and under(h)]
+    exact = [h for h in found if h["name"].lower() == item.lower()]
+    pick = (exact or found or [h for h in hits if under(h)] or list(hits) or [None])[0]
+    return str(pick["id"]) if pick else None
+
+
+def _copies(text: str) -> list[str]:
+    out = []
+    for m in _COPY.finditer(text):
+        words = m.group(1).strip().split()
+        cut = next((i for i, w in enumerate(words) if w.lower() in _COPY_STOP), len(words))
+        name = " ".join(words[:cut]).strip(" '\"")
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+def _points(listing: dict[str, Any], brand: dict[str, Any] | None, registered: bool, seller: dict[str, Any],
+            similarity: float) -> tuple[int, bool, bool]:
+    """Rule 4's points, whether the brand is gated and whether the seller is authorised."""
+    pts, gated, auth = 0, False, False
+    name = (brand or {}).get("name")
+    if registered and brand:
+        gated = bool(brand.get("protected"))
+        auth = listing["seller"] in (brand.get("authorized_sellers") or ())
+        msrp = brand.get("msrp")
+        if msrp and msrp.get("low"):
+            r = listing["price"] / msrp["low"]
+            p = 0 if r >= 0.75 else 1 if r >= 0.55 else 2 if r >= 0.40 else 3 if r >= 0.25 else 5
+            pts += p - (1 if p and _CONDITION.search(_text(listing)) else 0)
+        pts += (3 if gated and not auth else 0) - (3 if auth else 0)
+    elif 80 <= similarity < 90:
+        pts += 2
+    fakes = [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
+    own = [t["year"] for t in fakes if registered and t.get("brand") == name]
+    if own:
+        pts += 4 if max(own) >= 2024 else 2
+    if any(t.get("brand") != (name if registered else None) for t in fakes):
+        pts += 1
+    age, sales, rating = seller.get("account_age_days", 10**6), seller.get("sales", 10**6), seller.get("rating", 5)
+    pts += (age < 90) + (sales < 50) + (rating < 4.0)
+    if seller and not fakes and age >= 730 and rating >= 4.7 and sales >= 1000:
+        pts -= 1
+    return pts, gated, auth
+
+
+def decide_from_tools(listing: dict[str, Any], schema: dict[str, Any], lookup: dict[str, Any] | None,
+                      seller: dict[str, Any], mentions: dict[str, Any]) -> tuple[str, str | None, str]:
+    """``(decision, request, reason)``: the written policy applied to the tools' answers."""
+    if schema.get("policy") == "prohibited":
+        return "prohibited", None, "prohibited category"
+    text = _text(listing)
+    exact = (lookup or {}).get("exact")
+    unstated = None
+    if exact:
+        models, batches = set(_MODEL.findall(text)), {b.upper() for b in _BATCH.findall(text)}
+        for r in exact.get("recalls") or ():
+            if r["model_number"] in models:
+                if not batches:
+                    unstated = unstated or r["recall_id"]
+                elif batches & set(r["batches"]):
+                    return "prohibited", None, f"recall {r['recall_id']}"
+    registered = bool(exact and exact.get("registered"))
+    sims = [s["similarity"] for s in (lookup or {}).get("similar") or () if s.get("registered")]
+    similarity = max(sims, default=0.0) if lookup and not registered else 0.0
+    if similarity >= 90:
+        return "counterfeit", None, "look-alike brand"
+    if any(((mentions.get(n) or {}).get("exact") or {}).get("registered") for n in _copies(text)):
+        return "counterfeit", None, "copy of a registered brand"
+    pts, gated, auth = _points(listing, exact, registered, seller, similarity)
+    if pts >= 5:
+        return "counterfeit", None, f"{pts} points"
+    if unstated:
+        return "escalate", "recall_remedy_notice", "recalled model, no batch"
+    est = (not [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
+           and seller.get("account_age_days", 0) >= 730 and seller.get("rating", 0) >= 4.7
+           and seller.get("sales", 0) >= 1000)
+    if schema.get("policy") == "certificate_required" and not (registered and (auth or est)):
+        return "escalate", "safety_certificate", "restricted category"
+    if pts >= 3:
+        return "escalate", "authorisation_letter" if gated and not auth else "invoice", f"{pts} points"
+    return "ok", None, f"{pts} points"
+
+
+def _done(messages: Sequence[Message]) -> dict[str, Any]:
+    """Parsed tool results by call id."""
+    out = {}
+    for m in messages:
+        if m.get("role") == "tool":
+            try:
+                out[m.get("tool_call_id", "")] = json.loads(m.get("content") or "")
+            except (json.JSONDecodeError, TypeError):
+                out[m.get("tool_call_id", "")] = None
+    return out
+
+
+def _call(name: str, args: dict[str, Any], cid: str) -> dict[str, Any]:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def _turn(calls: list[dict[str, Any]]) -> Message:
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+class CeilingPolicy:
+    """The written policy from tool outputs (see the module docstring)."""
+
+    name = "ceiling"
+    #: A constant decision instead of the policy's (the degenerate variants set it).
+    fixed: tuple[str, str | None] | None = None
+
+    def __init__(self, twin: Any = None) -> None:
+        self.twin = twin
+
+    async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
+        """The next turn."""
+        return self.turn(messages)
+
+    def turn(self, messages: Sequence[Message]) -> Message:
+        """The synchronous body of :meth:`act`."""
+        listing = read_listing(messages)
+        done = _done(messages)
+        step = sum(1 for m in messages if m.get("role") == "assistant")
+        item, dept = _item(listing)
+        if step == 0:
+            query = f"{item} {dept.split(' > ')[-1]}".strip()
+            return _turn([_call("search_taxonomy", {"query": query, "limit": 20}, "s"),
+                          _call("get_seller", {"name": listing["seller"]}, "p")])
+        if step == 1:
+            hits = (done.get("s") or {}).get("results") or []
+            leaf = resolve(hits, item, dept) or "aa"
+            calls = [_call("get_attribute_schema", {"category_id": leaf}, "c")]
+            if listing["brand"]:
+                calls.append(_call("lookup_brand", {"name": listing["brand"], "category_id": leaf}, "b"))
+            for i, name in enumerate(_copies(_text(listing))[:3]):
+                calls.append(_call("lookup_brand", {"name": name}, f"m{i}"))
+            return _turn(calls)
+        schema = done.get("c") or {}
+        mentions = {}
+        for i, name in enumerate(_copies(_text(listing))[:3]):
+            mentions[name] = done.get(f"m{i}")
+        decision, request, reason = decide_from_tools(listing, schema, done.get("b"), done.get("p") or {}, mentions)
+        if self.fixed is not None:
+            decision, request = self.fixed
+        args: dict[str, Any] = {"category_id": schema.get("category_id", "aa"),
+                                "attributes": _attributes(listing, schema), "decision": decision}
+        if request:
+            args["request"] = request
+        args["reason"] = reason
+        return _turn([_call("submit", args, "z")])
+
+
+def _attributes(listing: dict[str, Any], schema: dict[str, Any]) -> dict[str, str]:
+    spec = {k.lower(): v for k, v in listing["specifics"].items()}
+    out = {}
+    for a in schema.get("attributes") or ():
+        if not a.get("required"):
+            continue
+        stated = spec.get(a["name"].lower())
+        if stated is None:
+            continue
+        match = next((v for v in a["values"] if v.lower() == stated.lower()), None)
+        if match is not None:
+            out[a["handle"]] = match
+    return out
