@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from rewards._reward import RewardResult
 from rewards._submission import submission_trajectory
 from rewards.properties import reward_bounds
+from rewards.testing.judge_replay import replaying
 from rewards.testing.resolve import resolve_scorer, rollout_twin
 from rewards.testing.schema import (
     DEFAULT_TOLERANCE,
@@ -125,7 +126,8 @@ def score_case(f: RolloutFile, c: RolloutCase, *, file: str = "<memory>", allow_
                 case, c.submit, invalid_calls=c.invalid_calls, num_turns=c.num_turns, policy="rollout-file",
                 twin=f.twin, case_kind=c.kind, completion_tokens=c.completion_tokens,
             )
-        raw = scorer(trajectory, case)
+        with replaying(f.judge, c.judge_answers, file):  # recorded judge answers, when given
+            raw = scorer(trajectory, case)
         result = raw if isinstance(raw, RewardResult) else RewardResult.model_validate(raw, from_attributes=True)
     except Exception as exc:  # report, do not crash the whole run
         out.error = f"{type(exc).__name__}: {exc}"

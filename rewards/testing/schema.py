@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rewards.testing.judge_replay import JudgeReplaySpec
 from twin.errors import ConfigError
 from twin.yamlsafe import clip, load_yaml_file
 
@@ -173,6 +174,8 @@ class RolloutCase(BaseModel):
         case: The twin case a ``turns`` episode runs on.
         expect: The expected total and/or components.
         tolerance: Absolute tolerance (default: the file's).
+        judge_answers: Recorded judge answers, in the order the case's judge terms ask
+            (see :mod:`rewards.testing.judge_replay`).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `tolerance: .inf` would pass anything
@@ -191,6 +194,7 @@ class RolloutCase(BaseModel):
     case: CaseRef | None = None
     expect: Expect
     tolerance: float | None = Field(None, ge=0)
+    judge_answers: list[str] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -219,6 +223,8 @@ class RolloutFile(BaseModel):
         reward: Optional ``module:attr`` of a reward (or a zero-argument factory of one) to use
             instead of the twin's own.
         tolerance: Default absolute tolerance of the file's cases.
+        judge: Recorded judge answers for the reward's judge terms (see
+            :mod:`rewards.testing.judge_replay`); None: judge terms ask their own judge.
         cases: The rollouts.
     """
 
@@ -229,6 +235,7 @@ class RolloutFile(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
     reward: str | None = None
     tolerance: float = Field(DEFAULT_TOLERANCE, ge=0)
+    judge: JudgeReplaySpec | None = None
     cases: list[RolloutCase] = Field(min_length=1)
 
 
