@@ -106,6 +106,7 @@ class Learner:
         max_tokens: The constant ``L`` of the Dr. GRPO normaliser (the episode token budget).
         shared_prefix: Run each prompt shared by several rows (a GRPO group's) once per
             micro-batch and let the rows attend to its KV cache (same loss and gradients).
+        autocast: ``model.autocast``: forward passes under ``torch.autocast`` to this dtype.
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class Learner:
         temperature: float = 1.0,
         max_tokens: int = 1024,
         shared_prefix: bool = True,
+        autocast: str | None = None,
     ) -> None:
         self.model = model
         self.algorithm = algorithm
@@ -126,6 +128,7 @@ class Learner:
         self.scorer = BatchScorer(
             model, temperature=temperature, micro_batch_tokens=optim.micro_batch_tokens,
             shared_prefix=shared_prefix, gradient_checkpointing=optim.gradient_checkpointing,
+            logit_chunk=optim.logit_chunk_tokens, autocast=autocast,
         )  # fmt: skip
         self.is_peft = self.scorer.is_peft
         if algorithm.kl_coef > 0 and not self.is_peft:

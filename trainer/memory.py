@@ -25,7 +25,7 @@ import torch
 
 from trainer.saved_tensors import saved_bytes
 
-__all__ = ["Measured", "measure_learner_activations", "saved_bytes"]
+__all__ = ["Measured", "measure_learner_activations", "measure_logprob_peak", "saved_bytes"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,51 @@ def measure_learner_activations(
     return Measured(counted.total / (budget * len(counted_layers)), int(budget), len(counted_layers))
 
 
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def measure_logprob_peak(
+    tokens: int, vocab: int, *, hidden: int = 64, chunk: int = 512, dtype: str = "float32", seed: int = 0
+) -> int:
+    """Peak resident bytes of one learner logprob path (forward with entropy, then backward).
+
+    Linux only; run it in a fresh process (``python -m trainer.memory --logits``): it reads the
+    process's resident-set high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``)
+    around :func:`trainer.logits.chunked_logprobs` over ``tokens`` positions of a ``hidden ->
+    vocab`` output layer without grad (LoRA's), as :class:`trainer.scoring.BatchScorer` calls it.
+    torch's CPU allocator returns these large blocks to the OS when they are freed, so the mark is
+    the path's peak of live tensors.
+
+    Returns:
+        Bytes above the resident set before the path ran.
+    """
+    from trainer.logits import chunked_logprobs
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    kind = getattr(torch, dtype)
+    head = torch.nn.Linear(hidden, vocab, bias=False).requires_grad_(False).to(kind)
+    h = torch.randn(tokens, hidden, dtype=kind, requires_grad=True)
+    targets = torch.randint(vocab, (tokens,))
+    warm, _ = chunked_logprobs(h[:4], head, targets[:4], chunk=2, entropy=True)  # load the kernels
+    warm.sum().backward()
+    h.grad = None
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current resident set
+    except OSError:
+        pass  # the mark then includes start-up's peak, which is below the path's at these sizes
+    base = _rss("VmRSS")
+    logp, _ = chunked_logprobs(h, head, targets, chunk=chunk, entropy=True)
+    logp.sum().backward()
+    return _rss("VmHWM") - base
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print measured and planned KiB per token per layer."""
     from trainer.plan import KNOWN_MODELS, activation_bytes_per_token_layer
@@ -135,7 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-rank", type=int, default=64, help="0: full fine-tuning")
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--logits", action="store_true",
+                    help="measure the logprob path's peak instead (--tokens positions, --vocab, --chunk)")
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--chunk", type=int, default=512)
     args = ap.parse_args(argv)
+    if args.logits:
+        from trainer.logits import logit_peak_bytes
+
+        peak = measure_logprob_peak(args.tokens, args.vocab, chunk=args.chunk, dtype=args.dtype)
+        planned = logit_peak_bytes(args.tokens, args.vocab, args.chunk)
+        print(f"logprob path, {args.tokens} tok x {args.vocab} vocab, chunk {args.chunk}: measured "
+              f"{peak / 2**20:.1f} MiB, planned {planned / 2**20:.1f} MiB")
+        return 0
     dtype = getattr(torch, args.dtype)
     m = measure_learner_activations(
         args.model, layers=args.layers, tokens=args.tokens, lora_rank=args.lora_rank or None,

@@ -13,7 +13,9 @@ they are the same device):
   every weight trainable; gradients of the trainable weights; AdamW state (2 fp32 tensors per
   trainable weight); activations of one micro-batch of ``optim.micro_batch_tokens`` tokens
   (every layer's saved tensors, or only layer inputs plus one layer with gradient checkpointing)
-  plus the fp32 logits and log-softmax over the vocabulary; the runtime plus 5 % fragmentation.
+  plus the logprob path's peak (``optim.logit_chunk_tokens`` positions' fp32 logits at a time,
+  :mod:`trainer.logits`); the runtime plus 5 % fragmentation. Full fine-tuning is planned with
+  fp32 weights (the recipe refuses it with bf16 weights, which would have no fp32 master copy).
   The KL reference is the base model with the adapter disabled: no second copy.
 
 Model dimensions come from the model's ``config.json`` when the path exists locally, else from a
@@ -497,12 +499,16 @@ def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> 
         layers = tokens * dims.layers * full
         how = f"{tokens} tok x {dims.layers} layers x {full / 1024:.0f} KiB/tok"
     parts.append(Component("activations", layers, how))
-    # logits in the model dtype, then fp32 log-softmax and its gradient
+    # the logprob path: one chunk of positions' fp32 logits at a time, forward and backward
+    from trainer.logits import LOGIT_BYTES_PER_ELEMENT, logit_peak_bytes
+
+    chunk = min(tokens, recipe.optim.logit_chunk_tokens)
     parts.append(
         Component(
             "logits",
-            tokens * dims.vocab * (b + 4 + 4),
-            f"{tokens} tok x {dims.vocab} vocab, fp32 log-softmax",
+            logit_peak_bytes(tokens, dims.vocab, recipe.optim.logit_chunk_tokens),
+            f"{chunk} tok (optim.logit_chunk_tokens) x {dims.vocab} vocab x "
+            f"{LOGIT_BYTES_PER_ELEMENT} B (fp32 logits, chunked)",
         )
     )
     if device != "cpu":
@@ -580,8 +586,9 @@ def plan_recipe(
             f"with gradient checkpointing the learner's activations would be {act / GIB:.2f} GiB"
         )
     if not p.fits:
-        # Activations and logits grow linearly with the micro-batch: find the budget that fits.
-        per_token = sum(c.bytes for c in p.components if c.name.endswith(("activations", "logits")))
+        # Activations grow linearly with the micro-batch (the chunked logits do not): find the
+        # budget that fits.
+        per_token = sum(c.bytes for c in p.components if c.name.endswith("activations"))
         per_token *= (
             1 + _FRAGMENTATION if learner != "cpu" else 1
         ) / recipe.optim.micro_batch_tokens

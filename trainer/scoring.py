@@ -28,12 +28,13 @@ from typing import Any
 
 import torch
 
-from trainer import algorithms as algo
+from trainer.logits import DEFAULT_CHUNK, chunked_logprobs
 from twin.errors import ConfigError
 
 __all__ = [
     "BatchScorer",
     "TrainBatch",
+    "autocast_context",
     "checkpointed_layers",
     "decoder_layers",
     "is_peft",
@@ -99,6 +100,10 @@ class BatchScorer:
         shared_prefix: Run each prompt that several rows share once per micro-batch.
         gradient_checkpointing: Recompute decoder layers in backward instead of keeping their
             activations (forward passes with grad only).
+        logit_chunk: Positions whose vocabulary logits exist at once
+            (:func:`trainer.logits.chunked_logprobs`).
+        autocast: Run forward passes under ``torch.autocast`` to this dtype (``"bfloat16"``);
+            the weights, their gradients and the log-softmax stay in the weights' dtype / fp32.
     """
 
     def __init__(
@@ -109,8 +114,12 @@ class BatchScorer:
         micro_batch_tokens: int = 8192,
         shared_prefix: bool = True,
         gradient_checkpointing: bool = False,
+        logit_chunk: int = DEFAULT_CHUNK,
+        autocast: str | None = None,
     ) -> None:
         self.model = model
+        self.logit_chunk = int(logit_chunk)
+        self.autocast = autocast
         self.temperature = float(temperature)
         self.micro_batch_tokens = int(micro_batch_tokens)
         self.shared_prefix = bool(shared_prefix)
@@ -275,7 +284,10 @@ class BatchScorer:
         and the vocabulary projection is the largest matmul of a small model.
         """
         ckpt = self.gradient_checkpointing and torch.is_grad_enabled()
-        with checkpointed_layers(self.model) if ckpt else contextlib.nullcontext():
+        with (
+            checkpointed_layers(self.model) if ckpt else contextlib.nullcontext(),
+            autocast_context(self.autocast, self.device),
+        ):
             return self._forward_body(mb, entropy=entropy, every_position=every_position, entropy_grad=entropy_grad)
 
     def _forward_body(
@@ -286,27 +298,27 @@ class BatchScorer:
         parts = self._parts()
         if parts is not None and "prefix_ids" in mb and not every_position:
             decoder, head = parts
-            logits = head(self._shared_hidden(decoder, mb, select))  # [M, V]
+            hidden = self._shared_hidden(decoder, mb, select)  # [M, H]
         elif parts is None:
+            # no separate output layer: the model's own logits, then the same chunked log-softmax
             out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
-            logits = out.logits[:, :-1][select]  # [M, V]
+            hidden, head = out.logits[:, :-1][select], _identity  # [M, V]
         else:
             decoder, head = parts
             hidden = decoder(
                 input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False
-            ).last_hidden_state  # [B, T, H]
-            logits = head(hidden[:, :-1][select])  # [M, V]
-        logits = logits.float() / self.temperature
-        logp_sel = algo.token_logprobs(logits, targets[select])  # [M]
+            ).last_hidden_state[:, :-1][select]  # [M, H]
+        # the M x V logits exist one chunk of positions at a time (trainer/logits.py)
+        logp_sel, ent_sel = chunked_logprobs(
+            hidden, head, targets[select], temperature=self.temperature, chunk=self.logit_chunk,
+            entropy=entropy, entropy_grad=entropy_grad,
+        )  # fmt: skip
         logp = torch.zeros(select.shape, dtype=logp_sel.dtype, device=logp_sel.device)
         logp = logp.masked_scatter(select, logp_sel)
         ent = None
-        if entropy:
-            # With grad only when the entropy bonus needs it (it is logged either way).
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent_sel = algo.entropy_from_logits(logits)
-                ent = torch.zeros(select.shape, dtype=ent_sel.dtype, device=ent_sel.device)
-                ent = ent.masked_scatter(select, ent_sel)
+        if ent_sel is not None:
+            ent = torch.zeros(select.shape, dtype=ent_sel.dtype, device=ent_sel.device)
+            ent = ent.masked_scatter(select, ent_sel)
         return logp, ent
 
     @torch.no_grad()
@@ -510,6 +522,26 @@ def _restore_cache(cache: Any, state: tuple[int, dict[str, Any] | None] | None) 
     layer = cache.layers[index]
     layer.__dict__.clear()
     layer.__dict__.update(saved)
+
+
+def autocast_context(dtype: str | None, device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` to ``dtype`` on ``device`` (``None``: a no-op context).
+
+    Raises:
+        ConfigError: a dtype autocast does not support on that device type.
+    """
+    if not dtype:
+        return contextlib.nullcontext()
+    kind = torch.device(device).type
+    if dtype not in ("bfloat16", "float16"):
+        raise ConfigError(f"model.autocast {dtype!r}: expected bfloat16, float16 or null")
+    if kind == "cpu" and dtype == "float16":
+        raise ConfigError("model.autocast float16 is GPU only; on CPU use bfloat16")
+    return torch.autocast(device_type=kind, dtype=getattr(torch, dtype))
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def pad_to(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -45,6 +45,7 @@ from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
 from trainer.renderer import EpisodeTokens, Renderer
+from trainer.threads import place_cpu_threads
 from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.trajectory import Trajectory
@@ -258,8 +259,7 @@ class SFTTrainer:
         check_devices(cfg)
         checkpoint = prepare_output_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
         seed_everything(cfg.seed)
-        if cfg.devices.cpu_threads:
-            torch.set_num_threads(cfg.devices.cpu_threads)
+        place_cpu_threads(cfg.devices.cpu_threads)
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
         if cfg.eval.cases:
             self.twin.num_cases(cfg.eval.split)  # an unknown split fails before the model loads
@@ -367,6 +367,7 @@ class SFTTrainer:
             self.learner.model, self.tokenizer, name=f"sft:{cfg.model.path}@{self.learner.version}",
             temperature=cfg.eval.temperature, max_new_tokens=cfg.sampler.max_new_tokens, seed=cfg.seed,
             chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs,
+            autocast=cfg.model.autocast,
         )  # fmt: skip
         result = evaluate(self.twin, policy, [(cfg.eval.split, i) for i in range(n)], store=None, progress=False)
         trajectories = [t for g in result.groups for t in g.trajectories]

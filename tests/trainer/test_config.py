@@ -263,3 +263,33 @@ def test_check_devices_refuses_gpus_this_machine_lacks(monkeypatch: pytest.Monke
     with pytest.raises(ConfigError, match=r"devices\.learner 'cuda:9': the plan is for a machine with 2 GPU.*--gpus"):
         check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True)
     check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True, planned_gpus=10)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "learner"), [("bfloat16", "cpu"), ("float16", "cpu"), ("auto", "cuda:0")]
+)
+def test_full_fine_tuning_without_fp32_weights_is_refused(dtype: str, learner: str) -> None:
+    """bf16 weights have no fp32 master copy under AdamW: small updates would round away."""
+    with pytest.raises(ConfigError, match=r"full fine-tuning \(lora.enabled: false\) needs float32 weights"):
+        load_recipe(BASE, ["lora.enabled=false", f"model.dtype={dtype}", f"devices.learner={learner}"])
+
+
+def test_full_fine_tuning_in_fp32_with_bf16_autocast_is_allowed() -> None:
+    recipe = load_recipe(BASE, ["lora.enabled=false", "model.dtype=float32", "model.autocast=bfloat16"])
+    assert recipe.model.autocast == "bfloat16"
+    assert load_recipe(BASE, ["lora.enabled=false"]).model.dtype == "auto"  # auto on CPU = float32
+    with pytest.raises(ConfigError, match="model.autocast"):
+        load_recipe(BASE, ["model.autocast=int8"])
+
+
+def test_bf16_weights_lose_small_adamw_updates_that_fp32_weights_keep() -> None:
+    """Why the refusal above: one AdamW step of lr 1e-5 on weights of 0.5 changes no bf16 weight."""
+    import torch
+
+    for dtype, changed in ((torch.bfloat16, False), (torch.float32, True)):
+        w = torch.nn.Parameter(torch.full((64,), 0.5, dtype=dtype))
+        opt = torch.optim.AdamW([w], lr=1e-5, weight_decay=0.0)
+        w.grad = torch.ones_like(w)
+        before = w.detach().clone()
+        opt.step()
+        assert bool((w.detach() != before).any()) is changed
