@@ -203,5 +203,7 @@ def test_line_chart_scales_points_into_the_plot() -> None:
     xy = [tuple(map(float, p.split(","))) for p in chart.points.split()]
     assert xy[0][0] == chart.left and xy[-1][0] == 300 - 8
     assert xy[0][1] == chart.top and xy[-1][1] == 140 - chart.bottom  # 1.0 at the top, 0 at the bottom
-    many = line_chart("r", [(float(i), float(i % 7)) for i in range(5000)], max_points=400)
+    many = line_chart("r", [(float(i), float(i % 7)) for i in range(5000)], width=300, max_points=400)
     assert many.count <= 401 and many.points.split()[-1].startswith("292.0,")
+    steps = line_chart("r", [(0, 0.0), (1, 1.0), (2, 0.5)])
+    assert [label for _, label in steps.x_ticks] == ["0", "1", "2"]  # whole steps only

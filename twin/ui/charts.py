@@ -41,12 +41,14 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
+def _ticks(lo: float, hi: float, n: int = 4, *, whole: bool = False) -> list[float]:
     if hi <= lo:
         return [lo]
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if whole:  # training steps: no tick between two steps
+        step = max(1.0, float(math.ceil(step)))
     first = math.ceil(lo / step) * step
     out = []
     value = first
@@ -60,8 +62,8 @@ def line_chart(
     title: str,
     points: list[tuple[float, float]],
     *,
-    width: int = 300,
-    height: int = 140,
+    width: int = 270,
+    height: int = 130,
     max_points: int = 400,
 ) -> Chart:
     """The geometry of a line chart of ``points`` (sorted by x by the caller)."""
@@ -90,7 +92,8 @@ def line_chart(
         return chart.top + (1 - (y - y0) / (y1 - y0)) * plot_h
 
     chart.points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
-    chart.x_ticks = [(sx(t), _fmt(t)) for t in _ticks(x0, x1, 4)]
+    whole = all(float(x).is_integer() for x in xs)
+    chart.x_ticks = [(sx(t), _fmt(t)) for t in _ticks(x0, x1, 4, whole=whole) if x0 <= t <= x1]
     chart.y_ticks = [(sy(t), _fmt(t)) for t in _ticks(y0, y1, 3)]
     chart.last = _fmt(points[-1][1])
     return chart
