@@ -200,6 +200,34 @@ class PrefixReport:
         )
 
 
+def _decoded_arguments(message: Message) -> Message:
+    """A copy of ``message`` whose tool calls carry their arguments as objects, not JSON text.
+
+    OpenAI messages hold arguments as a JSON string; chat templates expect the object (vLLM and
+    transformers decode them before rendering), and a template that writes them with ``tojson``
+    (Llama 3's) would otherwise encode the string once more. Arguments that are not a JSON object
+    stay as they are.
+    """
+    out = dict(message)
+    calls = out.get("tool_calls")
+    if not isinstance(calls, list):
+        return out
+    decoded = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if isinstance(args, str):
+            try:
+                value = json.loads(args)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                call = {**call, "function": {**fn, "arguments": value}}
+        decoded.append(call)
+    out["tool_calls"] = decoded
+    return out
+
+
 @dataclass
 class _Piece:
     ids: list[int]
@@ -301,7 +329,7 @@ class Renderer:
         Raises:
             jinja2.TemplateError: The template refused the messages.
         """
-        msgs = [dict(m) for m in messages]
+        msgs = [_decoded_arguments(m) for m in messages]
         kwargs: dict[str, Any] = dict(self.template_kwargs)
         if self.chat_template is not None:
             kwargs["chat_template"] = self.chat_template

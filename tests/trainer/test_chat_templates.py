@@ -179,8 +179,8 @@ def test_llama3_episode_is_token_exact(llama_tok) -> None:
                             "Environment: ipython\n")
     assert '"name": "lookup"' in first.split("<|start_header_id|>user")[1]  # tools in user turn
     assert r.messages[2]["tool_calls"][0]["function"]["name"] == "lookup"
-    assert dec(llama_tok, pieces[2]) == (
-        "<|start_header_id|>ipython<|end_header_id|>\n\n" + RESULT + "<|eot_id|>"
+    assert dec(llama_tok, pieces[2]) == (  # a string result is JSON-encoded, as Meta's template does
+        "<|start_header_id|>ipython<|end_header_id|>\n\n" + json.dumps(RESULT) + "<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
     assert r.episode().input_ids == [i for p in pieces for i in p]
@@ -295,3 +295,50 @@ def test_recipe_fields_reach_the_renderer(tmp_path: Path) -> None:
     assert dec(recipe.tokenizer, r.start(OPENING)).endswith("<|im_start|>assistant\n" + EMPTY_THINK)
     with pytest.raises(ConfigError, match="unknown chat template 'qwen4': use one of"):
         load_recipe("toy-cpu", ["model.chat_template=qwen4"])
+
+
+def test_llama3_renders_metas_documented_format_exactly(llama_tok) -> None:
+    # Meta's Llama 3.1 format, written out by hand: sentences of the instruction with no space
+    # between them, tools as 4-space JSON in the first user turn, a call's arguments and a string
+    # tool result written with tojson (a dict result is plain JSON)
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    messages = [
+        {"role": "system", "content": " Be brief. "},
+        {"role": "user", "content": "Find the color."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "color"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "red"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": {"key": "shade"}}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": {"value": "dark"}},
+        {"role": "assistant", "content": "Dark red."},
+    ]
+    tool_json = json.dumps(tool, indent=4)
+    expected = (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+        "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
+        "Be brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\n"
+        "Given the following functions, please respond with a JSON for a function call with its proper "
+        "arguments that best answers the given prompt.\n\n"
+        'Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
+        'value}.Do not use variables.\n\n'
+        + tool_json + "\n\n"
+        "Find the color.<|eot_id|>"
+        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "lookup", "parameters": {"key": "color"}}<|eot_id|>'
+        '<|start_header_id|>ipython<|end_header_id|>\n\n"red"<|eot_id|>'
+        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "lookup", "parameters": {"key": "shade"}}<|eot_id|>'
+        '<|start_header_id|>ipython<|end_header_id|>\n\n{"value": "dark"}<|eot_id|>'
+        "<|start_header_id|>assistant<|end_header_id|>\n\nDark red.<|eot_id|>"
+    )
+    r = Renderer(llama_tok, [tool], chat_template="llama3")
+    assert r.render(messages, add_generation_prompt=False) == expected
+    # tools in the system turn: the same instruction, after Meta's system sentence, no space between
+    system = Renderer(llama_tok, [tool], chat_template="llama3", template_kwargs={"tools_in_user_message": False})
+    text = system.render(messages[:2], add_generation_prompt=True)
+    assert (
+        "Today Date: 26 Jul 2024\n\nYou have access to the following functions. To call a function, please "
+        'respond with JSON for a function call.Respond in the format {"name": function name, "parameters": '
+        "dictionary of argument name and its value}.Do not use variables.\n\n" + tool_json + "\n\nBe brief.<|eot_id|>"
+    ) in text
+    assert text.endswith("Find the color.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")

@@ -206,3 +206,24 @@ def test_find_vllm_python_needs_an_interpreter_with_the_vllm_package(tmp_path: P
 def test_vllm_tiny_refuses_a_head_size_vllm_cpu_cannot_serve() -> None:
     with pytest.raises(ConfigError, match="head_dim 16"):
         build_vllm_tiny(head_dim=16)
+
+
+def test_the_extras_pin_releases_that_have_what_the_code_uses() -> None:
+    # --lora-target-modules, --logprobs-mode and return_token_ids: checked on vllm(-cpu) 0.32/0.33;
+    # from_pretrained(dtype=): transformers 4.56
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+
+    def floor(extra: str, name: str) -> Version:
+        (req,) = [Requirement(r) for r in extras[extra] if Requirement(r).name == name]
+        (low,) = [Version(s.version) for s in req.specifier if s.operator == ">="]
+        return low
+
+    assert floor("vllm", "vllm") >= Version("0.32")
+    assert floor("train", "transformers") >= Version("4.56")
