@@ -113,7 +113,7 @@ class CatalogTwinV2(CatalogTwinV1):
     config_model = CatalogConfigV2
     entity_kinds: ClassVar[tuple[str, ...]] = ("brands", "sellers", "recalls", "leaves")
     prompt_styles: ClassVar[tuple[str, ...]] = ("full",)
-    check_thresholds: ClassVar[dict[str, float]] = {"degenerate_gap": 0.25, "shortcut_margin": 0.05,
+    check_thresholds: ClassVar[dict[str, float]] = {"degenerate_gap": 0.04, "shortcut_margin": 0.05,
                                                     "split_overlap": 0.0}
 
     def __init__(self, **config: Any) -> None:

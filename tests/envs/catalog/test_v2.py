@@ -5,18 +5,13 @@ below it."""
 from __future__ import annotations
 
 import ast
-import statistics
 from pathlib import Path
 
 import pytest
 
-from twin.doctor_play import play
 from twin.errors import ConfigError
 
 from envs.catalog.v2.listings import HELD_OUT, KIND_DECISION
-
-N = 150  # test cases played per policy in the fast suite (the 1,000-case figures: docs/catalog-v2.md)
-
 
 @pytest.fixture(scope="module")
 def v2(twin_v1):
@@ -26,13 +21,6 @@ def v2(twin_v1):
     t = CatalogTwinV2(seed=0, taxonomy_path=None, train_size=2000, dev_size=200, test_size=400)
     t.world
     return t
-
-
-def _mean(t, name, n=N):
-    policy = t.baselines()[name](t)
-    run = play(t, policy, [("test", i) for i in range(n)])
-    assert not run.errors, run.errors[:3]
-    return statistics.fmean(e.reward or 0.0 for e in run.episodes)
 
 
 def test_v2_is_a_preview_beside_v1(v2):
@@ -67,14 +55,6 @@ def test_held_out_kinds_and_leaves(v2):
                                                           "safety_certificate", "recall_remedy_notice"}
 
 
-def test_ceiling_reaches_the_maximum_and_cheap_policies_lose(v2):
-    ceiling = _mean(v2, "ceiling")
-    assert ceiling >= 0.95
-    for name in ("always_ok", "always_counterfeit", "always_prohibited", "always_escalate", "two_call_flagger"):
-        assert _mean(v2, name) <= ceiling - 0.40, name
-    assert _mean(v2, "heuristic") <= ceiling - 0.25
-
-
 def test_ceiling_imports_no_labelling_code():
     src = Path(__file__).resolve().parents[3] / "envs" / "catalog" / "v2" / "ceiling.py"
     tree = ast.parse(src.read_text())
@@ -89,3 +69,14 @@ def test_submit_needs_a_request_to_escalate(v2):
     case = v2.case("test", 0)
     with pytest.raises(ToolError, match="request"):
         v2.submit(case.truth["category_id"], dict(case.truth["attributes"]), "escalate")
+
+
+def test_twin_check_passes_on_catalog_v2(v2):
+    """`twin check` on v2 at the fast suite's size (2 cases per kind; v2's own rows on 200 test
+    and 600 train cases): every row passes, v2's rows included."""
+    from twin.doctor import doctor
+
+    report = doctor(v2, cases=2, subprocess_check=False)
+    names = {(r.check, r.name) for r in report.rows}
+    assert ("cheap policies", "decision tree depth 6") in names and ("natural mix", "cost per 1,000 listings") in names
+    assert report.ok, [(r.check, r.name, r.figure, r.note) for r in report.failures()]
