@@ -77,7 +77,8 @@ def _require_mcp() -> Any:
         from mcp.server.lowlevel import Server
     except ImportError as exc:
         raise MissingDependencyError(
-            f"twin mcp needs the MCP SDK, which is missing here ({exc}): pip install 'twinrl[mcp]'"
+            f"twin mcp needs the MCP SDK, a dependency of twinrl missing here ({exc}): "
+            "pip install 'mcp>=2,<3'"
         ) from None
     return Server, mcp_types
 
@@ -540,10 +541,9 @@ def serve(
         finally:
             app.server.twin_recorder.close()
         return
+    server = build_server(twin, store=store, **config)  # first: a missing SDK is one line
     import anyio
     from mcp.server.stdio import stdio_server
-
-    server = build_server(twin, store=store, **config)
 
     async def run() -> None:
         async with stdio_server() as (read, write):

@@ -16,6 +16,8 @@ Shipped here:
 - :class:`ReplayPolicy`: hand-written assistant turns, e.g. for reward tests and demos.
 - :class:`RandomPolicy`: random tool calls with arguments built from the tool schemas.
 - :class:`OpenAIChatPolicy`: any OpenAI-compatible ``/chat/completions`` server, over httpx.
+- ``anthropic:`` and ``openai-responses:`` (:mod:`twin.providers`): Anthropic's Messages API and
+  OpenAI's Responses API through the providers' SDKs.
 - :func:`make_policy`: a policy from a command-line spec (``random``, ``openai:gpt-4o-mini``, ...).
 """
 
@@ -592,13 +594,15 @@ class OpenAIChatPolicy:
                     client.post(self.url, json=body), timeout=self.timeout
                 )
             except (httpx.ReadTimeout, httpx.WriteTimeout, asyncio.TimeoutError) as exc:
-                cause = "deadline" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+                # The deadline and httpx's read timeout are the same length: whichever fires, the
+                # reply did not arrive in time, and it is reported the same way.
+                cause = "WriteTimeout" if isinstance(exc, httpx.WriteTimeout) else "ReadTimeout"
                 raise PolicyError(
                     f"POST {self.url}: no reply within {self.timeout:g} s "
                     f"({cause}); the server may be slow or generating up to "
                     f"max_tokens={self.max_tokens} tokens",
                     hint="raise --timeout (seconds per request) or lower --max-tokens",
-                    cause="deadline" if cause == "deadline" else None,
+                    cause=cause,
                 ) from exc
             except httpx.TransportError as exc:
                 if last:
@@ -805,6 +809,8 @@ POLICY_FORMS = (
     "random[:SEED]",
     "replay:FILE (YAML/JSON list of turns)",
     "openai:MODEL (base URL from --base-url or $OPENAI_BASE_URL, key from $OPENAI_API_KEY)",
+    "anthropic:MODEL (Anthropic's Messages API; key from $ANTHROPIC_API_KEY; twinrl[providers])",
+    "openai-responses:MODEL (OpenAI's Responses API; key from $OPENAI_API_KEY; twinrl[providers])",
     "hf:PATH|smollm2 (a local model through the trainer)",
 )
 
@@ -865,6 +871,10 @@ def make_policy(
         return ReplayPolicy.from_file(arg)
     if kind == "openai" and arg:
         return OpenAIChatPolicy(base_url=base_url, model=arg, api_key=api_key, **options)
+    if kind in ("anthropic", "openai-responses") and arg:
+        from twin.providers import make_provider_policy
+
+        return make_provider_policy(kind, arg, base_url=base_url, api_key=api_key, **options)
     plugins = policy_kinds()
     if kind in plugins and arg:
         try:  # the plugin may import its libraries when loaded or only when it builds

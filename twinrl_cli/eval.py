@@ -60,8 +60,9 @@ def eval_(
         typer.Option(
             "--policy",
             "-p",
-            help="random[:SEED] | replay:FILE | openai:MODEL | hf:PATH | a twin baseline"
-            " (heuristic, oracle). Default: the policy file's, else random.",
+            help="random[:SEED] | replay:FILE | openai:MODEL | anthropic:MODEL |"
+            " openai-responses:MODEL | hf:PATH | a twin baseline (heuristic, oracle)."
+            " Default: the policy file's, else random.",
         ),
     ] = None,
     episodes: Annotated[
@@ -102,15 +103,17 @@ def eval_(
     ] = None,
     base_url: Annotated[
         str | None,
-        typer.Option("--base-url", help="OpenAI-compatible base URL (default $OPENAI_BASE_URL)."),
+        typer.Option(
+            "--base-url",
+            help="Model server base URL (default $OPENAI_BASE_URL; anthropic: $ANTHROPIC_BASE_URL).",
+        ),
     ] = None,
     api_key: Annotated[
         str | None,
         typer.Option(
             "--api-key",
-            envvar="OPENAI_API_KEY",
-            show_envvar=True,
-            help="Bearer token of openai: policies (never stored).",
+            help="API key of model-server policies (never stored; default: the provider's variable,"
+            " $OPENAI_API_KEY or $ANTHROPIC_API_KEY).",
         ),
     ] = None,
     temperature: Annotated[
