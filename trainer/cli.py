@@ -181,6 +181,9 @@ def train(
             f"reward {_fmt(first or history[0], 'rewards/total')} -> {_fmt(last, 'rewards/total')} "
             f"in {len(history)} steps, {elapsed:.0f} s ({len(history) / max(elapsed, 1e-9):.2f} steps/s)"
         )
+    writer = getattr(runner, "store_writer", None)
+    if writer is not None and writer.describe() is not None:
+        console.print(writer.describe())
     console.print(f"metrics: {runner.output_dir / 'metrics.jsonl'}")
     if plot is not None:
         console.print(f"reward curve: {plot}")

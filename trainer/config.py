@@ -281,6 +281,12 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
     output_dir: str = Field("runs/train", description="Folder for metrics, checkpoints, plots.")
     store: bool = Field(True, description="Write every episode to the run store as a 'train' run.")
+    store_tokens: Literal["off", "full"] = Field(
+        "off",
+        description="The episodes' token record (prompt/sampled ids and logprobs per turn) in the run "
+        "store: 'off' keeps messages, rewards and timings only (a 9B step's tokens are 50-150 MB); "
+        "'full' keeps them too. Writes happen in a background thread (trainer/store_writer.py).",
+    )
     log_episodes: int = Field(1, ge=0, description="Episodes printed per step in verbose mode (0 = none).")
     log: list[Literal["jsonl", "tensorboard", "wandb", "trackio"]] | None = Field(
         None, description="Metric sinks, e.g. [jsonl, tensorboard, wandb] (null = jsonl, plus "

@@ -49,6 +49,7 @@ from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
 from trainer.adapters import AdapterPublisher, AdapterSink
 from trainer.episodes import episode_tokens, load_tokenizer, recipe_renderer_factory, training_cases
+from trainer.store_writer import StoreWriter
 from twin.trajectory import Group
 
 __all__ = [
@@ -294,6 +295,7 @@ class TrainingRuntime:
         self.adapters: Any = adapters
         self.store: Any = store
         self._given_store = store
+        self.store_writer: StoreWriter | None = None  # writes the store off the step's path
         self.server: Any = None  # a sampler server this run started
         self.publisher: AdapterPublisher | None = None
         self.metrics: MetricsLogger | None = None
@@ -406,15 +408,15 @@ class TrainingRuntime:
         episodes = [t for g in every for t in g.trajectories]
         record = self.metrics.log(step, record, episodes=episodes)
         if self.store is not None and self.run_id is not None:
-            try:
-                self.store.add_episodes(self.run_id, episodes, step=step)
-                self.store.log_metrics(self.run_id, step, {k: v for k, v in record.items() if k != "step" and finite(v)})
-            except Exception as exc:  # noqa: BLE001 - keep training; say why episodes are missing
-                log.warning("run store write failed at step %d: %s", step, exc)
+            if self.store_writer is None:
+                self.store_writer = StoreWriter(self.store, self.run_id, tokens=self.cfg.train.store_tokens)
+            self.store_writer.submit(step, episodes, {k: v for k, v in record.items() if k != "step" and finite(v)})
         if self.on_step is not None:
             self.on_step(record)
         every_n = self.cfg.train.checkpoint_every
         if (every_n and self.step % every_n == 0) or self.step == self.cfg.train.steps:
+            if self.store_writer is not None:
+                self.store_writer.flush()  # a checkpoint's steps are in the store before it exists
             self.save()
         return record
 
@@ -441,8 +443,10 @@ class TrainingRuntime:
             if metrics is not None:
                 metrics.close()
             last = metrics.history[-1] if metrics is not None and metrics.history else {}
-            close_training_run(
-                self.store, self.run_id, done=self.step >= self.cfg.train.steps,
-                summary={k: v for k, v in last.items() if finite(v)},
-            )  # fmt: skip
+            summary = {k: v for k, v in last.items() if finite(v)}
+            if self.store_writer is not None:
+                self.store_writer.close()  # every step written before the run is closed
+                if self.store_writer.mean_bytes_per_step() is not None:
+                    summary["store/bytes_per_step"] = self.store_writer.mean_bytes_per_step()
+            close_training_run(self.store, self.run_id, done=self.step >= self.cfg.train.steps, summary=summary)
         return plot

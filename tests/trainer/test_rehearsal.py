@@ -54,7 +54,8 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, mon
     # dynamic_sampling off: a random model scores every episode alike, and the recipe's dynamic
     # sampling would drop every group, so the learner would never step
     overrides = rehearsal_overrides(model, tmp_path / "run", steps=STEPS, dynamic_sampling=False)
-    cfg = load_recipe(REHEARSAL_RECIPE, [*overrides, "train.store=true"])
+    # the token record is checked below: keep it in the store (training runs leave it out by default)
+    cfg = load_recipe(REHEARSAL_RECIPE, [*overrides, "train.store=true", "train.store_tokens=full"])
     # the rehearsal is the shipped recipe: the same twin, algorithm, sampler kind and async settings
     assert cfg.twin == shipped.twin and cfg.sampler.kind == "vllm" and cfg.async_ == shipped.async_
     assert cfg.model.chat_template is None  # the model's own template, as with Qwen3-8B
