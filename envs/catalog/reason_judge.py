@@ -7,8 +7,9 @@ accepted whatever it says. ``reason_cites`` asks a judge model (any policy spec,
 mapped to ``[0, 1]``.
 
 It is off by default. :class:`CatalogJudgeTwin` (``twin/CatalogJudge-v0``) is Catalog v1 with
-the options below; without ``reason_judge`` it is Catalog v1 exactly (same world, cases and
-reward). With it, the reward becomes::
+the options below; without ``reason_judge`` it has Catalog v1's world, tools, case kinds and
+reward (its cases are drawn under its own name, so they are not v1's case for case). With it,
+the reward becomes::
 
     R = (1 - w) * R_v1_terms + w * reason_cites - penalties     (same gates and clip as v1)
 
@@ -106,9 +107,6 @@ class CatalogJudgeConfig(CatalogConfigV1):
     reason_judge_cache_dir: str | None = None
 
 
-_JUDGE_FIELDS = tuple(f for f in CatalogJudgeConfig.model_fields if f.startswith("reason_judge"))
-
-
 class CatalogJudgeTwin(CatalogTwinV1):
     """Catalog v1 with the optional ``reason_cites`` judge term (off unless ``reason_judge`` is set)."""
 
@@ -134,12 +132,3 @@ class CatalogJudgeTwin(CatalogTwinV1):
                 max_tokens_per_step=cfg.reason_judge_max_tokens_per_step, **options,
             )
             self.reward = with_reason_term(self.reward, reason_term(self.judge), cfg.reason_judge_weight)
-
-    def world_key(self) -> str:
-        """Catalog v1's world key: the judge options change the reward, never the world."""
-        data = self.config.model_dump(mode="json", exclude={"prompt_style", *_JUDGE_FIELDS})
-        return json.dumps(data, sort_keys=True)
-
-    def cache_dir(self):  # type: ignore[no-untyped-def]
-        """Catalog v1's disk cache: the same world is stored once."""
-        return CatalogTwinV1(**self.config.model_dump(exclude=set(_JUDGE_FIELDS))).cache_dir()

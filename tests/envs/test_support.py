@@ -222,3 +222,22 @@ def test_twin_eval_with_an_llm_customer_on_the_same_server(server_url, tmp_path)
     replies = [m["content"] for t in store.episodes(run.id) for m in t.messages if m.get("name") == "ask_customer"]
     assert any("Sure:" in r for r in replies)  # the customer's words came from the model
     store.close()
+
+
+@pytest.mark.slow
+def test_grpo_on_the_customer_twin_runs_end_to_end_on_cpu(tmp_path, monkeypatch) -> None:
+    """Plumbing: the random tiny model, two GRPO steps, the rule customer in every episode."""
+    import io
+
+    from rich.console import Console
+
+    from trainer.cli import train
+    from trainer.metrics import read_metrics
+
+    monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "store.db"))
+    buffer = io.StringIO()
+    code = train("data/recipes/support-tiny-cpu.yaml", [f"train.output_dir={tmp_path / 'run'}"], False,
+                 console=Console(file=buffer, width=120))
+    assert code == 0, buffer.getvalue()
+    history = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len(history) == 2 and all("rewards/state" in h and "rewards/procedure" in h for h in history)
