@@ -1,4 +1,4 @@
-"""Benchmark of ``twin serve``'s HTTP layer: the http.server layer against FastAPI + uvicorn.
+"""Benchmark of ``twin serve``'s HTTP layer (asyncio + h11) against FastAPI + uvicorn.
 
 ``python -m trainer.bench_serving [--clients 8] [--seconds 3] [--rounds 3] [--core fake|tiny]``
 
@@ -6,14 +6,12 @@ Each stack serves the same core in a child process (so the server does not share
 GIL) on a loopback port; ``clients`` threads each keep one connection open and post the same
 ``/v1/completions`` body back to back for ``seconds``. Rounds alternate the stacks so that load
 from other processes falls on all of them; the table shows the median round of each stack
-(requests/s, p50 latency) and its ratio to ``http.server``, the layer ``twin serve`` uses
+(requests/s, p50 latency) and its ratio to ``twin-serve``, the layer ``twin serve`` uses
 (``trainer/serving/http.py``).
 
 Stacks:
 
-- ``http.server``: ``trainer/serving/http.py`` as served.
-- ``http.server-nagle``: the same with Nagle's algorithm on (as before ``TCP_NODELAY``): each
-  answer's body waits for the client's delayed ACK of its head.
+- ``twin-serve``: ``trainer/serving/http.py`` as served.
 - ``fastapi``: the candidate the layer was measured against: the same routes and core on FastAPI
   + uvicorn (httptools, uvloop when installed), with the API key and body-size checks as plain
   ASGI code and the blocking core calls in a thread pool of ``http_threads``. It leaves out the
@@ -44,7 +42,7 @@ from twin.errors import ConfigError
 
 __all__ = ["STACKS", "FakeCore", "Result", "asgi_app", "main", "measure"]
 
-STACKS = ("http.server", "http.server-nagle", "fastapi")
+STACKS = ("twin-serve", "fastapi")
 CORES = ("fake", "tiny")
 
 #: The request every client sends: a 200-token prompt, as the trainer sends token ids.
@@ -161,11 +159,9 @@ def _core(kind: str) -> Any:
 def _serve(stack: str, core_kind: str) -> None:
     """Child process: serve ``core_kind`` with ``stack`` on a free loopback port, print the port."""
     core = _core(core_kind)
-    if stack.startswith("http.server"):
+    if stack == "twin-serve":
         from trainer.serving import http as layer
 
-        # the stack as it was before TCP_NODELAY, to show what it cost
-        layer._Handler.disable_nagle_algorithm = stack == "http.server"
         httpd = layer.make_http_server(core, "127.0.0.1", 0)
         print(httpd.server_address[1], flush=True)
         httpd.serve_forever()
@@ -276,13 +272,13 @@ def measure(
 def main(
     stacks: tuple[str, ...] = STACKS, *, clients: int = 8, seconds: float = 3.0, rounds: int = 3, core: str = "fake"
 ) -> dict[str, Result]:
-    """Measure and print one line per stack, with its ratios to ``http.server``."""
+    """Measure and print one line per stack, with its ratios to ``twin-serve``."""
     results = measure(stacks, clients=clients, seconds=seconds, rounds=rounds, core=core)
-    base = results.get("http.server")
+    base = results.get("twin-serve")
     print(f"twin serve HTTP layer, core={core}, {clients} clients x {seconds:g} s, median of {rounds} round(s)")
     for r in results.values():
         ratio = (
-            f"  x{r.requests_per_s / base.requests_per_s:.2f} req/s, x{r.p50_ms / base.p50_ms:.2f} p50 vs http.server"
+            f"  x{r.requests_per_s / base.requests_per_s:.2f} req/s, x{r.p50_ms / base.p50_ms:.2f} p50 vs twin-serve"
             if base is not None and r is not base
             else ""
         )

@@ -56,15 +56,15 @@ def test_the_fastapi_candidate_answers_what_the_served_layer_answers(api_key: st
 
 
 def test_the_benchmark_measures_each_stack_and_prints_ratios(capsys: pytest.CaptureFixture[str]) -> None:
-    results = main(("http.server", "fastapi"), clients=2, seconds=0.3, rounds=1)
-    assert set(results) == {"http.server", "fastapi"}
+    results = main(("twin-serve", "fastapi"), clients=2, seconds=0.3, rounds=1)
+    assert set(results) == {"twin-serve", "fastapi"}
     assert all(r.requests > 0 and r.requests_per_s > 0 and r.p50_ms > 0 for r in results.values())
     out = capsys.readouterr().out
-    assert "req/s" in out and "vs http.server" in out
+    assert "req/s" in out and "vs twin-serve" in out
 
 
 def test_the_benchmark_refuses_unknown_stacks_and_counts() -> None:
     with pytest.raises(ConfigError, match="stacks from"):
         measure(("nginx",))
     with pytest.raises(ConfigError, match="clients and rounds >= 1"):
-        measure(("http.server",), clients=0)
+        measure(("twin-serve",), clients=0)

@@ -14,6 +14,7 @@ imports torch or an HTTP stack.
 from __future__ import annotations
 
 import functools
+import reprlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -61,8 +62,10 @@ class ServerError(TwinError):
             401: "AuthenticationError",
             403: "PermissionDeniedError",
             404: "NotFoundError",
+            405: "MethodNotAllowedError",
             408: "RequestTimeoutError",
             413: "RequestTooLargeError",
+            431: "RequestHeaderFieldsTooLargeError",
             503: "ServiceUnavailableError",
         }.get(self.code, "InternalServerError")
 
@@ -90,11 +93,29 @@ class ServeLimits(BaseModel):
     max_logprobs: int = Field(20, ge=0, description="most alternatives per token (`logprobs`, `prompt_logprobs`)")
     max_stop_token_ids: int = Field(1024, ge=0, description="most `stop_token_ids`")
     max_body_bytes: int = Field(32 << 20, ge=1024, description="largest request body (bytes)")
-    read_timeout: float = Field(
-        30.0, gt=0, allow_inf_nan=False, description="seconds a connection may take to send a request or stay idle"
+    body_budget_bytes: int = Field(
+        64 << 20, ge=1024, description="bytes of request bodies read or being answered at once, all connections"
     )
-    http_threads: int = Field(128, ge=1, description="connections served at once (handler threads)")
+    read_timeout: float = Field(
+        30.0, gt=0, allow_inf_nan=False,
+        description="seconds a whole request (head and body) may take to arrive; also the idle limit",
+    )
+    http_threads: int = Field(128, ge=1, description="requests handled at once (handler threads)")
     max_connections: int = Field(1024, ge=1, description="open connections (served + waiting); more get 503")
+
+    @model_validator(mode="after")
+    def _budget_holds_a_body(self) -> ServeLimits:
+        if self.body_budget_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"body_budget_bytes ({self.body_budget_bytes}) must be at least max_body_bytes "
+                f"({self.max_body_bytes}), or the largest allowed body could never be read"
+            )
+        return self
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 60
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = 8
 
 
 def validation_message(exc: ValidationError, what: str = "request") -> str:
@@ -103,7 +124,7 @@ def validation_message(exc: ValidationError, what: str = "request") -> str:
     for error in exc.errors()[:3]:
         # pydantic adds the union member's type to the location ("temperature.float"); drop it
         loc = ".".join(str(p) for p in error["loc"] if p not in ("float", "int", "str", "list", "bool", "function-after"))
-        got = repr(error.get("input"))
+        got = _REPR.repr(error.get("input"))  # bounded: the input may be a million-item list
         got = got if len(got) <= 60 else got[:57] + "..."
         msg = error["msg"].removeprefix("Value error, ")
         parts.append(f"{loc or 'body'}: {msg} (got {got})" if error["type"] != "missing" else f"{loc}: required")

@@ -6,9 +6,11 @@ this module puts it on a socket without letting a client hold more than its shar
 
 - Optional API key (``Authorization: Bearer``, compared in constant time); ``/health``, ``/ping``
   and ``/version`` stay open for load balancers.
-- :func:`make_http_server`: a fixed pool of handler threads, a read timeout on every connection,
-  a cap on open connections (503 beyond it) and on body size (``trainer/serving/api.py``'s
-  :class:`ServeLimits`).
+- :func:`make_http_server`: one asyncio event loop reads every request with h11 (a client that
+  sends slowly holds no thread), a deadline for each whole request, the API key checked on the
+  head before any body byte is read, a cap on open connections (503 beyond it), on body size
+  (413) and on the bytes of all bodies in flight (:class:`BodyBudget`); a fixed pool of threads
+  runs the handlers (``trainer/serving/api.py``'s :class:`ServeLimits` holds every limit).
 
 Client side, :func:`auth_headers` gives the header the trainer's clients send (the key from
 ``$TWINRL_API_KEY`` unless given).
@@ -16,23 +18,28 @@ Client side, :func:`auth_headers` gives the header the trainer's clients send (t
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import hmac
+import http
 import ipaddress
 import json
 import logging
 import os
-import re
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
+
+import h11
 
 from trainer.serving.api import API_KEY_ENV, ServeLimits, ServerError
 
 __all__ = [
+    "MAX_HEAD_BYTES",
     "OPEN_ROUTES",
+    "BodyBudget",
     "ServedModel",
     "auth_headers",
     "exposure_warnings",
@@ -121,200 +128,483 @@ def exposure_warnings(host: str, api_key: str | None, adapter_root: str | None) 
 
 
 # -- the HTTP server ------------------------------------------------------------------------------
-_CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")
+#: Largest request head (request line + headers); a longer one is answered 431 and closed.
+MAX_HEAD_BYTES = 64 << 10
+_READ_CHUNK = 64 << 10
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _PooledHTTPServer
-    protocol_version = "HTTP/1.1"
-    # The head and the body of an answer are two writes: with Nagle's algorithm the body would
-    # wait for the client's delayed ACK of the head (~40 ms on Linux) on every request.
-    disable_nagle_algorithm = True
-
-    def setup(self) -> None:
-        # StreamRequestHandler applies this to the socket: a client that stops sending (a body
-        # shorter than its Content-Length, an idle keep-alive) frees its thread after it
-        self.timeout = self.server.limits.read_timeout
-        super().setup()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def _send(self, code: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-        if isinstance(payload, str):
-            data, kind = payload.encode(), "text/plain; charset=utf-8"
-        else:
-            try:
-                data, kind = json.dumps(payload, allow_nan=False).encode(), "application/json"
-            except ValueError as exc:  # NaN/inf would not be JSON
-                code, kind = 500, "application/json"
-                data = json.dumps(ServerError(f"the response is not valid JSON: {exc}", 500).body()).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _fail(self, exc: ServerError, *, close: bool = False) -> None:
-        if close:  # the rest of the body is still unread: this connection cannot carry another request
-            self.close_connection = True
-        extra = {"WWW-Authenticate": "Bearer"} if exc.code == 401 else None
-        self._send(exc.code, exc.body(), extra)
-
-    def _body(self) -> dict[str, Any]:
-        limits = self.server.limits
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise ServerError("chunked request bodies are not supported; send a Content-Length", 400)
-        raw_length = self.headers.get("Content-Length")
-        if raw_length is None:
-            length = 0
-        elif not _CONTENT_LENGTH.fullmatch(raw_length.strip()):
-            self.close_connection = True
-            raise ServerError(f"Content-Length must be a non-negative integer, got {raw_length[:40]!r}", 400)
-        else:
-            length = int(raw_length)
-        if length > limits.max_body_bytes:
-            self.close_connection = True
-            raise ServerError(
-                f"the request body has {length} bytes; at most {limits.max_body_bytes} are allowed "
-                "(twin serve --max-body-bytes)",
-                413,
-            )
-        raw = self.rfile.read(length) if length else b""
-        if len(raw) < length:
-            self.close_connection = True
-            raise ServerError(f"the request body ended after {len(raw)} of {length} bytes", 400)
-        try:
-            body = json.loads(raw or b"{}")
-        except RecursionError:
-            raise ServerError("the request body is nested too deeply", 400) from None
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int over Python's digit limit
-            raise ServerError(f"the request body is not valid UTF-8 JSON: {exc}", 400) from None
-        if not isinstance(body, dict):
-            raise ServerError(f"the request body must be a JSON object, got {type(body).__name__}", 400)
-        return body
-
-    def _authorized(self, path: str) -> bool:
-        key = self.server.api_key
-        if key is None or path in OPEN_ROUTES:
-            return True
-        if _key_matches(self.headers.get("Authorization"), key):
-            return True
-        self._fail(
-            ServerError("missing or wrong API key: send 'Authorization: Bearer <key>'", 401), close=True
-        )
-        return False
-
-    def do_GET(self) -> None:
-        core = self.server.core
-        path = self.path.split("?", 1)[0]
-        if not self._authorized(path):
-            return
-        if path in ("/health", "/ping"):
-            self._send(200, "")
-        elif path == "/v1/models":
-            self._send(200, core.models())
-        elif path == "/version":
-            self._send(200, {"version": "twinrl"})
-        else:
-            self._fail(ServerError(f"no route GET {path}", 404))
-
-    def do_POST(self) -> None:
-        core = self.server.core
-        path = self.path.split("?", 1)[0]
-        if not self._authorized(path):
-            return
-        routes = {
-            "/v1/completions": core.completions,
-            "/v1/load_lora_adapter": core.load_lora_adapter,
-            "/v1/unload_lora_adapter": core.unload_lora_adapter,
-        }
-        handler = routes.get(path)
-        try:
-            if handler is None:
-                raise ServerError(f"no route POST {path}; routes: {', '.join(routes)}", 404)
-            self._send(200, handler(self._body()))
-        except ServerError as exc:
-            self._fail(exc)
-        except TimeoutError:
-            self._fail(
-                ServerError(f"the request body did not arrive within {self.server.limits.read_timeout:g} s", 408),
-                close=True,
-            )
-        except Exception as exc:
-            log.exception("request failed")
-            self._fail(ServerError(f"{type(exc).__name__}: {exc}", 500))
+class _Deadline(Exception):
+    """The request did not arrive whole before its deadline."""
 
 
-class _PooledHTTPServer(HTTPServer):
-    """An HTTP server whose connections are served by a fixed pool of threads.
+class _Closed(Exception):
+    """The client closed the connection."""
 
-    ``ThreadingHTTPServer`` starts a thread per connection, so stalled clients add threads without
-    bound. Here at most ``http_threads`` connections are served at once, the rest wait (accepted)
-    for a thread, and beyond ``max_connections`` open connections a new one is answered 503.
+
+def _timeout_at(deadline: float) -> Any:
+    """``asyncio.timeout_at`` (Python 3.11+; no task per wait, unlike ``wait_for``) or a stand-in."""
+    if hasattr(asyncio, "timeout_at"):
+        return asyncio.timeout_at(deadline)
+    return _TimeoutAt(deadline)  # pragma: no cover - Python 3.10
+
+
+class _TimeoutAt:
+    """Python 3.10's stand-in for ``asyncio.timeout_at``: cancel the task at ``deadline`` and
+    turn that cancellation into ``asyncio.TimeoutError``."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.fired = False
+        self.handle: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def fire() -> None:
+            self.fired = True
+            task.cancel()
+
+        self.handle = asyncio.get_running_loop().call_at(self.deadline, fire)
+
+    async def __aexit__(self, kind: object, exc: object, tb: object) -> None:
+        assert self.handle is not None
+        self.handle.cancel()
+        if self.fired and kind is asyncio.CancelledError:
+            raise asyncio.TimeoutError from None
+
+
+class BodyBudget:
+    """The bytes of request bodies in flight (read, parsed or being answered) on all connections.
+
+    A request reserves its ``Content-Length`` before its body is read and gives it back when its
+    answer is sent; a reservation that does not fit waits (without reading) until others give
+    theirs back or its request's deadline passes. Used by one event loop only.
     """
 
-    # socketserver's default backlog is 5: a trainer opening 64+ connections at once would see
-    # refused connections. Requests wait in the batching queue instead.
-    request_queue_size = 1024
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._freed: asyncio.Condition | None = None
+
+    async def acquire(self, size: int, timeout: float) -> bool:
+        """Reserve ``size`` bytes within ``timeout`` seconds; False when they never fit."""
+        if self._freed is None:
+            self._freed = asyncio.Condition()
+        if size > self.limit:
+            return False
+        if self.used + size <= self.limit:  # the common case: no wait, no lock
+            self.used += size
+            return True
+        async with self._freed:
+            try:
+                await asyncio.wait_for(
+                    self._freed.wait_for(lambda: self.used + size <= self.limit), max(timeout, 0.0)
+                )
+            except asyncio.TimeoutError:
+                return False
+            self.used += size
+            return True
+
+    async def release(self, size: int) -> None:
+        """Give back a reservation of ``size`` bytes."""
+        assert self._freed is not None
+        async with self._freed:
+            self.used -= size
+            self._freed.notify_all()
+
+
+class _Answer(NamedTuple):
+    code: int
+    data: bytes
+    kind: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def _answer(code: int, payload: Any, headers: tuple[tuple[str, str], ...] = ()) -> _Answer:
+    if isinstance(payload, str):
+        return _Answer(code, payload.encode(), "text/plain; charset=utf-8", headers)
+    try:
+        data = json.dumps(payload, allow_nan=False).encode()
+    except ValueError as exc:  # NaN/inf would not be JSON
+        code, data = (
+            500,
+            json.dumps(ServerError(f"the response is not valid JSON: {exc}", 500).body()).encode(),
+        )
+    return _Answer(code, data, "application/json", headers)
+
+
+def _error(exc: ServerError) -> _Answer:
+    extra = (("WWW-Authenticate", "Bearer"),) if exc.code == 401 else ()
+    if exc.code == 503:
+        extra += (("Retry-After", "1"),)
+    return _answer(exc.code, exc.body(), extra)
+
+
+def _parse_body(raw: bytes | bytearray) -> dict[str, Any]:
+    try:
+        body = json.loads(raw or b"{}")
+    except RecursionError:
+        raise ServerError("the request body is nested too deeply", 400) from None
+    except (
+        ValueError
+    ) as exc:  # JSONDecodeError, UnicodeDecodeError, an int over Python's digit limit
+        raise ServerError(
+            f"the request body is not valid UTF-8 JSON: {_short(str(exc))}", 400
+        ) from None
+    if not isinstance(body, dict):
+        raise ServerError(f"the request body must be a JSON object, got {type(body).__name__}", 400)
+    return body
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Request(NamedTuple):
+    method: str
+    path: str
+    headers: dict[bytes, bytes]
+
+
+class _AsyncHTTPServer:
+    """``twin serve``'s HTTP server: one asyncio event loop reads every request, a fixed pool of
+    threads runs the handlers.
+
+    A connection costs no thread while its request arrives, so clients that send slowly (a
+    header byte at a time) hold no handler and ``/health`` keeps answering. Each request must
+    arrive whole (head and body) within ``read_timeout`` of its first moment (408 otherwise, and
+    an idle keep-alive connection is closed then); the API key is checked on the head, before any
+    body byte is read; bodies are reserved against :class:`BodyBudget` before they are read.
+    """
 
     def __init__(
         self, address: tuple[str, int], core: ServedModel, limits: ServeLimits, api_key: str | None
     ) -> None:
-        super().__init__(address, _Handler)
         self.core = core
         self.limits = limits
         self.api_key = api_key or None
-        self._pool = ThreadPoolExecutor(max_workers=limits.http_threads, thread_name_prefix="twin-serve-http")
-        self._open = 0
-        self._open_lock = threading.Lock()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._open_lock:
-            busy = self._open >= self.limits.max_connections
-            if not busy:
-                self._open += 1
-        if busy:
-            self._refuse(request)
-            return
-        self._pool.submit(self._serve, request, client_address)
-
-    def _serve(self, request: Any, client_address: Any) -> None:
+        host, port = address
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
         try:
-            self.finish_request(request, client_address)
-        except Exception:  # noqa: BLE001 - one connection's failure must not end the pool thread
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
-            with self._open_lock:
-                self._open -= 1
-
-    def _refuse(self, request: socket.socket) -> None:
-        body = json.dumps(
-            ServerError(f"too many open connections (at most {self.limits.max_connections}); retry later", 503).body()
-        ).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
-        )
-        try:
-            request.settimeout(1.0)
-            request.sendall(head.encode() + body)
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind(sockaddr)
+            # socketserver's backlog is 5: a trainer opening 64+ connections at once would be refused
+            self.socket.listen(1024)
         except OSError:
-            pass
-        self.shutdown_request(request)
+            self.socket.close()
+            raise
+        self.socket.setblocking(False)
+        self.server_address: tuple[Any, ...] = self.socket.getsockname()
+        self.budget = BodyBudget(limits.body_budget_bytes)
+        self._pool = ThreadPoolExecutor(
+            max_workers=limits.http_threads, thread_name_prefix="twin-serve-http"
+        )
+        self._open = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._running = threading.Event()
+        self._stopped = threading.Event()
+        self._stop_requested = False
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("connection from %s failed", client_address, exc_info=True)
+    # -- life cycle --------------------------------------------------------------------------------
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until :meth:`shutdown` (``poll_interval`` is accepted for ``HTTPServer`` parity)."""
+        self._stopped.clear()
+        try:
+            asyncio.run(self._main())
+        finally:
+            self._running.clear()
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop :meth:`serve_forever` (from another thread) and wait until it has returned."""
+        self._stop_requested = True
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and self._running.is_set():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # the loop already closed
+                return
+            self._stopped.wait()
 
     def server_close(self) -> None:
-        super().server_close()
+        """Close the listening socket and drop the requests still waiting for a handler thread."""
+        self.socket.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._connection, sock=self.socket, limit=_READ_CHUNK)
+        self._running.set()
+        if self._stop_requested:
+            self._stop.set()
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- one connection ----------------------------------------------------------------------------
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # the head and body of an answer are two writes: with Nagle's algorithm the body would
+            # wait for the client's delayed ACK of the head (~40 ms on Linux) on every request
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._open >= self.limits.max_connections:
+            busy = ServerError(
+                f"too many open connections (at most {self.limits.max_connections}); retry later",
+                503,
+            )
+            await self._refuse(writer, _error(busy))
+            return
+        self._open += 1
+        try:
+            conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+            while await self._one_request(conn, reader, writer):
+                conn.start_next_cycle()
+        except (_Closed, ConnectionError, OSError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:  # the server is stopping
+            pass
+        except Exception:  # one connection's failure must not stop the server
+            log.debug("connection failed", exc_info=True)
+        finally:
+            self._open -= 1
+            writer.close()
+
+    async def _refuse(self, writer: asyncio.StreamWriter, answer: _Answer) -> None:
+        head = (
+            f"HTTP/1.1 {answer.code} {http.HTTPStatus(answer.code).phrase}\r\nContent-Type: {answer.kind}\r\n"
+            f"Content-Length: {len(answer.data)}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in answer.headers)
+            + "Connection: close\r\n\r\n"
+        )
+        try:
+            writer.write(head.encode() + answer.data)
+            await asyncio.wait_for(writer.drain(), 1.0)
+        except (OSError, asyncio.TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+    async def _next_event(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, deadline: float
+    ) -> Any:
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            try:
+                async with _timeout_at(deadline):
+                    data = await reader.read(_READ_CHUNK)
+            except asyncio.TimeoutError:
+                raise _Deadline from None
+            conn.receive_data(data)  # b"": the client closed (h11 then reports it)
+
+    async def _one_request(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Read, answer and account one request; True when the connection may carry another."""
+        assert self._loop is not None
+        # the whole request, head and body, must arrive within read_timeout; an idle keep-alive
+        # connection counts as a request that has not arrived
+        deadline = self._loop.time() + self.limits.read_timeout
+        try:
+            event = await self._next_event(conn, reader, deadline)
+        except _Deadline:
+            if conn.their_state is h11.IDLE and not conn.trailing_data[0]:
+                return False  # idle: close quietly
+            await self._send(conn, writer, _error(self._late()), close=True)
+            return False
+        except h11.RemoteProtocolError as exc:
+            await self._protocol_error(conn, writer, exc)
+            return False
+        if isinstance(event, h11.ConnectionClosed) or not isinstance(event, h11.Request):
+            return False
+        request = _Request(
+            event.method.decode("latin-1"),
+            event.target.decode("latin-1").split("?", 1)[0],
+            {name: value for name, value in event.headers},
+        )
+        answer = self._head_answer(request)
+        if answer is not None:  # refused on its head: the body stays unread
+            await self._send(conn, writer, answer, close=conn.their_state is not h11.DONE)
+            return False if conn.their_state is not h11.DONE else conn.our_state is h11.DONE
+        if request.method == "GET":
+            whole = isinstance(conn.next_event(), h11.EndOfMessage)  # no body: the request is whole
+            if whole:
+                answer = await self._get(request.path)
+            else:
+                answer = _error(ServerError("a GET request must not have a body", 400))
+            await self._send(conn, writer, answer, close=not whole)
+            return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+        return await self._post(conn, reader, writer, request, deadline)
+
+    def _late(self) -> ServerError:
+        return ServerError(
+            f"the request did not arrive whole within {self.limits.read_timeout:g} s", 408
+        )
+
+    async def _protocol_error(
+        self, conn: h11.Connection, writer: asyncio.StreamWriter, exc: h11.RemoteProtocolError
+    ) -> None:
+        code = exc.error_status_hint if exc.error_status_hint in (400, 413, 414, 431) else 400
+        if code == 431 or "exceeded" in str(exc):
+            message = f"the request head is longer than {MAX_HEAD_BYTES} bytes"
+            code = 431
+        else:
+            message = f"malformed HTTP request: {_short(str(exc))}"
+        if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            await self._refuse(writer, _answer(code, ServerError(message, code).body()))
+
+    def _head_answer(self, request: _Request) -> _Answer | None:
+        """The answer a request gets on its head alone (auth, route, body size), or None."""
+        if request.method not in ("GET", "POST"):
+            return _error(
+                ServerError(f"method {request.method} is not supported; use GET or POST", 405)
+            )
+        authorization = request.headers.get(b"authorization", b"").decode("latin-1")
+        if self.api_key is not None and request.path not in OPEN_ROUTES:  # noqa: SIM102
+            if not _key_matches(authorization, self.api_key):
+                return _error(
+                    ServerError("missing or wrong API key: send 'Authorization: Bearer <key>'", 401)
+                )
+        if request.method == "GET":
+            return None
+        if request.path not in _POST_ROUTES:
+            return _error(
+                ServerError(f"no route POST {request.path}; routes: {', '.join(_POST_ROUTES)}", 404)
+            )
+        if b"transfer-encoding" in request.headers:
+            return _error(
+                ServerError("chunked request bodies are not supported; send a Content-Length", 400)
+            )
+        length = int(request.headers.get(b"content-length", b"0"))
+        if length > self.limits.max_body_bytes:
+            return _error(ServerError(
+                f"the request body has {length} bytes; at most {self.limits.max_body_bytes} are allowed "
+                "(twin serve --max-body-bytes)",
+                413,
+            ))  # fmt: skip
+        return None
+
+    async def _get(self, path: str) -> _Answer:
+        if path in ("/health", "/ping"):
+            return _answer(200, "")
+        if path == "/version":
+            return _answer(200, {"version": "twinrl"})
+        if path == "/v1/models":
+            return await self._in_pool(lambda: _answer(200, self.core.models()))
+        return _error(ServerError(f"no route GET {path}", 404))
+
+    async def _post(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        request: _Request, deadline: float,
+    ) -> bool:  # fmt: skip
+        assert self._loop is not None
+        length = int(request.headers.get(b"content-length", b"0"))
+        if not await self.budget.acquire(length, deadline - self._loop.time()):
+            busy = ServerError(
+                f"the server is reading {self.budget.limit} bytes of other request bodies "
+                "(twin serve --body-budget-bytes); retry later",
+                503,
+            )
+            await self._send(conn, writer, _error(busy), close=True)
+            return False
+        try:
+            if conn.they_are_waiting_for_100_continue:
+                writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
+            body = bytearray()
+            try:
+                while True:
+                    event = await self._next_event(conn, reader, deadline)
+                    if isinstance(event, h11.Data):
+                        body += event.data
+                    elif isinstance(event, h11.EndOfMessage):
+                        break
+                    else:  # ConnectionClosed
+                        return False
+            except _Deadline:
+                await self._send(conn, writer, _error(self._late()), close=True)
+                return False
+            except h11.RemoteProtocolError as exc:
+                await self._protocol_error(conn, writer, exc)
+                return False
+            handler = _POST_ROUTES[request.path]
+            answer = await self._in_pool(functools.partial(self._handle, handler, body))
+            del body
+        finally:
+            await self.budget.release(length)
+        await self._send(conn, writer, answer)
+        return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+
+    def _handle(self, route: str, raw: bytearray) -> _Answer:
+        """Run in a pool thread: parse the body, call the model server, encode the answer."""
+        try:
+            return _answer(200, getattr(self.core, route)(_parse_body(raw)))
+        except ServerError as exc:
+            return _error(exc)
+        except Exception as exc:
+            log.exception("request failed")
+            return _error(ServerError(_short(f"{type(exc).__name__}: {exc}"), 500))
+
+    async def _in_pool(self, fn: Any) -> _Answer:
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._pool, fn)
+
+    async def _send(
+        self,
+        conn: h11.Connection,
+        writer: asyncio.StreamWriter,
+        answer: _Answer,
+        *,
+        close: bool = False,
+    ) -> None:
+        headers = [
+            ("Content-Type", answer.kind),
+            ("Content-Length", str(len(answer.data))),
+            *answer.headers,
+        ]
+        if close:
+            headers.append(("Connection", "close"))
+        try:
+            data = conn.send(
+                h11.Response(
+                    status_code=answer.code,
+                    headers=headers,
+                    reason=http.HTTPStatus(answer.code).phrase,
+                )
+            )
+            data += conn.send(h11.Data(data=answer.data)) + conn.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:  # the connection cannot carry an answer any more
+            return
+        writer.write(data)
+        try:
+            async with _timeout_at(asyncio.get_running_loop().time() + self.limits.read_timeout):
+                await writer.drain()
+        except asyncio.TimeoutError:  # a client that does not read its answer
+            raise _Closed from None
+
+
+#: ``POST`` routes and the :class:`ServedModel` method answering each.
+_POST_ROUTES = {
+    "/v1/completions": "completions",
+    "/v1/load_lora_adapter": "load_lora_adapter",
+    "/v1/unload_lora_adapter": "unload_lora_adapter",
+}
 
 
 def make_http_server(
@@ -324,8 +614,9 @@ def make_http_server(
     *,
     limits: ServeLimits | None = None,
     api_key: str | None = None,
-) -> HTTPServer:
-    """An HTTP server answering vLLM's routes with ``core`` (call ``serve_forever``).
+) -> _AsyncHTTPServer:
+    """An HTTP server answering vLLM's routes with ``core`` (call ``serve_forever``; ``shutdown``
+    from another thread, then ``server_close``).
 
     Args:
         core: The model server.
@@ -334,4 +625,4 @@ def make_http_server(
         api_key: Required as ``Authorization: Bearer`` on every route but ``/health``, ``/ping``
             and ``/version``; None: no authentication.
     """
-    return _PooledHTTPServer((host, port), core, limits or core.limits, api_key)
+    return _AsyncHTTPServer((host, port), core, limits or core.limits, api_key)
