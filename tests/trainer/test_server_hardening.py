@@ -421,3 +421,46 @@ def test_a_large_request_is_chunked_so_a_small_one_behind_it_finishes_first(tiny
         assert [c["token_ids"] for c in whole.completions(big)["choices"]] == chunked
     finally:
         whole.close()
+
+
+# -- malformed input that once answered 500 -------------------------------------------------------
+def test_a_prompt_with_a_lone_surrogate_is_400(served: tuple[str, CompletionServer]) -> None:
+    for prompt in ('"a\\ud800b"', '["ok", "\\udfff"]'):
+        status, body = _post(served[0], b'{"model": "tiny", "max_tokens": 1, "prompt": ' + prompt.encode() + b"}")
+        assert status == 400, body[:300]
+        assert "lone surrogate" in _strict_json(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1e-39}, {"temperature": 1e-30, "top_p": 0.5}, {"top_p": 1e-46}])
+def test_vanishing_temperature_or_top_p_with_logprobs_answer_finite_json(
+    served: tuple[str, CompletionServer], sampling: dict[str, float]
+) -> None:
+    status, body = _post(served[0], _ok(max_tokens=3, logprobs=3, seed=1, **sampling))
+    assert status == 200, body[:300]
+    choice = _strict_json(body)["choices"][0]  # strict: NaN or Infinity would raise
+    assert all(-9999.0 <= v <= 0.0 for v in choice["logprobs"]["token_logprobs"])
+
+
+def test_bad_adapter_paths_are_400_and_linked_files_outside_the_root_403(
+    served: tuple[str, CompletionServer], adapter_dir: Path, tmp_path: Path
+) -> None:
+    url, _ = served
+    load = f"{url}/v1/load_lora_adapter"
+    for path in (str(adapter_dir / "go\x00od"), str(adapter_dir / ("n" * 300)), str(adapter_dir / ("n" * 300) / "x")):
+        r = httpx.post(load, json={"lora_name": "x", "lora_path": path}, headers=AUTH)
+        assert r.status_code == 400, (path[-40:], r.text)
+        assert r.json()["error"]["type"] == "BadRequestError"
+    # a folder inside the root whose weights file links to a file outside it
+    outside = tmp_path / "outside"
+    shutil.copytree(adapter_dir / "good", outside)
+    linked = adapter_dir / "linked-weights"
+    linked.mkdir()
+    try:
+        shutil.copy(adapter_dir / "good" / "adapter_config.json", linked / "adapter_config.json")
+        (linked / "adapter_model.safetensors").symlink_to(outside / "adapter_model.safetensors")
+        r = httpx.post(load, json={"lora_name": "linked", "lora_path": str(linked)}, headers=AUTH)
+        assert r.status_code == 403, r.text
+        assert "adapter_model.safetensors" in r.json()["error"]["message"]
+        assert "linked" not in [m["id"] for m in httpx.get(f"{url}/v1/models", headers=AUTH).json()["data"]]
+    finally:
+        shutil.rmtree(linked)

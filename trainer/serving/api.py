@@ -151,6 +151,12 @@ def completion_request_model(limits: ServeLimits) -> type[BaseModel]:
     def check_text(text: str) -> str:
         if not text:
             raise ValueError("a prompt is empty; give at least one character")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # JSON may escape a lone surrogate ("\\ud800")
+            raise ValueError(
+                f"a text prompt holds a lone surrogate at character {exc.start}; send valid Unicode"
+            ) from None
         # characters, before tokenizing: a token is at least one character
         if len(text) > 8 * limits.max_prompt_tokens:
             raise ValueError(f"a text prompt has {len(text)} characters; at most {8 * limits.max_prompt_tokens}")
@@ -218,7 +224,7 @@ class LoadAdapterRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     lora_name: _AdapterName
-    lora_path: Annotated[str, Field(strict=True, min_length=1, max_length=4096)]
+    lora_path: Annotated[str, Field(strict=True, min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
     load_inplace: bool = False
 
 

@@ -233,7 +233,7 @@ class CompletionServer:
             prompts=prompts,
             n=req.n or 1,
             max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,
+            temperature=_temperature(req.temperature),
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
             stop_ids=stops,
@@ -430,3 +430,13 @@ def _row_seed(seed: int, row: int) -> int:
     value = seed + 1_000_003 * row
     return value if value < 1 << 64 else value % (1 << 64)
 
+
+#: Temperatures below this sample greedily, as in vLLM (``_SAMPLING_EPS``): dividing logits by
+#: less overflows float32 to infinity, and the logprobs to NaN.
+SAMPLING_EPS = 1e-5
+
+
+def _temperature(value: float | None) -> float:
+    if value is None:
+        return 1.0
+    return 0.0 if value < SAMPLING_EPS else value

@@ -245,5 +245,6 @@ def top_p_filter(logits: torch.Tensor, top_p: float | torch.Tensor) -> torch.Ten
     sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
     probs = torch.softmax(sorted_logits, dim=-1)
     drop = probs.cumsum(-1) - probs >= top_p  # the mass before this token already reaches top_p
+    drop[..., 0] = False  # the top token always stays (a top_p that rounds to 0 would drop all)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)

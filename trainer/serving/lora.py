@@ -134,8 +134,13 @@ class AdapterSlots:
                     400,
                 )
         path = self._adapter_path(request.lora_path)
-        if not (path / "adapter_config.json").is_file():
+        try:
+            found = (path / "adapter_config.json").is_file()
+        except OSError as exc:  # a name too long for the file system
+            raise ServerError(f"lora_path {request.lora_path[:200]!r} cannot be read: {exc.strerror}", 400) from None
+        if not found:
             raise ServerError(f"Loading lora {name} failed: No adapter found for {request.lora_path}", 404)
+        self._check_files_inside_root(path, request.lora_path)
         with self._lock:
             self._loaded_keys += 1
             version = Adapter(name=name, path=str(path), key=f"lora{self._loaded_keys}")
@@ -211,6 +216,22 @@ class AdapterSlots:
                 403,
             )
         return resolved  # load what was checked, not a path whose links may change
+
+    def _check_files_inside_root(self, folder: Path, lora_path: str) -> None:
+        """403 when a file of the adapter folder is a link to a file outside the adapter root
+        (peft reads the folder's own entries: its config and weights)."""
+        if self.adapter_root is None:
+            return
+        try:
+            outside = [e.name for e in folder.iterdir() if not e.resolve().is_relative_to(self.adapter_root)]
+        except (OSError, RuntimeError) as exc:
+            raise ServerError(f"lora_path {lora_path[:200]!r} cannot be read: {exc}", 400) from None
+        if outside:
+            raise ServerError(
+                f"lora_path {lora_path[:200]!r} holds {', '.join(sorted(outside)[:3])}, linked to a file "
+                "outside this server's adapter root (twin serve --adapter-root); only files under it load",
+                403,
+            )
 
     def _make_resident(self, version: Adapter) -> None:
         """Load ``version`` into the model if it is not (evicting the least recently used). Holds the model lock."""
