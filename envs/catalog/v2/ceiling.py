@@ -32,7 +32,7 @@ _COPY = re.compile(r"\b(?:inspired by|dupe of|1:1 copy of|copy of|replica of|mir
                    r"(?:the\s+|a\s+|an\s+)?([^.,;:!?()\n|]+)", re.I)
 _COPY_STOP = {"at", "for", "with", "in", "and", "but", "from", "quality", "design", "style", "look", "looks",
               "same", "made", "sold", "original", "-", "—"}
-_CUE = re.compile(r"\b(?:really|works as|doubles as)\s+(?:an?\s+)?([^.!?,;|•/]+)", re.I)
+_CUE = re.compile(r"\b(?:really|works as|doubles as)\s+(?:an?\s+)?([^.!?,;|•/<>*]+)", re.I)
 _STOP = {"and", "&", "for", "the", "a", "an", "of", "with", "set", "pcs", "pc"}
 
 

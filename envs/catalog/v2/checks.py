@@ -214,6 +214,17 @@ def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | N
         rows.append(_row("cheap policies", f"decision tree depth {depth}", score <= ceil - gap, f"{score:.3f}",
                          f"<= ceiling - {gap:g} ({ceil - gap:.3f})",
                          note=f"{len(xtr[0])} tool-output features, {n_train} train / {n_test} test cases", value=score))
+    # the prompt alone: bag-of-words decision accuracy vs the majority rate
+    from twin.doctor_audit import bag_of_words_audit
+
+    def body(c: Any) -> str:
+        return "\n".join(str(m.get("content") or "") for m in twin.prompt(c) if m.get("role") != "system")
+
+    bow = bag_of_words_audit([body(c) for c in train], [c.truth["decision"] for c in train],
+                             [body(c) for c in test], [c.truth["decision"] for c in test])
+    rows.append(_row("shortcut", "prompt bag-of-words (decision)", bow.margin <= 0.05,
+                     f"{bow.accuracy:.3f} vs majority {bow.majority:.3f}", "accuracy - majority <= 0.05",
+                     note=f"naive Bayes, {n_train} train / {n_test} test prompts", value=bow.margin))
     # held-out tactics
     for kind, what in HELD_OUT.items():
         got = by_kind.get(kind, [])

@@ -79,6 +79,7 @@ _NAME_PRIORS: tuple[tuple[re.Pattern[str], tuple[float, float]], ...] = tuple(
         (r"\b(stickers?|decals?|keychains?|charms?|magnets?|bookmarks?|patches?|pins?)\b", (3, 25)),
         (r"\b(cases?|covers?|cables?|straps?|adapters?|protectors?|skins?|sleeves?|holders?|mounts?)\b", (8, 60)),
         (r"\b(laptops?|notebook computers?|televisions?|tvs?|refrigerators?|washers?|dryers?)\b", (300, 2500)),
+        (r"\b(conveyors?|compressors?|forklifts?|machines?|machinery|equipment|lathes?|welders?)\b", (200, 5000)),
         (r"\b(sofas?|couches?|sectionals?|mattress(es)?|treadmills?|e-?bikes?|generators?)\b", (300, 2500)),
         (r"\b(camera bodies|mirrorless|dslr|lenses)\b", (300, 2000)),
         (r"\b(car seats?|strollers?|cribs?)\b", (120, 500)),
@@ -120,13 +121,19 @@ def _h(*parts: object) -> int:
 
 @lru_cache(maxsize=65536)
 def price_prior(vertical: str, full_name: str) -> tuple[float, float]:
-    """The (low, high) list price of a mid-tier product of the category ``full_name``."""
+    """The (low, high) list price of a mid-tier product of the category ``full_name``.
+
+    The band of its product words (else its vertical's) is narrowed to the category: a point
+    of the band picked by the category's name (stable), and a factor of 1.5 either side of it, so
+    two categories of one vertical differ in price as real product types do.
+    """
     leaf = full_name.rsplit(" > ", 1)[-1]
-    for pattern, band in _NAME_PRIORS:
-        if pattern.search(leaf):
-            return (float(band[0]), float(band[1]))
-    lo, hi = VERTICAL_PRIOR.get(vertical, _DEFAULT_PRIOR)
-    return (float(lo), float(hi))
+    band = next((b for pattern, b in _NAME_PRIORS if pattern.search(leaf)),
+                VERTICAL_PRIOR.get(vertical, _DEFAULT_PRIOR))
+    lo, hi = float(band[0]), float(band[1])
+    u = 0.1 + 0.8 * (_h("prior", full_name) % 1000) / 1000
+    center = lo * (hi / lo) ** u
+    return (round(max(lo, center / 1.5), 2), round(min(hi, center * 1.5), 2))
 
 
 def written_range(vertical: str, full_name: str) -> tuple[float, float]:

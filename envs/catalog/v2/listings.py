@@ -50,7 +50,7 @@ KINDS: tuple[str, ...] = tuple(KIND_DECISION)
 HELD_OUT: dict[str, str] = {
     "invisible_brand": "evasion: zero-width characters inside a registered brand name",
     "fresh_account_gated": "evasion: a days-old account selling a gated brand at full price",
-    "deep_clearance_authorised": "hard negative: an authorised seller's deep clearance (12-40% of MSRP)",
+    "deep_clearance_authorised": "hard negative: an authorised seller's deep clearance (20-40% of MSRP)",
     "reformed_seller": "hard negative: a seller whose counterfeit takedown for the brand is years old",
 }
 
@@ -208,29 +208,33 @@ class _Builder:
 
     # -- drafting ------------------------------------------------------------------------------
     def draft(self, leaf: str, brand_text: str, seller: str, price: float, model: str | None = None) -> _Draft:
-        rng, w = self.rng, self.world
-        cat = w.categories[leaf]
+        rng = self.rng
         d = _Draft(leaf=leaf, brand_text=brand_text, seller=seller, price=price, model=model)
-        d.item = self.item_type(leaf, brand_text, model)
+        d.item, dept = self.item_type(leaf, brand_text, model)
         d.specifics["Item type"] = d.item
-        if leaf in self.ix.context or rng.random() < 0.15:
-            d.specifics["Department"] = self.ix.context.get(leaf) or cat.full_name.split(" > ")[-2:][0]
+        if dept:
+            d.specifics["Department"] = dept
         self.fill(d)
         if rng.random() < 0.5:
             d.facts.append("size")
         return d
 
-    def item_type(self, leaf: str, brand: str, model: str | None) -> str:
-        """A seller's item type that resolves to ``leaf`` (else the leaf's own name)."""
+    def item_type(self, leaf: str, brand: str, model: str | None) -> tuple[str, str]:
+        """A seller's item type and the department it needs (empty when none) such that the
+        written category rule finds ``leaf``; the leaf's own name when no variant does."""
         rng, w = self.rng, self.world
         cat = w.categories[leaf]
         variants = content.item_type_variants(cat.name, brand if brand and len(brand) < 24 else None, model)
         weights = {"exact": 0.2, "singular": 0.2, "lower": 0.2, "reordered": 0.15, "brand": 0.12,
                    "brand_model": 0.06, "model": 0.07}
-        style, text = rng.choices(variants, weights=[weights[s] for s, _ in variants])[0]
-        if style != "exact" and not self.views.resolves(text, brand, model, leaf, self.ix.context.get(leaf, "")):
-            return cat.name
-        return text
+        _, text = rng.choices(variants, weights=[weights[s] for s, _ in variants])[0]
+        parent = self.ix.context.get(leaf) or cat.full_name.split(" > ")[-2:][0]
+        wants_dept = leaf in self.ix.context or rng.random() < 0.15
+        for item in (text, cat.name):
+            for dept in ((parent,) if wants_dept else ("", parent)):
+                if self.views.resolves(item, brand, model, leaf, dept):
+                    return item, dept
+        return cat.name, cat.full_name.rsplit(" > ", 1)[0]
 
     def fill(self, d: _Draft) -> None:
         rng, w = self.rng, self.world
@@ -251,14 +255,15 @@ class _Builder:
     def compose(self, d: _Draft) -> dict[str, Any]:
         rng = self.rng
         values = [v for k, v in d.specifics.items() if k not in ("Item type", "Department") and len(v) <= 20]
-        writer = Writer(rng, [d.brand_text, d.item, *d.specifics.values()])
+        writer = Writer(rng, [d.brand_text, d.item, d.cue_item or "", *d.specifics.values()])
         parts: list[str] = [writer.opener(d.brand_for_text or d.brand_text, d.item)]
         if d.condition:
             parts.append(writer.condition(d.condition))
         for fact in d.facts:
             parts.append(writer.size() if fact == "size" else fact)
         if rng.random() < 0.6:
-            parts.append(writer.feature(rng.choice(values) if values else None))
+            attrs = [(k, v) for k, v in d.specifics.items() if k not in ("Item type", "Department")]
+            parts.append(writer.feature(rng.choice(attrs) if attrs else None))
         parts.extend(d.lines)
         if rng.random() < 0.7:
             parts.append(writer.shipping())
@@ -293,7 +298,7 @@ class _Builder:
             d.lines.append(rng.choice(Writer(rng, []).p["gated_claims"]).format(brand=d.brand_text))
         if rng.random() < 0.05:
             d.lines.append(rng.choice(p1["compatible_noise"]).format(target=rng.choice(self.ix.gated)))
-        if d.cue_item is None and rng.random() < 0.08:
+        if d.cue_item is None and "," not in d.item and rng.random() < 0.08:
             d.lines.append(rng.choice(Writer(rng, []).p["cue_frames"]).format(item=d.item))
 
     # -- kinds: ok -----------------------------------------------------------------------------
@@ -393,7 +398,11 @@ class _Builder:
             model = _near_model(rng, recall.model_number, w.recalled_models)
             d.model = model
             d.lines.append(rng.choice(self.p1["lot_lines"]).format(model=model, batch=rng.choice(recall.batches)))
-            d.specifics["Item type"] = d.item = self.item_type(d.leaf, d.brand_text, None)
+            d.item, dept = self.item_type(d.leaf, d.brand_text, None)
+            d.specifics["Item type"] = d.item
+            d.specifics.pop("Department", None)
+            if dept:
+                d.specifics["Department"] = dept
         else:
             batch = _unaffected_batch(rng, recall.batches)
             d.lines.append(rng.choice(self.p1["lot_lines"]).format(model=recall.model_number, batch=batch))
@@ -410,7 +419,7 @@ class _Builder:
         if not brand.authorized_sellers:
             raise _Retry("no authorised seller")
         d = self.draft(leaf, brand.name, self.rng.choice(brand.authorized_sellers),
-                       self.priced(brand, leaf, 0.12, 0.40))
+                       self.priced(brand, leaf, 0.2, 0.40))
         d.condition = self.rng.choice(content.CONDITIONS)
         d.signals.append("deep_clearance_from_authorised_seller")
         return d
@@ -507,9 +516,13 @@ class _Builder:
     def prohibited_disguised(self) -> _Draft:
         rng, w = self.rng, self.world
         leaf = rng.choice(self.ix.prohibited_leaves)
+        if leaf in self.ix.context:
+            raise _Retry("a shared leaf name needs its department, which would name the item")
         brand = rng.choice(self.ix.longtail) if rng.random() < 0.7 else rng.choice(self.p1["generic_brands"])
         d = self.draft(leaf, brand, self.seller(), self.free_price(leaf))
-        real = d.item
+        name = w.categories[leaf].name
+        forms = [name, content.item_type_variants(name, None, None)[1][1], name.lower()]
+        real = rng.choice([f for f in forms if self.views.resolves(f, None, None, leaf, "")] or [name])
         decoy = w.categories[rng.choice(self.ix.ok_leaves)]
         d.specifics["Item type"] = d.item = content.singular(decoy.name.split(" > ")[-1]) if rng.random() < 0.5 \
             else decoy.name

@@ -75,7 +75,7 @@ class CatalogConfigV2(CatalogConfigV1):
     case_kinds: ClassVar[Any] = CASE_KINDS
     mix: Literal["default", "natural"] = "default"
     case_mix: dict[str, float] | None = Field(default=None)  # type: ignore[assignment]
-    taxonomy_path: str | None = "auto"
+    taxonomy_path: str | None = Field("auto", validate_default=True)
     dev_size: int = Field(1000, ge=1)
     test_size: int = Field(1000, ge=1)
 

@@ -24,7 +24,7 @@ __all__ = ["VOICES", "Writer", "pools", "sentences"]
 VOICES: tuple[str, ...] = ("plain", "terse", "spammy", "bullets", "caps", "typos", "non_native", "emoji")
 _VOICE_WEIGHTS = (0.26, 0.14, 0.1, 0.12, 0.06, 0.12, 0.12, 0.08)
 _PROTECTED = re.compile(r"(open[- ]box|refurbished|pre-owned|ex-display|clearance|used|batch|lot|"
-                        r"[A-Z]{2,3}-\d{3,5}[A-Z]?|[A-Z]\d{3,5}-\d{2,4}|really|works as|doubles as|"
+                        r"[A-Z]{2,3}-\d{3,5}[A-Z]?|[A-Z]\d{3,5}-\d{2,4}|really|works|doubles|"
                         r"inspired by|dupe of|copy of|replica of|compatible)", re.IGNORECASE)
 
 
@@ -33,6 +33,9 @@ def pools() -> dict[str, Any]:
     """``data/catalog-listings/voices-v2.yaml``, loaded once."""
     with open(data_path("catalog-listings", "voices-v2.yaml"), encoding="utf-8") as fh:
         return yaml.safe_load(fh)
+
+
+_CUE = re.compile(r"\b(?:really|works as|doubles as)\b", re.IGNORECASE)
 
 
 def sentences(text: str) -> list[str]:
@@ -75,10 +78,12 @@ class Writer:
     def closer(self) -> str:
         return self.pick("closers")
 
-    def feature(self, value: str | None) -> str:
+    def feature(self, attr: tuple[str, str] | None) -> str:
         rng = self.rng
-        if value and rng.random() < 0.5:
-            return self.pick("value_frames").format(value=value, extra=self.pick("feature_bits"))
+        if attr and rng.random() < 0.5:
+            name, value = attr
+            return self.pick("value_frames").format(name=name, lname=name.lower(), value=value,
+                                                    extra=self.pick("feature_bits"))
         return f"{self.pick('feature_bits')} {self.pick('feature_tails')}".strip()
 
     def size(self) -> str:
@@ -100,16 +105,18 @@ class Writer:
         """The sentences in this writer's voice, as one description."""
         rng, v = self.rng, self.voice
         parts = [s.strip() for s in parts if s and s.strip()]
-        parts = [s if s[-1] in ".!?:" else s + rng.choice([".", ".", ".", "!", ""]) for s in parts]
+        # a sentence that says what the item really is keeps its full stop: the item's name ends there
+        parts = [s if s[-1] in ".!?:" else s + ("." if _CUE.search(s) else rng.choice([".", ".", ".", "!", ""]))
+                 for s in parts]
         if v == "terse":
             parts = [self._terse(s) for s in parts]
-            return rng.choice([" ", ". ", " / "]).join(p.rstrip(".") for p in parts)
+            return rng.choice([" ", ". ", " / "]).join(p if _CUE.search(p) else p.rstrip(".") for p in parts)
         if v == "spammy":
             parts = [self._spam(s) for s in parts]
             return " ".join(parts)
         if v == "bullets":
             mark = rng.choice(["• ", "- ", "* ", "| ", "> "])
-            return " ".join(mark + p.rstrip(".") for p in parts)
+            return " ".join(mark + (p if _CUE.search(p) else p.rstrip(".")) for p in parts)
         if v == "caps":
             return " ".join(self._upper(p) for p in parts)
         if v == "typos":
@@ -153,7 +160,8 @@ class Writer:
         rng = self.rng
         if rng.random() < 0.4:
             text = self._upper(text)
-        return text.rstrip(".") + rng.choice(["!!", "!!!", " !!", "!", " ***", " <<<"]) + (
+        ends = ["!!", "!!!", "!"] if _CUE.search(text) else ["!!", "!!!", " !!", "!", " ***", " <<<"]
+        return text.rstrip(".") + rng.choice(ends) + (
             " " + self.pick("spam_bits") if rng.random() < 0.35 else "")
 
     def _typos(self, text: str) -> str:
