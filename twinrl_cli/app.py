@@ -113,11 +113,21 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tab
 
 @contextlib.contextmanager
 def errors() -> Iterator[None]:
-    """Turn twinrl's errors into a one-line message and exit status 2."""
+    """Turn twinrl's errors into a one-line message and exit status 2; so is an optional library
+    (torch, ...) that a command imports only once it runs and that is not installed."""
     try:
         yield
     except TwinError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in _INSTALL_OF:
+            raise
+        err_console.print(
+            f"[bold red]error:[/] this command needs the package {top!r}, which is not "
+            + escape(f"installed: pip install '{_INSTALL_OF[top]}'")
+        )
         raise typer.Exit(2) from None
 
 
@@ -169,9 +179,10 @@ _INSTALL_OF = {
     "torch": "twinrl[train]", "transformers": "twinrl[train]", "peft": "twinrl[train]",
     "tokenizers": "twinrl[train]", "gguf": "twinrl[train]",
     "mcp": "mcp>=2,<3", "mcp_types": "mcp>=2,<3",
-    "trl": "twinrl[integrations]", "verifiers": "twinrl[integrations]", "wandb": "twinrl[integrations]",
-    "trackio": "twinrl[integrations]", "datasets": "twinrl[integrations]", "ray": "twinrl[ray]",
-    "psycopg": "twinrl[postgres]", "starlette": "starlette>=0.37", "uvicorn": "uvicorn>=0.30",
+    "trl": "twinrl[trl]", "verifiers": "twinrl[verifiers]", "wandb": "twinrl[trackers]",
+    "trackio": "twinrl[trackers]", "datasets": "twinrl[trl]", "ray": "twinrl[ray]",
+    "psycopg": "twinrl[postgres]", "openenv": "twinrl[openenv]", "openai": "twinrl[providers]",
+    "anthropic": "twinrl[providers]", "accelerate": "twinrl[train]", "starlette": "starlette>=0.37", "uvicorn": "uvicorn>=0.30",
 }  # fmt: skip
 
 
