@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,25 @@ from rewards.testing.replay import CaseOutcome, run_rollout_file
 __all__ = ["cli_main", "render_outcomes"]
 
 
+#: Most characters of one name in the table (case, component, file) and of one failure's report.
+NAME_LIMIT = 200
+REPORT_LIMIT = 4000
+
+# C0 and C1 control characters (ESC starts a terminal escape sequence) but newline and tab
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean_text(text: Any, limit: int = NAME_LIMIT) -> str:
+    """``text`` safe to print on any terminal: lone surrogates replaced, control characters
+    shown escaped (an ANSI sequence in a case name prints as ``\\x1b[31m``, not as colour), at
+    most ``limit`` characters (the cut is said)."""
+    text = str(text).encode("utf-8", "replace").decode("utf-8")  # a lone surrogate becomes "?"
+    text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text) - limit} more characters)"
+    return text
+
+
 def _fmt(x: float | None) -> str:
     return "" if x is None else f"{x:.4g}"
 
@@ -19,6 +39,7 @@ def _fmt(x: float | None) -> str:
 def render_outcomes(outcomes: Sequence[CaseOutcome], console: Any = None) -> None:
     """Print one rich table per file: each case's components, total, expected total, verdict."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -31,10 +52,10 @@ def render_outcomes(outcomes: Sequence[CaseOutcome], console: Any = None) -> Non
             for n in (o.result.components if o.result else {}):
                 if n not in names:
                     names.append(n)
-        table = Table(title=file, show_lines=False)
+        table = Table(title=escape(clean_text(file)), show_lines=False)
         table.add_column("case", overflow="fold")
         for n in names:
-            table.add_column(n, justify="right")
+            table.add_column(escape(clean_text(n, 60)), justify="right")
         table.add_column("total", justify="right")
         table.add_column("expected", justify="right")
         table.add_column("", justify="center")
@@ -51,11 +72,11 @@ def render_outcomes(outcomes: Sequence[CaseOutcome], console: Any = None) -> Non
             if "total" in bad:
                 total = f"[red]{total}[/red]"
             status = "[green]pass[/green]" if o.passed else ("[red]ERROR[/red]" if o.error else "[red]FAIL[/red]")
-            table.add_row(o.name, *cells, total, _fmt(o.expected.get("total")), status)
+            table.add_row(escape(clean_text(o.name)), *cells, total, _fmt(o.expected.get("total")), status)
         console.print(table)
     failed = [o for o in outcomes if not o.passed]
     for o in failed:
-        console.print(o.describe(), markup=False, highlight=False)
+        console.print(clean_text(o.describe(), REPORT_LIMIT), markup=False, highlight=False)
     n = len(outcomes)
     msg = f"{n - len(failed)}/{n} rollouts pass"
     console.print(f"[red]{msg}[/red]" if failed else f"[green]{msg}[/green]")

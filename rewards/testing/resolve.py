@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rewards._reward import Reward
+from rewards._terms import Term
 from twin.cases import Case
 from twin.errors import ConfigError, UnknownTwinError
 from twin.registry import list_twins, make_shared_twin
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from twin.core import Twin
 
 __all__ = [
+    "FACTORIES_ATTR",
     "Scorer",
     "clear_cache",
     "register_reward",
@@ -108,23 +110,60 @@ def _check_import_allowed(spec: str, allow_import: bool) -> None:
     )
 
 
-def _import_reward(spec: str) -> Scorer:
-    module, _, attr = spec.partition(":")
-    if not module or not attr:
-        raise ConfigError(f"reward must be 'module:attr', got {spec!r}")
-    try:
-        obj: Any = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"reward {spec!r} could not be imported: {exc}") from None
+#: The module attribute naming the zero-argument reward factories a module declares, e.g.
+#: ``__reward_factories__ = ("make_reward",)``: the only functions a rollout file may have called.
+FACTORIES_ATTR = "__reward_factories__"
+
+
+def _as_reward(obj: Any, spec: str) -> Reward | None:
+    """``obj`` as a :class:`Reward` (a term alone scores as a reward of that one term), or None."""
     if isinstance(obj, Reward):
         return obj
-    if callable(obj):
+    if isinstance(obj, Term):
+        return Reward({obj: 1.0}, name=obj.name)
+    return None
+
+
+def _import_reward(spec: str, allow_import: bool = False) -> Scorer:
+    """The reward ``spec`` names. Nothing is called unless it is a reward factory its module
+    declares (or ``allow_import`` trusts the file): a plain function of a trusted package is
+    still refused, since calling it could run anything (a demo, a CLI's ``main``)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"reward must be 'module:attr', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+        obj: Any = getattr(module, attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"reward {spec!r} could not be imported: {exc}") from None
+    reward = _as_reward(obj, spec)
+    if reward is not None:
+        return reward
+    declared = getattr(module, FACTORIES_ATTR, ())
+    if callable(obj) and isinstance(declared, (tuple, list, frozenset, set)) and attr in declared:
+        made = _as_reward(obj(), spec)
+        if made is None:
+            raise ConfigError(f"reward factory {spec!r} returned no Reward or term")
+        return made
+    if allow_import and callable(obj):  # the caller trusts the file: factories and plain scorers
         params = [
             p for p in inspect.signature(obj).parameters.values()
             if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        ]  # fmt: skip
         return obj() if not params else obj
-    raise ConfigError(f"reward {spec!r} is {obj!r}, not a Reward, scorer or factory")
+    raise ConfigError(
+        f"reward {spec!r} is {_kind(obj)}, not a Reward, a term or a reward factory its module declares "
+        f"(in {FACTORIES_ATTR}); a rollout file names rewards only, and nothing else is called. If you "
+        "trust the file, run `twin reward test --allow-import` (Python: allow_import=True)"
+    )
+
+
+def _kind(obj: Any) -> str:
+    if inspect.isclass(obj):
+        return f"the class {obj.__name__}"
+    if callable(obj):
+        return f"the function {getattr(obj, '__name__', type(obj).__name__)}"
+    return f"a {type(obj).__name__}"
 
 
 def _made(key: tuple[str, str], make: Callable[[], Scorer]) -> Scorer:
@@ -145,7 +184,8 @@ def resolve_scorer(
     Args:
         twin: The twin's name or id.
         config: The twin's config.
-        reward: ``module:attr`` of a reward (or of a zero-argument factory of one).
+        reward: ``module:attr`` of a ``Reward``, a term, or a zero-argument reward factory
+            that its module lists in ``__reward_factories__``.
         allow_import: Import ``reward`` from any module; by default only from
             :func:`trusted_reward_packages`.
 
@@ -156,7 +196,9 @@ def resolve_scorer(
     if reward:
         # checked on every call, before the memo: a trusted caller's import is no licence
         _check_import_allowed(reward, allow_import)
-        return _made(("import", reward), lambda: _import_reward(reward))
+        # the memo is per permission: a trusted caller's import is no licence for an untrusted one
+        return _made(("import" if not allow_import else "import-trusted", reward),
+                     lambda: _import_reward(reward, allow_import))  # fmt: skip
     with _LOCK:
         registered = _REGISTERED.get(twin.lower())
     if registered is not None and registered[1]:

@@ -236,3 +236,103 @@ def test_pytest_plugin_collects_rollout_files(tmp_path):
     assert "PASSED good.rollouts.yaml::gold" in done.stdout
     assert "FAILED wrong.rollouts.yaml::wrongly expects a false alarm to be free" in done.stdout
     assert "total: expected 1, got 0.885714" in done.stdout
+
+
+RETURNS_CASE = """
+twin: Other
+reward: {spec}
+cases:
+  - name: right refund
+    truth: {{decision: refund, amount: 25.0, reason: changed_mind}}
+    task: {{order_id: R-1}}
+    submit: {{order_id: R-1, decision: refund, amount: 25.0, reason: policy}}
+    expect: {{total: 1.0}}
+"""
+
+
+def test_a_rollout_file_names_rewards_only_and_calls_nothing_else(tmp_path, monkeypatch, capsys):
+    """`reward: envs.catalog.demo:main` once ran the whole demo; `...audit:main` exited the run."""
+    import envs.catalog.demo
+    import envs.returns.twin as returns_module
+    import rewards._terms
+
+    calls = []
+
+    def recorder(*args, **kwargs):
+        calls.append(args)
+        return returns_module.returns_reward
+
+    monkeypatch.setattr(envs.catalog.demo, "main", recorder)
+    monkeypatch.setattr(rewards._terms, "check_name", recorder)
+    monkeypatch.setattr(returns_module, "undeclared_factory", recorder, raising=False)
+    refused = {
+        "envs.catalog.demo:main": "function",  # zero arguments: was called as a factory
+        "rewards._terms:check_name": "function",  # two arguments: was called as a scorer
+        "envs.returns.twin:undeclared_factory": "function",
+        "rewards:Reward": "class",  # a class is callable too
+        "envs.returns.twin:SUCCESS_THRESHOLD": "float",
+    }
+    monkeypatch.setattr(returns_module, "SUCCESS_THRESHOLD", 0.5, raising=False)
+    files = []
+    for i, spec in enumerate(refused):
+        files.append(write(tmp_path, RETURNS_CASE.format(spec=spec), f"r{i}.rollouts.yaml"))
+        (outcome,) = run_rollout_file(files[-1])
+        assert not outcome.passed and "not a Reward, a term or a reward factory" in outcome.error, (spec, outcome)
+        assert refused[spec] in outcome.error
+    assert calls == []
+    # the CLI reports every file and its summary; nothing exits the run
+    assert cli_main([str(f) for f in files]) == 1
+    assert f"0/{len(files)} rollouts pass" in capsys.readouterr().out
+    assert calls == []
+
+
+def test_a_term_and_a_declared_factory_are_rewards(tmp_path, monkeypatch):
+    import envs.returns.twin as returns_module
+    from rewards import term
+
+    @term(low=0.0, high=1.0)
+    def refunded(trajectory, case):
+        """1 when the submission refunds."""
+        return 1.0
+
+    made = []
+
+    def make_reward():
+        made.append(1)
+        return returns_module.returns_reward
+
+    monkeypatch.setattr(returns_module, "refunded", refunded, raising=False)
+    monkeypatch.setattr(returns_module, "make_reward", make_reward, raising=False)
+    monkeypatch.setattr(returns_module, "__reward_factories__", ("make_reward",), raising=False)
+    (outcome,) = run_rollout_file(write(tmp_path, RETURNS_CASE.format(spec="envs.returns.twin:refunded")))
+    assert outcome.passed, outcome.describe()
+    assert outcome.result.components == {"refunded": 1.0}
+    path = write(tmp_path, RETURNS_CASE.format(spec="envs.returns.twin:make_reward").replace("total: 1.0", "total: 0.9"))
+    (outcome,) = run_rollout_file(path)
+    assert outcome.passed, outcome.describe()
+    assert made == [1]
+
+
+def test_the_report_survives_surrogates_escapes_and_huge_names(tmp_path):
+    """A lone surrogate in a case name crashed the report; ANSI escapes reached the terminal."""
+    good = write(tmp_path, GOOD, "good.rollouts.yaml")
+    odd = write(tmp_path, GOOD.replace("name: gold", 'name: "gold \\ud800"').replace(
+        "name: no submit", 'name: "\\e[31mred\\e[0m [bold]markup[/bold]"'), "odd.rollouts.yaml")
+    huge = write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: " + "T" * 200_000), "huge.rollouts.yaml")
+    code = (
+        "import sys; from rewards.testing import cli_main, register_reward\n"
+        "from envs.catalog.reward import make_catalog_reward\n"
+        f"register_reward('KitCatalog', lambda: make_catalog_reward({sorted(IDS)!r}.__contains__), override=True)\n"
+        "sys.exit(cli_main(sys.argv[1:]))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(odd), str(huge), str(good)], capture_output=True, timeout=120,
+        cwd=ROOT, env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )  # fmt: skip
+    out = run.stdout.decode("utf-8")
+    assert run.returncode == 1, run.stderr.decode()[-2000:]
+    assert "Traceback" not in out + run.stderr.decode()
+    assert "\x1b" not in out and "\\x1b[31mred" in out and "[bold]markup[/bold]" in out
+    assert "gold ?" in out
+    assert len(run.stdout) < 30_000  # the 200,000-character twin name is cut
+    assert "6/9 rollouts pass" in out  # every file's results: the odd file's 3 and the good file's 3 pass
