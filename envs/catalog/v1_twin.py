@@ -230,11 +230,12 @@ class CatalogTwinV1(CatalogTwin):
         return schemas
 
     def baselines(self) -> dict[str, Any]:
-        """Baselines: random, heuristic, careful, oracle and the degenerate policies."""
+        """Baselines: random, heuristic, careful, compact (careful in the fewest tokens: the
+        SFT teacher), oracle and the degenerate policies."""
         from envs.catalog.baselines import BASELINES
-        from envs.catalog.careful import DEGENERATE, CarefulPolicy
+        from envs.catalog.careful import DEGENERATE, CarefulPolicy, CompactCarefulPolicy
 
-        return {**BASELINES, "careful": CarefulPolicy, **DEGENERATE}
+        return {**BASELINES, "careful": CarefulPolicy, "compact": CompactCarefulPolicy, **DEGENERATE}
 
     # -- hooks of the twin doctor (twin check) -------------------------------------------------
     #: Issue #12's acceptance, stricter than the doctor's defaults: every degenerate policy 0.15
