@@ -3,6 +3,7 @@ print tables, write a report."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated
 
 import typer
@@ -58,3 +59,6 @@ def demo(
         store=False if no_store else store, policies=policies, seed=seed, progress=progress,
         version=version,
     )  # fmt: skip
+    if not no_store and str(store).lower() not in ("none", "false"):
+        where = f" --store {shlex.quote(store)}" if store else ""
+        print(f"look at these runs in a browser: twin ui{where}")

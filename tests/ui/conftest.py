@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from twin.store import RunStore
-from twin.trajectory import ToolCallRecord, Trajectory
+from twin.rollout import summarize
+from twin.trajectory import Group, ToolCallRecord, Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Text planted in a listing, a model reply and a policy name: shown, never run.
@@ -79,12 +80,15 @@ def planted_store(tmp_path: Path) -> Iterator[dict[str, object]]:
     store = RunStore(path)
     ids: dict[str, object] = {"path": path}
     with store.track_run("eval", "Catalog", "heuristic") as run:
-        run.add_episodes([
+        trajectories = [
             episode(0, 1.0, policy="heuristic"), episode(1, -1.0, answer="counterfeit", policy="heuristic"),
             episode(2, 1.0, kind="counterfeit", truth="counterfeit", answer="counterfeit", policy="heuristic"),
             episode(3, 0.2, kind="counterfeit", truth="counterfeit", policy="heuristic"),
-        ])  # fmt: skip
-        run.metrics = {"split": "test", "pass@k": {"1": 0.5}, "components": {"policy": 0.3}}
+        ]  # fmt: skip
+        run.add_episodes(trajectories)
+        # the summary `twin eval` stores: the run page reads a finished run's figures from it
+        run.metrics = summarize([Group(case_id=t.case_id, trajectories=[t]) for t in trajectories])
+        run.metrics["split"] = "test"
         ids["a"] = run.id
     with store.track_run("eval", "Catalog", "openai:tuned") as run:
         run.add_episodes([

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from twin.errors import ConfigError
-from twin.store import RunStore
+from twin.store import RunStore, _Run
 from twin.ui import check_host, create_app, is_loopback
 from twin.ui.charts import line_chart
 
@@ -51,6 +53,33 @@ def test_runs_table_filters_and_sorts(client: TestClient, planted_store) -> None
     assert client.get("/?status=failed").text.count("<tr data-run=") == 0
     bad = client.get("/?sort=nope")
     assert bad.status_code == 400 and "sort must be one of" in bad.text
+
+
+def test_a_runs_summary_and_its_episodes_give_the_same_figures(planted_store) -> None:
+    from twin.ui.queries import _rows, kind_table, run_row, term_means
+    from twin.ui.store import open_readonly
+
+    engine, _ = open_readonly(planted_store["path"])
+    finished = run_row(engine, planted_store["a"])  # figures from its summary
+    assert finished is not None and finished.metrics["reward_mean"] == pytest.approx(0.3)
+    counted = replace(finished, status="running", metrics={})  # figures from its episodes
+    with Session(engine) as session:
+        run = session.get(_Run, planted_store["a"])
+        session.expunge(run)
+        run.status = "running"  # a copy only: the store is read-only
+        by_episodes = _rows(session, [run], None)[0]
+    assert (by_episodes.reward_mean, by_episodes.reward_lo, by_episodes.reward_hi) == pytest.approx(
+        (finished.reward_mean, finished.reward_lo, finished.reward_hi)
+    )
+    by_summary = {k["kind"]: k for k in kind_table(engine, finished)}
+    by_db = {k["kind"]: k for k in kind_table(engine, counted)}
+    assert by_summary.keys() == by_db.keys() == {"ok_listing", "counterfeit"}
+    for kind in by_db:
+        assert by_db[kind]["episodes"] == by_summary[kind]["episodes"]
+        assert by_db[kind]["reward_mean"] == pytest.approx(by_summary[kind]["reward_mean"])
+    assert by_summary["counterfeit"]["success_rate"] == 0.5 and by_db["counterfeit"]["success_rate"] is None
+    assert dict(term_means(engine, counted)) == pytest.approx(dict(term_means(engine, finished)))
+    engine.dispose()
 
 
 def test_run_page_has_kinds_confusion_terms_and_episodes(client: TestClient, planted_store) -> None:

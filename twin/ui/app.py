@@ -222,13 +222,15 @@ class _Pages:
         kind = request.query_params.get("kind") or None
         step = _int(request, "step")
         order = _choice(request, "order", ("id", "reward", "-reward")) or "id"
+        all_confusion = request.query_params.get("confusion") == "all"
         episodes = q.episodes_page(
             self.engine, row.id, page=_int(request, "page", 1, low=1) or 1, kind=kind, step=step,
             order=order,
         )  # fmt: skip
         return self.render(
             "run.html.jinja", request, row=row, kinds=q.kind_table(self.engine, row),
-            terms=q.term_means(self.engine, row), confusion=q.confusion(self.engine, row),
+            terms=q.term_means(self.engine, row),
+            confusion=q.confusion(self.engine, row, cap=None if all_confusion else q.CONFUSION_CAP),
             charts=self._charts(row), episodes=episodes, kind=kind, step=step, order=order,
         )  # fmt: skip
 

@@ -31,7 +31,7 @@ __all__ = [
 #: Rows per page of the runs and episodes tables.
 PAGE_SIZE = 50
 #: Most episodes whose trajectory documents the decision confusion reads (the first ones stored).
-CONFUSION_CAP = 20_000
+CONFUSION_CAP = 5_000
 #: Keys of a case's truth tried, in order, as the decision of the confusion table.
 DECISION_KEYS = ("verdict", "decision", "label", "answer", "action", "category")
 #: Sort keys of the runs table -> the column they order by.
@@ -116,6 +116,8 @@ def _status(status: str, pid: int | None, host: str | None, beat: Any, started: 
 
 
 def _stats(run_ids: Any = None) -> Any:
+    """Per run: episodes, scored episodes, mean reward and mean squared reward (reads every
+    episode row of the runs: for sorting by reward and for runs without a summary)."""
     query = select(
         _Episode.run_id.label("run_id"),
         func.count(_Episode.id).label("n"),
@@ -126,6 +128,47 @@ def _stats(run_ids: Any = None) -> Any:
     if run_ids is not None:
         query = query.where(_Episode.run_id.in_(run_ids))
     return query.subquery()
+
+
+def _summary_stats(status: str, metrics: Any) -> tuple[int, float, float] | None:
+    """``(scored, mean, mean of squares)`` from a finished run's summary
+    (:func:`twin.rollout.summarize`: ``episodes``, ``reward_mean``, ``reward_std``), else None."""
+    if status != "finished" or not isinstance(metrics, dict):
+        return None
+    n, mean, std = metrics.get("episodes"), metrics.get("reward_mean"), metrics.get("reward_std")
+    if not isinstance(n, int) or n <= 0 or not _finite(mean) or not _finite(std):
+        return None
+    return n, float(mean), float(std) ** 2 + float(mean) ** 2
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rows(session: Session, runs: list[Any], stats: dict[int, tuple[Any, ...]] | None) -> list[RunRow]:
+    """RunRows for ``runs``: episode counts from the run_id index alone; reward figures from the
+    run's summary when finished, else from the episodes (``stats`` when the caller has them)."""
+    ids = [r.id for r in runs]
+    counts = dict(
+        session.execute(
+            select(_Episode.run_id, func.count(_Episode.id))
+            .where(_Episode.run_id.in_(ids))
+            .group_by(_Episode.run_id)
+        ).all()
+    ) if ids else {}  # fmt: skip
+    summaries = {r.id: _summary_stats(r.status, r.metrics) for r in runs}
+    if stats is None:
+        missing = [i for i in ids if summaries[i] is None and counts.get(i)]
+        stats = {}
+        if missing:
+            sub = _stats(missing)
+            for run_id, _n, scored, mean, mean_sq in session.execute(select(sub)).all():
+                stats[run_id] = (scored, mean, mean_sq)
+    out = []
+    for run in runs:
+        figures = summaries[run.id] or stats.get(run.id) or (0, None, None)
+        out.append(_row(run, counts.get(run.id, 0), *figures))
+    return out
 
 
 def _row(run: Any, n: Any, scored: Any, mean: Any, mean_sq: Any) -> RunRow:
@@ -157,6 +200,9 @@ def runs_page(
 ) -> Page:
     """A page of the runs table, filtered and sorted by the database.
 
+    Only the listed runs' figures are computed, from the run_id index and the runs' summaries;
+    sorting by reward reads every episode's reward.
+
     Args:
         engine: The read-only engine.
         page: 1-based page number.
@@ -168,17 +214,21 @@ def runs_page(
         text: Only runs whose twin or policy contains it (case-insensitive).
         size: Rows per page.
     """
-    stats = _stats()
+    by_stats = sort in ("episodes", "reward")
+    stats = _stats() if by_stats else None
     order_of = {
         "id": _Run.id, "started": _Run.started_at, "twin": _Run.twin, "policy": _Run.policy,
-        "kind": _Run.kind, "status": _Run.status, "episodes": func.coalesce(stats.c.n, 0),
-        "reward": stats.c.mean,
+        "kind": _Run.kind, "status": _Run.status,
     }  # fmt: skip
+    if stats is not None:
+        order_of.update(episodes=func.coalesce(stats.c.n, 0), reward=stats.c.mean)
     column = order_of.get(sort, _Run.id)
     ordered = column.desc() if desc else column.asc()
-    query = select(_Run, stats.c.n, stats.c.scored, stats.c.mean, stats.c.mean_sq).outerjoin(
-        stats, stats.c.run_id == _Run.id
-    )
+    query = select(_Run)
+    if stats is not None:
+        query = select(_Run, stats.c.n, stats.c.scored, stats.c.mean, stats.c.mean_sq).outerjoin(
+            stats, stats.c.run_id == _Run.id
+        )
     if kind:
         query = query.where(_Run.kind == kind)
     if text:
@@ -193,27 +243,25 @@ def runs_page(
         query = query.where(_Run.status == "running")
     query = query.order_by(ordered.nulls_last(), _Run.id.desc())
     page = max(1, page)
-    with Session(engine) as conn:
-        if live:  # liveness is judged here, not in SQL: few runs are ever `running`
-            rows = [_row(*r) for r in conn.execute(query).all()]
-            rows = [r for r in rows if r.status == status]
-            return Page(rows[(page - 1) * size : page * size], page, len(rows), size)
-        total = conn.scalar(select(func.count()).select_from(query.subquery())) or 0
-        result = conn.execute(query.limit(size).offset((page - 1) * size)).all()
-    return Page([_row(*r) for r in result], page, int(total), size)
+    with Session(engine) as session:
+        if not live:
+            total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+            query = query.limit(size).offset((page - 1) * size)
+        result = session.execute(query).all()
+        runs = [r[0] for r in result]
+        known = {r[0].id: (r[2], r[3], r[4]) for r in result} if stats is not None else None
+        rows = _rows(session, runs, known)
+    if live:  # liveness is judged here, not in SQL: few runs are ever `running`
+        rows = [r for r in rows if r.status == status]
+        return Page(rows[(page - 1) * size : page * size], page, len(rows), size)
+    return Page(rows, page, int(total), size)
 
 
 def run_row(engine: Engine, run_id: int) -> RunRow | None:
     """One run with its episode count, mean reward and its 95% interval (None: no such run)."""
-    stats = _stats([run_id])
-    query = (
-        select(_Run, stats.c.n, stats.c.scored, stats.c.mean, stats.c.mean_sq)
-        .outerjoin(stats, stats.c.run_id == _Run.id)
-        .where(_Run.id == run_id)
-    )
     with Session(engine) as session:
-        found = session.execute(query).first()
-    return None if found is None else _row(*found)
+        run = session.get(_Run, run_id)
+        return None if run is None else _rows(session, [run], None)[0]
 
 
 def _doc(engine: Engine, column: Any) -> Any:
@@ -223,32 +271,39 @@ def _doc(engine: Engine, column: Any) -> Any:
     return cast(column, JSON)
 
 
+def _summary_of(row: RunRow) -> dict[str, Any] | None:
+    """The run's own summary (:func:`twin.rollout.summarize`) when it finished with one."""
+    return row.metrics if _summary_stats(row.status, row.metrics) is not None else None
+
+
 def kind_table(engine: Engine, row: RunRow) -> list[dict[str, Any]]:
-    """Per case kind: episodes, mean reward, and the success rate of the run's summary."""
+    """Per case kind: episodes, mean reward and success rate; from a finished run's summary,
+    else counted by the database (no success rate then: that is the twin's to judge)."""
+    summary = _summary_of(row)
+    by_kind = summary.get("by_kind") if summary else None
+    if isinstance(by_kind, dict) and by_kind:
+        return [
+            {
+                "kind": kind, "episodes": int(v.get("episodes", 0)),
+                "reward_mean": v.get("reward_mean"), "success_rate": v.get("success_rate"),
+            }  # fmt: skip
+            for kind, v in sorted(by_kind.items())
+            if isinstance(v, dict)
+        ]
     query = (
         select(_Episode.case_kind, func.count(_Episode.id), func.avg(_Episode.reward))
         .where(_Episode.run_id == row.id)
         .group_by(_Episode.case_kind)
         .order_by(_Episode.case_kind)
     )
-    by_kind = row.metrics.get("by_kind") if isinstance(row.metrics.get("by_kind"), dict) else {}
     with engine.connect() as conn:
-        out = []
-        for kind, n, mean in conn.execute(query).all():
-            summary = by_kind.get(kind) or {}
-            out.append(
-                {
-                    "kind": kind, "episodes": int(n), "reward_mean": mean,
-                    "success_rate": summary.get("success_rate"),
-                }  # fmt: skip
-            )
-    return out
+        return [
+            {"kind": kind, "episodes": int(n), "reward_mean": mean, "success_rate": None}
+            for kind, n, mean in conn.execute(query).all()
+        ]
 
 
 def _term_names(engine: Engine, row: RunRow) -> list[str]:
-    comps = row.metrics.get("components")
-    if isinstance(comps, dict) and comps:
-        return list(comps)
     query = (
         select(_Episode.components)
         .where(_Episode.run_id == row.id)
@@ -263,7 +318,12 @@ def _term_names(engine: Engine, row: RunRow) -> list[str]:
 
 
 def term_means(engine: Engine, row: RunRow) -> list[tuple[str, float | None]]:
-    """The mean of each reward term over the run's episodes, computed by the database."""
+    """The mean of each reward term over the run's episodes: a finished run's summary, else
+    computed by the database."""
+    summary = _summary_of(row)
+    comps = summary.get("components") if summary else None
+    if isinstance(comps, dict) and comps:
+        return [(name, float(v) if _finite(v) else None) for name, v in comps.items()]
     names = _term_names(engine, row)
     if not names:
         return []
@@ -295,9 +355,9 @@ class Confusion:
     capped: bool
 
 
-def confusion(engine: Engine, row: RunRow, cap: int = CONFUSION_CAP) -> Confusion | None:
+def confusion(engine: Engine, row: RunRow, cap: int | None = CONFUSION_CAP) -> Confusion | None:
     """The decision confusion of a run (truth key from :data:`DECISION_KEYS`), over its first
-    ``cap`` episodes; None when its episodes carry no truth with a text decision."""
+    ``cap`` episodes (None: all); None when its episodes carry no truth with a text decision."""
     doc = _doc(engine, _Episode.trajectory)
     truth_at = ("info", "outcome", "truth")
     with engine.connect() as conn:
@@ -320,7 +380,7 @@ def confusion(engine: Engine, row: RunRow, cap: int = CONFUSION_CAP) -> Confusio
             )
             .where(_Episode.run_id == row.id)
             .order_by(_Episode.id)
-            .limit(cap)
+            .limit(cap)  # None: no limit
             .subquery()
         )
         grouped = select(sub.c.truth, sub.c.submitted, func.count()).group_by(
@@ -337,7 +397,7 @@ def confusion(engine: Engine, row: RunRow, cap: int = CONFUSION_CAP) -> Confusio
         labels_submitted=sorted({s for _, s in counts}, key=lambda s: (s == "none", s)),
         counts=counts,
         episodes=total,
-        capped=row.episodes > cap,
+        capped=cap is not None and row.episodes > cap,
     )
 
 
