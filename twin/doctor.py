@@ -18,7 +18,11 @@ plays the twin and asks whether it can be solved, and only the right way:
   prompts, predicts :meth:`Twin.case_label` at most ``shortcut_margin`` above the majority
   rate; the same on the reference policy's first tool output;
 * **overlap**: the share of each kind of test-split world entity (:meth:`Twin.world_entities`)
-  also used by train-split cases stays under ``split_overlap``.
+  also used by train-split cases stays under ``split_overlap``;
+* **the twin's own rows**: a twin with an ``extra_checks(cases)`` method returns more rows
+  (dicts of :meth:`twin.doctor_report.Report.add`'s arguments: check, name, status, figure,
+  threshold, note, value), each with its own threshold (``twin/Catalog-v2``: cheap policies,
+  decision trees, held-out tactics, text templates, realism, base rates, natural-mix costs).
 
 Thresholds: :data:`twin.doctor_report.DEFAULT_THRESHOLDS`, the twin's ``check_thresholds``,
 then the caller's. In a test::
