@@ -23,6 +23,7 @@ newest one only after the rename: a run killed mid-write leaves the previous che
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import random
@@ -36,6 +37,8 @@ import torch
 
 from twin.errors import ConfigError
 
+log = logging.getLogger("twinrl.checkpoint")
+
 __all__ = [
     "capture_rng",
     "checkpoint_model_config",
@@ -44,10 +47,13 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "load_checkpoint_model",
+    "load_resumable",
+    "lock_output_dir",
     "prepare_output_dir",
     "resolve_checkpoint",
     "restore_rng",
     "save_checkpoint",
+    "unlock_output_dir",
 ]
 
 STATE_FILE = "trainer_state.pt"
@@ -166,20 +172,89 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from None
 
 
+#: The lock file of a run's output folder: one ``twin train`` / ``twin sft`` process at a time.
+LOCK_FILE = ".twin-train.lock"
+# Output folders this process holds the lock of (resolved path -> open lock file).
+_HELD_LOCKS: dict[str, Any] = {}
+#: Files that hold weights: a folder with one of these is never deleted without ``overwrite``.
+WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".gguf"})
+
+
+def lock_output_dir(output_dir: str | Path) -> None:
+    """Take the lock of a run's output folder for this process (held until it exits or
+    :func:`unlock_output_dir`); taking it again in the same process is a no-op.
+
+    Two runs writing one folder would interleave their metrics and overwrite each other's
+    checkpoints. The lock is an ``flock`` on ``<output_dir>/.twin-train.lock``: the OS drops it
+    when the process ends, killed or not, so a crashed run never leaves a stale lock.
+
+    Raises:
+        ConfigError: another process holds it (the message gives its pid).
+    """
+    out = Path(output_dir)
+    key = str(out.resolve())
+    if key in _HELD_LOCKS:
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (Windows is not a training platform here)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / LOCK_FILE, "a+")  # noqa: SIM115 - held open while the run lasts
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip()[:20] or "?"
+        handle.close()
+        raise ConfigError(
+            f"{str(out)!r} is in use by another training run (pid {holder}; lock {LOCK_FILE}): two "
+            "runs in one folder would overwrite each other's checkpoints; wait for it to end, or set "
+            "another train.output_dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _HELD_LOCKS[key] = handle
+
+
+def unlock_output_dir(output_dir: str | Path) -> None:
+    """Release :func:`lock_output_dir`'s lock (no error when this process does not hold it)."""
+    handle = _HELD_LOCKS.pop(str(Path(output_dir).resolve()), None)
+    if handle is not None:
+        handle.close()  # closing the file drops the flock
+
+
+def _weight_holders(root: Path, limit: int = 3) -> list[str]:
+    """Up to ``limit`` finished checkpoint folders under ``root`` that hold weight files
+    (``.``-prefixed folders are half-written checkpoints of a killed run)."""
+    found: list[str] = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []:
+        if any(f.suffix in WEIGHT_SUFFIXES and f.is_file() for f in folder.rglob("*")):
+            found.append(folder.name)
+            if len(found) >= limit:
+                break
+    return found
+
+
 def prepare_output_dir(output_dir: str | Path, *, resume: bool, overwrite: bool) -> Path | None:
-    """Get a run's folder ready and return the checkpoint to resume from (None: a fresh run).
+    """Lock a run's folder, get it ready and return the checkpoint to resume from (None: a fresh run).
 
     A fresh run (no ``resume``, or ``resume`` with no checkpoint) clears ``checkpoints/`` so
     that a later ``--resume`` never continues an older run's state; when that folder holds a
-    complete checkpoint, only ``overwrite`` allows it.
+    complete checkpoint, or any folder with weights (an adapter whose ``trainer_state.pt`` was
+    removed to save space), only ``overwrite`` allows it.
 
     Raises:
-        ConfigError: ``output_dir`` is a file, or it holds checkpoints and neither ``resume`` nor
+        ConfigError: ``output_dir`` is a file; another process is training into it; it holds
+            checkpoints or weights and neither ``resume`` (with a complete checkpoint) nor
             ``overwrite`` was given.
     """
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)")
+    lock_output_dir(out)
     found = latest_checkpoint(out) if out.is_dir() else None
     if resume and found is not None:
         return found
@@ -188,8 +263,43 @@ def prepare_output_dir(output_dir: str | Path, *, resume: bool, overwrite: bool)
             f"{str(out)!r} already holds checkpoints (latest: {found.name}); continue that run with "
             "--resume, start over with --overwrite (deletes them), or set another train.output_dir"
         )
+    holders = _weight_holders(out / "checkpoints")
+    if holders and not overwrite:
+        raise ConfigError(
+            f"{str(out / 'checkpoints')!r} holds weights ({', '.join(holders)}) but no complete checkpoint "
+            f"({STATE_FILE}), so there is nothing to resume and they are not deleted: start from them "
+            "with model.init_from, move them away, or give --overwrite to delete them"
+        )
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return None
+
+
+def load_resumable(output_dir: str | Path, first: Path) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint that loads, from ``first`` back (a checkpoint cut short by a full
+    disk or a copy is skipped, with a warning, for the one before it).
+
+    Returns:
+        The checkpoint folder and its state (:func:`load_checkpoint`).
+
+    Raises:
+        ConfigError: no checkpoint loads (one line per tried folder's reason), or one holds
+            pickled objects (never skipped: see :func:`load_checkpoint`).
+    """
+    root = Path(output_dir) / "checkpoints"
+    older = sorted((p for p in root.glob("step-*") if (p / STATE_FILE).is_file() and p.name < first.name), reverse=True)
+    reasons = []
+    for candidate in [first, *older]:
+        try:
+            return candidate, load_checkpoint(candidate)
+        except ConfigError:
+            raise
+        except Exception as exc:  # a truncated zip, a missing record: a damaged file
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            reasons.append(f"{candidate.name}: {reason}")
+            log.warning("checkpoint %s cannot be read (%s); trying the one before it", candidate, reason)
+    raise ConfigError(
+        f"no checkpoint in {str(root)!r} can be read ({'; '.join(reasons)}); start over with --overwrite"
+    )
 
 
 # -- starting from a checkpoint (``model.init_from``, ``hf:<checkpoint>``) --------------------------

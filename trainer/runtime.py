@@ -43,7 +43,14 @@ import numpy as np
 import torch
 
 from trainer import objective
-from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
+from trainer.checkpoint import (
+    init_model_path,
+    load_resumable,
+    prepare_output_dir,
+    restore_rng,
+    save_checkpoint,
+    unlock_output_dir,
+)
 from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
@@ -51,6 +58,7 @@ from trainer.adapters import AdapterPublisher, AdapterSink
 from trainer.episodes import episode_tokens, load_tokenizer, recipe_renderer_factory, training_cases
 from trainer.store_writer import StoreWriter
 from twin.trajectory import Group
+from twin.cases import stable_seed
 
 __all__ = [
     "LengthCurriculum",
@@ -80,15 +88,19 @@ def finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
-def make_batch(groups: list[Group], advantage: str) -> TrainBatch:
+def make_batch(groups: list[Group], advantage: str, *, placebo_seed: int | None = None) -> TrainBatch:
     """Advantages per group (on the shaped rewards), then one row per episode.
 
     Args:
         groups: Scored groups whose trajectories carry ``info["shaped_reward"]`` and token turns.
         advantage: A key of :data:`trainer.algorithms.ADVANTAGES` (``grpo``, ``dr_grpo``, ``rloo``).
+        placebo_seed: ``algorithm.placebo``: shuffle the advantages across the batch's episodes
+            with this seed (the same values, each on a random episode).
     """
     shaped = torch.tensor([[t.info["shaped_reward"] for t in g.trajectories] for g in groups])  # [N, G]
     advantages = objective.advantages(shaped, advantage)  # [N, G]
+    if placebo_seed is not None:
+        advantages = objective.placebo_advantages(advantages, placebo_seed)
     ids, masks, lps, adv = [], [], [], []
     for g, row in zip(groups, advantages.tolist()):
         for t, a in zip(g.trajectories, row):
@@ -137,7 +149,8 @@ class StepUpdate:
 
 
 def learn_from_groups(
-    learner: Any, kept: list[Group], every: list[Group], *, advantage: str, step: int, epochs: int = 1
+    learner: Any, kept: list[Group], every: list[Group], *, advantage: str, step: int, epochs: int = 1,
+    placebo_seed: int | None = None,
 ) -> StepUpdate:
     """One step's learning: advantages, ``epochs`` updates on the kept groups, episode metrics.
 
@@ -148,12 +161,13 @@ def learn_from_groups(
         advantage: The advantage estimator's name (``algorithm.advantage``).
         step: The step index (for the log line when nothing is kept).
         epochs: Update passes over the batch (1 = GRPO as configured; the trainer benchmark raises it).
+        placebo_seed: Shuffle the advantages across the batch (``algorithm.placebo``; :func:`make_batch`).
     """
     # ALGO LOGIC: advantages and the update(s)
     learn: dict[str, float] = {}
     t0 = time.perf_counter()
     if kept:
-        batch = make_batch(kept, advantage)
+        batch = make_batch(kept, advantage, placebo_seed=placebo_seed)
         for _ in range(max(1, epochs)):
             learn = learner.step(batch)
     else:
@@ -336,8 +350,9 @@ class TrainingRuntime:
         shutil.rmtree(self.output_dir / "adapters", ignore_errors=True)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "recipe.yaml").write_text(cfg.to_yaml())
-        if checkpoint is not None:
-            self.restore(load_checkpoint(checkpoint))
+        if checkpoint is not None:  # the newest that loads: a damaged one falls back to the one before
+            checkpoint, state = load_resumable(self.output_dir, checkpoint)
+            self.restore(state)
             log.info("resumed from %s (step %d)", checkpoint, self.step)
         self.metrics = MetricsLogger(
             self.output_dir, resume_step=self.step if checkpoint else None, sinks=cfg.train.log,
@@ -396,9 +411,12 @@ class TrainingRuntime:
 
     def learn(self, kept: list[Group], every: list[Group], step: int, *, epochs: int = 1) -> StepUpdate:
         """The step's update (:func:`learn_from_groups`, ``epochs`` passes); the length curriculum moves after it."""
+        algo_cfg = self.cfg.algorithm
+        placebo = stable_seed("placebo", self.cfg.seed, step) if algo_cfg.placebo else None
         update = learn_from_groups(
-            self.learner, kept, every, advantage=self.cfg.algorithm.advantage, step=step, epochs=epochs
-        )
+            self.learner, kept, every, advantage=algo_cfg.advantage, step=step, epochs=epochs,
+            placebo_seed=placebo,
+        )  # fmt: skip
         self.curriculum.grow(kept, update.episodes["rewards/total"])
         return update
 
@@ -449,4 +467,5 @@ class TrainingRuntime:
                 if self.store_writer.mean_bytes_per_step() is not None:
                     summary["store/bytes_per_step"] = self.store_writer.mean_bytes_per_step()
             close_training_run(self.store, self.run_id, done=self.step >= self.cfg.train.steps, summary=summary)
+            unlock_output_dir(self.output_dir)  # another process may now train into the folder
         return plot

@@ -40,7 +40,14 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint import init_model_path, load_checkpoint, prepare_output_dir, restore_rng, save_checkpoint
+from trainer.checkpoint import (
+    init_model_path,
+    load_resumable,
+    prepare_output_dir,
+    restore_rng,
+    save_checkpoint,
+    unlock_output_dir,
+)
 from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
@@ -50,7 +57,7 @@ from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.trajectory import Trajectory
 
-__all__ = ["SFTTrainer", "eval_metrics", "parse_rate", "render_row", "sft_step"]
+__all__ = ["SFTTrainer", "eval_metrics", "holdout_loss", "parse_rate", "render_row", "sft_step"]
 
 log = logging.getLogger("twinrl.trainer")
 
@@ -143,7 +150,8 @@ def parse_rate(trajectories: Sequence[Trajectory]) -> float:
 
 
 def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """The held-out figures: ``eval/reward``, ``eval/parse_rate``, ``eval/kind/<kind>``, and
+    """The held-out figures: ``eval/reward``, ``eval/parse_rate``, ``eval/submit_rate`` (share of
+    episodes that ended with a valid submit), ``eval/kind/<kind>``, and
     ``rewards/total`` plus ``rewards/<component>`` (the same values, for the reward plot)."""
     if not trajectories:
         return {}
@@ -151,6 +159,7 @@ def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     out = {
         "eval/reward": statistics.fmean(rewards),
         "eval/parse_rate": parse_rate(trajectories),
+        "eval/submit_rate": statistics.fmean(float(t.submission is not None) for t in trajectories),
         "eval/episodes": float(len(trajectories)),
         "eval/turns": statistics.fmean(t.num_turns for t in trajectories),
         "eval/invalid_calls": statistics.fmean(t.invalid_calls for t in trajectories),
@@ -222,6 +231,22 @@ def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, f
     }
 
 
+def holdout_loss(learner: Learner, episodes: Sequence[EpisodeTokens]) -> float:
+    """Mean negative log-likelihood per assistant token of ``episodes`` under the current weights
+    (no grad; the learner's micro-batches and shared prompts)."""
+    batch = TrainBatch(
+        [list(e.input_ids) for e in episodes], [list(e.loss_mask) for e in episodes],
+        [[0.0] * len(e.input_ids) for e in episodes], [0.0] * len(episodes),
+    )  # fmt: skip
+    logp = learner.scorer.frozen_logprobs(batch, reference=False)
+    total = tokens = 0.0
+    for i, mask in enumerate(batch.loss_mask):
+        m = torch.tensor(mask[1:], dtype=torch.float32)
+        total -= float((logp[i].float().cpu() * m).sum())
+        tokens += float(m.sum())
+    return total / tokens if tokens else 0.0
+
+
 class SFTTrainer:
     """Supervised fine-tuning on trajectory datasets; the interface of :class:`trainer.sync_trainer.SyncTrainer`.
 
@@ -247,7 +272,12 @@ class SFTTrainer:
         self.run_id: int | None = None
         self.store: Any = None
         self.episodes: list[EpisodeTokens] = []
+        self.held_out: list[EpisodeTokens] = []
         self.dropped: dict[str, int] = {}
+        #: Early stopping's state: the best held-out loss, evaluations since it, stopped or not.
+        self.best_holdout: float | None = None
+        self.since_best = 0
+        self.stopped_early = False
 
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -267,15 +297,20 @@ class SFTTrainer:
         self.model_path = init_model_path(cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype)
         # the GRPO loops' model, LoRA and learner; NLL is taken at temperature 1
         self.learner, self.tokenizer = build_learner(cfg, self.model_path, temperature=1.0)
-        self.episodes = self._render(rows)
+        self.episodes, self.held_out = self._split_holdout(self._render(rows))
         self.total_steps = math.ceil(cfg.data.epochs * len(self.episodes) / cfg.data.batch_size)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "recipe.yaml").write_text(cfg.to_yaml())
-        if checkpoint is not None:
-            state = load_checkpoint(checkpoint)
+        if checkpoint is not None:  # the newest that loads: a damaged one falls back to the one before
+            checkpoint, state = load_resumable(self.output_dir, checkpoint)
             self.learner.load_state_dict(state["learner"])
             self.step = int(state["step"])
             self.run_id = state.get("run_id")
+            self.best_holdout = state.get("best_holdout")
+            self.since_best = int(state.get("since_best", 0))
+            self.stopped_early = bool(state.get("stopped_early", False))
+            if self.stopped_early:
+                self.total_steps = self.step
             restore_rng(state["rng"])
             log.info("resumed from %s (step %d)", checkpoint, self.step)
         self.metrics = MetricsLogger(
@@ -337,6 +372,20 @@ class SFTTrainer:
             )
         return out
 
+    def _split_holdout(self, episodes: list[EpisodeTokens]) -> tuple[list[EpisodeTokens], list[EpisodeTokens]]:
+        """``data.holdout`` episodes drawn with a seed (the same on every resume) and the rest."""
+        n = self.cfg.data.holdout
+        if not n:
+            return episodes, []
+        if n >= len(episodes):
+            raise ConfigError(
+                f"data.holdout {n} leaves no training episode (the dataset renders {len(episodes)}); lower it"
+            )
+        idx = list(range(len(episodes)))
+        random.Random(stable_seed("sft-holdout", self.cfg.seed)).shuffle(idx)
+        held = set(idx[:n])
+        return [e for i, e in enumerate(episodes) if i not in held], [episodes[i] for i in sorted(held)]
+
     def _setup_store(self) -> None:
         self.store, self.run_id = open_training_run(
             self.cfg, self.twin.name, self.run_id, policy=f"sft:{self.cfg.model.path}"
@@ -373,6 +422,27 @@ class SFTTrainer:
         trajectories = [t for g in result.groups for t in g.trajectories]
         return eval_metrics(trajectories), trajectories
 
+    def _holdout_due(self, step: int) -> bool:
+        """After each epoch's last step, every ``data.holdout_every`` steps, and after the last."""
+        if not self.held_out:
+            return False
+        per_epoch = len(self.episodes) / self.cfg.data.batch_size
+        epoch_end = math.floor(step / per_epoch) > math.floor((step - 1) / per_epoch)
+        every = self.cfg.data.holdout_every
+        return epoch_end or step == self.total_steps or bool(every and step % every == 0)
+
+    def _holdout_record(self) -> dict[str, float]:
+        """``sft/holdout_loss`` now, the best so far, and early stopping's verdict."""
+        loss = holdout_loss(self.learner, self.held_out)
+        if self.best_holdout is None or loss < self.best_holdout:
+            self.best_holdout, self.since_best = loss, 0
+        else:
+            self.since_best += 1
+        patience = self.cfg.data.patience
+        self.stopped_early = bool(patience) and self.since_best >= patience
+        return {"sft/holdout_loss": loss, "sft/holdout_best": float(self.best_holdout),
+                "sft/stopped_early": float(self.stopped_early)}  # fmt: skip
+
     def _due(self, step: int) -> bool:
         every = self.cfg.eval.every
         return step == 0 or step == self.total_steps or (every > 0 and step % every == 0)
@@ -400,10 +470,16 @@ class SFTTrainer:
             rows = order[step * bs : (step + 1) * bs]
             record.update(sft_step(self.learner, [self.episodes[i] for i in rows]))
             self.step = step + 1
+            if self._holdout_due(self.step):
+                record.update(self._holdout_record())
             record["sft/epoch"] = step * bs / max(1, len(self.episodes))
             record["policy/version"] = float(self.learner.version)
             record["perf/step_s"] = time.perf_counter() - t_step
             self._record(step, record, held_out)
+            if self.stopped_early:
+                log.info("sft: held-out loss has not improved for %d evaluations; stopped at step %d",
+                         self.since_best, self.step)  # fmt: skip
+                self.total_steps = self.step
             every_n = cfg.train.checkpoint_every
             if (every_n and self.step % every_n == 0) or self.step == self.total_steps:
                 self.save()
@@ -432,7 +508,11 @@ class SFTTrainer:
         """Write a checkpoint (``adapter/`` is what ``model.init_from`` and ``hf:`` load)."""
         return save_checkpoint(
             self.output_dir, self.step, learner=self.learner,
-            state={"run_id": self.run_id, "metrics": list(self.metrics.history), "dropped": dict(self.dropped)},
+            state={
+                "run_id": self.run_id, "metrics": list(self.metrics.history), "dropped": dict(self.dropped),
+                "total_steps": self.total_steps, "best_holdout": self.best_holdout,
+                "since_best": self.since_best, "stopped_early": self.stopped_early,
+            },  # fmt: skip
             recipe_yaml=self.cfg.to_yaml(),
         )  # fmt: skip
 
@@ -448,4 +528,5 @@ class SFTTrainer:
             self.metrics.close()
             last = next((r for r in reversed(self.metrics.history) if "eval/reward" in r), {})
             close_training_run(self.store, self.run_id, done=self.step >= self.total_steps, summary=last)
+            unlock_output_dir(self.output_dir)  # another process may now train into the folder
         return plot

@@ -157,3 +157,68 @@ def test_rng_state_round_trips_through_a_weights_only_file(tmp_path) -> None:
     expected = (np.random.standard_normal(3).tolist(), random.random(), torch.rand(2).tolist())
     restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (np.random.standard_normal(3).tolist(), random.random(), torch.rand(2).tolist()) == expected
+
+
+# -- weights are never deleted by surprise; a damaged checkpoint; one run per folder ---------------
+@pytest.mark.parametrize("resume", [False, True], ids=["plain", "resume"])
+def test_a_folder_with_weights_but_no_trainer_state_is_kept(tmp_path, resume: bool) -> None:
+    """Stripping trainer_state.pt to save space, then running again, once wiped the adapters."""
+    adapter = tmp_path / "checkpoints" / "step-000010" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_model.safetensors").write_bytes(b"trained weights")
+    with pytest.raises(ConfigError, match=r"holds weights \(step-000010\).*not deleted.*--overwrite"):
+        prepare_output_dir(tmp_path, resume=resume, overwrite=False)
+    assert (adapter / "adapter_model.safetensors").read_bytes() == b"trained weights"
+    assert prepare_output_dir(tmp_path, resume=resume, overwrite=True) is None  # said so: deleted
+    assert not adapter.exists()
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, caplog) -> None:
+    _run(_cfg(tmp_path / "d", 4, True))  # checkpoints at steps 2 and 4
+    latest = latest_checkpoint(tmp_path / "d")
+    assert latest is not None and latest.name == "step-000004"
+    state = latest / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a disk that filled up
+    recipe = SyncTrainer(_cfg(tmp_path / "d", 6, True), resume=True)
+    with caplog.at_level("WARNING", logger="twinrl.checkpoint"):
+        recipe.setup()
+    try:
+        assert recipe.step == 2
+        assert "step-000004" in caplog.text and "trying the one before it" in caplog.text
+    finally:
+        recipe.cleanup()
+
+
+def test_no_readable_checkpoint_is_a_one_line_error(tmp_path) -> None:
+    from trainer.checkpoint import load_resumable
+
+    for step in (2, 4):
+        folder = tmp_path / "checkpoints" / f"step-{step:06d}"
+        folder.mkdir(parents=True)
+        (folder / "trainer_state.pt").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(ConfigError, match=r"no checkpoint .* can be read \(step-000004: .*; step-000002: .*--overwrite") as info:
+        load_resumable(tmp_path, tmp_path / "checkpoints" / "step-000004")
+    assert "\n" not in str(info.value)
+
+
+def test_two_runs_cannot_share_an_output_folder(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from trainer.checkpoint import unlock_output_dir
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from trainer.checkpoint import lock_output_dir as lock; "
+         f"lock({str(tmp_path)!r}); print('locked', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=rf"in use by another training run \(pid {holder.pid};"):
+            prepare_output_dir(tmp_path, resume=False, overwrite=True)
+        with pytest.raises(ConfigError, match="in use by another training run"):
+            SyncTrainer(_cfg(tmp_path, 1, True)).setup()  # refused before the model loads
+    finally:
+        holder.communicate("", timeout=30)  # the holder exits: the OS drops its lock
+    assert prepare_output_dir(tmp_path, resume=False, overwrite=True) is None
+    unlock_output_dir(tmp_path)
