@@ -27,8 +27,16 @@ from pathlib import Path
 from twin.store import RunStore
 from twin.trajectory import ToolCallRecord, Trajectory
 
-KINDS = ("ok_listing", "counterfeit_lookalike", "prohibited_category", "recalled_batch",
-         "clearance", "gated_brand", "longtail", "art_replica")  # fmt: skip
+KINDS = (
+    "ok_listing",
+    "counterfeit_lookalike",
+    "prohibited_category",
+    "recalled_batch",
+    "clearance",
+    "gated_brand",
+    "longtail",
+    "art_replica",
+)
 VERDICTS = ("ok", "counterfeit", "prohibited")
 BATCH = 5_000
 
@@ -40,32 +48,81 @@ def make_episode(rng: random.Random, case: int, policy: str, padding: str) -> Tr
     answer = truth if rng.random() < 0.6 else rng.choice(VERDICTS)
     reward = 1.0 if answer == truth else rng.choice((-1.0, -0.5, 0.2))
     calls = [
-        ToolCallRecord(id="s", name="search_taxonomy", arguments={"query": "mug"}, ok=True,
-                       result={"results": [{"id": "hg-1", "name": "Mugs"}]}, turn=0),
-        ToolCallRecord(id="b", name="lookup_brand", arguments={"name": "Acme"}, ok=True,
-                       result={"exact": None, "similar": []}, turn=1),
-        ToolCallRecord(id="x", name="submit", arguments={"verdict": answer}, ok=True,
-                       result={"status": "submitted"}, terminal=True, turn=2),
-    ]  # fmt: skip
+        ToolCallRecord(
+            id="s",
+            name="search_taxonomy",
+            arguments={"query": "mug"},
+            ok=True,
+            result={"results": [{"id": "hg-1", "name": "Mugs"}]},
+            turn=0,
+        ),
+        ToolCallRecord(
+            id="b",
+            name="lookup_brand",
+            arguments={"name": "Acme"},
+            ok=True,
+            result={"exact": None, "similar": []},
+            turn=1,
+        ),
+        ToolCallRecord(
+            id="x",
+            name="submit",
+            arguments={"verdict": answer},
+            ok=True,
+            result={"status": "submitted"},
+            terminal=True,
+            turn=2,
+        ),
+    ]
     messages = [
         {"role": "system", "content": "You are a catalog analyst. " + padding},
         {"role": "user", "content": f"New listing {case}. Title: Blue mug. Brand: Acme."},
     ]
     for call in calls:
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": call.id, "type": "function",
-             "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}]})
-        messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
-                         "content": json.dumps(call.result)})  # fmt: skip
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": call.id,
+                "name": call.name,
+                "content": json.dumps(call.result),
+            }
+        )
     return Trajectory(
-        twin="Catalog", case_id=f"Catalog/test/{case}", split="test", index=case, case_kind=kind,
-        policy=policy, messages=messages, calls=calls, submission={"verdict": answer},
-        num_turns=3, terminated=True, reward=reward,
-        components={"policy": reward, "category": 1.0, "attributes": rng.random(), "submitted": 1.0},
+        twin="Catalog",
+        case_id=f"Catalog/test/{case}",
+        split="test",
+        index=case,
+        case_kind=kind,
+        policy=policy,
+        messages=messages,
+        calls=calls,
+        submission={"verdict": answer},
+        num_turns=3,
+        terminated=True,
+        reward=reward,
+        components={
+            "policy": reward,
+            "category": 1.0,
+            "attributes": rng.random(),
+            "submitted": 1.0,
+        },
         weighted={"policy": 0.4 * reward, "category": 0.3, "attributes": 0.0, "submitted": 0.0},
         reward_notes=[f"policy: true {truth!r}, submitted {answer!r}"],
         info={"outcome": {"truth": {"verdict": truth, "category_id": "hg-1"}, "kind": kind}},
-    )  # fmt: skip
+    )
 
 
 class _Summary:
@@ -95,13 +152,22 @@ class _Summary:
         mean = self.total / self.n
         solved = sum(k[2] for k in self.kinds.values()) / self.n
         return {
-            "split": "test", "episodes": self.n, "errors": 0, "groups": self.n, "group_size": 1,
-            "reward_mean": mean, "reward_std": max(0.0, self.squares / self.n - mean**2) ** 0.5,
-            "success_rate": solved, "pass@k": {"1": solved}, "pass^k": {"1": solved},
+            "split": "test",
+            "episodes": self.n,
+            "errors": 0,
+            "groups": self.n,
+            "group_size": 1,
+            "reward_mean": mean,
+            "reward_std": max(0.0, self.squares / self.n - mean**2) ** 0.5,
+            "success_rate": solved,
+            "pass@k": {"1": solved},
+            "pass^k": {"1": solved},
             "components": {name: v / self.n for name, v in sorted(self.terms.items())},
-            "by_kind": {kind: {"episodes": k[0], "reward_mean": k[1] / k[0], "success_rate": k[2] / k[0]}
-                        for kind, k in sorted(self.kinds.items())},
-        }  # fmt: skip
+            "by_kind": {
+                kind: {"episodes": k[0], "reward_mean": k[1] / k[0], "success_rate": k[2] / k[0]}
+                for kind, k in sorted(self.kinds.items())
+            },
+        }
 
 
 def fill(path: Path, episodes: int, steps: int, episode_kb: float, seed: int) -> dict[str, int]:
@@ -117,8 +183,10 @@ def fill(path: Path, episodes: int, steps: int, episode_kb: float, seed: int) ->
         with store.track_run("eval", "Catalog", policy, {"split": "test"}) as run:
             summary = _Summary()
             for first in range(0, count, BATCH):
-                batch = [make_episode(rng, c, policy, padding)
-                         for c in range(first, min(count, first + BATCH))]  # fmt: skip
+                batch = [
+                    make_episode(rng, c, policy, padding)
+                    for c in range(first, min(count, first + BATCH))
+                ]
                 run.add_episodes(batch)
                 summary.add(batch)
                 print(f"\r{name}: {first + len(batch):,}/{count:,} episodes", end="", flush=True)
@@ -127,15 +195,23 @@ def fill(path: Path, episodes: int, steps: int, episode_kb: float, seed: int) ->
         print()
     with store.track_run("train", "Catalog", "tiny") as run:
         for step in range(steps):
-            run.log_metrics(step, {
-                "rewards/total": rng.random(), "rewards/policy": rng.random(),
-                "losses/loss": rng.random(), "losses/kl": rng.random() / 100,
-                "losses/clipfrac": rng.random() / 10, "perf/tokens_per_s": 1000 * rng.random(),
-            })  # fmt: skip
+            run.log_metrics(
+                step,
+                {
+                    "rewards/total": rng.random(),
+                    "rewards/policy": rng.random(),
+                    "losses/loss": rng.random(),
+                    "losses/kl": rng.random() / 100,
+                    "losses/clipfrac": rng.random() / 10,
+                    "perf/tokens_per_s": 1000 * rng.random(),
+                },
+            )
         ids["train"] = run.id
     store.close()
-    print(f"filled {path} in {time.perf_counter() - started:.1f} s "
-          f"({path.stat().st_size / 2**20:,.0f} MiB)")  # fmt: skip
+    print(
+        f"filled {path} in {time.perf_counter() - started:.1f} s "
+        f"({path.stat().st_size / 2**20:,.0f} MiB)"
+    )
     return ids
 
 

@@ -29,10 +29,10 @@ def ui(
 ) -> None:
     """Look at runs, episodes and comparisons in a browser: a local, read-only web viewer."""
     with needs("ui", "twin.ui.server:serve"):
-        from twin.ui.server import DEFAULT_HOST, is_loopback, serve
-
         import starlette  # noqa: F401 - a missing web stack is an install hint, not a traceback
         import uvicorn  # noqa: F401
+
+        from twin.ui.server import DEFAULT_HOST, is_loopback, serve
 
     def ready(url: str) -> None:
         where = "" if is_loopback(host or DEFAULT_HOST) else " [bold yellow](network)[/]"
@@ -41,8 +41,11 @@ def ui(
     with errors():
         try:
             serve(
-                store, host=host or DEFAULT_HOST, port=port, explicit_host=host is not None,
+                store,
+                host=host or DEFAULT_HOST,
+                port=port,
+                explicit_host=host is not None,
                 on_ready=ready,
-            )  # fmt: skip
+            )
         except KeyboardInterrupt:
             pass

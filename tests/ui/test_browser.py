@@ -80,9 +80,20 @@ def _shot(page: Any, folder: Path, name: str) -> None:
 def real_ui(real_store: dict[str, object]) -> Iterator[str]:
     """`twin ui --port 0` over the real store; its URL (the one it printed)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "twinrl_cli", "ui", "--store", str(real_store["path"]), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "twinrl_cli",
+            "ui",
+            "--store",
+            str(real_store["path"]),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -102,13 +113,15 @@ class _Server:
 
         from twin.ui import create_app
 
-        config = uvicorn.Config(create_app(store, poll_s=poll_s), host="127.0.0.1", port=0,
-                                log_level="warning")  # fmt: skip
+        config = uvicorn.Config(
+            create_app(store, poll_s=poll_s), host="127.0.0.1", port=0, log_level="warning"
+        )
         self.server = uvicorn.Server(config)
         sock = config.bind_socket()
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True)  # fmt: skip
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
         self.thread.start()
         deadline = time.monotonic() + 20
         while not self.server.started and time.monotonic() < deadline:
@@ -138,16 +151,26 @@ def test_runs_table_and_a_run(page: Any, real_ui: str, real_store: dict, shots: 
     _shot(page, shots, "run")
 
 
-def test_a_training_run_shows_its_curves(page: Any, real_ui: str, real_store: dict, shots: Path) -> None:
+def test_a_training_run_shows_its_curves(
+    page: Any, real_ui: str, real_store: dict, shots: Path
+) -> None:
     page.goto(f"{real_ui}runs/{real_store['train']}")
     captions = page.locator("#curves figure.chart figcaption").all_text_contents()
     names = {c.split()[0] for c in captions if c.strip()}
-    assert {"rewards/total", "losses/loss", "losses/kl", "losses/clipfrac", "perf/tokens_per_s"} <= names
+    assert {
+        "rewards/total",
+        "losses/loss",
+        "losses/kl",
+        "losses/clipfrac",
+        "perf/tokens_per_s",
+    } <= names
     assert page.locator("#curves polyline").count() >= 5  # 3 steps: lines, not dots
     _shot(page, shots, "train")
 
 
-def test_an_episode_shows_its_tool_calls_and_reward(page: Any, real_ui: str, real_store: dict, shots: Path) -> None:
+def test_an_episode_shows_its_tool_calls_and_reward(
+    page: Any, real_ui: str, real_store: dict, shots: Path
+) -> None:
     page.goto(f"{real_ui}runs/{real_store['heuristic']}")
     page.locator("table.episodes tbody tr").first.get_by_role("link").first.click()
     page.wait_for_url(re.compile(r"/episodes/\d+$"))
@@ -156,12 +179,16 @@ def test_an_episode_shows_its_tool_calls_and_reward(page: Any, real_ui: str, rea
     reward = page.locator("#reward")
     assert "Reward" in reward.locator("h2").inner_text()
     terms = reward.locator("tbody tr").all_inner_texts()
-    assert any(t.startswith("policy") for t in terms) and any(t.startswith("category") for t in terms)
+    assert any(t.startswith("policy") for t in terms) and any(
+        t.startswith("category") for t in terms
+    )
     assert "verdict" in page.locator("#truth").inner_text()
     _shot(page, shots, "episode")
 
 
-def test_a_comparison_finds_a_flipped_case(page: Any, real_ui: str, real_store: dict, shots: Path) -> None:
+def test_a_comparison_finds_a_flipped_case(
+    page: Any, real_ui: str, real_store: dict, shots: Path
+) -> None:
     page.goto(real_ui)
     page.locator(f"input.pick[value='{real_store['random']}']").check()
     page.locator(f"input.pick[value='{real_store['heuristic']}']").check()
@@ -185,7 +212,9 @@ def test_planted_script_is_shown_as_text_and_never_runs(page: Any, planted_store
     try:
         page.goto(server.url)
         assert page.evaluate("window.__pwned") is None
-        assert SCRIPT in page.locator(f"tr[data-run='{planted_store['xss']}'] td.policy").inner_text()
+        assert (
+            SCRIPT in page.locator(f"tr[data-run='{planted_store['xss']}'] td.policy").inner_text()
+        )
         page.goto(f"{server.url}runs/{planted_store['xss']}")
         page.locator("table.episodes tbody tr a").first.click()
         page.wait_for_url(re.compile(r"/episodes/\d+$"))

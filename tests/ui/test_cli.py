@@ -13,10 +13,23 @@ runner = CliRunner()
 
 def test_demo_ends_with_the_command_that_opens_its_runs(tmp_path: Path) -> None:
     store = tmp_path / "demo store.db"
-    result = runner.invoke(app, [
-        "demo", "--episodes", "1", "--group-size", "1", "--policies", "random", "--no-progress",
-        "--store", str(store), "--out", str(tmp_path / "report"),
-    ])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "demo",
+            "--episodes",
+            "1",
+            "--group-size",
+            "1",
+            "--policies",
+            "random",
+            "--no-progress",
+            "--store",
+            str(store),
+            "--out",
+            str(tmp_path / "report"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     last = result.output.strip().splitlines()[-1]
     assert last == f"look at these runs in a browser: twin ui --store '{store}'"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from twin.store import RunStore, _Run
 from twin.ui import check_host, create_app, is_loopback
 from twin.ui.charts import line_chart
 
-from .conftest import SCRIPT, episode
+from .conftest import episode
 
 
 @pytest.fixture()
@@ -77,9 +79,34 @@ def test_a_runs_summary_and_its_episodes_give_the_same_figures(planted_store) ->
     for kind in by_db:
         assert by_db[kind]["episodes"] == by_summary[kind]["episodes"]
         assert by_db[kind]["reward_mean"] == pytest.approx(by_summary[kind]["reward_mean"])
-    assert by_summary["counterfeit"]["success_rate"] == 0.5 and by_db["counterfeit"]["success_rate"] is None
+    assert (
+        by_summary["counterfeit"]["success_rate"] == 0.5
+        and by_db["counterfeit"]["success_rate"] is None
+    )
     assert dict(term_means(engine, counted)) == pytest.approx(dict(term_means(engine, finished)))
     engine.dispose()
+
+
+def test_failed_and_interrupted_runs_read_as_such(planted_store) -> None:
+    path = planted_store["path"]
+    store = RunStore(path)
+    with pytest.raises(RuntimeError), store.track_run("eval", "Toy", "broken") as run:
+        raise RuntimeError("policy server down")
+    failed = run.id
+    store.close()
+    # a run whose writer exited without finishing it: its process is gone
+    code = "from twin.store import RunStore; print(RunStore(%r).start_run('eval', 'Toy', 'killed'))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code % str(path)], capture_output=True, text=True, check=True
+    )
+    gone = int(proc.stdout.split()[-1])
+    client = TestClient(create_app(path), base_url="http://127.0.0.1")
+    page = client.get("/").text
+    assert 'status-failed">failed' in page.split(f'data-run="{failed}"')[1].split("</tr>")[0]
+    assert 'status-interrupted">interrupted' in page.split(f'data-run="{gone}"')[1].split("</tr>")[0]
+    only = re.findall(r'<tr data-run="(\d+)">', client.get("/?status=interrupted").text)
+    assert only == [str(gone)]
+    assert re.findall(r'<tr data-run="(\d+)">', client.get("/?status=running").text) == []
 
 
 def test_run_page_has_kinds_confusion_terms_and_episodes(client: TestClient, planted_store) -> None:
@@ -105,7 +132,9 @@ def test_training_run_page_draws_each_curve(client: TestClient, planted_store) -
     assert live.status_code == 200 and 'id="live"' in live.text
 
 
-def test_episode_page_shows_calls_invalid_ones_reward_and_truth(client: TestClient, planted_store) -> None:
+def test_episode_page_shows_calls_invalid_ones_reward_and_truth(
+    client: TestClient, planted_store
+) -> None:
     run = client.get(f"/runs/{planted_store['b']}").text
     ids = re.findall(r'href="/episodes/(\d+)"', run)
     page = client.get(f"/episodes/{ids[4]}").text  # case 2: an invalid call, then submit
@@ -151,15 +180,16 @@ def test_the_app_cannot_write_the_store(planted_store) -> None:
     before = _digest(path)
     app = create_app(path)
     client = TestClient(app, base_url="http://127.0.0.1")
-    for url in ("/", f"/runs/{planted_store['a']}", f"/compare?a=1&b=2", "/episodes/1"):
+    for url in ("/", f"/runs/{planted_store['a']}", "/compare?a=1&b=2", "/episodes/1"):
         assert client.get(url).status_code == 200
     assert client.post("/", data={"x": "1"}).status_code == 405
-    with pytest.raises(DBAPIError, match="readonly|read-only|query_only"):
-        with app.state.engine.begin() as conn:
-            conn.execute(text("UPDATE runs SET status = 'failed'"))
-    with pytest.raises(DBAPIError):
-        with app.state.engine.begin() as conn:
-            conn.execute(text("CREATE TABLE x (a int)"))
+    with (
+        pytest.raises(DBAPIError, match="readonly|read-only|query_only"),
+        app.state.engine.begin() as conn,
+    ):
+        conn.execute(text("UPDATE runs SET status = 'failed'"))
+    with pytest.raises(DBAPIError), app.state.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE x (a int)"))
     app.state.engine.dispose()
     assert _digest(path) == before
     # SQLite's shared-memory index of a WAL database may appear; its log holds no write
@@ -177,9 +207,11 @@ def test_postgres_store_is_opened_read_only(postgres_url: str) -> None:
     client = TestClient(app, base_url="http://127.0.0.1")
     assert client.get(f"/runs/{run.id}").status_code == 200
     assert client.get(f"/compare?a={run.id}&b={run.id}").status_code == 200
-    with pytest.raises(DBAPIError, match="read-only transaction"):
-        with app.state.engine.begin() as conn:
-            conn.execute(text("DELETE FROM episodes"))
+    with (
+        pytest.raises(DBAPIError, match="read-only transaction"),
+        app.state.engine.begin() as conn,
+    ):
+        conn.execute(text("DELETE FROM episodes"))
     app.state.engine.dispose()
     assert RunStore(postgres_url).count_episodes(run.id) == 1
 
@@ -231,8 +263,12 @@ def test_line_chart_scales_points_into_the_plot() -> None:
     chart = line_chart("loss", [(0, 1.0), (1, 0.5), (2, 0.0)], width=300, height=140)
     xy = [tuple(map(float, p.split(","))) for p in chart.points.split()]
     assert xy[0][0] == chart.left and xy[-1][0] == 300 - 8
-    assert xy[0][1] == chart.top and xy[-1][1] == 140 - chart.bottom  # 1.0 at the top, 0 at the bottom
-    many = line_chart("r", [(float(i), float(i % 7)) for i in range(5000)], width=300, max_points=400)
+    assert (
+        xy[0][1] == chart.top and xy[-1][1] == 140 - chart.bottom
+    )  # 1.0 at the top, 0 at the bottom
+    many = line_chart(
+        "r", [(float(i), float(i % 7)) for i in range(5000)], width=300, max_points=400
+    )
     assert many.count <= 401 and many.points.split()[-1].startswith("292.0,")
     steps = line_chart("r", [(0, 0.0), (1, 1.0), (2, 0.5)])
     assert [label for _, label in steps.x_ticks] == ["0", "1", "2"]  # whole steps only

@@ -98,11 +98,23 @@ def _environment() -> jinja2.Environment:
 
 
 #: Curves shown first on a training run's page (besides every ``rewards/...`` one).
-MAIN_CURVES = frozenset({
-    "losses/loss", "losses/kl", "policy/sampler_kl", "losses/clipfrac", "losses/clipfrac_low",
-    "losses/clipfrac_high", "perf/tokens_per_s", "perf/sample_tokens_per_s",
-    "perf/learner_tokens_per_s", "loss", "kl", "reward", "tokens_per_s",
-})  # fmt: skip
+MAIN_CURVES = frozenset(
+    {
+        "losses/loss",
+        "losses/kl",
+        "policy/sampler_kl",
+        "losses/clipfrac",
+        "losses/clipfrac_low",
+        "losses/clipfrac_high",
+        "perf/tokens_per_s",
+        "perf/sample_tokens_per_s",
+        "perf/learner_tokens_per_s",
+        "loss",
+        "kl",
+        "reward",
+        "tokens_per_s",
+    }
+)
 
 
 def _is_main_curve(name: str) -> bool:
@@ -224,15 +236,26 @@ class _Pages:
         order = _choice(request, "order", ("id", "reward", "-reward")) or "id"
         all_confusion = request.query_params.get("confusion") == "all"
         episodes = q.episodes_page(
-            self.engine, row.id, page=_int(request, "page", 1, low=1) or 1, kind=kind, step=step,
+            self.engine,
+            row.id,
+            page=_int(request, "page", 1, low=1) or 1,
+            kind=kind,
+            step=step,
             order=order,
-        )  # fmt: skip
+        )
         return self.render(
-            "run.html.jinja", request, row=row, kinds=q.kind_table(self.engine, row),
+            "run.html.jinja",
+            request,
+            row=row,
+            kinds=q.kind_table(self.engine, row),
             terms=q.term_means(self.engine, row),
             confusion=q.confusion(self.engine, row, cap=None if all_confusion else q.CONFUSION_CAP),
-            charts=self._charts(row), episodes=episodes, kind=kind, step=step, order=order,
-        )  # fmt: skip
+            charts=self._charts(row),
+            episodes=episodes,
+            kind=kind,
+            step=step,
+            order=order,
+        )
 
     def live(self, request: Request) -> Response:
         row = self._run(int(request.path_params["run_id"]))
@@ -260,9 +283,16 @@ class _Pages:
         run_id, step, traj = found
         before, after = q.neighbours(self.engine, run_id, episode_id)
         return self.render(
-            "episode.html.jinja", request, run=self._run(run_id), episode_id=episode_id,
-            step=step, t=traj, tr=transcript(traj), before=before, after=after,
-        )  # fmt: skip
+            "episode.html.jinja",
+            request,
+            run=self._run(run_id),
+            episode_id=episode_id,
+            step=step,
+            t=traj,
+            tr=transcript(traj),
+            before=before,
+            after=after,
+        )
 
     def compare(self, request: Request) -> Response:
         a, b = _int(request, "a"), _int(request, "b")
@@ -289,15 +319,22 @@ class _Pages:
             traj = found[2] if found else None
             sides.append(
                 {
-                    "run": run, "ids": ids, "t": traj,
+                    "run": run,
+                    "ids": ids,
+                    "t": traj,
                     "tr": transcript(traj) if traj is not None else None,
                     "id": ids[min(index, len(ids) - 1)] if ids else None,
-                }  # fmt: skip
+                }
             )
         return self.render(
-            "compare_case.html.jinja", request, a=run_a, b=run_b, case_id=case_id, index=index,
+            "compare_case.html.jinja",
+            request,
+            a=run_a,
+            b=run_b,
+            case_id=case_id,
+            index=index,
             sides=sides,
-        )  # fmt: skip
+        )
 
     async def error(self, request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500

@@ -23,10 +23,24 @@ from twin.store import _HOST, STALE_AFTER_S, _Episode, _Metric, _pid_alive, _Run
 from twin.trajectory import Trajectory
 
 __all__ = [
-    "CONFUSION_CAP", "PAGE_SIZE", "RUN_SORTS", "Compare", "EpisodeRow", "Page", "RunRow",
-    "compare_runs", "case_episodes", "confusion", "curves", "episode", "episodes_page",
-    "kind_table", "run_row", "runs_page", "term_means",
-]  # fmt: skip
+    "CONFUSION_CAP",
+    "PAGE_SIZE",
+    "RUN_SORTS",
+    "Compare",
+    "EpisodeRow",
+    "Page",
+    "RunRow",
+    "case_episodes",
+    "compare_runs",
+    "confusion",
+    "curves",
+    "episode",
+    "episodes_page",
+    "kind_table",
+    "run_row",
+    "runs_page",
+    "term_means",
+]
 
 #: Rows per page of the runs and episodes tables.
 PAGE_SIZE = 50
@@ -145,17 +159,23 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _rows(session: Session, runs: list[Any], stats: dict[int, tuple[Any, ...]] | None) -> list[RunRow]:
+def _rows(
+    session: Session, runs: list[Any], stats: dict[int, tuple[Any, ...]] | None
+) -> list[RunRow]:
     """RunRows for ``runs``: episode counts from the run_id index alone; reward figures from the
     run's summary when finished, else from the episodes (``stats`` when the caller has them)."""
     ids = [r.id for r in runs]
-    counts = dict(
-        session.execute(
-            select(_Episode.run_id, func.count(_Episode.id))
-            .where(_Episode.run_id.in_(ids))
-            .group_by(_Episode.run_id)
-        ).all()
-    ) if ids else {}  # fmt: skip
+    counts = (
+        dict(
+            session.execute(
+                select(_Episode.run_id, func.count(_Episode.id))
+                .where(_Episode.run_id.in_(ids))
+                .group_by(_Episode.run_id)
+            ).all()
+        )
+        if ids
+        else {}
+    )
     summaries = {r.id: _summary_stats(r.status, r.metrics) for r in runs}
     if stats is None:
         missing = [i for i in ids if summaries[i] is None and counts.get(i)]
@@ -179,12 +199,21 @@ def _row(run: Any, n: Any, scored: Any, mean: Any, mean_sq: Any) -> RunRow:
         half = _Z95 * math.sqrt(var / scored)
         lo, hi = float(mean) - half, float(mean) + half
     return RunRow(
-        id=run.id, kind=run.kind, twin=run.twin, policy=run.policy,
+        id=run.id,
+        kind=run.kind,
+        twin=run.twin,
+        policy=run.policy,
         status=_status(run.status, run.pid, run.host, run.heartbeat_at, run.started_at),
-        started_at=run.started_at, finished_at=run.finished_at, config=dict(run.config or {}),
-        metrics=dict(run.metrics or {}), episodes=int(n or 0), scored=scored,
-        reward_mean=None if mean is None else float(mean), reward_lo=lo, reward_hi=hi,
-    )  # fmt: skip
+        started_at=run.started_at,
+        finished_at=run.finished_at,
+        config=dict(run.config or {}),
+        metrics=dict(run.metrics or {}),
+        episodes=int(n or 0),
+        scored=scored,
+        reward_mean=None if mean is None else float(mean),
+        reward_lo=lo,
+        reward_hi=hi,
+    )
 
 
 def runs_page(
@@ -217,9 +246,13 @@ def runs_page(
     by_stats = sort in ("episodes", "reward")
     stats = _stats() if by_stats else None
     order_of = {
-        "id": _Run.id, "started": _Run.started_at, "twin": _Run.twin, "policy": _Run.policy,
-        "kind": _Run.kind, "status": _Run.status,
-    }  # fmt: skip
+        "id": _Run.id,
+        "started": _Run.started_at,
+        "twin": _Run.twin,
+        "policy": _Run.policy,
+        "kind": _Run.kind,
+        "status": _Run.status,
+    }
     if stats is not None:
         order_of.update(episodes=func.coalesce(stats.c.n, 0), reward=stats.c.mean)
     column = order_of.get(sort, _Run.id)
@@ -284,9 +317,11 @@ def kind_table(engine: Engine, row: RunRow) -> list[dict[str, Any]]:
     if isinstance(by_kind, dict) and by_kind:
         return [
             {
-                "kind": kind, "episodes": int(v.get("episodes", 0)),
-                "reward_mean": v.get("reward_mean"), "success_rate": v.get("success_rate"),
-            }  # fmt: skip
+                "kind": kind,
+                "episodes": int(v.get("episodes", 0)),
+                "reward_mean": v.get("reward_mean"),
+                "success_rate": v.get("success_rate"),
+            }
             for kind, v in sorted(by_kind.items())
             if isinstance(v, dict)
         ]
@@ -405,19 +440,22 @@ def confusion(engine: Engine, row: RunRow, cap: int | None = CONFUSION_CAP) -> C
 _GROUP_ORDER = ("rewards", "losses", "policy", "perf", "episodes", "batch", "optim")
 
 
-def curves(engine: Engine, run_id: int) -> list[tuple[str, list[tuple[str, list[tuple[float, float]]]]]]:
+def curves(
+    engine: Engine, run_id: int
+) -> list[tuple[str, list[tuple[str, list[tuple[float, float]]]]]]:
     """A training run's logged metrics as ``[(group, [(name, [(step, value)])])]``, the groups in
     the order rewards, losses, policy, perf, then the rest; non-numeric values skipped."""
-    query = select(_Metric.step, _Metric.values).where(_Metric.run_id == run_id).order_by(_Metric.id)
+    query = (
+        select(_Metric.step, _Metric.values).where(_Metric.run_id == run_id).order_by(_Metric.id)
+    )
     series: dict[str, list[tuple[float, float]]] = {}
     with engine.connect() as conn:
         for step, values in conn.execute(query):
             if isinstance(values, str):
-                        values = json.loads(values)
+                values = json.loads(values)
             for name, value in (values or {}).items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    if math.isfinite(value):
-                        series.setdefault(name, []).append((float(step), float(value)))
+                if _finite(value):
+                    series.setdefault(name, []).append((float(step), float(value)))
     groups: dict[str, list[tuple[str, list[tuple[float, float]]]]] = {}
     for name, points in series.items():
         groups.setdefault(name.partition("/")[0] if "/" in name else "other", []).append(
@@ -473,10 +511,15 @@ def episodes_page(
     page = max(1, page)
     query = (
         select(
-            _Episode.id, _Episode.case_id, _Episode.case_kind, _Episode.step, _Episode.reward,
-            doc["num_turns"].as_integer(), doc["invalid_calls"].as_integer(),
+            _Episode.id,
+            _Episode.case_id,
+            _Episode.case_kind,
+            _Episode.step,
+            _Episode.reward,
+            doc["num_turns"].as_integer(),
+            doc["invalid_calls"].as_integer(),
             doc["terminated"].as_boolean(),
-        )  # fmt: skip
+        )
         .where(*where)
         .order_by(*ordering)
         .limit(size)
@@ -504,14 +547,10 @@ def neighbours(engine: Engine, run_id: int, episode_id: int) -> tuple[int | None
     """The ids of the episodes stored just before and just after ``episode_id`` in its run."""
     with engine.connect() as conn:
         before = conn.scalar(
-            select(func.max(_Episode.id)).where(
-                _Episode.run_id == run_id, _Episode.id < episode_id
-            )
+            select(func.max(_Episode.id)).where(_Episode.run_id == run_id, _Episode.id < episode_id)
         )
         after = conn.scalar(
-            select(func.min(_Episode.id)).where(
-                _Episode.run_id == run_id, _Episode.id > episode_id
-            )
+            select(func.min(_Episode.id)).where(_Episode.run_id == run_id, _Episode.id > episode_id)
         )
     return before, after
 
@@ -554,14 +593,19 @@ class Compare:
     moved: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _per_case(engine: Engine, run_id: int, threshold: float) -> dict[str, tuple[str, int, float, int]]:
+def _per_case(
+    engine: Engine, run_id: int, threshold: float
+) -> dict[str, tuple[str, int, float, int]]:
     # within float noise of the threshold counts (a reward of 0.1 + 0.2 reaches 0.3)
     ok = func.sum(case((_Episode.reward >= threshold - 1e-9, 1), else_=0))
     query = (
         select(
-            _Episode.case_id, func.min(_Episode.case_kind), func.count(_Episode.id),
-            func.avg(func.coalesce(_Episode.reward, 0.0)), ok,
-        )  # fmt: skip
+            _Episode.case_id,
+            func.min(_Episode.case_kind),
+            func.count(_Episode.id),
+            func.avg(func.coalesce(_Episode.reward, 0.0)),
+            ok,
+        )
         .where(_Episode.run_id == run_id)
         .group_by(_Episode.case_id)
     )
@@ -579,16 +623,25 @@ def compare_runs(engine: Engine, a: int, b: int, threshold: float, moved: int = 
     """
     per_a, per_b = _per_case(engine, a, threshold), _per_case(engine, b, threshold)
     common = sorted(set(per_a) & set(per_b), key=_case_order)
-    out = Compare(threshold, len(common), len(set(per_a) - set(per_b)), len(set(per_b) - set(per_a)))
+    out = Compare(
+        threshold, len(common), len(set(per_a) - set(per_b)), len(set(per_b) - set(per_a))
+    )
     kinds: dict[str, list[float]] = {}
     rows = []
     for case_id in common:
         ka, na, ma, sa = per_a[case_id]
         _, nb, mb, sb = per_b[case_id]
         row = {
-            "case": case_id, "kind": ka, "a_mean": ma, "b_mean": mb, "a_ok": sa, "a_n": na,
-            "b_ok": sb, "b_n": nb, "delta": mb - ma,
-        }  # fmt: skip
+            "case": case_id,
+            "kind": ka,
+            "a_mean": ma,
+            "b_mean": mb,
+            "a_ok": sa,
+            "a_n": na,
+            "b_ok": sb,
+            "b_n": nb,
+            "delta": mb - ma,
+        }
         solved_a, solved_b = 2 * sa >= na, 2 * sb >= nb
         if solved_b and not solved_a:
             out.fixed.append(row)
@@ -609,9 +662,15 @@ def compare_runs(engine: Engine, a: int, b: int, threshold: float, moved: int = 
         ra, rb = sa / na, sb / nb
         out.kinds.append(
             {
-                "kind": kind, "cases": int(cases), "a_mean": ma, "b_mean": mb, "delta": mb - ma,
-                "a_success": ra, "b_success": rb, "success_delta": rb - ra,
-            }  # fmt: skip
+                "kind": kind,
+                "cases": int(cases),
+                "a_mean": ma,
+                "b_mean": mb,
+                "delta": mb - ma,
+                "a_success": ra,
+                "b_success": rb,
+                "success_delta": rb - ra,
+            }
         )
     rows.sort(key=lambda r: -abs(r["delta"]))
     out.moved = [r for r in rows[:moved] if r["delta"] != 0.0]

@@ -90,7 +90,9 @@ def serve(
     try:
         sock = config.bind_socket()
     except SystemExit:  # uvicorn exits when the port is taken: say so in one line
-        raise ConfigError(f"cannot listen on {host}:{port}: address in use or not available") from None
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: address in use or not available"
+        ) from None
     bound_port = sock.getsockname()[1]
     shown_host = f"[{host}]" if ":" in host else host
     if on_ready is not None:

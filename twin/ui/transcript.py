@@ -100,9 +100,12 @@ def transcript(t: Trajectory) -> Transcript:
             call_id = message.get("tool_call_id")
             entries.append(
                 Entry(
-                    role, pretty(text), tool_name=message.get("name"), tool_call_id=call_id,
+                    role,
+                    pretty(text),
+                    tool_name=message.get("name"),
+                    tool_call_id=call_id,
                     failed=call_id in failed_ids,
-                )  # fmt: skip
+                )
             )
         else:
             entries.append(Entry(role, text))
