@@ -229,6 +229,13 @@ class AlgorithmConfig(_Section):
     is_mask_low: float = Field(
         0.0, ge=0.0, description="Lower bound of rho for the masking corrections (0 = no lower bound)."
     )
+    placebo: bool = Field(
+        False,
+        description="A control run: the batch's advantages are shuffled across its episodes (a seeded "
+        "permutation per step) before the update, so the update has GRPO's size and statistics but "
+        "no relation to which episode earned what. Its change from the starting policy is what "
+        "training does without reward signal; an RL claim is its difference from that.",
+    )
     group_size: int = Field(8, ge=2, description="Episodes per case (G).")
     groups_per_step: int = Field(4, ge=1, description="Cases per optimizer step (N).")
 
@@ -312,6 +319,17 @@ class DataConfig(_Section):
     epochs: int = Field(3, ge=1, description="Passes over the dataset; the run has epochs x ceil(rows / batch_size) steps.")
     batch_size: int = Field(8, ge=1, description="Episodes per optimizer step.")
     shuffle_seed: int | None = Field(None, description="Seed of the per-epoch shuffle (null = the recipe's seed).")
+    holdout: int = Field(
+        0, ge=0,
+        description="Episodes kept out of training (a seeded draw) whose mean assistant-token NLL is "
+        "logged as sft/holdout_loss at the end of every epoch and every holdout_every steps (0 = none).",
+    )
+    holdout_every: int = Field(0, ge=0, description="Also score the held-out loss every N steps (0 = at epoch ends only).")
+    patience: int = Field(
+        0, ge=0,
+        description="Early stopping: end the run when the held-out loss has not improved for this many "
+        "held-out evaluations in a row (0 = never; needs holdout > 0).",
+    )
 
     @field_validator("paths", mode="before")
     @classmethod
@@ -425,6 +443,12 @@ class Recipe(_Section):
                 "algorithm sft needs data.paths: the dataset(s) to train on, e.g. a folder written by "
                 "`twin collect TWIN --policy oracle --out DIR`"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _patience_needs_holdout(self) -> Recipe:
+        if self.data.patience and not self.data.holdout:
+            raise ValueError("data.patience needs data.holdout > 0: early stopping watches the held-out loss")
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ Per group (the ``G`` episodes of one case), where the rollouts are collected (``
     r~_i = r_i + overlong(L_i)                     shaped reward; L_i = tokens the policy wrote
     keep the group iff max(r~) - min(r~) > 0       dynamic sampling (DAPO)
     A_i  = advantage(r~)_i                         grpo | dr_grpo | rloo
+    A    = A[permutation]                          algorithm.placebo only: a control without signal
 
 Per micro-batch of scored episodes (:meth:`trainer.learner.Learner.step`), ``m`` the loss mask::
 
@@ -31,7 +32,7 @@ from twin.errors import ConfigError
 
 __all__ = [
     "LossSettings", "Scored", "Settings", "advantages", "group_rewards", "informative", "objective",
-    "policy_loss", "shaped_rewards",
+    "placebo_advantages", "policy_loss", "shaped_rewards",
 ]  # fmt: skip
 
 
@@ -111,6 +112,16 @@ def group_rewards(group: Any, recipe: Any) -> Tensor:
         rewards, lengths, max_len=recipe.sampler.max_episode_tokens,
         buffer=recipe.algorithm.overlong_buffer, factor=recipe.algorithm.overlong_penalty,
     )  # fmt: skip
+
+
+def placebo_advantages(advantages: Tensor, seed: int) -> Tensor:
+    """The control of ``algorithm.placebo``: the same advantages on a seeded random permutation of
+    the batch's episodes, so the update keeps GRPO's size and statistics but carries no signal
+    about which episode earned what.  # [N, G] -> [N, G]"""
+    flat = advantages.reshape(-1)
+    g = torch.Generator().manual_seed(int(seed) % (2**63))
+    perm = torch.randperm(flat.numel(), generator=g)
+    return flat[perm.to(flat.device)].reshape(advantages.shape)
 
 
 def informative(shaped: Tensor) -> Tensor:

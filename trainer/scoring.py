@@ -428,7 +428,9 @@ def plan_micro_batches(
 
 
 def shared_units(rows: Sequence[int], batch: TrainBatch) -> _SharedPrefixUnits | None:
-    """Rows grouped by their shared loss-free prefix; None when sharing saves nothing."""
+    """Rows grouped by their shared loss-free prefix; when no two rows share a whole one, every
+    row over their longest common prefix (:func:`_common_prefix_unit`); None when sharing saves
+    nothing."""
     by_key: dict[tuple[int, ...], list[int]] = {}
     for i in rows:
         mask = batch.loss_mask[i]
@@ -438,10 +440,34 @@ def shared_units(rows: Sequence[int], batch: TrainBatch) -> _SharedPrefixUnits |
             return None  # an empty prefix would be a fully masked attention row
         by_key.setdefault(tuple(batch.input_ids[i][:length]), []).append(i)
     if all(len(v) == 1 for v in by_key.values()):
-        return None
+        return _common_prefix_unit(rows, batch)
     units = [(len(k), sorted(v, key=lambda i: (-len(batch.input_ids[i]), i))) for k, v in by_key.items()]
     units.sort(key=lambda u: (-(u[0] + max(len(batch.input_ids[i]) - u[0] for i in u[1])), u[1][0]))
     return units
+
+
+#: Shortest common prefix worth a shared pass when rows share no whole prompt (an SFT batch's
+#: system prompt and tool schemas are hundreds of tokens).
+MIN_COMMON_PREFIX = 16
+
+
+def _common_prefix_unit(rows: Sequence[int], batch: TrainBatch) -> _SharedPrefixUnits | None:
+    """One unit of every row over their longest common loss-free prefix: rows of different cases
+    (an SFT batch) still share the system prompt and the tool schemas, run once per micro-batch."""
+    if len(rows) < 2:
+        return None
+    first = rows[0]
+    limit = min(
+        (batch.loss_mask[i].index(1) if 1 in batch.loss_mask[i] else len(batch.loss_mask[i])) - 1
+        for i in rows
+    )  # fmt: skip
+    ref = batch.input_ids[first]
+    length = 0
+    while length < limit and all(batch.input_ids[i][length] == ref[length] for i in rows):
+        length += 1
+    if length < MIN_COMMON_PREFIX:
+        return None
+    return [(length, sorted(rows, key=lambda i: (-len(batch.input_ids[i]), i)))]
 
 
 def is_peft(model: Any) -> bool:

@@ -122,3 +122,37 @@ def test_plan_covers_every_row_once_unit_by_unit(prompts, sizes, tails, budget) 
         )
         assert cost <= budget or len(rows) == 1
     assert sorted(seen) == list(range(len(batch)))
+
+
+def _sft_like_batch() -> TrainBatch:
+    """Rows of different cases: a 24-token system prompt in common, then each its own task."""
+    g = torch.Generator().manual_seed(5)
+    system = torch.randint(5, 200, (24,), generator=g).tolist()
+    ids, masks = [], []
+    for task, turn in ((6, 9), (11, 4), (3, 12), (8, 7)):
+        own = torch.randint(5, 200, (task,), generator=g).tolist()
+        reply = torch.randint(5, 200, (turn,), generator=g).tolist()
+        ids.append(system + own + reply)
+        masks.append([0] * (24 + task) + [1] * turn)
+    return TrainBatch(ids, masks, [[0.0] * len(r) for r in ids], [1.0] * 4)
+
+
+def test_rows_of_different_cases_share_their_common_system_prompt(trainable_tiny) -> None:
+    """An SFT batch: no whole prompt is shared, the system prompt is; it runs once and the loss
+    and gradients are the padded pass's."""
+    model = trainable_tiny(lora=True)
+    batch = _sft_like_batch()
+    learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=100_000))
+    ((rows, units),) = list(learner.scorer.plan(range(len(batch)), batch))
+    assert units is not None and len(units) == 1
+    length, urows = units[0]
+    assert length >= 24 and sorted(urows) == [0, 1, 2, 3]
+    assert all(batch.input_ids[i][:length] == batch.input_ids[0][:length] for i in urows)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    m0, g0 = _run(model, state, shared=False, algorithm={}, optim={"micro_batch_tokens": 100_000}, batch=batch)
+    m1, g1 = _run(model, state, shared=True, algorithm={}, optim={"micro_batch_tokens": 100_000}, batch=batch)
+    scale = max(float(g.abs().max()) for g in g0.values())
+    assert scale > 0
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], atol=1e-5 * max(scale, 1.0), rtol=1e-4), n
+    assert m1["losses/loss"] == pytest.approx(m0["losses/loss"], abs=1e-5, rel=1e-4)
