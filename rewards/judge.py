@@ -20,9 +20,10 @@ OpenAI-compatible server, ``hf:smollm2`` locally, a plugin kind), made by
 - **Concurrency.** :meth:`Judge.ask_many` sends the uncached requests together (at most
   ``concurrency`` in flight) on the judge's own event loop, in a background thread, so a
   synchronous reward term can use it from any thread, inside or outside an event loop.
-- **Failures.** A request that gets no answer within ``timeout`` seconds, or whose answer
-  the caller's parser rejects, is asked again up to ``retries`` times, then raises
-  :class:`JudgeError` saying what the judge said. Nothing is scored as 0 silently.
+- **Failures.** A request that gets no answer within ``timeout`` seconds is asked again, and an
+  answer the caller's parser rejects is followed up (the judge sees its answer and what was
+  wrong with it), up to ``retries`` times; then :class:`JudgeError` says what the judge said.
+  Nothing is scored as 0 silently. The answer is cached under the original request.
 
 Tests and the rollout kit swap the judge for a recorded one with :func:`judge_override`.
 """
@@ -314,11 +315,12 @@ class Judge:
     async def _ask_one(self, messages: Messages, parse: Parser | None, gate: asyncio.Semaphore,
                        pending: int) -> str:
         problems: list[str] = []
+        asked = list(messages)
         for _attempt in range(self.retries + 1):
-            self._reserve(messages, pending)
+            self._reserve(asked, pending)
             async with gate:
                 try:
-                    reply = await asyncio.wait_for(self._policy().act(list(messages), []), self.timeout)
+                    reply = await asyncio.wait_for(self._policy().act(list(asked), []), self.timeout)
                 except TimeoutError:
                     problems.append(f"no answer within {self.timeout:g} s")
                     continue
@@ -336,6 +338,11 @@ class Judge:
                     parse(text)
                 except ValueError as exc:
                     problems.append(f"a malformed answer {text[:200]!r} ({exc})")
+                    # ask again with the judge's own answer and what was wrong with it: at
+                    # temperature 0 the same request would only get the same answer
+                    asked = [*messages, {"role": "assistant", "content": text[:2000]},
+                             {"role": "user", "content": f"That answer could not be read: {exc}. "
+                                                         "Answer again in the required format."}]
                     continue
             self._store(messages, text)
             return text

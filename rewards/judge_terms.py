@@ -65,8 +65,8 @@ Render = Callable[[Any, Any], str]
 
 _SCORE = re.compile(r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _LONE_INT = re.compile(r"^\s*\**\s*(-?\d+)\s*\**\s*\.?\s*$")
-RUBRIC_SYSTEM = ("You grade the work of an AI agent against one question. Read the episode, think "
-                 "briefly, then end your answer with a line 'SCORE: <integer>'.")
+_LEADING_INT = re.compile(r"^\s*\**\s*(-?\d+)\b(?![.,]\d)")  # "4 - it cites...", "4. The reason..."
+RUBRIC_INTRO = "You grade the work of an AI agent against one question."
 GROUP_SYSTEM = ("You compare several attempts by AI agents at the same task and score each from 0 "
                 "to 10 relative to the others: better attempts get higher scores. Answer with JSON "
                 'only: {"scores": {"A": <0-10>, "B": <0-10>, ...}} with one score per attempt.')
@@ -97,7 +97,9 @@ def render_episode(trajectory: Any, case: Any, limit: int = 6000) -> str:
 
 
 def parse_score(text: str, lo: int, hi: int) -> int:
-    """The score in a rubric answer: the last ``SCORE: n``, else a lone integer.
+    """The score in a rubric answer: the last ``SCORE: n``; else an answer that is or starts with
+    an integer (``4``, ``4 - it cites...``); else ``n/hi`` or ``n out of hi``; else the answer's
+    only number.
 
     Raises:
         ValueError: no score, or one outside ``[lo, hi]``.
@@ -106,10 +108,15 @@ def parse_score(text: str, lo: int, hi: int) -> int:
     if found:
         raw = found[-1]
     else:
-        lone = _LONE_INT.match(text)
-        if lone is None:
+        lone = (_LONE_INT.match(text) or _LEADING_INT.match(text)
+                or re.search(rf"\b(-?\d+)\s*(?:/|out of)\s*{hi}\b", text))
+        numbers = re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\d)", text)
+        if lone is not None:
+            raw = lone.group(1)
+        elif len(numbers) == 1:  # "The reason is polite: 4." - the only number is the score
+            raw = numbers[0]
+        else:
             raise ValueError(f"no 'SCORE: <integer>' line (the scale is {lo}-{hi})")
-        raw = lone.group(1)
     value = float(raw)
     if not value.is_integer() or not lo <= value <= hi:
         raise ValueError(f"score {raw} is not an integer in {lo}-{hi}")
@@ -165,9 +172,10 @@ class RubricTerm(Term):
     def request(self, trajectory: Any, case: Any) -> Messages:
         """The judge request for one episode."""
         lo, hi = self.scale
-        user = (f"Question: {self.question}\nScale: {lo} (worst) to {hi} (best).\n\n"
-                f"Episode:\n{self.render(trajectory, case)}\n\nEnd with 'SCORE: <{lo}-{hi}>'.")
-        return [{"role": "system", "content": RUBRIC_SYSTEM}, {"role": "user", "content": user}]
+        mid = (lo + hi) // 2
+        user = (f"{RUBRIC_INTRO}\n\nEpisode:\n{self.render(trajectory, case)}\n\nQuestion: {self.question} "
+                f"Answer with a number from {lo} (worst) to {hi} (best), like this: SCORE: {mid}")
+        return [{"role": "user", "content": user}]  # one message: small judges follow it best
 
     def parse(self, text: str) -> int:
         """The integer score in an answer (raises ``ValueError`` when malformed)."""
