@@ -83,6 +83,7 @@ __all__ = [
     "RunInfo",
     "RunNotFoundError",
     "RunStore",
+    "damaged_store_message",
     "resolve_url",
 ]
 
@@ -320,6 +321,8 @@ class RunStore:
         echo: Log SQL statements (debugging).
         heartbeat_s: Seconds between heartbeats of the runs this store writes.
         stale_after_s: A running run silent for longer reads back as ``interrupted``.
+        create: Create a missing SQLite file (and its folders); False: a missing file is an
+            error (readers such as ``twin runs`` create nothing).
 
     Attributes:
         url: The store's URL, its password (if any) masked: safe to print.
@@ -327,7 +330,8 @@ class RunStore:
 
     Raises:
         ConfigError: the URL cannot be parsed, its driver is not installed, the file is not
-            a database, or the database server cannot be reached.
+            a database (or, with ``create=False``, does not exist), or the database server
+            cannot be reached.
     """
 
     def __init__(
@@ -337,6 +341,7 @@ class RunStore:
         echo: bool = False,
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
+        create: bool = True,
     ) -> None:
         if not 0 < heartbeat_s < stale_after_s:
             raise ConfigError(
@@ -363,6 +368,11 @@ class RunStore:
         )
         backend = parsed.get_backend_name()
         if backend == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            if not create and not Path(parsed.database).is_file():
+                raise ConfigError(
+                    f"no run store at {self.url!r}: the file does not exist (twin eval and twin train "
+                    "create it); check --store or $TWINRL_STORE"
+                )
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         try:
             self.engine: Engine = create_engine(
@@ -802,4 +812,14 @@ def _info(row: _Run, count: int, mean: float | None) -> RunInfo:
         pid=row.pid,
         host=row.host,
         heartbeat_at=row.heartbeat_at,
+    )
+
+
+def damaged_store_message(url: str, exc: DatabaseError) -> str:
+    """One line for a database error while reading a store (a SQLite file with corrupted pages,
+    a table a foreign tool altered): what failed and what to do, without the SQL."""
+    reason = (str(getattr(exc, "orig", exc) or exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return (
+        f"the run store {url!r} cannot be read: {reason}; it may be damaged (a SQLite file can be "
+        "checked with `sqlite3 FILE 'PRAGMA integrity_check'`); give another --store to keep working"
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -32,8 +34,8 @@ def runs(
         return
     from twin.store import RunStore
 
-    with errors():
-        run_store = RunStore(store)
+    with errors(), _readable(store):
+        run_store = RunStore(store, create=False)
         rows = run_store.runs(limit, kind=kind)
         run_store.close()
     if as_json:
@@ -75,8 +77,8 @@ def runs_show(
     """Show one run: its config, summary metrics and first episodes."""
     from twin.store import RunStore
 
-    with errors():
-        run_store = RunStore(store)
+    with errors(), _readable(store):
+        run_store = RunStore(store, create=False)
         info = run_store.run(run_id)
         trajs = run_store.episodes(run_id, limit=episodes)
         run_store.close()
@@ -114,6 +116,26 @@ def runs_show(
             cells.append(escape(_short(str(t.info.get("error", "")), 200)))
         table.add_row(*cells)
     console.print(table)
+
+
+@contextmanager
+def _readable(store: str | None) -> Iterator[None]:
+    """A database error while reading (a damaged SQLite file) as a one-line ConfigError."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, DatabaseError
+
+    from twin.errors import ConfigError
+    from twin.store import damaged_store_message, resolve_url
+
+    try:
+        yield
+    except DatabaseError as exc:
+        url = resolve_url(store)
+        try:
+            url = make_url(url).render_as_string(hide_password=True)
+        except ArgumentError:
+            pass
+        raise ConfigError(damaged_store_message(url, exc)) from None
 
 
 def _status_text(status: str) -> str:

@@ -539,3 +539,31 @@ def test_public_names(module):
     assert sorted(mod.__all__) == list(mod.__all__)
     for name in mod.__all__:
         assert hasattr(mod, name), name
+
+
+def test_twin_runs_on_a_damaged_or_missing_store_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from twinrl_cli import app
+
+    db = tmp_path / "runs.db"
+    with RunStore(db) as store:
+        for i in range(40):  # several pages of runs
+            store.finish_run(store.start_run("eval", f"Twin{i}", "policy" * 40, config={"pad": "x" * 2000}))
+    data = bytearray(db.read_bytes())
+    page = 4096
+    assert len(data) > 4 * page
+    data[2 * page : len(data) - page] = b"\xa5" * (len(data) - 3 * page)  # corrupted pages, header intact
+    db.write_bytes(bytes(data))
+    runner = CliRunner()
+    for args in (["runs"], ["runs", "show", "1"]):
+        result = runner.invoke(app, [*args, "--store", str(db)])
+        assert result.exit_code == 2, result.output
+        assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
+        assert "cannot be read" in result.output and "damaged" in result.output
+        assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 3
+    # a store that does not exist is an error, and reading creates no folder or file
+    missing = tmp_path / "no" / "such" / "dir" / "runs.db"
+    result = runner.invoke(app, ["runs", "--store", str(missing)])
+    assert result.exit_code == 2 and "no run store" in result.output, result.output
+    assert not (tmp_path / "no").exists()
