@@ -104,8 +104,9 @@ class RecordedJudge:
             self.asked.append(key)
             if key in self.answers:
                 return self.answers[key]
-            if self.in_order:
-                return self.in_order.pop(0)
+            if self.in_order:  # the same request asked again gets the same answer
+                self.answers[key] = self.in_order.pop(0)
+                return self.answers[key]
         prompt = " ".join(str(messages[-1].get("content") or "").split())[:200] if messages else ""
         raise JudgeError(
             f"no recorded judge answer for request {key} in {self.source} (prompt starts {prompt!r}); "

@@ -301,3 +301,10 @@ def test_smollm2_judges_through_the_hf_spec(tmp_path, monkeypatch) -> None:
     fresh = rubric_term("polite", again, "Is the reason polite?", render=lambda t, c: "REASON: " + t.submission["reason"])
     assert Reward({fresh: 1.0})(_episode("Thank you kindly, the order is refunded."), CASE).total == result.total
     assert again.usage.total_calls == 0 and again.policy is None  # answered from disk: no model loaded
+
+
+def test_the_judge_example_in_the_rewards_guide_runs_offline(capsys) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "rewards.md").read_text()
+    (example,) = re.findall(r"```py\n(.*?)```", doc, re.DOTALL)
+    exec(compile(example, "docs/rewards.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines() == ["[1.0, 0.0]", "SCORE: 5"]

@@ -128,7 +128,9 @@ def test_recorded_judge_answers_in_order_then_refuses() -> None:
     term_ = rubric_term("q", Judge("openai:x", cache_dir=None), "Good?")
     case = Case(twin="T", split="test", index=0, task={}, truth={})
     traj = submission_trajectory(case, {"a": 1})
+    other = submission_trajectory(case, {"a": 2})
     with judge_override(judge):
         assert Reward({term_: 1.0})(traj, case).total == 0.75
+        assert Reward({term_: 1.0})(traj, case).total == 0.75  # the same request: the same answer
         with pytest.raises(TermError, match="no recorded judge answer"):
-            Reward({term_: 1.0})(traj, case)
+            Reward({term_: 1.0})(other, case)
