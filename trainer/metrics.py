@@ -7,18 +7,24 @@ Each line of ``metrics.jsonl`` is ``{"step": s, "<name>": value, ...}``.
 
 Sinks (``train.log`` in a recipe): ``jsonl`` (always written: resuming reads it back),
 ``tensorboard``, ``wandb`` and ``trackio``. W&B and trackio get every finite scalar per step
-(``rewards/<component>`` included) and, when the trainer passes the step's episodes, a table
-``episodes`` with one row per episode: case, prompt, tool calls, tool results, reward and its
-breakdown. Their own settings apply (``WANDB_MODE=offline``, ``WANDB_PROJECT``, ``TRACKIO_DIR``;
-trackio logs locally unless given a Space).
+(``rewards/<component>`` included) and, every ``table_every`` steps when the trainer passes the
+step's episodes, a table ``episodes`` of up to ``table_rows`` of them, picked across the reward
+range (best, worst and between): case, prompt, the model's raw text per turn, tool calls, tool
+results, reward, then one column per reward term (``term/<name>``, its weighted contribution).
+Their own settings win over ours: W&B's ``WANDB_PROJECT``, ``WANDB_DIR``, ``WANDB_NAME``,
+``WANDB_RESUME`` (and ``WANDB_MODE``, ``WANDB_ENTITY``, ...), trackio's ``TRACKIO_DIR`` and
+``TRACKIO_SPACE_ID`` (trackio logs locally unless given a Space).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import math
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,14 +34,20 @@ __all__ = [
     "MetricsLogger",
     "close_training_run",
     "episode_rows",
+    "episode_table",
+    "log_evaluation",
     "open_training_run",
     "plot_rewards",
     "read_metrics",
+    "sample_episodes",
+    "wandb_settings",
 ]
 
 #: The metric sinks a recipe's ``train.log`` may name.
 LOG_SINKS = ("jsonl", "tensorboard", "wandb", "trackio")
-EPISODE_COLUMNS = ["case_id", "prompt", "calls", "tool_results", "reward", "breakdown"]
+#: The episode table's first columns; one ``term/<name>`` column per reward term follows.
+EPISODE_COLUMNS = ["case_id", "prompt", "text", "calls", "tool_results", "reward"]
+TERM_PREFIX = "term/"
 _CELL = 2000  # characters kept per table cell: a table is for reading, the run store keeps all
 
 log = logging.getLogger("twinrl.trainer")
@@ -111,9 +123,12 @@ class MetricsLogger:
         tensorboard: None = use TensorBoard when installed; False = never (without ``sinks``).
         sinks: Names from :data:`LOG_SINKS`; None = ``jsonl`` plus TensorBoard when installed.
             ``wandb`` / ``trackio`` must be installed (``pip install 'twinrl[integrations]'``).
-        project: The W&B / trackio project.
-        run_name: The W&B / trackio run name (default: the output folder's name).
+        project: The W&B / trackio project (``$WANDB_PROJECT`` wins for W&B).
+        run_name: The W&B / trackio run name (default: the output folder's name; ``$WANDB_NAME``
+            wins for W&B).
         config: The run's configuration, stored with the W&B / trackio run.
+        table_every: Log the episode table every this many steps (the first step always).
+        table_rows: Most episodes in one table (picked across the reward range).
 
     Raises:
         ValueError: an unknown sink name, or a sink whose library is not installed.
@@ -129,7 +144,14 @@ class MetricsLogger:
         project: str = "twinrl",
         run_name: str | None = None,
         config: dict[str, Any] | None = None,
+        table_every: int = 10,
+        table_rows: int = 16,
     ) -> None:
+        if table_every < 1 or table_rows < 1:
+            raise ValueError(f"need table_every >= 1 and table_rows >= 1, got {table_every}, {table_rows}")
+        self.table_every = table_every
+        self.table_rows = table_rows
+        self._tables = 0
         self.dir = Path(output_dir)
         unknown = [name for name in sinks or () if name not in LOG_SINKS]
         if unknown:
@@ -160,8 +182,8 @@ class MetricsLogger:
         if sinks is not None and "wandb" in sinks:
             wandb = _import_sink("wandb")
             self._wandb = wandb.init(
-                project=project, name=name, dir=str(self.dir), config=config or {},
-                resume="allow" if resume_step is not None else None, reinit="create_new",
+                config=config or {}, reinit="create_new",
+                **wandb_settings(project, name, self.dir, resume=resume_step is not None),
             )
         if sinks is not None and "trackio" in sinks:
             self._trackio = _import_sink("trackio")
@@ -197,20 +219,30 @@ class MetricsLogger:
             for k, v in scalars.items():
                 self._tb.add_scalar(k, v, step)
             self._tb.flush()
-        rows = episode_rows(episodes) if episodes else None
+        table = None
+        if episodes and (self._wandb is not None or self._trackio is not None):
+            if self._tables == 0 or step % self.table_every == 0:
+                table = episode_table(sample_episodes(episodes, self.table_rows))
+                self._tables += 1
+        self.log_trackers(scalars, step, table)
+        return record
+
+    def log_trackers(
+        self, scalars: dict[str, float], step: int, table: tuple[list[str], list[list[Any]]] | None
+    ) -> None:
+        """Send ``scalars`` and an episode ``table`` (columns, rows) to W&B and trackio."""
         if self._wandb is not None:
             import wandb
 
             payload: dict[str, Any] = dict(scalars)
-            if rows:
-                payload["episodes"] = wandb.Table(columns=EPISODE_COLUMNS, data=rows)
+            if table:
+                payload["episodes"] = wandb.Table(columns=table[0], data=table[1])
             self._wandb.log(payload, step=int(step))
         if self._trackio is not None:
             payload = dict(scalars)
-            if rows:
-                payload["episodes"] = self._trackio.Table(columns=EPISODE_COLUMNS, data=rows)
+            if table:
+                payload["episodes"] = self._trackio.Table(columns=table[0], data=table[1])
             self._trackio_run.log(payload, step=int(step))
-        return record
 
     def close(self) -> None:
         """Flush and close TensorBoard, W&B and trackio."""
@@ -225,13 +257,29 @@ class MetricsLogger:
             self._trackio = None
 
 
+def wandb_settings(project: str, name: str, folder: Path, *, resume: bool) -> dict[str, Any]:
+    """``wandb.init`` arguments for what W&B's own variables do not already set: W&B reads
+    ``WANDB_PROJECT``, ``WANDB_NAME``, ``WANDB_DIR`` and ``WANDB_RESUME`` only when the argument
+    is not given, so an argument would override the user's setting."""
+    out: dict[str, Any] = {}
+    if not os.environ.get("WANDB_PROJECT"):
+        out["project"] = project
+    if not os.environ.get("WANDB_NAME"):
+        out["name"] = name
+    if not os.environ.get("WANDB_DIR"):
+        out["dir"] = str(folder)
+    if resume and not os.environ.get("WANDB_RESUME"):
+        out["resume"] = "allow"
+    return out
+
+
 def _import_sink(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError:
         raise ValueError(
             f"log sink {name!r} needs the {name} package, which is not installed; "
-            "pip install 'twinrl[integrations]'"
+            "pip install 'twinrl[trackers]'"
         ) from None
 
 
@@ -240,26 +288,50 @@ def _cell(value: Any) -> str:
     return text if len(text) <= _CELL else text[: _CELL - 1] + "\u2026"
 
 
-def episode_rows(episodes: Sequence[Any]) -> list[list[Any]]:
-    """One table row per trajectory: case, prompt, calls, tool results, reward, breakdown.
+def sample_episodes(episodes: Sequence[Any], n: int) -> list[Any]:
+    """At most ``n`` of ``episodes``, spread over the reward range: sorted by reward, the best,
+    the worst and evenly spaced ones between (deterministic; unscored ones count as lowest)."""
+    ranked = sorted(episodes, key=lambda t: (t.reward if t.reward is not None else -math.inf,
+                                             t.case_id))
+    if len(ranked) <= n:
+        return ranked
+    if n == 1:
+        return [ranked[-1]]
+    picks = sorted({round(i * (len(ranked) - 1) / (n - 1)) for i in range(n)})
+    return [ranked[i] for i in picks]
 
-    The prompt is the chat before the first assistant turn; calls are ``name(arguments)``
-    lines; tool results are the ``tool`` messages; the breakdown is the weighted terms and
-    penalties (or the raw components when nothing is weighted).
+
+def episode_table(episodes: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
+    """The episode table: :data:`EPISODE_COLUMNS` then one ``term/<name>`` column per reward term.
+
+    The prompt is the chat before the first assistant turn; ``text`` is what the model wrote in
+    each turn, raw (text-format calls and unparsable output included, so an episode whose calls
+    failed to parse still shows what was said); calls are ``name(arguments)`` lines; tool
+    results are the ``tool`` messages; each term column holds the term's weighted contribution
+    (the raw component when the reward weights nothing), empty where an episode lacks it.
     """
+    terms = sorted({name for t in episodes for name in (dict(t.weighted) or dict(t.components))})
     rows = []
     for t in episodes:
         messages = list(t.messages)
         first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
         prompt = "\n\n".join(f"[{m.get('role')}] {m.get('content') or ''}" for m in messages[:first])
+        said = [m.get("content") for m in messages if m.get("role") == "assistant"]
+        text = "\n\n".join(f"[turn {i}] {c}" for i, c in enumerate(said, 1) if c)
         calls = "\n".join(
             f"{c.name}({json.dumps(c.arguments, default=str, ensure_ascii=False)})" for c in t.calls
         )
         results = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
-        breakdown = dict(t.weighted) or dict(t.components)
+        values = dict(t.weighted) or dict(t.components)
         reward = float(t.reward) if t.reward is not None else float("nan")
-        rows.append([t.case_id, _cell(prompt), _cell(calls), _cell(results), reward, _cell(breakdown)])
-    return rows
+        row = [t.case_id, _cell(prompt), _cell(text), _cell(calls), _cell(results), reward]
+        rows.append(row + [float(values[k]) if k in values else None for k in terms])
+    return EPISODE_COLUMNS + [TERM_PREFIX + k for k in terms], rows
+
+
+def episode_rows(episodes: Sequence[Any]) -> list[list[Any]]:
+    """The rows of :func:`episode_table` (every episode, in order)."""
+    return episode_table(episodes)[1]
 
 
 def plot_rewards(history: list[dict[str, Any]], path: str | Path, *, title: str = "reward") -> Path | None:
@@ -295,3 +367,48 @@ def plot_rewards(history: list[dict[str, Any]], path: str | Path, *, title: str 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def log_evaluation(
+    tracker: str, summary: dict[str, Any], episodes: Sequence[Any], *, project: str = "twinrl",
+    run_name: str | None = None, table_rows: int = 64,
+) -> None:
+    """Send one evaluation (``twin eval --tracker``) to W&B or trackio: its summary figures as
+    scalars (``eval/reward_mean``, ``eval/success_rate``, ``eval/components/<name>``,
+    ``eval/pass@k``, ...) and an ``episodes`` table (:func:`episode_table`) of up to
+    ``table_rows`` episodes across the reward range. The trackers' own variables win
+    (:func:`wandb_settings`; ``TRACKIO_DIR``, ``TRACKIO_SPACE_ID``).
+
+    Raises:
+        ValueError: an unknown tracker, or its library is not installed.
+    """
+    if tracker not in ("wandb", "trackio"):
+        raise ValueError(f"unknown tracker {tracker!r}; allowed: wandb, trackio")
+    lib = _import_sink(tracker)
+    name = run_name or f"eval-{summary.get('twin')}-{summary.get('policy')}"
+    scalars = {f"eval/{k}": float(v) for k, v in summary.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    for group in ("components", "pass@k", "pass^k"):
+        for k, v in (summary.get(group) or {}).items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                scalars[f"eval/{group}/{k}"] = float(v)
+    columns, rows = episode_table(sample_episodes(episodes, table_rows))
+    config = {k: summary.get(k) for k in ("twin", "policy", "split", "run_id", "group_size")}
+    # The trackers print progress lines; stdout is for the command's own output (`--json`).
+    with contextlib.redirect_stdout(sys.stderr):
+        _log_one_step(lib, tracker, project, name, config, scalars, columns, rows)
+
+
+def _log_one_step(
+    lib: Any, tracker: str, project: str, name: str, config: dict[str, Any],
+    scalars: dict[str, float], columns: list[str], rows: list[list[Any]],
+) -> None:
+    if tracker == "wandb":
+        run = lib.init(config=config, reinit="create_new",
+                       **wandb_settings(project, name, Path.cwd(), resume=False))
+        run.log({**scalars, "episodes": lib.Table(columns=columns, data=rows)}, step=0)
+        run.finish()
+    else:
+        run = lib.init(project=project, name=name, config=config)
+        run.log({**scalars, "episodes": lib.Table(columns=columns, data=rows)}, step=0)
+        lib.finish()  # the module's finish: no run left for trackio's exit hook to finish again

@@ -163,6 +163,18 @@ def eval_(
             " else a local one; pip install 'twinrl[ray]').",
         ),
     ] = "local",
+    tracker: Annotated[
+        str | None,
+        typer.Option(
+            "--tracker",
+            help="Also send the result to wandb or trackio: summary scalars and an episode table"
+            " (raw model text, one column per reward term); their own variables apply"
+            " (WANDB_PROJECT, WANDB_MODE, TRACKIO_DIR, ...). pip install 'twinrl[trackers]'.",
+        ),
+    ] = None,
+    tracker_project: Annotated[
+        str, typer.Option("--tracker-project", help="Project of --tracker (WANDB_PROJECT wins).")
+    ] = "twinrl",
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a policy on a twin's cases: reward, components, pass@k, pass^k; store the run.
@@ -175,6 +187,11 @@ def eval_(
     from twin.store import RunStore
 
     with errors():
+        if tracker is not None and tracker not in ("wandb", "trackio"):
+            from twin.errors import ConfigError
+
+            raise ConfigError(f"--tracker must be wandb or trackio, got {tracker!r}")
+        tracker_lib = _tracker_library(tracker)
         settings = load_policy_file(policy_file) if policy_file else PolicySettings()
         settings = settings.merged(
             policy=policy,
@@ -209,12 +226,37 @@ def eval_(
             if run_store is not None:
                 run_store.close()
         summary = result.summary
+    if tracker_lib is not None:
+        from trainer.metrics import log_evaluation
+
+        episodes = [t for g in result.groups for t in g.trajectories]
+        log_evaluation(tracker_lib, summary, episodes, project=tracker_project)
     if as_json:
         dump(summary)
     else:
         print_summary(summary)
     if summary["errors"]:
         raise typer.Exit(EXIT_EPISODES_FAILED)
+
+
+def _tracker_library(tracker: str | None) -> str | None:
+    """``tracker`` once its library imports (checked before the evaluation runs).
+
+    Raises:
+        MissingDependencyError: it is not installed; the message names the extra.
+    """
+    if tracker is None:
+        return None
+    import importlib.util
+
+    from twin.errors import MissingDependencyError
+
+    if importlib.util.find_spec(tracker) is None:
+        raise MissingDependencyError(
+            f"--tracker {tracker} needs the {tracker} package, which is not installed: "
+            "pip install 'twinrl[trackers]'"
+        )
+    return tracker
 
 
 def print_summary(summary: dict[str, Any], out: Console | None = None) -> None:
