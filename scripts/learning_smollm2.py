@@ -24,6 +24,14 @@ the heuristic's good episodes among 16 (one epoch, 2 per step), 2 GRPO steps. It
 ran with one torch thread and its model evaluations with two (``--threads 2``, on an idle machine).
 
 Run it with ``nohup ... > runs/learning-smollm2/log.txt 2>&1 &``; each stage logs its wall-clock.
+Stopped (a crash, a reboot, Ctrl-C), it picks up where it stopped when run again with the same
+arguments: finished stages are skipped, SFT and GRPO continue from their newest checkpoint
+(``--resume``), an evaluation or a collection that did not finish runs again.
+
+``--chain expert`` runs the same stages with the compact expert teacher (``twin collect catalog
+--policy compact``: 1.000 on every test case), the recipes ``catalog-smollm2-expert-*-cpu.yaml``
+(bf16 autocast, 192-token turns, a held-out SFT loss, groups of 8 with dynamic sampling, RLOO) into
+``runs/learning-smollm2-expert/`` (its report too).
 """
 
 from __future__ import annotations
@@ -49,6 +57,39 @@ GRPO_RECIPE = "data/recipes/catalog-smollm2-grpo-cpu.yaml"
 TWIN_SETS = ["prompt_style=compact", "max_turns=3"]
 #: Per-turn token limit of every model evaluation: the heuristic's longest turn is 109 tokens.
 MAX_NEW_TOKENS = 112
+#: The SFT teacher (a catalog baseline) and the reward its kept episodes reach.
+TEACHER = {"policy": "heuristic", "min_reward": "0.9"}
+
+#: ``--chain``: what differs between the reported heuristic-teacher run and the expert chain.
+#: The expert chain's teacher is ``compact`` (careful's decisions in the fewest tokens, 1.000 on
+#: every test case); its recipes use bf16 autocast, 192-token turns, groups of 8 with dynamic
+#: sampling; its report goes to its run folder, not docs/learning/.
+CHAINS: dict[str, dict[str, Any]] = {
+    "heuristic": {
+        "run_dir": RUN_DIR, "docs_dir": DOCS_DIR, "sft_recipe": SFT_RECIPE, "grpo_recipe": GRPO_RECIPE,
+        "max_new_tokens": 112, "teacher": "heuristic", "min_reward": "0.9", "eval_options": "",
+        "defaults": {"collect_episodes": 16, "sft_epochs": 1, "sft_batch_size": 2, "grpo_steps": 2},
+    },
+    "expert": {
+        "run_dir": ROOT / "runs" / "learning-smollm2-expert",
+        "docs_dir": ROOT / "runs" / "learning-smollm2-expert" / "report",
+        "sft_recipe": "data/recipes/catalog-smollm2-expert-sft-cpu.yaml",
+        "grpo_recipe": "data/recipes/catalog-smollm2-expert-grpo-cpu.yaml",
+        "max_new_tokens": 192, "teacher": "compact", "min_reward": "0.99", "eval_options": ",autocast=bfloat16",
+        "defaults": {"collect_episodes": 400, "sft_epochs": 1, "sft_batch_size": 8, "grpo_steps": 8},
+    },
+}
+
+
+def use_chain(name: str) -> dict[str, Any]:
+    """Point the module's settings at chain ``name`` (:data:`CHAINS`); return its defaults."""
+    global RUN_DIR, DOCS_DIR, SFT_RECIPE, GRPO_RECIPE, MAX_NEW_TOKENS
+    chain = CHAINS[name]
+    RUN_DIR, DOCS_DIR = chain["run_dir"], chain["docs_dir"]
+    SFT_RECIPE, GRPO_RECIPE = chain["sft_recipe"], chain["grpo_recipe"]
+    MAX_NEW_TOKENS = chain["max_new_tokens"]
+    TEACHER.update(policy=chain["teacher"], min_reward=chain["min_reward"])
+    return dict(chain["defaults"])
 STAGES = ("refs", "collect", "zeroshot", "sft", "sft_eval", "grpo", "grpo_eval", "report")
 #: The policies of the table before the GRPO rows (see :func:`rows`): (evaluation name, label).
 BASE_ROWS = (
@@ -193,14 +234,19 @@ def export_episodes(run_id: int, out: Path, store_path: Path) -> None:
             }) + "\n")
 
 
+def data_dir() -> Path:
+    """The teacher's dataset folder of this chain."""
+    return RUN_DIR / f"data-{TEACHER['policy']}"
+
+
 def collect(args: argparse.Namespace) -> None:
-    out = RUN_DIR / "data-heuristic"
+    out = data_dir()
     if (out / "dataset.json").exists():
-        log("collect: data-heuristic exists, skipped")
+        log(f"collect: {out.name} exists, skipped")
         return
     cmd = twin_cmd(
-        "collect", "catalog", "--policy", "heuristic", "--split", "train",
-        "--episodes", str(args.collect_episodes), "--min-reward", "0.9", "--out", str(out),
+        "collect", "catalog", "--policy", TEACHER["policy"], "--split", "train",
+        "--episodes", str(args.collect_episodes), "--min-reward", TEACHER["min_reward"], "--out", str(out),
         "--store", str(args.store), "--no-progress",
     )
     for s in TWIN_SETS:
@@ -218,6 +264,19 @@ def evaluate_grpo(policy: str, args: argparse.Namespace) -> None:
         log(f"grpo: the run is at step {step}, not {args.grpo_steps}; not evaluated")
         return
     evaluate("grpo", f"hf:{RUN_DIR / 'grpo'},{policy}", args)
+
+
+def sft_finished(out: Path) -> bool:
+    """Whether the SFT run in ``out`` reached its last step (or stopped early): its newest
+    checkpoint says so (``total_steps``); a checkpoint without it is a finished one-checkpoint run."""
+    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        return False
+    state = load_checkpoint(ckpt)
+    total = state.get("total_steps")
+    return total is None or int(state["step"]) >= int(total) or bool(state.get("stopped_early"))
 
 
 def last_step(out: Path) -> int:
@@ -261,19 +320,22 @@ def train_grpo(args: argparse.Namespace) -> bool:
 def train(stage: str, args: argparse.Namespace, steps: int = 0) -> bool:
     """Run the SFT stage, or GRPO to ``steps``; True when it continued an earlier run.
 
-    A stage whose checkpoints already reach its length is skipped; a GRPO run with fewer steps
-    continues from its newest checkpoint (``--resume``).
+    A stage whose checkpoints already reach its length is skipped; a run stopped before it
+    continues from its newest checkpoint (``--resume``): SFT's checkpoints record its length.
     """
     out = RUN_DIR / stage
     done = last_step(out)
-    if done and (stage == "sft" or done >= steps):
+    if done and (sft_finished(out) if stage == "sft" else done >= steps):
         log(f"{stage}: {out.name}/checkpoints reach step {done}, skipped")
         return False
     sets = [f"train.output_dir={out}", "twin.config.max_turns=3"]
     if stage == "sft":
-        sets += [f"data.paths=[{RUN_DIR / 'data-heuristic'}]", f"data.epochs={args.sft_epochs}",
+        sets += [f"data.paths=[{data_dir()}]", f"data.epochs={args.sft_epochs}",
                  f"data.batch_size={args.sft_batch_size}", f"eval.cases={args.sft_eval_cases}"]
         cmd = twin_cmd("sft", SFT_RECIPE)
+        if done:
+            log(f"sft: continuing from step {done}")
+            cmd.append("--resume")
     else:
         sets += [f"model.init_from={RUN_DIR / 'sft'}", f"train.steps={steps}"]
         cmd = twin_cmd("train", GRPO_RECIPE)
@@ -483,12 +545,16 @@ def report(args: argparse.Namespace) -> None:
 # -- main --------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--chain", choices=sorted(CHAINS), default="heuristic",
+                   help="heuristic: the reported run (heuristic teacher); expert: the compact teacher, "
+                        "bf16 autocast, groups of 8 with dynamic sampling (runs/learning-smollm2-expert)")
     p.add_argument("--test-cases", type=int, default=200, help="test cases 0..N-1 for every policy (200 = the whole split)")
-    p.add_argument("--collect-episodes", type=int, default=16, help="heuristic train episodes run (kept: reward >= 0.9)")
-    p.add_argument("--sft-epochs", type=int, default=1)
-    p.add_argument("--sft-batch-size", type=int, default=2)
+    p.add_argument("--collect-episodes", type=int, default=None,
+                   help="teacher train episodes run (kept: the chain's min reward); default 16 (heuristic), 400 (expert)")
+    p.add_argument("--sft-epochs", type=int, default=None, help="default 1")
+    p.add_argument("--sft-batch-size", type=int, default=None, help="default 2 (heuristic), 8 (expert)")
     p.add_argument("--sft-eval-cases", type=int, default=0, help="dev cases scored during SFT (0 = none)")
-    p.add_argument("--grpo-steps", type=int, default=2)
+    p.add_argument("--grpo-steps", type=int, default=None, help="default 2 (heuristic), 8 (expert)")
     p.add_argument("--grpo-eval-at", type=int, action="append", default=[], metavar="K",
                    help="also score GRPO's checkpoint of step K (repeatable; K < --grpo-steps)")
     p.add_argument("--eval-batch", type=int, default=24,
@@ -497,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per stage (2 on an idle 2-core machine)")
     p.add_argument("--only", choices=STAGES, action="append", help="run only these stages (repeatable)")
     args = p.parse_args(argv)
+    for key, value in use_chain(args.chain).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if not 1 <= args.test_cases <= 200:
         p.error(f"--test-cases must be in 1..200 (the catalog test split has 200 cases), got {args.test_cases}")
     if any(not 1 <= k < args.grpo_steps for k in args.grpo_eval_at):
@@ -509,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         (RUN_DIR / "sizes.json").write_text(json.dumps(sizes, indent=1) + "\n")
     THREADS[0] = str(args.threads)
     batch = min(args.eval_batch, args.test_cases)
-    policy = f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}"
+    policy = f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}" + CHAINS[args.chain]["eval_options"]
     actions = {
         "refs": lambda: (evaluate("heuristic", "heuristic", args), evaluate("careful", "careful", args)),
         "collect": lambda: collect(args),
