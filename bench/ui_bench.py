@@ -170,7 +170,9 @@ class _Summary:
         }
 
 
-def fill(path: Path, episodes: int, steps: int, episode_kb: float, seed: int) -> dict[str, int]:
+def fill(
+    path: Path, episodes: int, steps: int, episode_kb: float, seed: int, with_summary: bool = True
+) -> dict[str, int]:
     """Write the three runs; return their ids."""
     rng = random.Random(seed)
     padding = "policy text " * max(0, int(episode_kb * 1024 - 1600) // 12)
@@ -190,7 +192,8 @@ def fill(path: Path, episodes: int, steps: int, episode_kb: float, seed: int) ->
                 run.add_episodes(batch)
                 summary.add(batch)
                 print(f"\r{name}: {first + len(batch):,}/{count:,} episodes", end="", flush=True)
-            run.metrics = summary.metrics()
+            if with_summary:  # else the run page counts the figures from the episodes
+                run.metrics = summary.metrics()
             ids[name] = run.id
         print()
     with store.track_run("train", "Catalog", "tiny") as run:
@@ -258,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episode-kb", type=float, default=4.0)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-summary",
+        action="store_true",
+        help="store the evaluations without their summary, as an unfinished run: the run page "
+        "then counts every figure from the episodes (its slowest path)",
+    )
     args = parser.parse_args(argv)
     if args.episodes < 10:
         parser.error(f"--episodes must be at least 10, got {args.episodes}")
@@ -275,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         ids["big_episodes"] = runs[2].episodes
         print(f"reusing {path} ({sum(r.episodes for r in runs):,} episodes)")
     else:
-        ids = fill(path, args.episodes, args.steps, args.episode_kb, args.seed)
+        ids = fill(path, args.episodes, args.steps, args.episode_kb, args.seed, not args.no_summary)
         ids["big_episodes"] = args.episodes * 9 // 10
     ids["first_episode"] = 1
     rows = measure(path, ids, args.repeat)

@@ -87,6 +87,23 @@ def test_a_runs_summary_and_its_episodes_give_the_same_figures(planted_store) ->
     engine.dispose()
 
 
+def test_a_run_without_summary_is_counted_in_one_pass(planted_store) -> None:
+    from twin.ui.queries import run_figures
+    from twin.ui.store import open_readonly
+
+    engine, _ = open_readonly(planted_store["path"])
+    row, kinds, terms = run_figures(engine, planted_store["b"])  # no summary stored
+    engine.dispose()
+    # rewards 1, 1 (ok_listing), -0.5, 1 (counterfeit)
+    assert row.episodes == 4 and row.reward_mean == pytest.approx(0.625)
+    assert row.reward_lo == pytest.approx(0.625 - 1.959964 * 0.75 / 2, abs=1e-5)
+    assert [(k["kind"], k["episodes"], k["reward_mean"]) for k in kinds] == [
+        ("counterfeit", 2, pytest.approx(0.25)),
+        ("ok_listing", 2, pytest.approx(1.0)),
+    ]
+    assert dict(terms) == pytest.approx({"policy": 0.625, "submitted": 1.0})
+
+
 def test_failed_and_interrupted_runs_read_as_such(planted_store) -> None:
     path = planted_store["path"]
     store = RunStore(path)
@@ -155,6 +172,10 @@ def test_compare_finds_the_flipped_cases_and_kind_deltas(client: TestClient, pla
     assert 'data-case="Catalog/test/2"' in broken and 'data-case="Catalog/test/0"' not in flipped
     deltas = page.split('id="kind-deltas"')[1]
     assert "ok_listing" in deltas and "+1.000" in deltas  # ok cases: 0.0 -> 1.0
+    from twin.ui.queries import compare_runs
+
+    capped = compare_runs(client.app.state.engine, a, b, 1.0, listed=1)
+    assert (capped.fixed_total, len(capped.fixed), capped.fixed[0]["case"]) == (2, 1, "Catalog/test/1")
     side = client.get(f"/compare/case?a={a}&b={b}&case=Catalog/test/2").text
     assert side.count('class="transcript"') == 2 and "lookup_brnd" in side
 

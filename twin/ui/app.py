@@ -230,7 +230,11 @@ class _Pages:
         return self.render("runs.html.jinja", request, page=page, sort=sort, desc=desc, **filters)
 
     def run(self, request: Request) -> Response:
-        row = self._run(int(request.path_params["run_id"]))
+        run_id = int(request.path_params["run_id"])
+        found = q.run_figures(self.engine, run_id)
+        if found is None:
+            raise HTTPException(404, f"no run with id {run_id} in this store")
+        row, kinds, terms = found
         kind = request.query_params.get("kind") or None
         step = _int(request, "step")
         order = _choice(request, "order", ("id", "reward", "-reward")) or "id"
@@ -247,8 +251,8 @@ class _Pages:
             "run.html.jinja",
             request,
             row=row,
-            kinds=q.kind_table(self.engine, row),
-            terms=q.term_means(self.engine, row),
+            kinds=kinds,
+            terms=terms,
             confusion=q.confusion(self.engine, row, cap=None if all_confusion else q.CONFUSION_CAP),
             charts=self._charts(row),
             episodes=episodes,

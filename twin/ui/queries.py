@@ -32,6 +32,7 @@ __all__ = [
     "RunRow",
     "case_episodes",
     "compare_runs",
+    "run_figures",
     "confusion",
     "curves",
     "episode",
@@ -369,6 +370,61 @@ def term_means(engine: Engine, row: RunRow) -> list[tuple[str, float | None]]:
     return [(n, None if v is None else float(v)) for n, v in zip(names, values, strict=True)]
 
 
+def run_figures(
+    engine: Engine, run_id: int
+) -> tuple[RunRow, list[dict[str, Any]], list[tuple[str, float | None]]] | None:
+    """A run with its per-kind table and reward-term means, for the run page (None: no such run).
+
+    A finished run with a summary reads them from it; any other run is counted in one pass over
+    its episodes (per kind: episodes, rewards, squared rewards and each term), from which the
+    run's own figures are summed up.
+    """
+    with Session(engine) as session:
+        run = session.get(_Run, run_id)
+        if run is None:
+            return None
+        if _summary_stats(run.status, run.metrics) is not None:
+            row = _rows(session, [run], None)[0]
+            return row, kind_table(engine, row), term_means(engine, row)
+        partial = _row(run, 0, 0, None, None)
+        names = _term_names(engine, partial)
+        doc = _doc(engine, _Episode.components)
+        terms = [doc[name].as_float() for name in names]
+        query = (
+            select(
+                _Episode.case_kind,
+                func.count(_Episode.id),
+                func.count(_Episode.reward),
+                func.sum(_Episode.reward),
+                func.sum(_Episode.reward * _Episode.reward),
+                *[func.sum(t) for t in terms],
+                *[func.count(t) for t in terms],
+            )
+            .where(_Episode.run_id == run_id)
+            .group_by(_Episode.case_kind)
+            .order_by(_Episode.case_kind)
+        )
+        per_kind = session.execute(query).all()
+    n = scored = 0
+    total = squares = 0.0
+    sums = [0.0] * len(names)
+    counts = [0] * len(names)
+    kinds = []
+    for kind, kn, ks, ksum, ksq, *rest in per_kind:
+        n, scored = n + int(kn), scored + int(ks)
+        total, squares = total + float(ksum or 0.0), squares + float(ksq or 0.0)
+        for i in range(len(names)):
+            sums[i] += float(rest[i] or 0.0)
+            counts[i] += int(rest[len(names) + i] or 0)
+        mean = float(ksum) / int(ks) if ks else None
+        kinds.append({"kind": kind, "episodes": int(kn), "reward_mean": mean, "success_rate": None})
+    row = _row(
+        run, n, scored, total / scored if scored else None, squares / scored if scored else None
+    )
+    means = [(name, sums[i] / counts[i] if counts[i] else None) for i, name in enumerate(names)]
+    return row, kinds, means
+
+
 def _decision_key(truth: Any) -> str | None:
     if not isinstance(truth, dict):
         return None
@@ -591,6 +647,8 @@ class Compare:
     broken: list[dict[str, Any]] = field(default_factory=list)
     kinds: list[dict[str, Any]] = field(default_factory=list)
     moved: list[dict[str, Any]] = field(default_factory=list)
+    fixed_total: int = 0
+    broken_total: int = 0
 
 
 def _per_case(
@@ -615,8 +673,11 @@ def _per_case(
         }
 
 
-def compare_runs(engine: Engine, a: int, b: int, threshold: float, moved: int = 50) -> Compare:
-    """Flipped cases, per-kind deltas and the most moved cases of run ``b`` against run ``a``.
+def compare_runs(
+    engine: Engine, a: int, b: int, threshold: float, moved: int = 50, listed: int = 200
+) -> Compare:
+    """Flipped cases, per-kind deltas and the most moved cases of run ``b`` against run ``a``
+    (the first ``listed`` flipped cases each way, in case order, with their totals).
 
     A case is solved in a run when at least half of its episodes there succeed (reward at least
     ``threshold``); it flips when one run solves it and the other does not.
@@ -674,6 +735,8 @@ def compare_runs(engine: Engine, a: int, b: int, threshold: float, moved: int = 
         )
     rows.sort(key=lambda r: -abs(r["delta"]))
     out.moved = [r for r in rows[:moved] if r["delta"] != 0.0]
+    out.fixed_total, out.broken_total = len(out.fixed), len(out.broken)
+    out.fixed, out.broken = out.fixed[:listed], out.broken[:listed]
     return out
 
 
