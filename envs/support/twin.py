@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from envs.support.customer import LLMCustomer, RuleCustomer, is_yes, opening_message
-from envs.support.world import KINDS, POLICY, build_world, expected_changes, make_goal
+from envs.support.world import CYCLE, POLICY, build_world, expected_changes, make_goal
 from rewards import Reward, Scored, invalid_call_penalty, submitted_gate, term
 from twin import Case, ToolError, Trajectory, Twin, TwinConfig, tool
 
@@ -142,7 +142,7 @@ class SupportDeskTwin(Twin):
         return build_world(self.config.seed)
 
     def make_case(self, rng: random.Random, split: str, index: int) -> tuple[str, dict, dict]:
-        kind = KINDS[index % len(KINDS)]  # balanced kinds; the rng picks the customer and order
+        kind = CYCLE[index % len(CYCLE)]  # half act, half decline; the rng picks customer and order
         goal = make_goal(self.world, rng, kind, split)
         # The persona and goal sit in the task, which only the tools read (ask_customer plays the
         # customer from it); the prompt shows the opening message alone.

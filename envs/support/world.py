@@ -12,7 +12,7 @@ from typing import Any
 from twin import stable_seed
 from twin.tools import freeze
 
-__all__ = ["KINDS", "POLICY", "RETURN_WINDOW_DAYS", "build_world", "make_goal"]
+__all__ = ["CYCLE", "KINDS", "POLICY", "RETURN_WINDOW_DAYS", "build_world", "make_goal"]
 
 RETURN_WINDOW_DAYS = 30
 
@@ -55,6 +55,11 @@ KINDS: tuple[str, ...] = (
     "return_final_sale",  # final-sale item within the window -> nothing
     "wrong_claim",        # says it arrived last week; the record says 31-60 days -> nothing
 )
+
+#: The kind of case ``i`` is ``CYCLE[i % 8]``: half the cases ask for a change, half for a
+#: refusal, so neither "always act" nor "always decline" passes more than half.
+CYCLE: tuple[str, ...] = ("cancel_ok", "return_ok", "cancel_shipped", "return_late_push",
+                          "cancel_ok", "return_ok", "return_final_sale", "wrong_claim")
 
 _FITS = {
     "cancel_ok": lambda o: o["status"] == "processing",

@@ -19,7 +19,7 @@ import twin
 from envs.support import SupportDeskTwin, final_changes
 from envs.support.agents import CarefulAgent, HeuristicAgent
 from envs.support.customer import RuleCustomer, is_yes, opening_message
-from envs.support.world import KINDS, POLICY
+from envs.support.world import CYCLE, KINDS, POLICY
 from twin.doctor import doctor
 from twin.errors import ConfigError
 from twin.rollout import run_episodes, success_fn, summarize
@@ -35,7 +35,7 @@ def call(name: str, **arguments: Any) -> str:
 
 
 def _goal(desk: SupportDeskTwin, kind: str, split: str = "dev") -> tuple[Any, dict[str, Any]]:
-    case = desk.case(split, KINDS.index(kind))
+    case = desk.case(split, CYCLE.index(kind))
     return case, dict(case.task["customer"])
 
 
@@ -45,7 +45,7 @@ def test_cases_are_deterministic_balanced_and_hide_the_goal(desk) -> None:
     for i in range(12):
         a, b = desk.case("test", i), again.case("test", i)
         assert a.model_dump_json() == b.model_dump_json()
-        assert a.kind == KINDS[i % len(KINDS)]
+        assert a.kind == CYCLE[i % len(CYCLE)]
         opening = desk.prompt(a)[-1]["content"]
         goal = a.task["customer"]
         assert goal["order_id"] not in opening and goal["email"] not in opening  # must be asked for
@@ -127,7 +127,7 @@ def test_bad_config_is_a_clear_error() -> None:
 
 # -- agents, check, check_env --------------------------------------------------------------------
 def test_careful_agent_scores_the_maximum_and_the_heuristic_clearly_less(desk) -> None:
-    cases = [("test", i) for i in range(60)]
+    cases = [("test", i) for i in range(64)]
     got = {}
     for policy in (CarefulAgent(), HeuristicAgent()):
         groups = run_episodes(desk, policy, cases, progress=False)
