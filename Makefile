@@ -87,5 +87,13 @@ test-vllm: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/twin bench catalog
 
+# What the GPU check needs on a bare offline GPU box (python3 with torch, transformers and peft):
+# this project's source and the wheels of its other dependencies, in build/gpu-bundle.tar.gz
+# (bench/gpu_bundle.py; docs/training.md). GPU_BUNDLE_ARCH=x86_64,aarch64 adds ARM wheels.
+GPU_BUNDLE_ARCH ?= x86_64
+.PHONY: gpu-bundle
+gpu-bundle: $(STAMP)
+	$(PY) bench/gpu_bundle.py --arch $(GPU_BUNDLE_ARCH)
+
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
