@@ -241,3 +241,16 @@ def test_grpo_on_the_customer_twin_runs_end_to_end_on_cpu(tmp_path, monkeypatch)
     assert code == 0, buffer.getvalue()
     history = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(history) == 2 and all("rewards/state" in h and "rewards/procedure" in h for h in history)
+
+
+def test_the_simulated_user_example_in_the_twin_guide_runs() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "define_your_own_twin.md").read_text()
+    (code,) = re.findall(r"```py\n(.*?)```", doc, re.S)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1.0"
