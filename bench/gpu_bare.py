@@ -181,17 +181,15 @@ def qwen3_config(size: str) -> Any:
 
 def random_model(config: Any, device: Device, dtype: Any) -> Any:
     """A random-init Qwen3 made directly on ``device`` (no CPU copy, nothing read from disk)."""
-    from transformers import Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch = device.torch
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device.name):
-            torch.manual_seed(0)
-            model = Qwen3ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
+    torch.manual_seed(0)
+    with torch.device(device.name):
+        try:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except TypeError:  # transformers < 4.56 calls it torch_dtype
+            model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
     return model.eval()
 
 

@@ -8,6 +8,8 @@
 #
 # Prints sampler and learner tokens/s, the LoRA sync time per step, the learner/vLLM logprob
 # mismatch after each sync, and each GPU's peak memory against `twin plan`. Nothing is downloaded.
+# It needs the project's .venv and a CUDA vLLM; on a bare GPU box (python3 with torch,
+# transformers and peft only) run bench/gpu_bare.py from `make gpu-bundle`'s archive instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +21,8 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,nohea
 
 PY="${PYTHON:-.venv/bin/python}"
 if [ ! -x "$PY" ]; then
-    echo "gpu_check: $PY not found; run 'make venv' first (or set PYTHON=...)" >&2
+    echo "gpu_check: $PY not found; run 'make venv' first (or set PYTHON=...); on a box without" \
+         "the project's environment, bring 'make gpu-bundle' and run python3 twinrl/bench/gpu_bare.py" >&2
     exit 2
 fi
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -31,7 +34,7 @@ fi
 export TWINRL_VLLM_PYTHON="${TWINRL_VLLM_PYTHON:-$PWD/.venv-vllm}"
 if ! ls "$TWINRL_VLLM_PYTHON"/lib/python3*/site-packages/vllm/__init__.py >/dev/null 2>&1; then
     echo "gpu_check: no vllm package in $TWINRL_VLLM_PYTHON; install vllm (the CUDA build) there" \
-         "or point TWINRL_VLLM_PYTHON at a venv that has it" >&2
+         "or point TWINRL_VLLM_PYTHON at a venv that has it (bench/gpu_bare.py needs no vLLM)" >&2
     exit 2
 fi
 # nvidia-smi numbers GPUs in PCI order; make CUDA (torch, vLLM) agree, so cuda:N is the same GPU
