@@ -357,17 +357,25 @@ def _passes_gates(reward: Reward, trajectory: Any, case: Any) -> bool:
     return all(g.passed(trajectory, case) for g in reward.gates)
 
 
-def score_episodes(reward: Reward, episodes: Sequence[tuple[Any, Any]]) -> list[RewardResult]:
+def score_episodes(
+    reward: Reward, episodes: Sequence[tuple[Any, Any]], *, new_step: bool = False
+) -> list[RewardResult]:
     """Score many episodes, asking every judge term's questions in one concurrent batch.
 
     Rubric questions of every episode that passes the reward's gates are asked together (cached
     ones cost nothing); group terms see the episodes grouped by case id, one request per group.
+    With ``new_step``, each judge of the reward starts a new budget step first (one batch = one
+    step, as a trainer scoring a step's episodes would want).
 
     Raises:
         JudgeBudgetError: the batch does not fit a judge's budget (the answers received are
             cached; the episodes are unchanged and may be scored again).
         JudgeError, TermError: a judge gave no usable answer.
     """
+    if new_step:
+        for judge in {id(t.judge): t.judge for t in reward.terms if isinstance(t, (RubricTerm, GroupTerm))}.values():
+            if callable(getattr(judge, "new_step", None)):
+                judge.new_step()
     live = [(t, c) for t, c in episodes if _passes_gates(reward, t, c)]
     for term in reward.terms:
         if isinstance(term, RubricTerm) and live:

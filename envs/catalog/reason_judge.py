@@ -20,7 +20,8 @@ Options (:class:`CatalogJudgeConfig`): ``reason_judge`` (a policy spec, None = o
 ``reason_judge_weight`` (w, default 0.1), ``reason_judge_base_url``,
 ``reason_judge_timeout``, ``reason_judge_max_calls_per_step``,
 ``reason_judge_max_tokens_per_step``, ``reason_judge_cache_dir`` (default
-``$TWINRL_CACHE/judge``).
+``$TWINRL_CACHE/judge``). The twin's reward asks episode by episode and is never told where a
+training step ends, so the two budgets cap the judge's calls and tokens over the whole run.
 """
 
 from __future__ import annotations

@@ -205,8 +205,7 @@ def test_budget_overrun_is_a_clear_error_that_loses_no_episode(judge_url, tmp_pa
         score_episodes(reward, episodes)
     assert len(_Judge.calls) == 3  # nothing past the budget was sent
     assert [t.model_dump_json() for t, _ in episodes] == before  # the episodes are as they were
-    judge.new_step()
-    results = score_episodes(reward, episodes)  # the 3 answers are cached: 2 more calls finish it
+    results = score_episodes(reward, episodes, new_step=True)  # 3 answers cached: 2 calls finish it
     assert len(_Judge.calls) == 5 and judge.usage.calls == 2
     assert [r.components["cites"] for r in results] == [0.0, 0.25, 0.5, 0.75, 1.0]
 
