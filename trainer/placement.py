@@ -57,19 +57,28 @@ def parse_cpus(text: str) -> tuple[int, ...]:
         ConfigError: the text is not a list of core numbers and ranges.
     """
     cpus: set[int] = set()
-    try:
-        for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
-            low, _, high = part.partition("-")
-            cpus.update(range(int(low), int(high or low) + 1))
-    except ValueError:
-        raise ConfigError(
-            f"expected a CPU list like '0' or '0,2-3' (taskset -c syntax), got {text!r}"
-        ) from None
-    if not cpus or min(cpus) < 0:
-        raise ConfigError(f"expected a non-empty list of core numbers >= 0, got {text!r}")
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise ConfigError(
+                f"expected a CPU list like '0' or '0,2-3' (taskset -c syntax), got {text[:80]!r}"
+            ) from None
+        if first < 0 or last > MAX_CPU:  # before the range is built: 0-99999999 is no set to make
+            raise ConfigError(
+                f"core numbers must be in 0-{MAX_CPU} (Linux's most cores), got {part!r} in {text[:80]!r}"
+            )
+        cpus.update(range(first, last + 1))
+    if not cpus:
+        raise ConfigError(f"expected a non-empty list of core numbers >= 0, got {text[:80]!r}")
     return tuple(sorted(cpus))
+
+
+#: The largest core number a CPU list may name (Linux's CONFIG_NR_CPUS is at most 8192).
+MAX_CPU = 8191
 
 
 def format_cpus(cpus: Iterable[int]) -> str:
@@ -184,6 +193,14 @@ def place_rollout_process(threads: int | None = None, cpus: str | None = None) -
     """
     spec = cpus if cpus is not None else os.environ.get(ROLLOUT_CPUS_ENV)
     chosen = parse_cpus(spec) if spec else None
+    cores = os.cpu_count()
+    if chosen is not None and cores is not None and max(chosen) >= cores:
+        # one thread per named core: --cpus 0-99999 once started 100,000 threads
+        missing = [c for c in chosen if c >= cores]
+        raise ConfigError(
+            f"cores {format_cpus(missing[:8])}{'...' if len(missing) > 8 else ''} are not on this "
+            f"machine; it has {cores} (0-{cores - 1})"
+        )
     if chosen is not None and not pin_process(chosen):
         chosen = None
     count = threads or (len(chosen) if chosen else None)

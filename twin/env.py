@@ -551,13 +551,18 @@ def _read_options(options: Any, twin: Twin) -> tuple[str, int | None]:
         )
     index = options.get("index")
     if index is not None and not isinstance(index, int):
-        # numpy integers from vector envs and samplers are integers too
+        # numpy integers from vector envs and samplers are integers too; a numpy array has
+        # __index__ as well, but it raises TypeError for anything but a 0-d integer array
+        wrong = CaseError(
+            f"{allowed}; index must be an integer, got {short_text(_describe(index))} "
+            f"({type(index).__name__})"
+        )
         if isinstance(index, bool) or not hasattr(type(index), "__index__"):
-            raise CaseError(
-                f"{allowed}; index must be an integer, got {short_text(_describe(index))} "
-                f"({type(index).__name__})"
-            )
-        index = operator.index(index)
+            raise wrong
+        try:
+            index = operator.index(index)
+        except (TypeError, ValueError):
+            raise wrong from None
     if isinstance(index, bool):
         raise CaseError(f"{allowed}; index must be an integer, got {index!r}")
     if index is not None and type(index) is not int:

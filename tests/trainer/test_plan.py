@@ -184,3 +184,13 @@ def test_a_recipe_that_does_not_fit_exits_1_and_suggests_a_budget(
     assert main(data, gpu_memory_gb=96) == 1
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out and "micro_batch_tokens <=" in out
+
+
+def test_an_unknown_twin_split_is_refused_as_twin_train_refuses_it(tmp_path: Path) -> None:
+    from trainer.plan import check_runnable
+    from twin.errors import CaseError
+
+    recipe = load_recipe("toy-cpu", [f"train.output_dir={tmp_path}", "twin.split=trian"])
+    with pytest.raises(CaseError, match=r"unknown split 'trian'; splits: train"):
+        check_runnable(recipe)
+    check_runnable(load_recipe("toy-cpu", [f"train.output_dir={tmp_path}", "twin.split=dev"]))

@@ -139,3 +139,18 @@ def test_learner_pins_itself_and_hands_the_other_cores_to_rollout_processes() ->
     assert out["exported"] == ",".join(map(str, rollout))
     assert out["rollout"]["pinned"] == rollout and out["rollout"]["cpus"] == rollout
     assert out["rollout"]["threads"] == len(rollout) and out["rollout"]["wait"] == "PASSIVE"
+
+
+def test_a_cpu_list_beyond_this_machine_is_refused_before_any_thread_starts(monkeypatch) -> None:
+    """`--cpus 0-99999` once started 100,000 threads (one per named core) and crashed."""
+    from trainer.placement import place_rollout_process
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with pytest.raises(ConfigError, match=r"core numbers must be in 0-8191"):
+        parse_cpus("0-99999")
+    with pytest.raises(ConfigError, match=r"core numbers must be in 0-8191"):
+        parse_cpus("0-99999999999999")  # refused before a range of that size is built
+    beyond = os.cpu_count()
+    with pytest.raises(ConfigError, match=rf"cores {beyond}.* not on this machine; it has {beyond}"):
+        place_rollout_process(cpus=f"0-{beyond}")
+    assert "OMP_NUM_THREADS" not in os.environ  # nothing was set up

@@ -250,6 +250,19 @@ def test_reset_accepts_numpy_indices():
     e = TwinEnv(ToyTwin())
     assert e.reset(options={"index": np.int64(3)})[1]["index"] == 3
     assert type(e.trajectory.index) is int
+    assert e.reset(options={"index": np.array(3)})[1]["index"] == 3  # a 0-d integer array
+
+
+@pytest.mark.parametrize("name", ["1-d array", "2-d array", "float array", "empty array"])
+def test_reset_refuses_numpy_arrays_with_the_projects_error(name):
+    import numpy as np
+
+    from twin.errors import CaseError
+
+    index = {"1-d array": np.array([3]), "2-d array": np.array([[3]]), "float array": np.array(3.0),
+             "empty array": np.array([], dtype=np.int64)}[name]  # fmt: skip
+    with pytest.raises(CaseError, match="index must be an integer"):
+        TwinEnv(ToyTwin()).reset(options={"index": index})
 
 
 def test_reset_draws_an_index_from_the_seed():
