@@ -93,6 +93,7 @@ def test_a_run_without_summary_is_counted_in_one_pass(planted_store) -> None:
 
     engine, _ = open_readonly(planted_store["path"])
     row, kinds, terms = run_figures(engine, planted_store["b"])  # no summary stored
+    _, _, last3 = run_figures(engine, planted_store["b"], terms_cap=3)
     engine.dispose()
     # rewards 1, 1 (ok_listing), -0.5, 1 (counterfeit)
     assert row.episodes == 4 and row.reward_mean == pytest.approx(0.625)
@@ -101,7 +102,11 @@ def test_a_run_without_summary_is_counted_in_one_pass(planted_store) -> None:
         ("counterfeit", 2, pytest.approx(0.25)),
         ("ok_listing", 2, pytest.approx(1.0)),
     ]
-    assert dict(terms) == pytest.approx({"policy": 0.625, "submitted": 1.0})
+    assert dict(terms.means) == pytest.approx({"policy": 0.625, "submitted": 1.0})
+    assert not terms.capped and terms.episodes == 4
+    # the last three episodes: 1, -0.5, 1
+    assert (last3.capped, last3.episodes) == (True, 3)
+    assert dict(last3.means)["policy"] == pytest.approx(0.5)
 
 
 def test_failed_and_interrupted_runs_read_as_such(planted_store) -> None:
@@ -120,7 +125,9 @@ def test_failed_and_interrupted_runs_read_as_such(planted_store) -> None:
     client = TestClient(create_app(path), base_url="http://127.0.0.1")
     page = client.get("/").text
     assert 'status-failed">failed' in page.split(f'data-run="{failed}"')[1].split("</tr>")[0]
-    assert 'status-interrupted">interrupted' in page.split(f'data-run="{gone}"')[1].split("</tr>")[0]
+    assert (
+        'status-interrupted">interrupted' in page.split(f'data-run="{gone}"')[1].split("</tr>")[0]
+    )
     only = re.findall(r'<tr data-run="(\d+)">', client.get("/?status=interrupted").text)
     assert only == [str(gone)]
     assert re.findall(r'<tr data-run="(\d+)">', client.get("/?status=running").text) == []
@@ -175,7 +182,11 @@ def test_compare_finds_the_flipped_cases_and_kind_deltas(client: TestClient, pla
     from twin.ui.queries import compare_runs
 
     capped = compare_runs(client.app.state.engine, a, b, 1.0, listed=1)
-    assert (capped.fixed_total, len(capped.fixed), capped.fixed[0]["case"]) == (2, 1, "Catalog/test/1")
+    assert (capped.fixed_total, len(capped.fixed), capped.fixed[0]["case"]) == (
+        2,
+        1,
+        "Catalog/test/1",
+    )
     side = client.get(f"/compare/case?a={a}&b={b}&case=Catalog/test/2").text
     assert side.count('class="transcript"') == 2 and "lookup_brnd" in side
 
@@ -272,6 +283,19 @@ def test_serve_refuses_a_non_loopback_host_before_listening(planted_store) -> No
 
     with pytest.raises(ConfigError, match="not a loopback address"):
         serve(planted_store["path"], host="0.0.0.0", port=0)
+
+
+def test_a_taken_port_is_a_one_line_error(planted_store) -> None:
+    import socket
+
+    from twin.ui import serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            serve(planted_store["path"], port=port)
 
 
 def test_requests_for_other_host_names_are_refused(client: TestClient) -> None:

@@ -231,7 +231,8 @@ class _Pages:
 
     def run(self, request: Request) -> Response:
         run_id = int(request.path_params["run_id"])
-        found = q.run_figures(self.engine, run_id)
+        all_terms = request.query_params.get("terms") == "all"
+        found = q.run_figures(self.engine, run_id, None if all_terms else q.TERMS_CAP)
         if found is None:
             raise HTTPException(404, f"no run with id {run_id} in this store")
         row, kinds, terms = found

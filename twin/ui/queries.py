@@ -30,6 +30,8 @@ __all__ = [
     "EpisodeRow",
     "Page",
     "RunRow",
+    "TERMS_CAP",
+    "Terms",
     "case_episodes",
     "compare_runs",
     "run_figures",
@@ -47,6 +49,8 @@ __all__ = [
 PAGE_SIZE = 50
 #: Most episodes whose trajectory documents the decision confusion reads (the first ones stored).
 CONFUSION_CAP = 5_000
+#: Most episodes (the latest) whose reward terms a run without a summary averages.
+TERMS_CAP = 20_000
 #: Keys of a case's truth tried, in order, as the decision of the confusion table.
 DECISION_KEYS = ("verdict", "decision", "label", "answer", "action", "category")
 #: Sort keys of the runs table -> the column they order by.
@@ -370,14 +374,25 @@ def term_means(engine: Engine, row: RunRow) -> list[tuple[str, float | None]]:
     return [(n, None if v is None else float(v)) for n, v in zip(names, values, strict=True)]
 
 
+@dataclass
+class Terms:
+    """Reward-term means and the episodes they are over (the last ``episodes`` of the run when
+    ``capped``)."""
+
+    means: list[tuple[str, float | None]]
+    episodes: int
+    capped: bool = False
+
+
 def run_figures(
-    engine: Engine, run_id: int
-) -> tuple[RunRow, list[dict[str, Any]], list[tuple[str, float | None]]] | None:
+    engine: Engine, run_id: int, terms_cap: int | None = TERMS_CAP
+) -> tuple[RunRow, list[dict[str, Any]], Terms] | None:
     """A run with its per-kind table and reward-term means, for the run page (None: no such run).
 
-    A finished run with a summary reads them from it; any other run is counted in one pass over
-    its episodes (per kind: episodes, rewards, squared rewards and each term), from which the
-    run's own figures are summed up.
+    A finished run with a summary reads them from it. Any other run is counted by the database:
+    per kind, its episodes, rewards and squared rewards in one pass (the run's own figures are
+    their sums), and the term means over its last ``terms_cap`` episodes (None: all), which
+    reads each one's components document.
     """
     with Session(engine) as session:
         run = session.get(_Run, run_id)
@@ -385,11 +400,7 @@ def run_figures(
             return None
         if _summary_stats(run.status, run.metrics) is not None:
             row = _rows(session, [run], None)[0]
-            return row, kind_table(engine, row), term_means(engine, row)
-        partial = _row(run, 0, 0, None, None)
-        names = _term_names(engine, partial)
-        doc = _doc(engine, _Episode.components)
-        terms = [doc[name].as_float() for name in names]
+            return row, kind_table(engine, row), Terms(term_means(engine, row), row.episodes)
         query = (
             select(
                 _Episode.case_kind,
@@ -397,8 +408,6 @@ def run_figures(
                 func.count(_Episode.reward),
                 func.sum(_Episode.reward),
                 func.sum(_Episode.reward * _Episode.reward),
-                *[func.sum(t) for t in terms],
-                *[func.count(t) for t in terms],
             )
             .where(_Episode.run_id == run_id)
             .group_by(_Episode.case_kind)
@@ -407,22 +416,37 @@ def run_figures(
         per_kind = session.execute(query).all()
     n = scored = 0
     total = squares = 0.0
-    sums = [0.0] * len(names)
-    counts = [0] * len(names)
     kinds = []
-    for kind, kn, ks, ksum, ksq, *rest in per_kind:
+    for kind, kn, ks, ksum, ksq in per_kind:
         n, scored = n + int(kn), scored + int(ks)
         total, squares = total + float(ksum or 0.0), squares + float(ksq or 0.0)
-        for i in range(len(names)):
-            sums[i] += float(rest[i] or 0.0)
-            counts[i] += int(rest[len(names) + i] or 0)
         mean = float(ksum) / int(ks) if ks else None
         kinds.append({"kind": kind, "episodes": int(kn), "reward_mean": mean, "success_rate": None})
     row = _row(
         run, n, scored, total / scored if scored else None, squares / scored if scored else None
     )
-    means = [(name, sums[i] / counts[i] if counts[i] else None) for i, name in enumerate(names)]
-    return row, kinds, means
+    capped = terms_cap is not None and n > terms_cap
+    means = _counted_term_means(engine, row, terms_cap)
+    return row, kinds, Terms(means, min(n, terms_cap) if capped else n, capped)
+
+
+def _counted_term_means(
+    engine: Engine, row: RunRow, cap: int | None
+) -> list[tuple[str, float | None]]:
+    names = _term_names(engine, row)
+    if not names:
+        return []
+    latest = (
+        select(_Episode.components.label("components"))
+        .where(_Episode.run_id == row.id)
+        .order_by(_Episode.id.desc())
+        .limit(cap)  # None: no limit
+        .subquery()
+    )
+    doc = _doc(engine, latest.c.components)
+    with engine.connect() as conn:
+        values = conn.execute(select(*[func.avg(doc[n].as_float()) for n in names])).one()
+    return [(n, None if v is None else float(v)) for n, v in zip(names, values, strict=True)]
 
 
 def _decision_key(truth: Any) -> str | None:

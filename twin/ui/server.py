@@ -93,6 +93,7 @@ def serve(
         raise ConfigError(
             f"cannot listen on {host}:{port}: address in use or not available"
         ) from None
+    sock.listen(128)  # connections made as soon as the URL is printed wait for the server
     bound_port = sock.getsockname()[1]
     shown_host = f"[{host}]" if ":" in host else host
     if on_ready is not None:
