@@ -115,6 +115,33 @@ class ToolCallEpisode:
         text = "\n".join(str(m.get("content", "")) for m in obs)
         return text, bool(info.get("errors"))
 
+    def record_text(self, text: str) -> None:
+        """Play a turn in which the model wrote ``text`` and no structured call (a harness such as
+        TRL ends the rollout there without telling the episode). It counts as the twin counts
+        any text turn: calls written as text are parsed and run, a turn without one is an
+        invalid turn, and the turn budget applies. Nothing happens once the episode has ended."""
+        if not self._started:
+            raise RuntimeError("reset() the episode before recording a turn")
+        if self.done:
+            return
+        obs, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": text})
+        if (terminated or truncated) and "reward" in info:
+            self._reward = float(reward)
+            self._info = {"reward": info["reward"], "outcome": info.get("outcome"),
+                          "terminated": terminated, "truncated": truncated}
+
+    def final_terms(self) -> dict[str, float]:
+        """Each reward term's weighted contribution to :meth:`final_reward` (penalties negative;
+        the raw components when the reward weights nothing), scored as :meth:`final_reward` is."""
+        traj = self.env.trajectory
+        case = self.env.case
+        if traj is None or case is None:
+            raise RuntimeError("reset() the episode before asking for its reward")
+        if not self.done:
+            traj = traj.model_copy(update={"truncated": True})
+        result = self.twin.score(traj, case)
+        return {k: float(v) for k, v in (dict(result.weighted) or dict(result.components)).items()}
+
     def final_reward(self) -> float:
         """The twin's reward of this episode.
 

@@ -21,7 +21,15 @@ turn budget and terminal tool as in the twin). TRL reads the reward from the env
 ``get_reward()``: the twin's own reward of the episode, logged as ``rewards/<ClassName>/mean``.
 An episode the model leaves without a terminal call is scored as a truncated one.
 
-Nothing here imports TRL; :func:`trl_dataset` imports ``datasets`` (a TRL dependency) when called.
+:func:`trl_reward_funcs` gives one weight-0 reward function per reward term (TRL logs each as
+``rewards/<term>/mean``) for ``GRPOTrainer(reward_funcs=..., args=GRPOConfig(reward_weights=...))``.
+They also hand the rollout's last turn to the episode when the model ended it with text and no
+call (TRL stops there without telling the environment), so that turn counts as it does in
+``twin eval``; TRL runs them before ``get_reward``. :func:`prepare_tokenizer` sets up TRL's
+tool-call parser, for templates TRL does not recognise too.
+
+Nothing here imports TRL at module import; :func:`trl_dataset` imports ``datasets`` (a TRL
+dependency) and :func:`prepare_tokenizer` TRL itself, when called.
 """
 
 from __future__ import annotations
@@ -35,7 +43,10 @@ from twin.core import Twin
 from twin.tools import Tool
 from twin.trajectory import Trajectory
 
-__all__ = ["TwinTRLEnvironment", "trl_dataset", "trl_environment", "trl_rows"]
+__all__ = [
+    "TwinTRLEnvironment", "prepare_tokenizer", "trl_dataset", "trl_environment", "trl_reward_funcs",
+    "trl_rows",
+]
 
 #: Names a tool may not take here: TRL treats these methods specially, or they hold the episode.
 _RESERVED = frozenset({"reset", "get_reward", "episode", "trajectory", "twin", "done"})
@@ -59,7 +70,22 @@ class TwinTRLEnvironment:
         Returns None: the prompt is already in the dataset row (see :func:`trl_dataset`).
         """
         self.episode.reset(split=row.get("split") or "train", index=row.get("index"))
+        self._closed = False
         return None
+
+    def _close_rollout(self, completion: Any) -> None:
+        """Hand the episode the rollout's final turn when the model wrote text and no call there
+        (once per rollout; see :func:`trl_reward_funcs`)."""
+        if getattr(self, "_closed", True) or not self.episode.started:
+            return
+        self._closed = True
+        last = completion[-1] if isinstance(completion, list) and completion else completion
+        if isinstance(last, dict):
+            if last.get("role") != "assistant" or last.get("tool_calls"):
+                return
+            last = last.get("content")
+        if isinstance(last, str) and last.strip():
+            self.episode.record_text(last)
 
     def get_reward(self) -> float:
         """The twin's reward of this rollout's episode (a truncated episode when never finished)."""
@@ -168,3 +194,83 @@ def trl_dataset(twin: Twin | str, split: str = "train", n: int | None = None,
     from datasets import Dataset
 
     return Dataset.from_list(trl_rows(twin, split, n, indices, **config))
+
+
+def trl_reward_funcs(twin: Twin | str, **config: Any) -> tuple[list[Callable[..., list[float | None]]], list[float]]:
+    """One reward function per term of ``twin``'s reward, each with weight 0, for
+    ``GRPOTrainer(reward_funcs=funcs, args=GRPOConfig(reward_weights=weights))``.
+
+    TRL passes the rollouts' environments to reward functions; each function returns the term's
+    weighted contribution in each rollout's episode (None for an environment of another twin),
+    and TRL logs it as ``rewards/<term>/mean``. The total stays the environment's
+    ``get_reward`` (weight 1, added by TRL). Each function first hands the episode a final
+    text-only turn (:meth:`TwinTRLEnvironment._close_rollout`), so the score matches
+    ``twin eval``'s for the same turns.
+
+    Returns:
+        ``(funcs, weights)``: the functions, named after the terms, and a 0.0 per function.
+    """
+    the_twin = resolve_twin(twin, **config)
+    terms = _reward_terms(the_twin)
+
+    def make(term: str) -> Callable[..., list[float | None]]:
+        def reward(prompts: Any = None, completions: Any = None, environments: Any = None,
+                   **_: Any) -> list[float | None]:
+            out: list[float | None] = []
+            for i, env in enumerate(environments or []):
+                if not isinstance(env, TwinTRLEnvironment) or env.twin.name != the_twin.name:
+                    out.append(None)
+                    continue
+                env._close_rollout(completions[i] if completions is not None else None)
+                out.append(env.episode.final_terms().get(term, 0.0))
+            return out
+
+        reward.__name__ = reward.__qualname__ = term
+        return reward
+
+    funcs = [make(term) for term in terms]
+    return funcs, [0.0] * len(funcs)
+
+
+def _reward_terms(twin: Twin) -> list[str]:
+    """The names of the twin's reward terms (weighted contributions), from scoring one episode."""
+    case = twin.case(twin.splits[0] if isinstance(twin.splits, (list, tuple)) else next(iter(twin.splits)), 0)
+    from twin.env import TwinEnv
+
+    env = TwinEnv(twin)
+    env.reset(options={"split": case.split, "index": case.index})
+    traj = env.trajectory.model_copy(update={"truncated": True})
+    result = twin.score(traj, case)
+    return sorted(dict(result.weighted) or dict(result.components))
+
+
+def prepare_tokenizer(tokenizer: Any) -> Any:
+    """Give ``tokenizer`` the tool-call parser GRPOTrainer needs, and return it.
+
+    TRL knows the parsers of the chat templates it ships (Qwen, Llama, ...); for any other
+    template that writes calls as Hermes ``<tool_call>{...}</tool_call>`` blocks (ChatML models,
+    SmolLM2, twinrl's tiny model) TRL's Qwen 3 parser reads them. A tokenizer that already has a
+    parser is left as it is.
+
+    Raises:
+        ValueError: a template TRL does not know and that does not write ``<tool_call>`` blocks
+            (set ``tokenizer.response_template`` yourself).
+    """
+    from trl import chat_template_utils as ctu
+
+    if getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None):
+        return tokenizer
+    try:
+        return ctu.add_response_schema(tokenizer)
+    except ValueError:
+        template = getattr(tokenizer, "chat_template", None) or ""
+        if "<tool_call>" not in str(template):
+            raise ValueError(
+                "the tokenizer's chat template is neither one TRL knows nor writes <tool_call> "
+                "blocks: set tokenizer.response_template to a parser for its tool calls"
+            ) from None
+    if getattr(ctu, "_SUPPORTS_RESPONSE_TEMPLATE", False):
+        tokenizer.response_template = ctu.qwen3_template
+    else:
+        tokenizer.response_schema = ctu.qwen3_schema
+    return tokenizer
