@@ -393,11 +393,11 @@ def part_decode(ctx: dict[str, Any]) -> dict[str, Any]:
 
 def part_grpo(ctx: dict[str, Any]) -> dict[str, Any]:
     """A few real GRPO steps of the toy recipe's random tiny model on the Toy twin, end to end."""
+    import importlib
+
     from trainer import runtime
     from trainer.config import load_recipe
     from trainer.sync_trainer import SyncTrainer
-
-    import importlib
 
     registry = importlib.import_module("twin.registry")  # the package's `registry` is the dict
     sizes, device = ctx["sizes"], ctx["device"]
@@ -456,14 +456,15 @@ def table(results: dict[str, Any]) -> str:
             rows.append((name, "FAILED", r["error"].splitlines()[-1][:90]))
             continue
         if name == "learner":
+            step = _f(min(r["step_s"][1:] or r["step_s"]), ".2f")
+            mfu = _f(None if r["mfu"] is None else 100 * r["mfu"], ".1f", " %")
+            peak = (f"{_f(r['peak_reserved_gib'], '.1f', ' GiB')} reserved, {_f(r['peak_allocated_gib'], '.1f', ' GiB')} "
+                    f"allocated; twin plan {_f(r['plan_learner_gib'], '.1f', ' GiB')}")  # fmt: skip
             rows += [
-                ("learner", "tokens/s", f"{_f(r['tokens_per_s'], '.0f')} ({r['tokens_per_step']} tok/step, "
-                 f"{_f(min(r['step_s'][1:] or r['step_s']), '.2f')} s)"),
-                ("learner", "MFU", f"{_f(None if r['mfu'] is None else 100 * r['mfu'], '.1f', ' %')} "
-                 f"({_f(r['model_tflops'], '.0f')} model TFLOP/s)"),
-                ("learner", "peak memory", f"{_f(r['peak_reserved_gib'], '.1f', ' GiB')} reserved, "
-                 f"{_f(r['peak_allocated_gib'], '.1f', ' GiB')} allocated; twin plan {_f(r['plan_learner_gib'], '.1f', ' GiB')}"),
-            ]  # fmt: skip
+                ("learner", "tokens/s", f"{_f(r['tokens_per_s'], '.0f')} ({r['tokens_per_step']} tok/step, {step} s)"),
+                ("learner", "MFU", f"{mfu} ({_f(r['model_tflops'], '.0f')} model TFLOP/s)"),
+                ("learner", "peak memory", peak),
+            ]
         elif name == "logits":
             if "note" in r:
                 rows.append(("logits", "-", r["note"]))

@@ -60,7 +60,7 @@ def download(dest: Path, requirements: list[str], *extra: str) -> None:
     """
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
            "--dest", str(dest), *extra, *requirements]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
         raise SystemExit(f"gpu_bundle: pip download {' '.join(requirements)} {' '.join(extra)} failed:\n{tail}")

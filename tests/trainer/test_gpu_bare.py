@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-import gpu_bare  # noqa: E402
+import gpu_bare
 
 #: What a bare GPU box's python lacks (the check must bring it along).
 ABSENT = {"pydantic", "pydantic-core", "annotated-types", "typing-inspection", "gymnasium", "sqlalchemy",
@@ -62,9 +62,9 @@ def test_the_flop_count_is_qwen3_8bs_matmuls() -> None:
 
 def test_bad_arguments_say_what_is_allowed() -> None:
     run = [sys.executable, str(ROOT / "bench" / "gpu_bare.py")]
-    proc = subprocess.run([*run, "--only", "learner,nope"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([*run, "--only", "learner,nope"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "unknown part(s) nope; choose from learner, logits" in proc.stderr
-    proc = subprocess.run([*run, "--device", "gpu"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([*run, "--device", "gpu"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "--device must be cpu or cuda[:N], got 'gpu'" in proc.stderr
 
 
@@ -102,7 +102,7 @@ def _bare_python(target: Path) -> Path:
 def test_the_bundle_runs_the_check_under_a_bare_python(tmp_path: Path) -> None:
     make = subprocess.run(
         ["make", "-o", ".venv/.installed", "gpu-bundle", f"PY={sys.executable}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert make.returncode == 0, make.stdout[-2000:] + make.stderr[-2000:]
     archive = ROOT / "build" / "gpu-bundle.tar.gz"
@@ -111,12 +111,12 @@ def test_the_bundle_runs_the_check_under_a_bare_python(tmp_path: Path) -> None:
         tar.extractall(tmp_path / "box", filter="data")
     python = _bare_python(tmp_path / "env")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    lacks = subprocess.run([str(python), "-c", "import pydantic"], capture_output=True, text=True, env=clean)
+    lacks = subprocess.run([str(python), "-c", "import pydantic"], capture_output=True, text=True, env=clean, check=False)
     assert lacks.returncode != 0 and "No module named 'pydantic'" in lacks.stderr
     out = tmp_path / "check.json"
     proc = subprocess.run(
         [str(python), "twinrl/bench/gpu_bare.py", "--device", "cpu", "--tiny", "--out", str(out)],
-        cwd=tmp_path / "box", capture_output=True, text=True, timeout=600, env=clean,
+        cwd=tmp_path / "box", capture_output=True, text=True, timeout=600, env=clean, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
