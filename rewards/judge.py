@@ -284,7 +284,8 @@ class Judge:
             u = self.usage
             over = []
             if self.max_calls_per_step is not None and u.calls + 1 > self.max_calls_per_step:
-                over.append(f"{u.calls + pending} calls > max_calls_per_step={self.max_calls_per_step}")
+                over.append(f"call {u.calls + 1} (of a batch of {pending}) > "
+                            f"max_calls_per_step={self.max_calls_per_step}")
             if self.max_tokens_per_step is not None and u.tokens + cost > self.max_tokens_per_step:
                 over.append(
                     f"{u.tokens} + {cost} estimated tokens > max_tokens_per_step={self.max_tokens_per_step}"

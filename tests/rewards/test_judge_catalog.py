@@ -103,6 +103,7 @@ def test_twin_eval_with_the_judge_on_against_a_fake_judge(judge_url, tmp_path, m
     episodes = list(store.episodes(first.id))
     assert all("reason_cites" in t.components for t in episodes)
     assert all(any("reason_cites: judge openai:judge said" in n for n in t.reward_notes) for t in episodes)
+    assert all(t.info["judge"]["reason_cites"]["answer"].startswith("SCORE:") for t in episodes)
     store.close()
 
 
