@@ -183,7 +183,8 @@ def conditions_apply(vertical: str, full_name: str) -> bool:
         return False
     if vertical == "hb" and not _DURABLE_IN_HB.search(full_name):
         return False
-    return not _CONSUMABLE.search(full_name.rsplit(" > ", 1)[-1])
+    head = " ".join(full_name.rsplit(" > ", 1)[-1].split()[-2:])  # the product noun ("Oil Drain Plugs": "Drain Plugs")
+    return not _CONSUMABLE.search(head)
 
 
 #: Recall hazards by product type: ``(name pattern, vertical set, hazards)``, first match wins.
@@ -239,7 +240,10 @@ _RESTRICTED = re.compile("|".join(RESTRICTED_PATTERNS), re.IGNORECASE)
 
 def restricted(full_name: str, policy: str) -> bool:
     """Whether the category needs a safety certificate (prohibited categories never do)."""
-    return policy != "prohibited" and _RESTRICTED.search(full_name) is not None
+    head = " ".join(full_name.rsplit(" > ", 1)[-1].split()[-2:])  # the product noun, not "Battery-Powered X"
+    toy = re.search(r"\b(doll|toy|toys|pet|play|costume)\b", full_name.rsplit(" > ", 1)[-1], re.IGNORECASE)
+    return (policy != "prohibited" and _RESTRICTED.search(head) is not None and "powered" not in head.lower()
+            and toy is None)
 
 
 # -- item types as sellers write them ----------------------------------------------------------

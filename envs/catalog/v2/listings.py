@@ -24,7 +24,7 @@ from envs.catalog.mix import KindMix
 from envs.catalog.v1_listings import _lookalike, _near_model, _unaffected_batch, part_index, phrases
 from envs.catalog.v1_world import SPLIT_PART
 from envs.catalog.v2 import content
-from envs.catalog.v2.policy import assess, copy_mentions, decide, listing_text
+from envs.catalog.v2.policy import assess, copy_mentions, decide, listing_text, stated_condition
 from envs.catalog.v2.voices import Writer
 
 __all__ = ["CASE_KINDS", "EVAL_MIX", "HELD_OUT", "KIND_DECISION", "KINDS", "MIXES", "NATURAL_MIX",
@@ -155,6 +155,7 @@ def _extra(world: Any, part: str) -> dict[str, Any]:
     recalls = tuple(r for r in ix.recalls if world.leaf_part.get(r.category_id) == part
                     and cats[r.category_id].policy == "ok")
     out = {"durable": durable or ix.branded, "restricted": restricted or ix.ok_leaves,
+           "restricted_branded": tuple(x for x in restricted if x in set(ix.branded)),
            "recalls": recalls or ix.recalls}
     _EXTRA[(id(world), part)] = (world, out)
     return out
@@ -245,9 +246,13 @@ class _Builder:
         optional = [a for a, r in schema if not r and a.values]
         chosen = [(a, True) for a in required]
         chosen += [(a, False) for a in rng.sample(optional, min(len(optional), rng.randint(0, 2)))]
+        durable = content.conditions_apply(cat.vertical, cat.full_name)
         for attr, req in chosen:
             implied = [v for v in attr.values if _in_text(v, named)]
-            value = rng.choice(implied) if implied else rng.choice(attr.values)
+            pool = implied or list(attr.values)
+            if not durable:  # no used or refurbished consumables, even where an attribute lists them
+                pool = [v for v in pool if not stated_condition(v)] or pool
+            value = rng.choice(pool)
             if req:
                 d.truth_attrs[attr.handle] = value
             d.specifics[attr.name] = value
@@ -298,8 +303,19 @@ class _Builder:
             d.lines.append(rng.choice(Writer(rng, []).p["gated_claims"]).format(brand=d.brand_text))
         if rng.random() < 0.05:
             d.lines.append(rng.choice(p1["compatible_noise"]).format(target=rng.choice(self.ix.gated)))
-        if d.cue_item is None and "," not in d.item and rng.random() < 0.08:
+        if d.cue_item is None and "," not in d.item and rng.random() < 0.2:
             d.lines.append(rng.choice(Writer(rng, []).p["cue_frames"]).format(item=d.item))
+        if rng.random() < 0.1:  # art, prop and style wording on every kind
+            d.lines.append(rng.choice(p1["style_claims"]).format(style=rng.choice(p1["styles"]),
+                                                                artwork=rng.choice(p1["artworks"]),
+                                                                film=rng.choice(p1["films"])))
+        if rng.random() < 0.1:  # "made to fit <brand>" wording on every kind
+            d.lines.append(rng.choice(p1["compatible"]["description"]).format(
+                item=d.item, target=rng.choice(self.ix.gated), brand=d.brand_text or "us"))
+        if rng.random() < 0.12:  # model numbers of products no notice recalls
+            from envs.catalog.listings import _model_number
+
+            d.lines.append(rng.choice(p1["model_lines"]).format(model=_model_number(rng, self.world.recalled_models)))
 
     # -- kinds: ok -----------------------------------------------------------------------------
     def registry_listing(self, want: str, lo_r: float, hi_r: float, seller_ok: Any = None,
@@ -315,6 +331,10 @@ class _Builder:
 
     def clean(self) -> _Draft:
         rng = self.rng
+        if rng.random() < 0.2 and self.ex["restricted_branded"]:  # certified goods from an authorised seller
+            d = self.registry_listing("registered", 0.75, 1.3, leaves=self.ex["restricted_branded"], authorised=True)
+            d.signals.append("genuine_listing")
+            return d
         gated = rng.random() < 0.2
         d = self.registry_listing("gated" if gated else "any", 0.75, 1.3, authorised=gated)
         d.signals.append("genuine_listing")
