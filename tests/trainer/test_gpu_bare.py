@@ -8,6 +8,7 @@ pydantic, gymnasium, httpx or rapidfuzz: everything else must come from the bund
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import json
 import os
 import subprocess
@@ -21,9 +22,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import gpu_bare
+# a script, not a package: loaded from its file so bench/ never joins sys.path
+_spec = importlib.util.spec_from_file_location("gpu_bare", ROOT / "bench" / "gpu_bare.py")
+gpu_bare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_bare)
 
 #: What a bare GPU box's python lacks (the check must bring it along).
 ABSENT = {"pydantic", "pydantic-core", "annotated-types", "typing-inspection", "gymnasium", "sqlalchemy",
