@@ -157,7 +157,7 @@ class LLMCustomer:
         policy, loop = self._ready()
         try:
             out = loop.run(policy.act(messages, []), self.timeout + 5)
-        except Exception as exc:  # noqa: BLE001 - the agent is told; the episode goes on
+        except Exception as exc:
             raise ToolError(f"the customer did not answer ({type(exc).__name__}); try again") from exc
         text = (out or {}).get("content") if isinstance(out, dict) else None
         if not isinstance(text, str) or not text.strip():

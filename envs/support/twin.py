@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -118,11 +118,8 @@ class SupportDeskTwin(Twin):
     description = ("Support desk with a simulated customer: ask for details, look up the customer "
                    "and order, follow the written policy, cancel / return or decline.")
     config_model = SupportDeskConfig
-    splits = {"train": 6_000, "dev": 120, "test": 120}
+    splits: ClassVar[dict[str, int]] = {"train": 6_000, "dev": 120, "test": 120}
     reward = support_reward
-    # twin check: the first tool output is the customer's reply (email and order number); the
-    # order look-up that decides the case comes later, so the default thresholds hold.
-    check_thresholds: dict[str, float] = {}
 
     def __init__(self, **config: Any) -> None:
         super().__init__(**config)

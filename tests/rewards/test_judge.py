@@ -3,7 +3,6 @@ answers, the cache, the budget, RULER-style order invariance and the recorded ju
 
 from __future__ import annotations
 
-
 import importlib.util
 import json
 import random
@@ -12,7 +11,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -46,13 +45,13 @@ def _group_answer(text: str) -> str:
 
 
 class _Judge(BaseHTTPRequestHandler):
-    calls: list[dict[str, Any]] = []
+    calls: ClassVar[list[dict[str, Any]]] = []
     lock = threading.Lock()
 
     def log_message(self, *args: Any) -> None:
         pass
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         with self.lock:
             self.calls.append(body)
@@ -305,5 +304,5 @@ def test_smollm2_judges_through_the_hf_spec(tmp_path, monkeypatch) -> None:
 def test_the_judge_example_in_the_rewards_guide_runs_offline(capsys) -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "rewards.md").read_text()
     (example,) = re.findall(r"```py\n(.*?)```", doc, re.DOTALL)
-    exec(compile(example, "docs/rewards.md", "exec"), {})
+    exec(compile(example, "docs/rewards.md", "exec"), {})  # noqa: S102 - the guide's own example
     assert capsys.readouterr().out.splitlines() == ["[1.0, 0.0]", "SCORE: 5"]

@@ -8,7 +8,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 from typer.testing import CliRunner
@@ -22,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Judge(BaseHTTPRequestHandler):
-    requests: list[str] = []
+    requests: ClassVar[list[str]] = []
 
     def log_message(self, *args: Any) -> None:
         pass
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         text = body["messages"][-1]["content"]
         type(self).requests.append(text)
@@ -74,11 +75,8 @@ def test_on_it_adds_the_term_and_keeps_the_maximum(tmp_path) -> None:
 def test_the_judge_reads_the_deciding_evidence_and_the_reason() -> None:
     twin = CatalogJudgeTwin()
     case = twin.case("test", 0)
-
-    class T:
-        submission = {"verdict": "ok", "reason": "all fine"}
-
-    text = render_reason(T(), case)
+    episode = SimpleNamespace(submission={"verdict": "ok", "reason": "all fine"})
+    text = render_reason(episode, case)
     assert f"Evidence that decided it: {case.truth['reason']}" in text
     assert "Agent's reason: all fine" in text and case.truth["category_id"] not in text
 

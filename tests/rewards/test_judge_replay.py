@@ -15,7 +15,12 @@ from rewards._submission import submission_trajectory
 from rewards.judge import Judge, judge_override
 from rewards.judge_terms import rubric_term, score_episodes
 from rewards.testing import check_rollout_file, run_rollout_file
-from rewards.testing.judge_replay import RecordedJudge, RecordingJudge, export_recording, load_recording
+from rewards.testing.judge_replay import (
+    RecordedJudge,
+    RecordingJudge,
+    export_recording,
+    load_recording,
+)
 from twin import Case
 from twin.errors import ConfigError
 
@@ -28,7 +33,7 @@ class _Judge(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         type(self).calls += 1
         agent_reason = body["messages"][-1]["content"].split("Agent's reason:", 1)[-1].split("\n")[0]
