@@ -182,6 +182,7 @@ def planted_store(tmp_path: Path) -> Iterator[dict[str, object]]:
                     "losses/kl": 0.01 * step,
                     "perf/tokens_per_s": 100.0 + step,
                     "batch/groups": 8,
+                    f"custom/{SCRIPT}": 1.0,  # a metric name is text from the store too
                 },
             )
             run.add_episodes([episode(step, 0.1 * step, twin="Toy", kind="red")], step=step)

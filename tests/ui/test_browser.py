@@ -37,7 +37,9 @@ def _browser_module() -> Any:
     return module
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an event loop running in this thread while it is
+# open, and tests elsewhere that call asyncio.run() must not find it.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     helper = _browser_module()
     path = helper.find_chromium()
@@ -204,6 +206,9 @@ def test_a_comparison_finds_a_flipped_case(
     assert flipped_case in page.locator("h1").inner_text()
     assert page.locator(".side ol.transcript").count() == 2
     assert page.locator("#side-b .call-ok[data-call='submit']").count() == 1
+    # the random policy's calls fail (every one of its episodes here has invalid calls): marked
+    assert page.locator("#side-a .call-invalid").count() >= 1
+    assert page.locator("#side-a .call-invalid .call-error").first.inner_text().strip()
     _shot(page, shots, "compare-case")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -13,25 +15,16 @@ runner = CliRunner()
 
 def test_demo_ends_with_the_command_that_opens_its_runs(tmp_path: Path) -> None:
     store = tmp_path / "demo store.db"
-    result = runner.invoke(
-        app,
+    proc = subprocess.run(
         [
-            "demo",
-            "--episodes",
-            "1",
-            "--group-size",
-            "1",
-            "--policies",
-            "random",
-            "--no-progress",
-            "--store",
-            str(store),
-            "--out",
-            str(tmp_path / "report"),
+            sys.executable, "-m", "twinrl_cli", "demo", "--episodes", "1", "--group-size", "1",
+            "--policies", "random", "--no-progress", "--store", str(store),
+            "--out", str(tmp_path / "report"),
         ],
-    )
-    assert result.exit_code == 0, result.output
-    last = result.output.strip().splitlines()[-1]
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
     assert last == f"look at these runs in a browser: twin ui --store '{store}'"
     assert store.exists()
 

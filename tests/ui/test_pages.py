@@ -151,7 +151,7 @@ def test_training_run_page_draws_each_curve(client: TestClient, planted_store) -
     for name in ("rewards/total", "losses/loss", "losses/kl", "perf/tokens_per_s"):
         assert f'aria-label="{name}"' in page.text.split('id="more-curves"')[0]
     assert 'aria-label="batch/groups"' in page.text.split('id="more-curves"')[1]
-    assert page.text.count("<polyline") == 5
+    assert page.text.count("<polyline") == 6
     live = client.get(f"/runs/{planted_store['train']}/live")
     assert live.status_code == 200 and 'id="live"' in live.text
 
@@ -197,6 +197,7 @@ def test_every_text_from_the_store_is_escaped(client: TestClient, planted_store)
     ep = re.findall(r'href="/episodes/(\d+)"', pages[1])[0]
     pages.append(client.get(f"/episodes/{ep}").text)
     pages.append(client.get(f"/compare?a={run_id}&b={planted_store['a']}").text)
+    pages.append(client.get(f"/runs/{planted_store['train']}").text)  # a metric's name
     for html in pages:
         assert "<script>window" not in html and "<img src=x" not in html
         assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in html
