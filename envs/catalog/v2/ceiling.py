@@ -212,6 +212,8 @@ class CeilingPolicy:
     """The written policy from tool outputs (see the module docstring)."""
 
     name = "ceiling"
+    #: Search hits read (enough for the leaf among same-named categories; fewer is fewer tokens).
+    search_limit = 10
     #: A constant decision instead of the policy's (the degenerate variants set it).
     fixed: tuple[str, str | None] | None = None
 
@@ -230,7 +232,7 @@ class CeilingPolicy:
         item, dept = _item(listing)
         if step == 0:
             query = f"{item} {dept.split(' > ')[-1]}".strip()
-            return _turn([_call("search_taxonomy", {"query": query, "limit": 20}, "s"),
+            return _turn([_call("search_taxonomy", {"query": query, "limit": self.search_limit}, "s"),
                           _call("get_seller", {"name": listing["seller"]}, "p")])
         if step == 1:
             hits = (done.get("s") or {}).get("results") or []
