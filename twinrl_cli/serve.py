@@ -116,7 +116,7 @@ def serve(
         ),
     ] = None,
     http_threads: Annotated[
-        int | None, typer.Option("--http-threads", help=_LIMIT + "connections served at once.")
+        int | None, typer.Option("--http-threads", help=_LIMIT + "requests handled at once (handler threads).")
     ] = None,
     max_connections: Annotated[
         int | None,
