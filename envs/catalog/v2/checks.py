@@ -164,7 +164,7 @@ def _submissions(twin: Any, policy: Any, n: int) -> list[tuple[Any, dict[str, An
 def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | None = None) -> list[Row]:
     """Every v2 row, sized by ``cases`` (the doctor's cases per kind; 2 in the fast suite): ``100 *
     cases`` test and ``300 * cases`` train cases unless ``n_test`` / ``n_train`` say otherwise
-    (``python -m envs.catalog.v2.checks`` measures 1,000 test and 5,000 train cases)."""
+    (``python -m envs.catalog.v2.measure`` measures 1,000 test and 5,000 train cases)."""
     from twin.doctor_play import play
 
     rows: list[Row] = []
@@ -261,29 +261,3 @@ def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | N
                      "every constant > heuristic; ceiling lowest", note=f"{n_test} natural-mix test cases"))
     return rows
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m envs.catalog.v2.checks [--taxonomy PATH|none] [--test N] [--train N]``: every v2
-    row at full size (the figures of docs/catalog-v2.md); exit status 1 when a row fails."""
-    import argparse
-
-    from envs.catalog.v2.twin import CatalogTwinV2
-
-    ap = argparse.ArgumentParser(prog="python -m envs.catalog.v2.checks")
-    ap.add_argument("--taxonomy", default="auto", help="a Shopify checkout, 'auto' (default) or 'none'")
-    ap.add_argument("--test", type=int, default=1000)
-    ap.add_argument("--train", type=int, default=5000)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    tax = None if args.taxonomy == "none" else args.taxonomy
-    twin = CatalogTwinV2(seed=args.seed, taxonomy_path=tax, test_size=max(args.test, 1000),
-                         train_size=max(args.train, 10_000))
-    print(f"twin/Catalog-v2, taxonomy {twin.config.taxonomy_path or 'generated'}, seed {args.seed}")
-    rows = v2_checks(twin, 2, n_test=args.test, n_train=args.train)
-    for r in rows:
-        print(f"{r['status']:4}  {r['check']:16}  {r['name']:38}  {r['figure']}  [{r['threshold']}]  {r['note']}")
-    return int(any(r["status"] == "fail" for r in rows))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
