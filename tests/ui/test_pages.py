@@ -109,6 +109,21 @@ def test_a_run_without_summary_is_counted_in_one_pass(planted_store) -> None:
     assert dict(last3.means)["policy"] == pytest.approx(0.5)
 
 
+def test_a_diverged_reward_term_does_not_break_the_run_page(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "nan.db")
+    run_id = store.start_run("eval", "Catalog", "p")
+    bad = episode(1, 0.0)
+    bad.components = {"policy": float("nan"), "submitted": 1.0}
+    store.add_episodes(run_id, [episode(0, 1.0), bad])  # stored as NaN: SQLite's JSON refuses it
+    client = TestClient(create_app(tmp_path / "nan.db"), base_url="http://127.0.0.1")
+    page = client.get(f"/runs/{run_id}")
+    store.close()
+    assert page.status_code == 200
+    terms = page.text.split('id="terms"')[1].split("</section>")[0]
+    assert re.search(r"<td>policy</td><td[^>]*>1.0000</td>", terms), terms  # NaN left out
+    assert re.search(r"<td>submitted</td><td[^>]*>1.0000</td>", terms), terms
+
+
 def test_failed_and_interrupted_runs_read_as_such(planted_store) -> None:
     path = planted_store["path"]
     store = RunStore(path)
@@ -233,8 +248,10 @@ def test_the_app_cannot_write_the_store(planted_store) -> None:
 
 def test_postgres_store_is_opened_read_only(postgres_url: str) -> None:
     store = RunStore(postgres_url)
+    diverged = episode(1, 0.0)
+    diverged.components = {"policy": float("inf"), "submitted": 1.0}
     with store.track_run("eval", "Catalog", "heuristic") as run:
-        run.add_episodes([episode(0, 1.0)])
+        run.add_episodes([episode(0, 1.0), diverged])  # no summary: the page counts them
     store.close()
     app = create_app(postgres_url)
     client = TestClient(app, base_url="http://127.0.0.1")
@@ -246,7 +263,7 @@ def test_postgres_store_is_opened_read_only(postgres_url: str) -> None:
     ):
         conn.execute(text("DELETE FROM episodes"))
     app.state.engine.dispose()
-    assert RunStore(postgres_url).count_episodes(run.id) == 1
+    assert RunStore(postgres_url).count_episodes(run.id) == 2
 
 
 def test_a_missing_or_foreign_store_is_a_one_line_error(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import JSON, case, cast, func, or_, select, type_coerce
+from sqlalchemy import JSON, Text, case, cast, func, or_, select, type_coerce
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
@@ -309,6 +309,15 @@ def _doc(engine: Engine, column: Any) -> Any:
     return cast(column, JSON)
 
 
+def _strict_json(column: Any) -> Any:
+    """A JSON text column with the non-standard numbers the store keeps (``NaN``, ``Infinity``:
+    a diverged reward term) read as null, which the databases' JSON parsers refuse otherwise."""
+    text_ = type_coerce(column, Text)
+    for token in ("-Infinity", "Infinity", "NaN"):
+        text_ = func.replace(text_, token, "null")
+    return text_
+
+
 def _summary_of(row: RunRow) -> dict[str, Any] | None:
     """The run's own summary (:func:`twin.rollout.summarize`) when it finished with one."""
     return row.metrics if _summary_stats(row.status, row.metrics) is not None else None
@@ -443,7 +452,7 @@ def _counted_term_means(
         .limit(cap)  # None: no limit
         .subquery()
     )
-    doc = _doc(engine, latest.c.components)
+    doc = _doc(engine, _strict_json(latest.c.components))
     with engine.connect() as conn:
         values = conn.execute(select(*[func.avg(doc[n].as_float()) for n in names])).one()
     return [(n, None if v is None else float(v)) for n, v in zip(names, values, strict=True)]
