@@ -161,9 +161,11 @@ def _submissions(twin: Any, policy: Any, n: int) -> list[tuple[Any, dict[str, An
     return out
 
 
-def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | None = None) -> list[Row]:
+def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | None = None,
+              n_text: int | None = None) -> list[Row]:
     """Every v2 row, sized by ``cases`` (the doctor's cases per kind; 2 in the fast suite): ``100 *
-    cases`` test and ``300 * cases`` train cases unless ``n_test`` / ``n_train`` say otherwise
+    cases`` test and ``300 * cases`` train cases unless ``n_test`` / ``n_train`` say otherwise (the
+    text figures read ``n_text`` train listings, default the train cases)
     (``python -m envs.catalog.v2.measure`` measures 1,000 test and 5,000 train cases)."""
     from twin.doctor_play import play
 
@@ -238,7 +240,7 @@ def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | N
     rows.append(_row("held-out tactics", "train split", not seen and shared == 0,
                      f"{len(seen)} held-out kinds in train; {shared} of {n_test} test leaves in train", "0 and 0"))
     # text
-    tf = template_figures(twin, "train", min(n_train, twin.num_cases("train")))
+    tf = template_figures(twin, "train", min(n_text or n_train, twin.num_cases("train")))
     rows.append(_row("text", "largest masked sentence template", tf["top1"] <= 0.02, f"{tf['top1']:.2%}", "<= 2%",
                      note=f"{tf['sentences']} sentences, {tf['templates']} templates; e.g. {tf['top1_text'][:60]!r}",
                      value=tf["top1"]))
