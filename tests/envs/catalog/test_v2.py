@@ -80,3 +80,40 @@ def test_twin_check_passes_on_catalog_v2(v2):
     names = {(r.check, r.name) for r in report.rows}
     assert ("cheap policies", "decision tree depth 6") in names and ("natural mix", "cost per 1,000 listings") in names
     assert report.ok, [(r.check, r.name, r.figure, r.note) for r in report.failures()]
+
+
+def test_content_rules_read_the_product_noun():
+    from envs.catalog.v2 import content
+
+    assert not content.conditions_apply("fb", "Food, Beverages & Tobacco > Snacks > Potato Chips")
+    assert not content.conditions_apply("hb", "Health & Beauty > Hair Care > Shampoos")
+    assert content.conditions_apply("hb", "Health & Beauty > Hair Care > Hair Dryers")
+    assert content.conditions_apply("vp", "Vehicles & Parts > Engine Oil Circulation > Oil Drain Plugs")
+    assert content.restricted("Baby & Toddler > Baby Transport > Strollers", "ok")
+    assert not content.restricted("Toys & Games > Dolls > Doll Strollers", "ok")
+    assert not content.restricted("Home & Garden > Vacuums > Battery-Powered Robot Vacuums", "ok")
+    lo, hi = content.price_prior("el", "Electronics > Computers > Laptops")
+    assert lo >= 300 and hi <= 2500
+    case_lo, case_hi = content.price_prior("el", "Electronics > Phone Accessories > Phone Cases")
+    assert case_hi <= 60
+    wlo, whi = content.written_range("el", "Electronics > Computers > Laptops")
+    assert content.msrp_for("AnyBrand", "el", "Electronics > Computers > Laptops", "el-1")[0] >= wlo
+
+
+def test_taxonomy_auto_finds_an_installed_shopify_checkout(tmp_path, monkeypatch):
+    from envs.catalog.v2.twin import shopify_default
+
+    (tmp_path / "data" / "categories").mkdir(parents=True)
+    monkeypatch.setenv("TWINRL_SHOPIFY_TAXONOMY", str(tmp_path))
+    assert shopify_default() == str(tmp_path.resolve())
+    monkeypatch.setenv("TWINRL_SHOPIFY_TAXONOMY", str(tmp_path / "nothing"))
+    assert shopify_default() in (None, str((Path(__file__).resolve().parents[4] / "shared" / "data"
+                                             / "shopify-product-taxonomy").resolve()))
+
+
+def test_item_types_resolve_to_their_leaf():
+    from envs.catalog.v2.content import item_key, item_type_variants
+
+    for style, text in item_type_variants("Women's Ankle Boots", "Norvale", "NV-1234"):
+        bare = text.replace("Norvale", "").replace("NV-1234", "")
+        assert item_key(bare) == item_key("Women's Ankle Boots"), (style, text)
