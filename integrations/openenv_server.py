@@ -66,7 +66,7 @@ __all__ = [
     "serve",
 ]
 
-_INSTALL = "pip install 'twinrl[integrations]'"
+_INSTALL = "pip install 'twinrl[openenv]'"
 
 
 def _require_openenv() -> Any:
@@ -137,6 +137,11 @@ def _build() -> dict[str, Any]:
         tools: list[dict[str, Any]] = Field(default_factory=list, description="Tool schemas (reset).")
         text: str = Field(default="", description="The tool's result, or what was wrong (step).")
         error: bool = Field(default=False, description="Whether the call failed.")
+        reward_components: dict[str, float] | None = Field(
+            default=None,
+            description="Once done: each reward term's weighted share of `reward` (OpenEnv drops "
+            "`metadata` on the wire, so they travel here too).",
+        )
 
     class TwinState(core.State):  # type: ignore[misc, name-defined]
         """The episode's status; reward, submission and outcome only once it has ended."""
@@ -219,9 +224,11 @@ def _build() -> dict[str, Any]:
                 )
             text, failed = episode.call(action.tool, action.arguments)
             done = episode.done
+            terms = episode.final_terms() if done else None
             return TwinObservation(
                 episode_id=episode_id or self._episode_id, text=text, error=failed, done=done,
-                reward=episode.final_reward() if done else None,
+                reward=episode.final_reward() if done else None, reward_components=terms,
+                metadata={"reward_components": terms} if terms else {},
             )
 
         @property
@@ -232,7 +239,9 @@ def _build() -> dict[str, Any]:
             return _state_of(self._episode, self._episode_id)
 
         def get_metadata(self) -> Any:
-            return core.EnvironmentMetadata(
+            from openenv.core.env_server.types import EnvironmentMetadata
+
+            return EnvironmentMetadata(
                 name=f"twinrl/{self.twin.name}",
                 description=f"The {self.twin.name} twin: its tools, controlled cases and reward.",
             )
@@ -267,17 +276,55 @@ def __getattr__(name: str) -> Any:
 
 
 # -- server -------------------------------------------------------------------------------------
+class _KeyGate:
+    """ASGI middleware: every HTTP request and WebSocket but ``/health`` must carry the key, as
+    ``Authorization: Bearer KEY`` or (for WebSocket clients that cannot set headers, such as
+    OpenEnv's ``EnvClient``) the query parameter ``api_key``."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    def _allowed(self, scope: dict[str, Any]) -> bool:
+        import hmac
+        from urllib.parse import parse_qs
+
+        given = ""
+        for name, value in scope.get("headers") or ():
+            if name.lower() == b"authorization":
+                given = value.decode("latin-1").removeprefix("Bearer ").strip()
+        if not given:
+            query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
+            given = (query.get("api_key") or [""])[0]
+        return hmac.compare_digest(given.encode(), self.api_key.encode())
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("path") == "/health" \
+                or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
+            return
+        body = b'{"detail": "missing or wrong API key: send Authorization: Bearer KEY"}'
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
 def build_app(
     twin: Twin | str = "Catalog",
     *,
     max_concurrent_envs: int = 64,
     max_http_episodes: int = 1024,
+    api_key: str | None = None,
     **config: Any,
 ) -> Any:
     """OpenEnv's FastAPI app serving ``twin`` (a :class:`Twin`, or a registered name with ``config``).
 
     Routes: OpenEnv's ``/ws``, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/metadata``,
-    ``/health``, plus ``GET /episodes/{episode_id}`` (an HTTP episode's state).
+    ``/health``, plus ``GET /episodes/{episode_id}`` (an HTTP episode's state). With
+    ``api_key``, every route but ``/health`` needs it (:class:`_KeyGate`).
     """
     built = _build()
     from fastapi import HTTPException
@@ -310,16 +357,28 @@ def build_app(
             raise HTTPException(status_code=404, detail=str(exc)) from None
         return built["state_of"](episode, episode_id).model_dump()
 
+    if api_key:
+        app.add_middleware(_KeyGate, api_key=api_key)
     return app
 
 
 def serve(
-    twin: Twin | str = "Catalog", host: str = "127.0.0.1", port: int = 8000, **config: Any
+    twin: Twin | str = "Catalog", host: str = "127.0.0.1", port: int = 8000,
+    api_key: str | None = None, **config: Any,
 ) -> None:
-    """Serve ``twin`` with uvicorn until interrupted (binds ``host``, loopback by default)."""
+    """Serve ``twin`` with uvicorn until interrupted (binds ``host``, loopback by default; a
+    warning on stderr when another address is bound without ``api_key``)."""
+    import sys
+
     import uvicorn
 
-    uvicorn.run(build_app(twin, **config), host=host, port=port, log_level="warning")
+    from integrations.mcp_server import open_warning
+
+    warning = open_warning("the OpenEnv server", host, api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    uvicorn.run(build_app(twin, api_key=api_key, **config), host=host, port=port,
+                log_level="warning", ws="websockets")
 
 
 # -- benchmark ----------------------------------------------------------------------------------
@@ -547,7 +606,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     ns = parser.parse_args(argv)
-    serve(ns.twin, host=ns.host, port=ns.port)
+    import os
+
+    serve(ns.twin, host=ns.host, port=ns.port, api_key=os.environ.get("TWINRL_API_KEY") or None)
 
 
 if __name__ == "__main__":

@@ -142,3 +142,82 @@ def test_bench_reports_twin_and_echo_for_both_transports():
     assert len(lines) == 2 and all("echo median" in line and "ratio" in line for line in lines)
     with pytest.raises(ValueError, match="unknown transports"):
         bench("Catalog", steps=1, transports=("grpc",))
+
+
+# -- the server as OpenEnv's tooling sees it; the generated package -------------------------------
+def test_openenvs_runtime_validation_accepts_the_server(twin):
+    from openenv.cli._validation import validate_running_environment
+
+    with running(build_app(twin)) as base:
+        report = validate_running_environment(base, timeout_s=30)
+    assert report["passed"], [c for c in report["criteria"] if not c["passed"]]
+
+
+def test_reward_components_reach_the_client_when_the_episode_ends(twin, url):
+    async def play():
+        async with TwinEnvClient(base_url=url) as env:
+            await env.reset(split="test", index=0)
+            return [await env.step(TwinAction(tool=n, arguments=a)) for n, a in _calls(twin)]
+
+    search, _bad, submit = asyncio.run(play())
+    assert search.observation.reward_components is None
+    terms = submit.observation.reward_components
+    assert terms and sum(terms.values()) == pytest.approx(submit.reward)
+
+
+def _load_generated(root):
+    """The generated package's client side, imported from its folder (as a harness would)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(root.parent))
+    try:
+        return importlib.import_module(root.name)
+    finally:
+        sys.path.remove(str(root.parent))
+
+
+def test_init_writes_a_layout_whose_client_needs_only_openenv(twin, tmp_path):
+    import ast
+
+    from openenv.cli._validation import validate_multi_mode_deployment
+
+    from integrations.openenv_layout import write_layout
+
+    root = write_layout("Catalog", tmp_path / "catalog_gen_env", config={"max_turns": 6})
+    for rel in ("openenv.yaml", "pyproject.toml", "server/app.py", "server/Dockerfile", "README.md"):
+        assert (root / rel).is_file(), rel
+    # OpenEnv's own check: everything but the lock file (`--lock` runs uv; the slow test does)
+    _ok, issues = validate_multi_mode_deployment(root)
+    assert [i for i in issues if "uv.lock" not in i] == []
+    for rel in ("models.py", "client.py", "__init__.py"):  # the client side imports no twinrl
+        tree = ast.parse((root / rel).read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        assert names <= {"openenv", "pydantic", "typing", "urllib", "models", ""}, (rel, names)
+    generated = _load_generated(root)
+
+    async def play(base: str):
+        async with generated.TwinEnvClient(base_url=base, api_key="k3y") as env:
+            await env.reset(split="test", index=0)
+            for name, args in _calls(twin):
+                result = await env.step(generated.TwinAction(tool=name, arguments=args))
+            return result, await env.state()
+
+    with running(build_app(twin, api_key="k3y")) as base:
+        result, state = asyncio.run(play(base))
+        refused = httpx.post(f"{base}/reset", json={}, timeout=30)
+        health = httpx.get(f"{base}/health", timeout=30)
+    assert result.done and result.reward == pytest.approx(_expected(twin))
+    assert state.status == "terminated" and state.reward["total"] == result.reward
+    assert refused.status_code == 401 and health.status_code == 200
+
+
+def test_cli_init_refuses_a_folder_with_files(tmp_path):
+    from typer.testing import CliRunner
+
+    from twinrl_cli import app
+
+    (tmp_path / "x.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["openenv", "init", "Catalog", str(tmp_path)])
+    assert result.exit_code == 2 and "is not empty" in result.output
