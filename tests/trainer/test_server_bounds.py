@@ -289,3 +289,24 @@ def test_peak_memory_of_16_concurrent_oversized_bodies_stays_under_the_budget(
         server.terminate()
         server.wait(30)
         log.close()
+
+
+def test_the_python_310_deadline_stand_in_fires_and_stays_quiet() -> None:
+    """``asyncio.timeout_at`` is Python 3.11+; on 3.10 the server uses its own stand-in."""
+    import asyncio
+
+    from trainer.serving.http import _TimeoutAt
+
+    async def run() -> tuple[bool, str]:
+        loop = asyncio.get_running_loop()
+        try:
+            async with _TimeoutAt(loop.time() + 0.05):
+                await asyncio.sleep(5)
+            fired = False
+        except asyncio.TimeoutError:
+            fired = True
+        async with _TimeoutAt(loop.time() + 5):
+            await asyncio.sleep(0)
+        return fired, "done"
+
+    assert asyncio.run(asyncio.wait_for(run(), 10)) == (True, "done")

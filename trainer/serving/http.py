@@ -145,7 +145,7 @@ def _timeout_at(deadline: float) -> Any:
     """``asyncio.timeout_at`` (Python 3.11+; no task per wait, unlike ``wait_for``) or a stand-in."""
     if hasattr(asyncio, "timeout_at"):
         return asyncio.timeout_at(deadline)
-    return _TimeoutAt(deadline)  # pragma: no cover - Python 3.10
+    return _TimeoutAt(deadline)
 
 
 class _TimeoutAt:
