@@ -254,7 +254,17 @@ def prepare_output_dir(output_dir: str | Path, *, resume: bool, overwrite: bool)
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)")
+    newly = str(out.resolve()) not in _HELD_LOCKS
     lock_output_dir(out)
+    try:
+        return _ready_output_dir(out, resume=resume, overwrite=overwrite)
+    except BaseException:
+        if newly:  # a refused run leaves the folder to whoever comes next
+            unlock_output_dir(out)
+        raise
+
+
+def _ready_output_dir(out: Path, *, resume: bool, overwrite: bool) -> Path | None:
     found = latest_checkpoint(out) if out.is_dir() else None
     if resume and found is not None:
         return found

@@ -222,3 +222,19 @@ def test_two_runs_cannot_share_an_output_folder(tmp_path) -> None:
         holder.communicate("", timeout=30)  # the holder exits: the OS drops its lock
     assert prepare_output_dir(tmp_path, resume=False, overwrite=True) is None
     unlock_output_dir(tmp_path)
+
+
+def test_a_refused_run_leaves_the_folder_unlocked(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    checkpoint = tmp_path / "checkpoints" / "step-000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.pt").write_bytes(b"from an earlier run")
+    with pytest.raises(ConfigError, match="already holds checkpoints"):
+        prepare_output_dir(tmp_path, resume=False, overwrite=False)
+    other = subprocess.run(
+        [sys.executable, "-c", f"from trainer.checkpoint import lock_output_dir; lock_output_dir({str(tmp_path)!r})"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr[-1000:]
