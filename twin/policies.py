@@ -37,7 +37,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twin.cases import stable_seed
-from twin.errors import ConfigError, TwinError
+from twin.chat_wire import Message, PolicyError, wire_messages
+from twin.errors import ConfigError
 from twin.http import tls_context
 
 __all__ = [
@@ -54,23 +55,6 @@ __all__ = [
     "tool_call",
 ]
 
-Message = dict[str, Any]
-
-
-class PolicyError(TwinError):
-    """A policy could not produce a turn (e.g. the model server answered with an error).
-
-    Args:
-        message: What went wrong, with the URL and the server's words.
-        hint: What to change, e.g. ``"raise --timeout"`` (shown in the eval summary).
-        cause: The short cause, e.g. ``"ReadTimeout"`` or ``"HTTP 401"`` (default: the class of
-            the exception this one was raised from).
-    """
-
-    def __init__(self, message: str, *, hint: str | None = None, cause: str | None = None) -> None:
-        super().__init__(message)
-        self.hint = hint
-        self.cause = cause
 
 
 @runtime_checkable
@@ -404,7 +388,6 @@ def _junk(
 
 
 # -- OpenAI-compatible chat ----------------------------------------------------------------------
-_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
@@ -500,7 +483,7 @@ class OpenAIChatPolicy:
         """The JSON body sent for one turn."""
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": _wire_messages(messages),
+            "messages": wire_messages(messages),
             "temperature": self.temperature,
             self.token_field: self.max_tokens,
         }
@@ -642,30 +625,6 @@ class OpenAIChatPolicy:
 
     def __repr__(self) -> str:
         return f"OpenAIChatPolicy(base_url={self.base_url!r}, model={self.model!r})"
-
-
-def _wire_messages(messages: Sequence[Message]) -> list[Message]:
-    """The chat as OpenAI's API accepts it.
-
-    Only the standard keys are sent. A ``tool`` message must answer a ``tool_calls`` entry of the
-    assistant message before it; when the assistant wrote its calls as text (Hermes
-    ``<tool_call>`` in ``content``) there is none, so such results go back as user messages.
-    """
-    out: list[Message] = []
-    call_ids: set[Any] = set()
-    for m in messages:
-        role = m.get("role")
-        if role == "assistant":
-            call_ids = {c.get("id") for c in m.get("tool_calls") or [] if isinstance(c, dict)}
-        elif role == "tool":
-            if m.get("tool_call_id") in call_ids:
-                out.append({k: m[k] for k in ("role", "tool_call_id", "content") if k in m})
-            else:
-                name = m.get("name") or "tool"
-                out.append({"role": "user", "content": f"[{name} result] {m.get('content')}"})
-            continue
-        out.append({k: m[k] for k in _MESSAGE_KEYS if k in m})
-    return out
 
 
 def _excerpt(text: str, limit: int = 500) -> str:

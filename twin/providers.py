@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from twin.errors import ConfigError, MissingDependencyError
-from twin.policies import Message, PolicyError, _wire_messages
+from twin.chat_wire import Message, PolicyError, wire_messages
 
 __all__ = ["AnthropicPolicy", "OpenAIResponsesPolicy", "PROVIDER_KINDS"]
 
@@ -248,7 +248,7 @@ def anthropic_messages(messages: Sequence[Message]) -> tuple[str, list[dict[str,
         else:
             out.append({"role": role, "content": blocks})
 
-    for m in _wire_messages(messages):
+    for m in wire_messages(messages):
         role, content = m.get("role"), m.get("content")
         if role == "system":
             system.append(str(content or ""))
@@ -330,7 +330,7 @@ class OpenAIResponsesPolicy(_SDKPolicy):
 def responses_input(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """The chat as Responses API input items (``function_call`` / ``function_call_output``)."""
     items: list[dict[str, Any]] = []
-    for m in _wire_messages(messages):
+    for m in wire_messages(messages):
         role, content = m.get("role"), m.get("content")
         if role == "assistant":
             if content:
