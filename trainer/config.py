@@ -471,6 +471,13 @@ class Recipe(_Section):
         # weights are their own master copy; autocast keeps bf16 compute.
         if self.lora.enabled:
             return self
+        # (async runs and Ray are refused where they start: trainer/adapters.require_lora_for_server)
+        if self.sampler.kind != "hf":
+            raise ValueError(
+                f"full fine-tuning (lora.enabled: false) needs the in-process sampler (sampler.kind: hf, "
+                f"got {self.sampler.kind!r}): new weights reach a sampler server as LoRA adapters only, "
+                "there is no full-weight sync; set lora.enabled: true"
+            )
         dtype = self.model.dtype
         if dtype == "auto":
             dtype = "float32" if self.devices.learner == "cpu" else "bfloat16"

@@ -274,6 +274,14 @@ def test_full_fine_tuning_without_fp32_weights_is_refused(dtype: str, learner: s
         load_recipe(BASE, ["lora.enabled=false", f"model.dtype={dtype}", f"devices.learner={learner}"])
 
 
+@pytest.mark.parametrize("override", ["sampler.kind=vllm", "sampler.base_url=http://x:1"])
+def test_full_fine_tuning_with_a_sampler_server_is_refused(override: str) -> None:
+    """LoRA only past the in-process sampler: no full-weight sync to a server exists."""
+    with pytest.raises(ConfigError, match="needs the in-process sampler"):
+        load_recipe(BASE, ["lora.enabled=false", "model.dtype=float32", "sampler.kind=server", override]
+                    if "base_url" in override else ["lora.enabled=false", "model.dtype=float32", override])
+
+
 def test_full_fine_tuning_in_fp32_with_bf16_autocast_is_allowed() -> None:
     recipe = load_recipe(BASE, ["lora.enabled=false", "model.dtype=float32", "model.autocast=bfloat16"])
     assert recipe.model.autocast == "bfloat16"
