@@ -48,13 +48,24 @@ TASKSET_ID = "twinrl-verifiers"
 
 
 class TwinTasksetConfig(vf.TasksetConfig):
-    """Which twin and which of its controlled cases."""
+    """Which twin, built with which options, and which of its controlled cases."""
 
     twin: str = Field("catalog", description="Twin name or id, e.g. 'catalog', 'returns', 'toy'.")
-    split: str = Field("test", description="The split whose cases become tasks.")
+    split: str = Field("train", description="The split whose cases become tasks.")
     num_cases: int | None = Field(
         None, ge=1, description="The first N cases of the split (default: all of them)."
     )
+    max_turns: int | None = Field(None, ge=1, description="Twin option: assistant turns per episode.")
+    prompt_style: str | None = Field(None, description="Twin option: 'full' or 'compact'.")
+    seed: int | None = Field(None, description="Twin option: seed of the world and the cases.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Any other twin options (twin show NAME lists them)."
+    )
+
+    def twin_config(self) -> dict[str, Any]:
+        """The options the twin is built with: ``options`` plus the named ones that are set."""
+        named = {"max_turns": self.max_turns, "prompt_style": self.prompt_style, "seed": self.seed}
+        return {**self.options, **{k: v for k, v in named.items() if v is not None}}
 
 
 class TwinTaskData(vf.TaskData):
@@ -65,6 +76,7 @@ class TwinTaskData(vf.TaskData):
     index: int
     case_id: str
     tools: list[dict[str, Any]] = Field(default_factory=list)
+    twin_config: dict[str, Any] = Field(default_factory=dict)
 
 
 class TwinTask(vf.Task[TwinTaskData, vf.State, vf.TaskConfig]):
@@ -77,7 +89,7 @@ class TwinTask(vf.Task[TwinTaskData, vf.State, vf.TaskConfig]):
             return
         result = replay_reward(self.data, recorded_actions(trace))
         weighted = 0.0
-        for name, weight in reward_weights(self.data.twin).items():
+        for name, weight in reward_weights(self.data.twin, self.data.twin_config).items():
             value = float(result.components.get(name, 0.0))
             trace.record_reward(name, value, weight)
             weighted += value * weight
@@ -91,7 +103,7 @@ class TwinTaskset(vf.Taskset[TwinTask, TwinTasksetConfig]):
     """The controlled cases of one split of one twin, in index order."""
 
     def load(self) -> Iterable[TwinTask]:
-        twin = make_twin(self.config.twin)
+        twin = make_twin(self.config.twin, **self.config.twin_config())
         n = twin.splits.get(self.config.split)
         if n is None:
             raise ValueError(
@@ -112,6 +124,7 @@ class TwinTaskset(vf.Taskset[TwinTask, TwinTasksetConfig]):
                 index=index,
                 case_id=str(info["case_id"]),
                 tools=thaw(info["tools"]),
+                twin_config=self.config.twin_config(),
             )
             yield TwinTask(data, self.config.task)
 
@@ -144,7 +157,7 @@ class TwinHarness(vf.Harness[TwinHarnessConfig]):
         """Run the episode to its end; returns a synthetic successful program result."""
         from verifiers.v1.runtimes import ProgramResult
 
-        env = TwinEnv(make_twin(data.twin))
+        env = TwinEnv(make_twin(data.twin, **data.twin_config))
         env.reset(options={"split": data.split, "index": data.index})
         actions: list[dict[str, Any]] = []
         record: dict[str, Any] = {"case_id": data.case_id, "actions": actions}
@@ -180,7 +193,7 @@ def recorded_actions(trace: vf.Trace) -> list[dict[str, Any]]:
 
 def replay_reward(data: TwinTaskData, actions: list[dict[str, Any]]) -> Any:
     """The twin's :class:`rewards.RewardResult` of ``actions`` played on the case of ``data``."""
-    env = TwinEnv(make_twin(data.twin))
+    env = TwinEnv(make_twin(data.twin, **data.twin_config))
     env.reset(options={"split": data.split, "index": data.index})
     info: dict[str, Any] = {}
     for action in actions:
@@ -196,32 +209,41 @@ def replay_reward(data: TwinTaskData, actions: list[dict[str, Any]]) -> Any:
     return RewardResult.model_validate(thaw(info["reward"]))
 
 
-def reward_weights(twin_name: str) -> dict[str, float]:
+def reward_weights(twin_name: str, config: Mapping[str, Any] | None = None) -> dict[str, float]:
     """``{term name: weight}`` of a twin's reward."""
-    reward = make_twin(twin_name).reward
+    reward = make_twin(twin_name, **dict(config or {})).reward
     return {k: float(v) for k, v in reward.weights.items() if math.isfinite(v)}
 
 
 def load_environment(
     twin: str = "catalog",
     *,
-    split: str = "test",
+    split: str = "train",
     num_cases: int | None = None,
-    **env_config: Any,
+    env_config: Mapping[str, Any] | None = None,
+    taskset_id: str = TASKSET_ID,
+    **twin_options: Any,
 ) -> Any:
     """A verifiers.v1 environment of one twin: its cases, the twin harness, its reward.
 
     Args:
         twin: Twin name or id (``twin list``).
-        split: The split whose cases are the tasks.
+        split: The split whose cases are the tasks (``train`` by default: an environment is for
+            training; evaluate on ``test``).
         num_cases: Use only the first N cases.
-        **env_config: Further ``EnvConfig`` fields (``timeout``, ``max_concurrent_agents``, ...).
+        env_config: Further ``EnvConfig`` fields (``timeout``, ``max_concurrent_agents``, ...).
+        taskset_id: The module verifiers loads the taskset and harness from (a package made by
+            ``twin package`` passes its own).
+        **twin_options: Twin options, every one passed to the twin (``max_turns``,
+            ``prompt_style``, ``seed``, and the twin's own, e.g. ``case_mix``).
     """
+    named = {k: twin_options.pop(k) for k in ("max_turns", "prompt_style", "seed") if k in twin_options}
     config = vf.resolve_env_config(
         {
-            "taskset": {"id": TASKSET_ID, "twin": twin, "split": split, "num_cases": num_cases},
-            "agent": {"harness": {"id": TASKSET_ID}, "runtime": {"type": "subprocess"}},
-            **env_config,
+            "taskset": {"id": taskset_id, "twin": twin, "split": split, "num_cases": num_cases,
+                        "options": twin_options, **named},
+            "agent": {"harness": {"id": taskset_id}, "runtime": {"type": "subprocess"}},
+            **dict(env_config or {}),
         }
     )
     return vf.load_environment(config)

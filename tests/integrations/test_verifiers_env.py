@@ -121,3 +121,38 @@ def test_unknown_split_is_a_clear_error():
     env = load_environment("returns", split="nope")
     with pytest.raises(ValueError, match="has no split 'nope'; allowed: train, dev, test"):
         list(env.taskset)
+
+
+def test_a_generated_package_runs_with_twin_options_passed_through(fake_openai, tmp_path, monkeypatch):
+    """`twin package Returns DIR`: its own taskset id, the twin options (max_turns) reaching the
+    twin, train as the default split, and rewards equal to twin eval's with the same options."""
+    from verifiers.v1.cli.eval.runner import run_eval
+    from verifiers.v1.configs.cli.eval import EvalConfig
+
+    from integrations.verifiers_package import write_package
+
+    root = write_package("Returns", tmp_path / "pkg")
+    monkeypatch.syspath_prepend(str(root))  # as `pip install DIR` would put it on the path
+    monkeypatch.setenv("FAKE_OPENAI_KEY", "not-a-secret")
+    import twinrl_returns
+
+    env = twinrl_returns.load_environment(num_cases=1, max_turns=2, max_result_chars=4000)
+    (task,) = list(env.taskset)
+    assert task.data.split == "train" and task.data.twin_config == {
+        "max_result_chars": 4000, "max_turns": 2}
+    config = EvalConfig.model_validate({
+        "env": {"taskset": {"id": "twinrl-returns", "split": "test", "num_cases": 3, "max_turns": 2},
+                "agent": {"runtime": {"type": "subprocess"}}},
+        "model": "replay", "client": {"base_url": fake_openai, "api_key_var": "FAKE_OPENAI_KEY"},
+        "num_rollouts": 1, "rich": None, "push": False, "output_dir": str(tmp_path / "vf"),
+    })
+    episodes = asyncio.run(run_eval(config))
+    twin = make_twin("returns", max_turns=2)
+    expected = evaluate(twin, ReplayPolicy(TURNS), [("test", i) for i in range(3)], progress=False)
+    want = {g.trajectories[0].case_id: g.trajectories[0] for g in expected.groups}
+    assert len(episodes) == 3
+    for episode in episodes:
+        (trace,) = list(episode.traces.values()) if isinstance(episode.traces, dict) else episode.traces
+        assert trace.ok, trace.errors
+        assert trace.reward == pytest.approx(want[episode.task.data.case_id].reward, abs=1e-9)
+        assert len(trace.info["twin"]["actions"]) <= 2  # the twin's budget was max_turns=2
