@@ -310,3 +310,19 @@ def test_the_python_310_deadline_stand_in_fires_and_stays_quiet() -> None:
         return fired, "done"
 
     assert asyncio.run(asyncio.wait_for(run(), 10)) == (True, "done")
+
+
+@pytest.mark.parametrize("size", [70_000, 100_000])
+def test_a_request_head_over_64_kib_is_431(size: int) -> None:
+    httpd, _, port = _serve(ServeLimits(read_timeout=3.0), api_key=None)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5.0) as s:
+            try:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * size + b"\r\n\r\n")
+            except OSError:  # the server may answer and close before the rest is sent
+                pass
+            answer = _answer(s)
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

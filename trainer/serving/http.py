@@ -434,6 +434,12 @@ class _AsyncHTTPServer:
             return False
         if isinstance(event, h11.ConnectionClosed) or not isinstance(event, h11.Request):
             return False
+        # h11 caps an incomplete head; one that arrives whole in a single read is measured here
+        head_bytes = len(event.method) + len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+        if head_bytes > MAX_HEAD_BYTES:
+            too_long = ServerError(f"the request head is longer than {MAX_HEAD_BYTES} bytes", 431)
+            await self._send(conn, writer, _error(too_long), close=True)
+            return False
         request = _Request(
             event.method.decode("latin-1"),
             event.target.decode("latin-1").split("?", 1)[0],
