@@ -202,6 +202,10 @@ class _Builder:
             return self.free_price(leaf)
         return rng_m[0] * rng.uniform(lo_r, hi_r)
 
+    def bounds(self, leaf: str) -> tuple[float, float]:
+        cat = self.world.categories[leaf]
+        return content.price_bounds(cat.vertical, cat.full_name)
+
     def free_price(self, leaf: str) -> float:
         cat = self.world.categories[leaf]
         lo, hi = content.price_prior(cat.vertical, cat.full_name)
@@ -280,7 +284,7 @@ class _Builder:
         rng.shuffle(tail)
         title = d.title if d.title is not None else writer.title(d.brand_text, d.item, values)
         return {"title": title, "description": writer.render(head + tail), "brand": d.brand_text,
-                "seller": d.seller, "price": _price(rng, d.price), "currency": "USD",
+                "seller": d.seller, "price": _price(rng, d.price, self.bounds(d.leaf)), "currency": "USD",
                 "attributes": dict(d.specifics)}
 
     def noise(self, d: _Draft) -> None:
@@ -609,10 +613,14 @@ class _Builder:
         raise _Retry("no moderate look-alike")
 
 
-def _price(rng: random.Random, price: float) -> float:
-    price = max(price, 1.0)
+def _price(rng: random.Random, price: float, bounds: tuple[float, float]) -> float:
+    """A seller's price near ``price`` (x.99, x.95, x.50 ...), inside the category's ``bounds``."""
+    lo, hi = bounds
+    price = min(max(price, lo), hi)
+    if price < 5:
+        return round(min(max(price, lo), hi), 2)
     ending = rng.choice([0.99, 0.99, 0.95, 0.0, 0.5, 0.49])
-    return round(max(1.0, int(price) + ending), 2)
+    return round(min(max(int(price) + ending, lo), hi), 2)
 
 
 def make_listing(world: Any, split: str, rng: random.Random, kind: str, views: Any
