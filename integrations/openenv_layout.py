@@ -229,6 +229,8 @@ def write_layout(
     """
     config = dict(config or {})
     the_twin = resolve_twin(twin, **config) if isinstance(twin, str) else twin
+    # The registered name (`Catalog-v1`) when given: a class's `name` is shared by its versions.
+    registered = twin if isinstance(twin, str) else the_twin.name
     root = Path(dest)
     if root.exists() and any(root.iterdir()) and not overwrite:
         raise ConfigError(f"{str(root)!r} is not empty; choose a new folder or pass --force")
@@ -247,7 +249,7 @@ def write_layout(
         "models.py": MODELS_PY,
         "client.py": CLIENT_PY,
         "server/__init__.py": "",
-        "server/app.py": _APP_PY.format(twin=the_twin.name, config=config),
+        "server/app.py": _APP_PY.format(twin=registered, config=config),
         "server/Dockerfile": _DOCKERFILE.format(twin=the_twin.name, name=name),
         "server/requirements.txt": f"openenv-core[core]>=0.3\n{requirement}\n",
     }

@@ -112,14 +112,15 @@ def write_package(
     if root.exists() and any(root.iterdir()) and not overwrite:
         raise ConfigError(f"{str(root)!r} is not empty; choose a new folder or pass --force")
     root.mkdir(parents=True, exist_ok=True)
-    module = module_name(twin.name)
+    # The registered name (`Catalog-v1`), not the class's `name` (`Catalog`): versions differ.
+    module = module_name(twin_name)
     env_id = module.replace("_", "-")
-    cls = re.sub(r"[^A-Za-z0-9]", "", twin.name.title())
+    cls = re.sub(r"[^A-Za-z0-9]", "", twin_name.title())
     (root / f"{module}.py").write_text(
-        _MODULE.format(twin=twin.name, twin_id=twin.name, env_id=env_id, module=module, cls=cls)
+        _MODULE.format(twin=twin_name, twin_id=twin_name, env_id=env_id, module=module, cls=cls)
     )
     (root / "README.md").write_text(_README.format(
-        env_id=env_id, twin=twin.name, description=(twin.description or "").strip()))
+        env_id=env_id, twin=twin_name, description=(twin.description or "").strip()))
     (root / "pyproject.toml").write_text(textwrap.dedent(f'''\
         [build-system]
         requires = ["setuptools>=68", "wheel"]
@@ -128,7 +129,7 @@ def write_package(
         [project]
         name = "{env_id}"
         version = "{twin.version}"
-        description = "The {twin.name} twin (twinrl) as a verifiers environment"
+        description = "The {twin_name} twin (twinrl) as a verifiers environment"
         requires-python = ">=3.10"
         dependencies = ["verifiers>=0.4", "{requirement}"]
 
