@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from twinrl_cli.app import StoreOpt, app, errors, needs, parse_overrides, run_target
+from twinrl_cli.app import StoreOpt, app, err_console, errors, needs, parse_overrides, run_target
 
 __all__ = ["mcp", "serve"]
 
@@ -176,9 +176,18 @@ def mcp(
         from integrations.mcp_server import serve as serve_twin
     with errors():
         config = parse_overrides(overrides)
+        from twin.errors import ConfigError, TwinError
         from twin.store import RunStore
 
-        run_store = None if no_store else RunStore(store)
+        try:
+            run_store = None if no_store else RunStore(store)
+        except (TwinError, OSError) as exc:
+            if store is not None:  # the store asked for must work
+                raise ConfigError(f"cannot open the run store {store!r}: {exc}") from None
+            # A host (Claude Desktop, Cursor) may start the server where it cannot write the
+            # default store: serve anyway, and say where episodes are not going.
+            err_console.print(f"warning: episodes are not stored ({exc}); pass --store PATH")
+            run_store = None
     try:
         run_target(
             serve_twin, twin_name, transport="http" if http else "stdio", host=host, port=port,

@@ -352,3 +352,25 @@ def test_an_api_key_is_required_when_set_and_open_binds_warn(env):
     assert open_warning("twin mcp", "0.0.0.0", None) is not None
     assert open_warning("twin mcp", "0.0.0.0", "k") is None
     assert open_warning("twin mcp", "127.0.0.1", None) is None
+
+
+def test_stdio_serves_even_where_the_default_store_cannot_be_opened(env, tmp_path):
+    """A host may start `twin mcp` in a folder where runs/twinrl.db cannot be made: it serves,
+    warning that episodes are not stored (an explicit --store that fails is an error)."""
+    from mcp.client import Client
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    (tmp_path / "runs").write_text("a file where the store's folder would go")
+    no_store_env = {k: v for k, v in env.items() if k != "TWINRL_STORE"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "twinrl_cli", "mcp", "Returns"],
+                                   cwd=str(tmp_path), env=no_store_env)
+
+    async def main() -> list[str]:
+        async with Client(stdio_client(params)) as client:
+            return [t.name for t in (await client.list_tools()).tools]
+
+    assert anyio.run(main) == [t.name for t in make_twin("Returns").tools]
+    bad = subprocess.run([sys.executable, "-m", "twinrl_cli", "mcp", "Returns", "--store", "runs/x.db"],
+                         cwd=tmp_path, env=no_store_env, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert bad.returncode == 2 and "cannot open the run store" in bad.stderr
