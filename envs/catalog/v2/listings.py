@@ -548,6 +548,8 @@ class _Builder:
         forms = [name, content.item_type_variants(name, None, None)[1][1], name.lower()]
         real = rng.choice([f for f in forms if self.views.resolves(f, None, None, leaf, "")] or [name])
         decoy = w.categories[rng.choice(self.ix.ok_leaves)]
+        if stated_condition(decoy.name):  # "Refurbished Chromebooks" would put a condition on the real item
+            raise _Retry("decoy names a condition")
         d.specifics["Item type"] = d.item = content.singular(decoy.name.split(" > ")[-1]) if rng.random() < 0.5 \
             else decoy.name
         d.specifics.pop("Department", None)
