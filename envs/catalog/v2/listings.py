@@ -86,7 +86,7 @@ NATURAL_MIX: dict[str, float] = {
 }
 MIXES: dict[str, dict[str, float]] = {"evaluation": EVAL_MIX, "training": TRAIN_MIX, "natural": NATURAL_MIX}
 
-CASE_KINDS = KindMix(KINDS, 200, "kinds-v2")
+CASE_KINDS = KindMix(KINDS, 1000, "kinds-v2")  # 1,000 slots: the natural mix's 0.2% kinds keep their share
 _TRIES = 80
 
 

@@ -117,3 +117,17 @@ def test_item_types_resolve_to_their_leaf():
     for style, text in item_type_variants("Women's Ankle Boots", "Norvale", "NV-1234"):
         bare = text.replace("Norvale", "").replace("NV-1234", "")
         assert item_key(bare) == item_key("Women's Ankle Boots"), (style, text)
+
+
+def test_natural_mix_has_deployment_base_rates(v2):
+    from collections import Counter
+
+    from envs.catalog import CatalogTwinV2
+
+    nat = CatalogTwinV2(seed=0, taxonomy_path=None, mix="natural", test_size=1000)
+    shares = Counter(KIND_DECISION[nat.kind_of("test", i)] for i in range(1000))
+    assert shares["ok"] == 920 and shares["counterfeit"] == 30 and shares["prohibited"] == 10
+    assert shares["escalate"] == 40
+    ev = CatalogTwinV2(seed=0, taxonomy_path=None, test_size=1000)
+    evaluation = Counter(KIND_DECISION[ev.kind_of("test", i)] for i in range(1000))
+    assert evaluation == {"ok": 450, "counterfeit": 200, "prohibited": 100, "escalate": 250}
