@@ -124,7 +124,7 @@ class ToolCallEpisode:
             raise RuntimeError("reset() the episode before recording a turn")
         if self.done:
             return
-        obs, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": text})
+        _, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": text})
         if (terminated or truncated) and "reward" in info:
             self._reward = float(reward)
             self._info = {"reward": info["reward"], "outcome": info.get("outcome"),

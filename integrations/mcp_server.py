@@ -106,7 +106,11 @@ class SessionBook:
     """
 
     def __init__(
-        self, twin: Twin, *, max_sessions: int = 1024, idle_timeout_s: float = 1800.0,
+        self,
+        twin: Twin,
+        *,
+        max_sessions: int = 1024,
+        idle_timeout_s: float = 1800.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_sessions < 1 or idle_timeout_s <= 0:
@@ -232,7 +236,9 @@ class _Recorder:
         try:
             if self.run_id is None:
                 self.run_id = self.store.start_run(
-                    "eval", twin=self.twin.name, policy="mcp",
+                    "eval",
+                    twin=self.twin.name,
+                    policy="mcp",
                     config={"source": "twin mcp", **self.twin.config.model_dump(mode="json")},
                 )
             self.store.add_episodes(self.run_id, [trajectory.model_copy(update={"policy": "mcp"})])
@@ -251,8 +257,13 @@ class _Recorder:
 
 
 def build_server(
-    twin: Twin | str, *, max_sessions: int = 1024, idle_timeout_s: float = 1800.0,
-    store: Any = None, book: SessionBook | None = None, **config: Any,
+    twin: Twin | str,
+    *,
+    max_sessions: int = 1024,
+    idle_timeout_s: float = 1800.0,
+    store: Any = None,
+    book: SessionBook | None = None,
+    **config: Any,
 ) -> Any:
     """The MCP server (``mcp.server.lowlevel.Server``) of ``twin``; see the module docstring.
 
@@ -267,7 +278,9 @@ def build_server(
     from mcp.shared.exceptions import MCPError
 
     the_twin = resolve_twin(twin, **config)
-    sessions = book or SessionBook(the_twin, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s)
+    sessions = book or SessionBook(
+        the_twin, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s
+    )
     recorder = _Recorder(store, the_twin)
     tools = [
         types.Tool(
@@ -286,7 +299,9 @@ def build_server(
             raise MCPError(_INVALID_REQUEST, str(exc)) from None
 
     def tool_error(text: str) -> Any:
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)], is_error=True
+        )
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         return types.ListToolsResult(tools=tools)
@@ -304,29 +319,46 @@ def build_server(
             text, failed = episode.call(params.name, params.arguments or {})
         except Exception as exc:  # noqa: BLE001 - the client gets the message, the log one line
             log.warning("tool %s failed: %s: %s", params.name, type(exc).__name__, exc)
-            return tool_error(f"Error: the server could not run {params.name}: {type(exc).__name__}: {exc}")
+            return tool_error(
+                f"Error: the server could not run {params.name}: {type(exc).__name__}: {exc}"
+            )
         if episode.done:
             recorder.record(episode)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=failed)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)], is_error=failed
+        )
 
     async def list_prompts(ctx: Any, params: Any) -> Any:
-        return types.ListPromptsResult(prompts=[types.Prompt(
-            name=_PROMPT,
-            description=f"Start this session's {the_twin.name} episode on a controlled case; "
-            "returns its opening messages.",
-            arguments=[
-                types.PromptArgument(name="split", description=f"One of: {splits}.", required=False),
-                types.PromptArgument(name="index", description="The case index in the split.", required=False),
-            ],
-        )])
+        return types.ListPromptsResult(
+            prompts=[
+                types.Prompt(
+                    name=_PROMPT,
+                    description=f"Start this session's {the_twin.name} episode on a controlled case; "
+                    "returns its opening messages.",
+                    arguments=[
+                        types.PromptArgument(
+                            name="split", description=f"One of: {splits}.", required=False
+                        ),
+                        types.PromptArgument(
+                            name="index", description="The case index in the split.", required=False
+                        ),
+                    ],
+                )
+            ]
+        )
 
     async def get_prompt(ctx: Any, params: Any) -> Any:
         if params.name != _PROMPT:
-            raise MCPError(_INVALID_PARAMS, f"unknown prompt {params.name!r}; the only prompt is {_PROMPT!r}")
+            raise MCPError(
+                _INVALID_PARAMS, f"unknown prompt {params.name!r}; the only prompt is {_PROMPT!r}"
+            )
         args = dict(params.arguments or {})
         unknown = set(args) - {"split", "index"}
         if unknown:
-            raise MCPError(_INVALID_PARAMS, f"unknown prompt arguments {sorted(unknown)}; allowed: split, index")
+            raise MCPError(
+                _INVALID_PARAMS,
+                f"unknown prompt arguments {sorted(unknown)}; allowed: split, index",
+            )
         episode = episode_of(ctx)
         try:
             messages = episode.reset(args.get("split") or "train", args.get("index"))
@@ -337,23 +369,40 @@ def build_server(
             role, text = m.get("role"), str(m.get("content") or "")
             if role == "system":  # MCP prompts carry user and assistant messages only
                 role, text = "user", f"[system]\n{native_tool_calling(text)}"
-            out.append(types.PromptMessage(role=role, content=types.TextContent(type="text", text=text)))
+            out.append(
+                types.PromptMessage(role=role, content=types.TextContent(type="text", text=text))
+            )
         report = episode.report()
         return types.GetPromptResult(description=f"{report['case_id']}", messages=out)
 
     async def list_resources(ctx: Any, params: Any) -> Any:
-        return types.ListResourcesResult(resources=[types.Resource(
-            uri=EPISODE_URI, name="episode", mime_type="application/json",
-            description="This session's episode: status; reward, submission and outcome once it has ended.",
-        )])
+        return types.ListResourcesResult(
+            resources=[
+                types.Resource(
+                    uri=EPISODE_URI,
+                    name="episode",
+                    mime_type="application/json",
+                    description="This session's episode: status; reward, submission and outcome once it has ended.",
+                )
+            ]
+        )
 
     async def read_resource(ctx: Any, params: Any) -> Any:
         if str(params.uri) != EPISODE_URI:
-            raise MCPError(_INVALID_PARAMS, f"unknown resource {params.uri!s}; the only resource is {EPISODE_URI}")
+            raise MCPError(
+                _INVALID_PARAMS,
+                f"unknown resource {params.uri!s}; the only resource is {EPISODE_URI}",
+            )
         report = episode_of(ctx).report()
-        return types.ReadResourceResult(contents=[types.TextResourceContents(
-            uri=EPISODE_URI, mime_type="application/json", text=json.dumps(report, ensure_ascii=False),
-        )])
+        return types.ReadResourceResult(
+            contents=[
+                types.TextResourceContents(
+                    uri=EPISODE_URI,
+                    mime_type="application/json",
+                    text=json.dumps(report, ensure_ascii=False),
+                )
+            ]
+        )
 
     server = Server(
         f"twin-{the_twin.name}",
@@ -384,9 +433,16 @@ async def _json_error(send: Any, status: int, code: int, message: str, data: Any
     if data is not None:
         error["data"] = data
     body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -406,15 +462,21 @@ class _SessionGate:
         if self.api_key is not None:
             given = _header(scope, b"authorization") or ""
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                await _json_error(send, 401, _INVALID_REQUEST,
-                                  "missing or wrong API key: send 'Authorization: Bearer KEY'")
+                await _json_error(
+                    send,
+                    401,
+                    _INVALID_REQUEST,
+                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                )
                 return
         from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
         version = _header(scope, b"mcp-protocol-version")
         if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             await _json_error(
-                send, 400, _UNSUPPORTED_VERSION,
+                send,
+                400,
+                _UNSUPPORTED_VERSION,
                 f"protocol {version} has no sessions, and twin mcp keeps one episode per MCP "
                 "session: connect with the initialize handshake (the SDK's Client(url, "
                 "mode='legacy'), or mode='auto', its default, which falls back to it)",
@@ -448,7 +510,9 @@ class _SessionGate:
     async def _new(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not self.book.admit():
             await _json_error(
-                send, 503, _INVALID_REQUEST,
+                send,
+                503,
+                _INVALID_REQUEST,
                 f"this server already holds {self.book.max_sessions} MCP sessions (its "
                 "--max-sessions); a session frees when its client closes it or after "
                 f"{self.book.idle_timeout_s:g} s without requests",
@@ -472,8 +536,14 @@ class _SessionGate:
 
 
 def build_app(
-    twin: Twin | str, *, host: str = "127.0.0.1", api_key: str | None = None,
-    max_sessions: int = 1024, idle_timeout_s: float = 1800.0, store: Any = None, **config: Any,
+    twin: Twin | str,
+    *,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
+    max_sessions: int = 1024,
+    idle_timeout_s: float = 1800.0,
+    store: Any = None,
+    **config: Any,
 ) -> Any:
     """The streamable-HTTP ASGI app of ``twin`` at ``/mcp`` (see the module docstring).
 
@@ -483,8 +553,9 @@ def build_app(
         api_key: When set, every request must send ``Authorization: Bearer KEY``.
         max_sessions, idle_timeout_s, store, config: As :func:`build_server`.
     """
-    server = build_server(twin, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
-                          store=store, **config)
+    server = build_server(
+        twin, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, store=store, **config
+    )
     app = server.streamable_http_app(host=host)
     # The SDK's own expiry frees a session's transport; the gate expires its episode no later.
     server.session_manager.session_idle_timeout = idle_timeout_s
@@ -514,9 +585,16 @@ def open_warning(what: str, host: str, api_key: str | None) -> str | None:
 
 
 def serve(
-    twin: Twin | str, *, transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765,
-    api_key: str | None = None, max_sessions: int = 1024, idle_timeout_s: float = 1800.0,
-    store: Any = None, **config: Any,
+    twin: Twin | str,
+    *,
+    transport: str = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    api_key: str | None = None,
+    max_sessions: int = 1024,
+    idle_timeout_s: float = 1800.0,
+    store: Any = None,
+    **config: Any,
 ) -> None:
     """Serve ``twin`` over ``transport`` (``"stdio"`` or ``"http"``: streamable HTTP at ``/mcp``).
 
@@ -534,8 +612,15 @@ def serve(
         warning = open_warning("twin mcp", host, api_key)
         if warning:
             print(warning, file=sys.stderr, flush=True)
-        app = build_app(twin, host=host, api_key=api_key, max_sessions=max_sessions,
-                        idle_timeout_s=idle_timeout_s, store=store, **config)
+        app = build_app(
+            twin,
+            host=host,
+            api_key=api_key,
+            max_sessions=max_sessions,
+            idle_timeout_s=idle_timeout_s,
+            store=store,
+            **config,
+        )
         try:
             uvicorn.run(app, host=host, port=port, log_level="warning")
         finally:

@@ -220,10 +220,10 @@ class MetricsLogger:
                 self._tb.add_scalar(k, v, step)
             self._tb.flush()
         table = None
-        if episodes and (self._wandb is not None or self._trackio is not None):
-            if self._tables == 0 or step % self.table_every == 0:
-                table = episode_table(sample_episodes(episodes, self.table_rows))
-                self._tables += 1
+        tracking = self._wandb is not None or self._trackio is not None
+        if episodes and tracking and (self._tables == 0 or step % self.table_every == 0):
+            table = episode_table(sample_episodes(episodes, self.table_rows))
+            self._tables += 1
         self.log_trackers(scalars, step, table)
         return record
 

@@ -24,10 +24,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from twin.errors import ConfigError, MissingDependencyError
 from twin.chat_wire import Message, PolicyError, wire_messages
+from twin.errors import ConfigError, MissingDependencyError
 
-__all__ = ["AnthropicPolicy", "OpenAIResponsesPolicy", "PROVIDER_KINDS"]
+__all__ = ["PROVIDER_KINDS", "AnthropicPolicy", "OpenAIResponsesPolicy"]
 
 #: Policy-spec kinds served here: ``KIND:MODEL``.
 PROVIDER_KINDS = ("anthropic", "openai-responses")
@@ -50,9 +50,17 @@ class _SDKPolicy:
     key_env = ""
 
     def __init__(
-        self, model: str, *, base_url: str | None = None, api_key: str | None = None,
-        temperature: float = 0.0, max_tokens: int = 1024, timeout: float = 120.0,
-        retries: int = 3, extra_body: dict[str, Any] | None = None, top_p: float | None = None,
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 1024,
+        timeout: float = 120.0,
+        retries: int = 3,
+        extra_body: dict[str, Any] | None = None,
+        top_p: float | None = None,
         name: str | None = None,
     ) -> None:
         if timeout <= 0 or max_tokens < 1 or retries < 0:
@@ -98,8 +106,14 @@ class _SDKPolicy:
                     return await asyncio.wait_for(call(**kwargs), timeout=self.timeout)
                 except sdk.BadRequestError as exc:
                     sampling = kwargs.get("extra_body") or {}
-                    refused = next((p for p in ("temperature", "top_p")
-                                    if (p in kwargs or p in sampling) and p in str(exc.message)), None)
+                    refused = next(
+                        (
+                            p
+                            for p in ("temperature", "top_p")
+                            if (p in kwargs or p in sampling) and p in str(exc.message)
+                        ),
+                        None,
+                    )
                     if refused is None or refused in self.extra_body:
                         raise self._error(exc) from exc
                     self.dropped.add(refused)
@@ -135,8 +149,9 @@ class _SDKPolicy:
         if hint is None and status >= 500:
             hint = "the provider is overloaded or failing: lower --concurrency or raise --retries"
         body = " ".join(_server_words(exc).split())[:500]
-        return PolicyError(f"{self.name} at {where} -> HTTP {status}: {body}", hint=hint,
-                           cause=f"HTTP {status}")
+        return PolicyError(
+            f"{self.name} at {where} -> HTTP {status}: {body}", hint=hint, cause=f"HTTP {status}"
+        )
 
     def _count(self, prompt_tokens: Any, completion_tokens: Any) -> None:
         self.usage["requests"] += 1
@@ -191,13 +206,23 @@ class AnthropicPolicy(_SDKPolicy):
         base = self.base_url or os.environ.get("ANTHROPIC_BASE_URL")
         if base:
             base = base.rstrip("/").removesuffix("/v1")
-        return sdk.AsyncAnthropic(api_key=self.api_key or "unset", base_url=base,
-                                  timeout=self.timeout, max_retries=self.retries)
+        return sdk.AsyncAnthropic(
+            api_key=self.api_key or "unset",
+            base_url=base,
+            timeout=self.timeout,
+            max_retries=self.retries,
+        )
 
-    def request(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def request(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for one turn."""
         system, chat = anthropic_messages(messages)
-        kwargs: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "messages": chat}
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": chat,
+        }
         if system:
             kwargs["system"] = system
         # The SDK no longer types sampling parameters (newer models fix them); the API still
@@ -207,8 +232,11 @@ class AnthropicPolicy(_SDKPolicy):
             sampling["top_p"] = self.top_p
         if tools:
             kwargs["tools"] = [
-                {"name": t["function"]["name"], "description": t["function"].get("description", ""),
-                 "input_schema": t["function"].get("parameters") or {"type": "object"}}
+                {
+                    "name": t["function"]["name"],
+                    "description": t["function"].get("description", ""),
+                    "input_schema": t["function"].get("parameters") or {"type": "object"},
+                }
                 for t in tools
             ]
         for name in self.dropped:
@@ -227,8 +255,16 @@ class AnthropicPolicy(_SDKPolicy):
             if block.type == "text":
                 texts.append(block.text)
             elif block.type == "tool_use":
-                calls.append({"id": block.id, "type": "function", "function": {
-                    "name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
+                calls.append(
+                    {
+                        "id": block.id,
+                        "type": "function",
+                        "function": {
+                            "name": block.name,
+                            "arguments": json.dumps(block.input, ensure_ascii=False),
+                        },
+                    }
+                )
         out: Message = {"role": "assistant", "content": "".join(texts) or None}
         if calls:
             out["tool_calls"] = calls
@@ -260,12 +296,26 @@ def anthropic_messages(messages: Sequence[Message]) -> tuple[str, list[dict[str,
                     args = json.loads(fn.get("arguments") or "{}")
                 except (TypeError, ValueError):
                     args = {"_unparsed": fn.get("arguments")}
-                blocks.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"),
-                               "input": args if isinstance(args, dict) else {"value": args}})
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call.get("id"),
+                        "name": fn.get("name"),
+                        "input": args if isinstance(args, dict) else {"value": args},
+                    }
+                )
             add("assistant", blocks or [{"type": "text", "text": "(no text)"}])
         elif role == "tool":
-            add("user", [{"type": "tool_result", "tool_use_id": m.get("tool_call_id"),
-                          "content": str(content or "")}])
+            add(
+                "user",
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": m.get("tool_call_id"),
+                        "content": str(content or ""),
+                    }
+                ],
+            )
         else:
             add("user", [{"type": "text", "text": str(content or "")}])
     return "\n\n".join(system), out
@@ -284,22 +334,34 @@ class OpenAIResponsesPolicy(_SDKPolicy):
 
     def _make_client(self) -> Any:
         sdk = _sdk("openai")
-        return sdk.AsyncOpenAI(api_key=self.api_key or "unset",
-                               base_url=self.base_url or os.environ.get("OPENAI_BASE_URL"),
-                               timeout=self.timeout, max_retries=self.retries)
+        return sdk.AsyncOpenAI(
+            api_key=self.api_key or "unset",
+            base_url=self.base_url or os.environ.get("OPENAI_BASE_URL"),
+            timeout=self.timeout,
+            max_retries=self.retries,
+        )
 
-    def request(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def request(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> dict[str, Any]:
         """The keyword arguments of ``responses.create`` for one turn."""
-        kwargs: dict[str, Any] = {"model": self.model, "input": responses_input(messages),
-                                  "max_output_tokens": self.max_tokens,
-                                  "temperature": self.temperature, "store": False}
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "input": responses_input(messages),
+            "max_output_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "store": False,
+        }
         if self.top_p is not None:
             kwargs["top_p"] = self.top_p
         if tools:
             kwargs["tools"] = [
-                {"type": "function", "name": t["function"]["name"],
-                 "description": t["function"].get("description", ""),
-                 "parameters": t["function"].get("parameters") or {"type": "object"}}
+                {
+                    "type": "function",
+                    "name": t["function"]["name"],
+                    "description": t["function"].get("description", ""),
+                    "parameters": t["function"].get("parameters") or {"type": "object"},
+                }
                 for t in tools
             ]
         for name in self.dropped:
@@ -317,10 +379,17 @@ class OpenAIResponsesPolicy(_SDKPolicy):
         texts, calls = [], []
         for item in reply.output or []:
             if item.type == "message":
-                texts.extend(c.text for c in item.content if getattr(c, "type", "") == "output_text")
+                texts.extend(
+                    c.text for c in item.content if getattr(c, "type", "") == "output_text"
+                )
             elif item.type == "function_call":
-                calls.append({"id": item.call_id, "type": "function",
-                              "function": {"name": item.name, "arguments": item.arguments}})
+                calls.append(
+                    {
+                        "id": item.call_id,
+                        "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments},
+                    }
+                )
         out: Message = {"role": "assistant", "content": "".join(texts) or None}
         if calls:
             out["tool_calls"] = calls
@@ -337,14 +406,29 @@ def responses_input(messages: Sequence[Message]) -> list[dict[str, Any]]:
                 items.append({"role": "assistant", "content": str(content)})
             for call in m.get("tool_calls") or []:
                 fn = call.get("function") or {}
-                items.append({"type": "function_call", "call_id": call.get("id"),
-                              "name": fn.get("name"), "arguments": fn.get("arguments") or "{}"})
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call.get("id"),
+                        "name": fn.get("name"),
+                        "arguments": fn.get("arguments") or "{}",
+                    }
+                )
         elif role == "tool":
-            items.append({"type": "function_call_output", "call_id": m.get("tool_call_id"),
-                          "output": str(content or "")})
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m.get("tool_call_id"),
+                    "output": str(content or ""),
+                }
+            )
         else:
-            items.append({"role": role if role in ("system", "user") else "user",
-                          "content": str(content or "")})
+            items.append(
+                {
+                    "role": role if role in ("system", "user") else "user",
+                    "content": str(content or ""),
+                }
+            )
     return items
 
 

@@ -17,18 +17,28 @@ openenv_app = typer.Typer(
 )
 app.add_typer(openenv_app, name="openenv")
 
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Twin option KEY=VALUE, repeatable.")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="Twin option KEY=VALUE, repeatable.")
+]
 
 
 @openenv_app.command("serve")
 def serve(
-    twin_name: Annotated[str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Catalog.")],
-    host: Annotated[str, typer.Option("--host", help="Interface (loopback by default).")] = "127.0.0.1",
+    twin_name: Annotated[
+        str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Catalog.")
+    ],
+    host: Annotated[
+        str, typer.Option("--host", help="Interface (loopback by default).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
     api_key: Annotated[
         str | None,
-        typer.Option("--api-key", envvar="TWINRL_API_KEY", show_envvar=True,
-                     help="Key every route but /health needs (prefer the variable)."),
+        typer.Option(
+            "--api-key",
+            envvar="TWINRL_API_KEY",
+            show_envvar=True,
+            help="Key every route but /health needs (prefer the variable).",
+        ),
     ] = None,
     overrides: SetOpt = None,
 ) -> None:
@@ -44,12 +54,17 @@ def serve(
 
 @openenv_app.command("init")
 def init(
-    twin_name: Annotated[str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Catalog.")],
+    twin_name: Annotated[
+        str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Catalog.")
+    ],
     dest: Annotated[str, typer.Argument(metavar="DIR", help="Folder to write (new or empty).")],
     requirement: Annotated[
         str,
-        typer.Option("--requirement", help="What the package's server extra installs for twinrl"
-                     " (a name, a URL or a wheel path)."),
+        typer.Option(
+            "--requirement",
+            help="What the package's server extra installs for twinrl"
+            " (a name, a URL or a wheel path).",
+        ),
     ] = "twinrl[openenv]",
     lock: Annotated[bool, typer.Option("--lock", help="Also run `uv lock` (needs uv).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Write into a folder with files.")] = False,
@@ -61,6 +76,7 @@ def init(
         from integrations.openenv_layout import write_layout
     with errors():
         config = parse_overrides(overrides)
-        root = write_layout(twin_name, dest, requirement=requirement, config=config,
-                            overwrite=force, lock=lock)
+        root = write_layout(
+            twin_name, dest, requirement=requirement, config=config, overwrite=force, lock=lock
+        )
     console.print(f"wrote {root}: openenv.yaml, pyproject.toml, client.py, models.py, server/")

@@ -14,11 +14,15 @@ __all__ = ["package"]
 
 @app.command("package")
 def package(
-    twin_name: Annotated[str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Returns.")],
+    twin_name: Annotated[
+        str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Returns.")
+    ],
     dest: Annotated[str, typer.Argument(metavar="DIR", help="Folder to write (new or empty).")],
     requirement: Annotated[
         str,
-        typer.Option("--requirement", help="How the package requires twinrl (a name, URL or path)."),
+        typer.Option(
+            "--requirement", help="How the package requires twinrl (a name, URL or path)."
+        ),
     ] = "twinrl[verifiers]",
     force: Annotated[bool, typer.Option("--force", help="Write into a folder with files.")] = False,
 ) -> None:

@@ -28,7 +28,7 @@ NEEDS_TORCH = [
     ["collect", "Toy", "--policy", "hf:tiny", "--episodes", "1", "--out", "collected"],
 ]
 
-_BLOCKER = '''
+_BLOCKER = """
 import importlib.abc, sys
 BLOCKED = {"torch", "transformers", "peft", "tokenizers", "gguf", "accelerate", "trl", "vllm"}
 
@@ -39,9 +39,9 @@ class NotInstalled(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NotInstalled())
-'''
+"""
 
-_RUN_ALL = '''
+_RUN_ALL = """
 import contextlib, io, json, sys
 from twinrl_cli import main
 
@@ -59,17 +59,26 @@ for argv in json.loads(sys.argv[1]):
     results.append({"argv": argv, "code": code, "stderr": err.getvalue(),
                     "torch_loaded": "torch" in sys.modules})
 print(json.dumps(results))
-'''
+"""
 
 
 def test_every_command_that_needs_torch_exits_2_with_the_install_command(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(_BLOCKER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
-               TWINRL_CACHE=str(tmp_path / "cache"), TWINRL_STORE=str(tmp_path / "runs.db"),
-               COLUMNS="200")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
+        TWINRL_CACHE=str(tmp_path / "cache"),
+        TWINRL_STORE=str(tmp_path / "runs.db"),
+        COLUMNS="200",
+    )
     out = subprocess.run(
-        [sys.executable, "-c", _RUN_ALL, json.dumps(NEEDS_TORCH)], cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", _RUN_ALL, json.dumps(NEEDS_TORCH)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])

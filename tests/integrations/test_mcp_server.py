@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 
@@ -176,7 +177,7 @@ def test_eight_concurrent_default_clients_get_eight_episodes_with_their_own_turn
             await client.get_prompt("case", {"split": "test", "index": str(i)})
             for k in range(i % 3 + 1):  # a different number of turns per client
                 await client.call_tool("search_taxonomy", {"query": f"boxes {i} {k}"})
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
             return json.loads((await client.read_resource(EPISODE_URI)).contents[0].text)
 
     async def main(url: str) -> dict:
@@ -372,5 +373,5 @@ def test_stdio_serves_even_where_the_default_store_cannot_be_opened(env, tmp_pat
     assert anyio.run(main) == [t.name for t in make_twin("Returns").tools]
     bad = subprocess.run([sys.executable, "-m", "twinrl_cli", "mcp", "Returns", "--store", "runs/x.db"],
                          cwd=tmp_path, env=no_store_env, capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL)
+                         stdin=subprocess.DEVNULL, check=False)
     assert bad.returncode == 2 and "cannot open the run store" in bad.stderr

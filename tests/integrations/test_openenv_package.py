@@ -46,34 +46,81 @@ _PLAY = textwrap.dedent("""
 
 def _calls(twin) -> list:
     truth = twin.case("test", 0).truth
-    return [["search_taxonomy", {"query": "electrical boxes", "limit": 3}],
-            ["submit", {"category_id": truth["category_id"], "attributes": dict(truth["attributes"]),
-                        "verdict": truth["verdict"], "reason": "checked"}]]
+    return [
+        ["search_taxonomy", {"query": "electrical boxes", "limit": 3}],
+        [
+            "submit",
+            {
+                "category_id": truth["category_id"],
+                "attributes": dict(truth["attributes"]),
+                "verdict": truth["verdict"],
+                "reason": "checked",
+            },
+        ],
+    ]
 
 
 def test_generated_package_validates_and_its_openenv_only_client_plays(tmp_path):
-    pytest.importorskip("openenv.core", reason="openenv-core is not installed: pip install 'twinrl[openenv]'")
+    pytest.importorskip(
+        "openenv.core", reason="openenv-core is not installed: pip install 'twinrl[openenv]'"
+    )
     from importlib.metadata import version
 
     lean = tmp_path / "lean"
     venv.create(lean, with_pip=True)
     py = lean / "bin" / "python"
-    pip = subprocess.run(  # openenv-core (the version twinrl runs) and uv; pip's cache keeps it quick
-        [str(py), "-m", "pip", "install", "-q", f"openenv-core=={version('openenv-core')}", "uv"],
-        capture_output=True, text=True, timeout=900,
+    pip = (
+        subprocess.run(  # openenv-core (the version twinrl runs) and uv; pip's cache keeps it quick
+            [
+                str(py),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                f"openenv-core=={version('openenv-core')}",
+                "uv",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
     )
     assert pip.returncode == 0, pip.stderr[-3000:]
-    env = dict(os.environ, PATH=f"{lean / 'bin'}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=str(ROOT), TWINRL_CACHE=str(tmp_path / "cache"))
+    env = dict(
+        os.environ,
+        PATH=f"{lean / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT),
+        TWINRL_CACHE=str(tmp_path / "cache"),
+    )
     package = tmp_path / "catalog_env"
     init = subprocess.run(
-        [sys.executable, "-m", "twinrl_cli", "openenv", "init", "Catalog", str(package), "--lock",
-         "--requirement", f"twinrl[openenv] @ {ROOT.as_uri()}"],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "twinrl_cli",
+            "openenv",
+            "init",
+            "Catalog",
+            str(package),
+            "--lock",
+            "--requirement",
+            f"twinrl[openenv] @ {ROOT.as_uri()}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert init.returncode == 0, init.stdout + init.stderr
-    check = subprocess.run([str(lean / "bin" / "openenv"), "validate", str(package)],
-                           capture_output=True, text=True, timeout=300)
+    check = subprocess.run(
+        [str(lean / "bin" / "openenv"), "validate", str(package)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert check.returncode == 0 and "[OK]" in check.stdout, check.stdout + check.stderr
 
     with socket.socket() as s:
@@ -81,7 +128,9 @@ def test_generated_package_validates_and_its_openenv_only_client_plays(tmp_path)
         port = s.getsockname()[1]
     server = subprocess.Popen(
         [sys.executable, "-m", "twinrl_cli", "openenv", "serve", "Catalog", "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 120
@@ -95,9 +144,20 @@ def test_generated_package_validates_and_its_openenv_only_client_plays(tmp_path)
             time.sleep(0.3)
         twin = make_twin("Catalog")
         play = subprocess.run(
-            [str(py), "-c", _PLAY, str(tmp_path), package.name, f"http://127.0.0.1:{port}",
-             json.dumps(_calls(twin))],
-            capture_output=True, text=True, timeout=300, env={"PATH": os.environ["PATH"]},
+            [
+                str(py),
+                "-c",
+                _PLAY,
+                str(tmp_path),
+                package.name,
+                f"http://127.0.0.1:{port}",
+                json.dumps(_calls(twin)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={"PATH": os.environ["PATH"]},
+            check=False,
         )
     finally:
         server.terminate()

@@ -9,7 +9,8 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from itertools import pairwise
+from typing import Any, ClassVar
 
 import pytest
 from typer.testing import CliRunner
@@ -23,11 +24,17 @@ class _Fake(BaseHTTPRequestHandler):
     """A model API: ``path`` answered by ``reply(body) -> (status, json)``; requests kept."""
 
     path_expected = ""
-    requests: list[dict[str, Any]] = []
+    requests: ClassVar[list[dict[str, Any]]] = []
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        type(self).requests.append({"path": self.path, "body": body, "headers": {k.lower(): v for k, v in self.headers.items()}})
+        type(self).requests.append(
+            {
+                "path": self.path,
+                "body": body,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+            }
+        )
         if self.path != self.path_expected:
             return self._send(404, {"error": {"message": f"no route {self.path}"}})
         status, data = self.reply(body)
@@ -62,29 +69,57 @@ class _Anthropic(_Fake):
     def reply(self, body):
         msgs = body["messages"]
         if body.get("max_tokens") is None or "system" not in body:
-            return 400, {"type": "error", "error": {"type": "invalid_request_error",
-                                                    "message": "max_tokens and system expected"}}
-        for a, b in zip(msgs, msgs[1:]):
+            return 400, {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "max_tokens and system expected",
+                },
+            }
+        for a, b in pairwise(msgs):
             if a["role"] == b["role"]:
-                return 400, {"type": "error", "error": {"type": "invalid_request_error",
-                                                        "message": "roles must alternate"}}
+                return 400, {
+                    "type": "error",
+                    "error": {"type": "invalid_request_error", "message": "roles must alternate"},
+                }
         for i, m in enumerate(msgs):
-            uses = [c["id"] for c in m["content"] if m["role"] == "assistant" and c["type"] == "tool_use"]
+            uses = [
+                c["id"]
+                for c in m["content"]
+                if m["role"] == "assistant" and c["type"] == "tool_use"
+            ]
             if uses:
-                answered = [c.get("tool_use_id") for c in msgs[i + 1]["content"]] if i + 1 < len(msgs) else []
+                answered = (
+                    [c.get("tool_use_id") for c in msgs[i + 1]["content"]]
+                    if i + 1 < len(msgs)
+                    else []
+                )
                 if not set(uses) <= set(answered):
-                    return 400, {"type": "error", "error": {"type": "invalid_request_error",
-                                                            "message": "tool_use without tool_result"}}
+                    return 400, {
+                        "type": "error",
+                        "error": {
+                            "type": "invalid_request_error",
+                            "message": "tool_use without tool_result",
+                        },
+                    }
         turn = sum(m["role"] == "assistant" for m in msgs)
         if turn == 0:
             name, args = _first_call(body["tools"], "input_schema")
-            content = [{"type": "text", "text": "Looking."},
-                       {"type": "tool_use", "id": "toolu_1", "name": name, "input": args}]
+            content = [
+                {"type": "text", "text": "Looking."},
+                {"type": "tool_use", "id": "toolu_1", "name": name, "input": args},
+            ]
         else:
             content = [{"type": "text", "text": "I cannot decide."}]
-        return 200, {"id": f"msg_{turn}", "type": "message", "role": "assistant", "model": body["model"],
-                     "content": content, "stop_reason": "end_turn",
-                     "usage": {"input_tokens": 10, "output_tokens": 5}}
+        return 200, {
+            "id": f"msg_{turn}",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": content,
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 10, "output_tokens": 5},
+        }
 
 
 class _Reasoning(_Fake):
@@ -94,25 +129,47 @@ class _Reasoning(_Fake):
 
     def reply(self, body):
         if "max_tokens" in body:
-            return 400, {"error": {"message": "Unsupported parameter: 'max_tokens' is not supported "
-                                   "with this model. Use 'max_completion_tokens' instead.",
-                                   "type": "invalid_request_error", "param": "max_tokens",
-                                   "code": "unsupported_parameter"}}
+            return 400, {
+                "error": {
+                    "message": "Unsupported parameter: 'max_tokens' is not supported "
+                    "with this model. Use 'max_completion_tokens' instead.",
+                    "type": "invalid_request_error",
+                    "param": "max_tokens",
+                    "code": "unsupported_parameter",
+                }
+            }
         if body.get("temperature", 1) != 1:
-            return 400, {"error": {"message": "Unsupported value: 'temperature' does not support 0 "
-                                   "with this model. Only the default (1) value is supported.",
-                                   "type": "invalid_request_error", "param": "temperature",
-                                   "code": "unsupported_value"}}
+            return 400, {
+                "error": {
+                    "message": "Unsupported value: 'temperature' does not support 0 "
+                    "with this model. Only the default (1) value is supported.",
+                    "type": "invalid_request_error",
+                    "param": "temperature",
+                    "code": "unsupported_value",
+                }
+            }
         turn = sum(m["role"] == "assistant" for m in body["messages"])
         message: dict[str, Any] = {"role": "assistant", "content": "I cannot decide."}
         if turn == 0:
             name, args = _first_call([t["function"] for t in body["tools"]], "parameters")
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": name, "arguments": json.dumps(args)}}]}
-        return 200, {"id": "c", "object": "chat.completion", "model": body["model"],
-                     "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                     "usage": {"prompt_tokens": 10, "completion_tokens": 5}}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
+                ],
+            }
+        return 200, {
+            "id": "c",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+        }
 
 
 class _Responses(_Fake):
@@ -123,23 +180,55 @@ class _Responses(_Fake):
         calls = {i["call_id"] for i in items if i.get("type") == "function_call"}
         outputs = {i["call_id"] for i in items if i.get("type") == "function_call_output"}
         if calls != outputs or "max_output_tokens" not in body:
-            return 400, {"error": {"message": "every function_call needs its output",
-                                   "type": "invalid_request_error"}}
+            return 400, {
+                "error": {
+                    "message": "every function_call needs its output",
+                    "type": "invalid_request_error",
+                }
+            }
         if not calls:
             name, args = _first_call(body["tools"], "parameters")
-            output = [{"type": "reasoning", "id": "rs_1", "summary": []},
-                      {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": name,
-                       "arguments": json.dumps(args), "status": "completed"}]
+            output = [
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {
+                    "type": "function_call",
+                    "id": "fc_1",
+                    "call_id": "call_1",
+                    "name": name,
+                    "arguments": json.dumps(args),
+                    "status": "completed",
+                },
+            ]
         else:
-            output = [{"type": "message", "id": "m_1", "role": "assistant", "status": "completed",
-                       "content": [{"type": "output_text", "text": "I cannot decide.",
-                                    "annotations": []}]}]
-        return 200, {"id": "resp_1", "object": "response", "created_at": 0, "model": body["model"],
-                     "status": "completed", "output": output, "parallel_tool_calls": True,
-                     "tool_choice": "auto", "tools": [],
-                     "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15,
-                               "input_tokens_details": {"cached_tokens": 0},
-                               "output_tokens_details": {"reasoning_tokens": 0}}}
+            output = [
+                {
+                    "type": "message",
+                    "id": "m_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [
+                        {"type": "output_text", "text": "I cannot decide.", "annotations": []}
+                    ],
+                }
+            ]
+        return 200, {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 0,
+            "model": body["model"],
+            "status": "completed",
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": 10,
+                "output_tokens": 5,
+                "total_tokens": 15,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        }
 
 
 def _serve(handler: type[_Fake]) -> Iterator[str]:
@@ -162,10 +251,27 @@ def _no_keys(monkeypatch, tmp_path):
 
 
 def _eval(policy: str, base_url: str, *extra: str) -> dict[str, Any]:
-    result = runner.invoke(app, [
-        "eval", "Returns", "--policy", policy, "--base-url", base_url, "--episodes", "2",
-        "--set", "max_turns=2", "--no-store", "--no-progress", "--json", "--retries", "0", *extra,
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "Returns",
+            "--policy",
+            policy,
+            "--base-url",
+            base_url,
+            "--episodes",
+            "2",
+            "--set",
+            "max_turns=2",
+            "--no-store",
+            "--no-progress",
+            "--json",
+            "--retries",
+            "0",
+            *extra,
+        ],
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -176,7 +282,11 @@ def test_eval_completes_against_a_reasoning_model_endpoint(handler):
         summary = _eval("openai:o-test", base + "/v1", "--max-tokens", "64")
     assert summary["errors"] == 0 and summary["episodes"] == 2 and summary["mean_turns"] == 2
     last = handler.requests[-1]["body"]
-    assert last["max_completion_tokens"] == 64 and "max_tokens" not in last and "temperature" not in last
+    assert (
+        last["max_completion_tokens"] == 64
+        and "max_tokens" not in last
+        and "temperature" not in last
+    )
 
 
 def test_eval_completes_against_an_anthropic_messages_api():
@@ -198,8 +308,11 @@ def test_eval_completes_against_an_openai_responses_api():
     for base in _serve(_Responses):
         summary = _eval("openai-responses:gpt-test", base + "/v1")
     assert summary["errors"] == 0 and summary["episodes"] == 2 and summary["mean_turns"] == 2
-    second = next(r["body"] for r in _Responses.requests
-                  if any(i.get("type") == "function_call_output" for i in r["body"]["input"]))
+    second = next(
+        r["body"]
+        for r in _Responses.requests
+        if any(i.get("type") == "function_call_output" for i in r["body"]["input"])
+    )
     assert second["input"][-1]["call_id"] == "call_1"
 
 
@@ -210,14 +323,30 @@ def test_provider_errors_say_what_to_change():
         path_expected = "/v1/messages"
 
         def reply(self, body):
-            return 401, {"type": "error", "error": {"type": "authentication_error",
-                                                    "message": "invalid x-api-key"}}
+            return 401, {
+                "type": "error",
+                "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+            }
 
     for base in _serve(_Denied):
-        result = runner.invoke(app, [
-            "eval", "Returns", "--policy", "anthropic:claude-test", "--base-url", base,
-            "--episodes", "1", "--no-store", "--no-progress", "--retries", "0", "--json",
-        ])
+        result = runner.invoke(
+            app,
+            [
+                "eval",
+                "Returns",
+                "--policy",
+                "anthropic:claude-test",
+                "--base-url",
+                base,
+                "--episodes",
+                "1",
+                "--no-store",
+                "--no-progress",
+                "--retries",
+                "0",
+                "--json",
+            ],
+        )
     assert result.exit_code == 3, result.output
     (reason,) = json.loads(result.stdout)["error_reasons"]
     assert "ANTHROPIC_API_KEY" in reason["hint"] and "invalid x-api-key" in reason["message"]

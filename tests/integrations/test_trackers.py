@@ -15,10 +15,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLAY = [
-    'I will look it up. <tool_call>{"name": "lookup_order", "arguments": {"order_id": "R-10273"}}'
-    "</tool_call>",
-    {"name": "decide", "arguments": {"order_id": "R-10273", "decision": "refund", "amount": 50.0,
-                                     "reason": "unopened"}},
+    (
+        'I will look it up. <tool_call>{"name": "lookup_order", "arguments": {"order_id": "R-10273"}}'
+        "</tool_call>"
+    ),
+    {
+        "name": "decide",
+        "arguments": {
+            "order_id": "R-10273",
+            "decision": "refund",
+            "amount": 50.0,
+            "reason": "unopened",
+        },
+    },
 ]
 
 
@@ -27,9 +36,28 @@ def _eval(tmp_path: Path, tracker: str, env: dict[str, str]) -> subprocess.Compl
     replay.write_text(json.dumps(REPLAY))
     env = {**os.environ, **env, "PYTHONPATH": str(ROOT), "TWINRL_CACHE": str(tmp_path / "cache")}
     return subprocess.run(
-        [sys.executable, "-m", "twinrl_cli", "eval", "Returns", "--policy", f"replay:{replay}",
-         "-n", "3", "--no-store", "--no-progress", "--json", "--tracker", tracker],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "twinrl_cli",
+            "eval",
+            "Returns",
+            "--policy",
+            f"replay:{replay}",
+            "-n",
+            "3",
+            "--no-store",
+            "--no-progress",
+            "--json",
+            "--tracker",
+            tracker,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -46,11 +74,18 @@ def _check_table(columns: list[str], rows: list[list]) -> None:
 
 def test_eval_tracker_wandb_offline_honours_wandb_variables(tmp_path):
     pytest.importorskip("wandb", reason="wandb not installed: pip install 'twinrl[trackers]'")
-    proc = _eval(tmp_path, "wandb", {
-        "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path / "wb"),
-        "WANDB_PROJECT": "eval-project", "WANDB_CACHE_DIR": str(tmp_path / "c"),
-        "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
-    })
+    proc = _eval(
+        tmp_path,
+        "wandb",
+        {
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "WANDB_DIR": str(tmp_path / "wb"),
+            "WANDB_PROJECT": "eval-project",
+            "WANDB_CACHE_DIR": str(tmp_path / "c"),
+            "WANDB_CONFIG_DIR": str(tmp_path / "cfg"),
+        },
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     (run_dir,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
@@ -77,8 +112,15 @@ def test_eval_tracker_trackio_honours_trackio_dir(tmp_path):
         print(json.dumps(SQLiteStorage.get_logs("twinrl", "eval-Returns-replay:turns.json"),
                          default=str))
     """)
-    out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path, env={**os.environ, **env})
+    out = subprocess.run(
+        [sys.executable, "-c", read],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (logged,) = json.loads(out.stdout.strip().splitlines()[-1])
     assert logged["eval/reward_mean"] == pytest.approx(summary["reward_mean"])
@@ -91,9 +133,23 @@ def test_eval_tracker_trackio_honours_trackio_dir(tmp_path):
 
 def test_an_unknown_tracker_is_one_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "twinrl_cli", "eval", "Returns", "-n", "1", "--no-store",
-         "--tracker", "mlflow"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "twinrl_cli",
+            "eval",
+            "Returns",
+            "-n",
+            "1",
+            "--no-store",
+            "--tracker",
+            "mlflow",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
         timeout=120,
+        check=False,
     )
     assert proc.returncode == 2 and "--tracker must be wandb or trackio" in proc.stderr
