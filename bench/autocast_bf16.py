@@ -77,13 +77,14 @@ def run(model_name: str, *, rows: int, tokens: int, new: int, repeats: int, thre
     decode: dict[str, list[float]] = {k: [] for k in learners}
     state = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     for _ in range(repeats):
-        for k in learners:  # alternate, so that other load falls on both
-            step[k].append(_timed(lambda: learners[k].step(batch)))
+        for k, learner in learners.items():  # alternate, so that other load falls on both
+            step[k].append(_timed(lambda learner=learner: learner.step(batch)))
             with torch.no_grad():  # the same weights for every measurement
                 for n, p in model.named_parameters():
                     if n in state:
                         p.copy_(state[n])
-            decode[k].append(_timed(lambda: policies[k].sample_batch(batch.input_ids, list(range(rows)))))
+            policy = policies[k]
+            decode[k].append(_timed(lambda policy=policy: policy.sample_batch(batch.input_ids, list(range(rows)))))
     med = {f"{part}_{k}_s": statistics.median(v) for part, d in (("step", step), ("decode", decode)) for k, v in d.items()}
     return {
         "model": model_name, "rows": rows, "tokens": tokens, "new_tokens": new, "repeats": repeats,

@@ -512,7 +512,7 @@ class SFTTrainer:
                 "run_id": self.run_id, "metrics": list(self.metrics.history), "dropped": dict(self.dropped),
                 "total_steps": self.total_steps, "best_holdout": self.best_holdout,
                 "since_best": self.since_best, "stopped_early": self.stopped_early,
-            },  # fmt: skip
+            },
             recipe_yaml=self.cfg.to_yaml(),
         )  # fmt: skip
 

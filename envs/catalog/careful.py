@@ -29,7 +29,9 @@ from typing import Any
 from envs.catalog.baselines import _call, _results, _turn, parse_prompt
 from envs.catalog.v1_policy import assess, copy_mentions, decide, extract_attributes, listing_text
 
-__all__ = ["CarefulPolicy", "CompactCarefulPolicy", "ConstantVerdictPolicy", "DEGENERATE", "FirstHitPolicy", "NoToolsPolicy"]
+__all__ = [
+    "DEGENERATE", "CarefulPolicy", "CompactCarefulPolicy", "ConstantVerdictPolicy", "FirstHitPolicy", "NoToolsPolicy",
+]
 
 Message = dict[str, Any]
 
