@@ -235,7 +235,7 @@ RESTRICTED_PATTERNS: tuple[str, ...] = (
     r"\bspace heaters?\b", r"\bheaters?\b", r"\belectric scooters?\b", r"\bhoverboards?\b",
     r"\be-?bikes?\b", r"\bsmoke (detectors?|alarms?)\b", r"\bpressure cookers?\b",
 )
-_RESTRICTED = re.compile("|".join(RESTRICTED_PATTERNS), re.IGNORECASE)
+_RESTRICTED = re.compile("(?:" + "|".join(RESTRICTED_PATTERNS) + r")\s*$", re.IGNORECASE)  # the final noun
 
 
 def restricted(full_name: str, policy: str) -> bool:

@@ -156,6 +156,7 @@ def _extra(world: Any, part: str) -> dict[str, Any]:
                     and cats[r.category_id].policy == "ok")
     out = {"durable": durable or ix.branded, "restricted": restricted or ix.ok_leaves,
            "restricted_branded": tuple(x for x in restricted if x in set(ix.branded)),
+           "restricted_durable": tuple(x for x in restricted if x in set(durable)),
            "recalls": recalls or ix.recalls}
     _EXTRA[(id(world), part)] = (world, out)
     return out
@@ -234,7 +235,7 @@ class _Builder:
                    "brand_model": 0.06, "model": 0.07}
         _, text = rng.choices(variants, weights=[weights[s] for s, _ in variants])[0]
         parent = self.ix.context.get(leaf) or cat.full_name.split(" > ")[-2:][0]
-        wants_dept = leaf in self.ix.context or rng.random() < 0.15
+        wants_dept = leaf in self.ix.context or (rng.random() < 0.15 and cat.policy == "ok")
         for item in (text, cat.name):
             for dept in ((parent,) if wants_dept else ("", parent)):
                 if self.views.resolves(item, brand, model, leaf, dept):
@@ -250,6 +251,9 @@ class _Builder:
         optional = [a for a, r in schema if not r and a.values]
         chosen = [(a, True) for a in required]
         chosen += [(a, False) for a in rng.sample(optional, min(len(optional), rng.randint(0, 2)))]
+        if cat.policy == "prohibited":  # sellers of banned goods leave out specifics that name them
+            path = {w for w in re.findall(r"[a-z]{5,}", cat.full_name.lower())}
+            chosen = [(a, r) for a, r in chosen if not path & set(re.findall(r"[a-z]{5,}", a.name.lower()))]
         durable = content.conditions_apply(cat.vertical, cat.full_name)
         for attr, req in chosen:
             implied = [v for v in attr.values if _in_text(v, named)]
@@ -353,13 +357,15 @@ class _Builder:
 
     def genuine_discount(self) -> _Draft:
         rng = self.rng
-        d = self.registry_listing("open", 0.3, 0.75, leaves=self.ex["durable"])
+        pool = self.ex["restricted_durable"] if rng.random() < 0.25 and self.ex["restricted_durable"] else self.ex["durable"]
+        d = self.registry_listing("open", 0.3, 0.75, leaves=pool)
         d.condition = rng.choice(content.CONDITIONS)
         d.signals.append("discount_with_condition")
         return d
 
     def gated_authorized(self) -> _Draft:
-        d = self.registry_listing("gated", 0.3, 1.2, authorised=True)
+        restricted = self.ex["restricted_branded"] if self.rng.random() < 0.3 else None
+        d = self.registry_listing("gated", 0.3, 1.2, authorised=True, leaves=restricted or None)
         if self.rng.random() < 0.4 and self._durable(d.leaf):
             d.condition = self.rng.choice(content.CONDITIONS)
         d.signals.append("authorised_seller_of_gated_brand")
