@@ -5,7 +5,7 @@ Run through ``bench/gpu_check.sh`` (it checks the GPU, the project's and vLLM's 
     bench/gpu_check.sh [--quick] [--steps 6] [--layers 4] [--model-path /models/Qwen3-8B]
 
 It runs the shipped recipe ``data/recipes/catalog-9b-2x96gb.yaml`` through the async trainer,
-changed only by ``--set``-style overrides (model, sizes, devices: :mod:`trainer.rehearsal`):
+changed only by ``--set``-style overrides (model, sizes, devices: :mod:`bench.rehearsal`):
 vLLM samples on ``cuda:0`` and hot-loads every new adapter with ``/v1/load_lora_adapter``; the
 learner trains on ``cuda:1`` (on ``cuda:0`` beside vLLM when there is one GPU: vLLM then gets
 ``--gpu-memory-utilization`` 0.45); episodes are rendered with the model's own chat template.
@@ -182,7 +182,7 @@ def _gpu_processes() -> list[tuple[str, int, float]]:
 # -- one phase ------------------------------------------------------------------------------------
 def _recipe(model: Path, setup: Setup, out: Path) -> Any:
     from trainer.config import load_recipe
-    from trainer.rehearsal import REHEARSAL_RECIPE, rehearsal_overrides
+    from bench.rehearsal import REHEARSAL_RECIPE, rehearsal_overrides
 
     overrides = rehearsal_overrides(
         model, out, rollout=setup.rollout, learner=setup.learner, steps=setup.steps,
@@ -213,7 +213,7 @@ def run_phase(title: str, model: Path, setup: Setup, out: Path) -> dict[str, flo
     """One short training of the 9B recipe with ``model``; prints per step and a summary."""
     import torch
 
-    from trainer.rehearsal import RehearsalTrainer
+    from bench.rehearsal import RehearsalTrainer
 
     cfg = _recipe(model, setup, out)
     planned = _plan(cfg, setup)
@@ -233,7 +233,7 @@ def run_phase(title: str, model: Path, setup: Setup, out: Path) -> dict[str, flo
     if setup.learner.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(setup.learner)
     # each adapter moves before it is saved (flat rewards would leave it at B = 0, and the mismatch
-    # check would pass whichever adapter vLLM loaded): trainer.rehearsal.RehearsalTrainer
+    # check would pass whichever adapter vLLM loaded): bench.rehearsal.RehearsalTrainer
     trainer = RehearsalTrainer(cfg, on_step=show)
     with MemoryWatch(setup) as watch:
         t0 = time.perf_counter()
@@ -346,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trainer.adapters import VLLM_UTILIZATION_ENV
-    from trainer.rehearsal import rehearsal_model
+    from trainer.weight_sync import VLLM_UTILIZATION_ENV
+    from bench.rehearsal import rehearsal_model
     from trainer.tiny import QWEN3_8B_SHAPE
     from trainer.vllm import find_vllm_python
 

@@ -6,6 +6,7 @@ command line and this test check the same thing.
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -14,10 +15,12 @@ from importlinter.application.output import console
 from importlinter.cli import lint_imports
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOT_PACKAGES = ("twin", "rewards", "envs", "trainer", "integrations", "twinrl_cli")
+ROOT_PACKAGES = ("twin", "rewards", "envs", "trainer", "integrations", "twinrl_cli", "bench")
 
 
-def test_import_directions_follow_the_contracts() -> None:
+@functools.cache
+def _lint() -> tuple[int, str]:
+    """``lint-imports`` on pyproject.toml's contracts: the exit code and the report."""
     # import-linter prints its report through its own rich console; capture it so a broken
     # contract fails with import-linter's own explanation (which import, along which chain).
     # lint_imports configures logging with disable_existing_loggers: put every logger back as it
@@ -32,8 +35,19 @@ def test_import_directions_follow_the_contracts() -> None:
     finally:
         for logger, was in zip(loggers, disabled):
             logger.disabled = was
-    report = captured.get()
+    return exit_code, captured.get()
+
+
+def test_import_directions_follow_the_contracts() -> None:
+    exit_code, report = _lint()
     assert exit_code == 0, report
+
+
+def test_the_libraries_are_checked_to_import_no_benchmark() -> None:
+    # the contract that keeps bench/ out of the libraries is one of those checked, and holds
+    _, report = _lint()
+    line = " ".join(report.split())
+    assert "(bench) sit above the libraries: none imports them KEPT" in line, report
 
 
 # Import cycles between our modules not yet broken, as (importer, imported) of the import that

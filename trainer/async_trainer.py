@@ -71,7 +71,7 @@ from trainer.probe import SyncProbe, probe_sequence
 # at import, not in the load thread: an import compiles, and CPython 3.11's compiler is not safe
 # against a compile in another thread ("AST constructor recursion depth mismatch")
 from trainer.samplers import SamplerError
-from trainer.adapters import (
+from trainer.weight_sync import (
     AdapterClient,
     AdapterPublisher,
     AdapterSink,
@@ -180,7 +180,7 @@ class AsyncTrainer(TrainingRuntime):
         overwrite: Without ``resume``, delete the checkpoints an earlier run left there.
         on_step: Called with each step's metrics record.
         learner: The learner (default: built from the recipe).
-        adapters: Loads versions into the sampler (default: an :class:`trainer.adapters.AdapterClient`
+        adapters: Loads versions into the sampler (default: an :class:`trainer.weight_sync.AdapterClient`
             of the launched server, over ``transport``).
         store: A run store (default: the recipe's ``train.store``).
         launcher: Starts the rollout side (default: :func:`spawn_rollout_worker`).

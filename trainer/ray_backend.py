@@ -51,7 +51,7 @@ from typing import Any
 from trainer.config import Recipe
 from trainer.async_trainer import AsyncTrainer, RolloutSide
 from trainer.placement import place_rollout_process
-from trainer.adapters import AdapterClient, make_sampler_server
+from trainer.weight_sync import AdapterClient, make_sampler_server
 from trainer.workers import (
     Lot,
     ModelCheckTransport,
@@ -426,7 +426,7 @@ class EngineGroup:
 
 
 class RayAdapterClient:
-    """:class:`trainer.adapters.AdapterClient`'s interface (an :class:`trainer.adapters.AdapterSink`) for the engine actors: an adapter
+    """:class:`trainer.weight_sync.AdapterClient`'s interface (an :class:`trainer.weight_sync.AdapterSink`) for the engine actors: an adapter
     folder travels as bytes through Ray's object store (``ray.put`` once, every engine reads it), so
     the learner and the engines need no shared filesystem."""
 

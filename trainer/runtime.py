@@ -18,9 +18,9 @@ What the runtime owns (each written once):
 - the step's records (:meth:`TrainingRuntime.record_step`: metrics, store, ``on_step``,
   checkpoints) and one checkpoint format (:meth:`TrainingRuntime.save`; a loop adds its own
   counters through :meth:`TrainingRuntime.extra_state` / :meth:`TrainingRuntime.load_extra_state`);
-- adapter publishing through one interface (``trainer/adapters.py``): an
-  :class:`trainer.adapters.AdapterSink` (in process, HTTP, or Ray) behind an
-  :class:`trainer.adapters.AdapterPublisher`.
+- adapter publishing through one interface (``trainer/weight_sync.py``): an
+  :class:`trainer.weight_sync.AdapterSink` (in process, HTTP, or Ray) behind an
+  :class:`trainer.weight_sync.AdapterPublisher`.
 
 Collaborators are constructor arguments (the learner, the adapter sink, the run store); the
 defaults are built from the recipe, so tests pass fakes instead of setting private attributes.
@@ -54,7 +54,7 @@ from trainer.checkpoint import (
 from trainer.config import Recipe, check_devices
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
-from trainer.adapters import AdapterPublisher, AdapterSink
+from trainer.weight_sync import AdapterPublisher, AdapterSink
 from trainer.episodes import episode_tokens, load_tokenizer, recipe_renderer_factory, training_cases
 from trainer.store_writer import StoreWriter
 from twin.trajectory import Group
@@ -89,7 +89,8 @@ def finite(value: Any) -> bool:
 
 
 def make_batch(groups: list[Group], advantage: str, *, placebo_seed: int | None = None) -> TrainBatch:
-    """Advantages per group (on the shaped rewards), then one row per episode.
+    """Advantages per group (on the shaped rewards), then one row per episode that sampled a token
+    (an episode cut before its first turn counts in its group's advantages, and has nothing to learn).
 
     Args:
         groups: Scored groups whose trajectories carry ``info["shaped_reward"]`` and token turns.
@@ -104,6 +105,8 @@ def make_batch(groups: list[Group], advantage: str, *, placebo_seed: int | None 
     ids, masks, lps, adv = [], [], [], []
     for g, row in zip(groups, advantages.tolist()):
         for t, a in zip(g.trajectories, row):
+            if not t.token_turns:  # cut before its first turn (prompt over the budget): no sampled token
+                continue
             i, m, lp = episode_tokens(t)
             ids.append(i)
             masks.append(m)
@@ -166,10 +169,12 @@ def learn_from_groups(
     # ALGO LOGIC: advantages and the update(s)
     learn: dict[str, float] = {}
     t0 = time.perf_counter()
-    if kept:
-        batch = make_batch(kept, advantage, placebo_seed=placebo_seed)
+    batch = make_batch(kept, advantage, placebo_seed=placebo_seed) if kept else None
+    if batch is not None and len(batch):
         for _ in range(max(1, epochs)):
             learn = learner.step(batch)
+    elif kept:
+        log.warning("step %d: no kept episode sampled a token (prompts over max_episode_tokens?); no update", step)
     else:
         log.warning("step %d: every group had equal rewards; no update", step)
     return StepUpdate(learn, episode_metrics(every), time.perf_counter() - t0)

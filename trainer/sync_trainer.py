@@ -36,7 +36,7 @@ import httpx
 
 from trainer.config import Recipe
 from trainer.episodes import StepSample, rollout_settings, sample_step
-from trainer.adapters import (
+from trainer.weight_sync import (
     AdapterClient,
     AdapterPublisher,
     AdapterSink,
@@ -67,8 +67,8 @@ class SyncTrainer(TrainingRuntime):
         sampler: Samples the episodes (default: ``sampler.kind: hf`` an in-process
             :class:`trainer.samplers.HFSampler` on the learner's model; ``vllm`` a vLLM server
             this run starts; ``server`` the one at ``sampler.base_url``).
-        adapters: Where each new version goes (default: :class:`trainer.adapters.InProcessAdapters`
-            for ``hf``, else an :class:`trainer.adapters.AdapterClient` of the server).
+        adapters: Where each new version goes (default: :class:`trainer.weight_sync.InProcessAdapters`
+            for ``hf``, else an :class:`trainer.weight_sync.AdapterClient` of the server).
         store: A run store (default: the recipe's ``train.store``).
 
     Raises:

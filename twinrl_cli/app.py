@@ -193,7 +193,7 @@ def needs(command: str, target: str) -> Iterator[None]:
     Args:
         command: The command as typed after ``twin`` (for the message), e.g. ``"bench trl"``.
         target: ``module:function`` the block imports (for the message), e.g.
-            ``"trainer.bench_trl:main"``.
+            ``"bench.trl_ratio:main"``.
     """
     module_name, _, attr = target.partition(":")
     try:

@@ -1,5 +1,5 @@
 """``twin bench catalog | trainer | trl | openenv``: each benchmark's options, typed, passed to
-its function (envs/catalog/bench.py, trainer/bench.py, trainer/bench_trl.py,
+its function (bench/catalog.py, bench/trainers.py, bench/trl_ratio.py,
 integrations/openenv_server.py).
 
 The defaults are the functions' own; tests/twinrl_cli/test_typed_options.py checks that they agree.
@@ -52,8 +52,8 @@ def bench_catalog(
     ] = 1,
 ) -> None:
     """Catalog twin benchmarks: tool latency, reset/step overhead, world build, memory."""
-    with needs("bench catalog", "envs.catalog.bench:main"):
-        from envs.catalog.bench import main as run
+    with needs("bench catalog", "bench.catalog:main"):
+        from bench.catalog import main as run
     run_target(
         run, n=n, episodes=episodes, seed=seed, taxonomy=taxonomy, cold=cold, warm=warm, out=out,
         version=version,
@@ -122,8 +122,8 @@ def bench_trainer(
     ] = Backend.local,
 ) -> None:
     """Trainer benchmarks: the async two-worker loop (k=1) vs the same loop run synchronously (k=0)."""
-    with needs("bench trainer", "trainer.bench:main"):
-        from trainer.bench import main as run
+    with needs("bench trainer", "bench.trainers:main"):
+        from bench.trainers import main as run
     run_target(
         run, steps=steps, warmup=warmup, set=list(overrides or []), json=json, output_dir=output_dir,
         epochs=epochs, k0_threads=k0_threads.value, backend=backend.value,
@@ -165,8 +165,8 @@ def bench_trl(
     output_dir: RunsDirOpt = None,
 ) -> None:
     """Our synchronous GRPO step vs TRL's GRPOTrainer: same tiny model, prompts and batch."""
-    with needs("bench trl", "trainer.bench_trl:main"):
-        from trainer.bench_trl import main as run
+    with needs("bench trl", "bench.trl_ratio:main"):
+        from bench.trl_ratio import main as run
     run_target(
         run, steps=steps, warmup=warmup, prompts=prompts, group=group, max_tokens=max_tokens, lr=lr,
         threads=threads, seed=seed, rounds=rounds, json=json, output_dir=output_dir,

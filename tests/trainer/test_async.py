@@ -332,7 +332,7 @@ def test_resume_restores_the_async_counters_from_the_shared_checkpoint_format(tm
 
 
 def test_placement_reaches_the_sampler_server(tmp_path: Path) -> None:
-    from trainer.adapters import make_sampler_server
+    from trainer.weight_sync import make_sampler_server
 
     cfg = load_recipe("toy-cpu", [
         "lora.enabled=true", "devices.rollout=cuda:1", "devices.learner=cuda:0", "model.dtype=auto",
@@ -353,7 +353,7 @@ def test_placement_reaches_the_sampler_server(tmp_path: Path) -> None:
 
 
 def test_bench_summary_measures_the_window_after_warmup() -> None:
-    from trainer.bench import summarize_run
+    from bench.trainers import summarize_run
 
     history = [
         {"perf/step_s": 10.0, "perf/sampled_tokens": 100.0, "async/rollout_idle_s": 5.0, "async/rollout_wall_s": 10.0,

@@ -25,7 +25,7 @@ import pytest
 
 from trainer.async_trainer import AsyncTrainer, guarded_command
 from trainer.probe import SyncProbe, probe_sequence
-from trainer.adapters import AdapterClient
+from trainer.weight_sync import AdapterClient
 from trainer.samplers import ServerSampler
 from trainer.workers import AdapterSyncError, ModelCheckTransport
 

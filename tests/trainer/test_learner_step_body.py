@@ -45,6 +45,25 @@ def test_make_batch_is_group_z_scored_rows() -> None:
     assert sum(batch.advantages[3:]) == pytest.approx(0.0, abs=1e-6)
 
 
+def test_an_episode_cut_before_its_first_turn_counts_in_its_group_and_leaves_the_batch() -> None:
+    group = _group([0.0, 1.0, 1.0], [1, 2, 3])
+    group.trajectories[0].token_turns = []  # its prompt alone was over max_episode_tokens
+    batch = make_batch([group], "grpo")
+    assert len(batch) == 2
+    assert batch.advantages[0] == batch.advantages[1] > 0  # scored against the cut episode's 0.0
+
+
+def test_a_step_whose_kept_episodes_sampled_nothing_makes_no_update(caplog) -> None:
+    group = _group([0.0, 1.0], [1, 2, 3])
+    for t in group.trajectories:
+        t.token_turns = []
+    learner = _Learner()
+    with caplog.at_level(logging.WARNING):
+        update = learn_from_groups(learner, [group], [group], advantage="grpo", step=5)  # type: ignore[arg-type]
+    assert learner.batches == [] and update.learn == {}
+    assert "step 5: no kept episode sampled a token" in caplog.text
+
+
 def test_learn_from_groups_updates_epochs_times_and_reports_every_group() -> None:
     kept = [_group([0.0, 1.0], [1, 2, 3])]
     every = kept + [_group([1.0, 1.0], [4, 5])]
@@ -125,7 +144,7 @@ def test_the_sync_loop_updates_through_the_step_body_and_publishes_each_version(
 ) -> None:
     from trainer.sync_trainer import SyncTrainer
     from trainer.episodes import load_tokenizer
-    from trainer.adapters import InProcessAdapters
+    from trainer.weight_sync import InProcessAdapters
     from trainer.tiny import WHOLE_CALL_TOKENS
 
     calls = _spy_on_the_body(monkeypatch)

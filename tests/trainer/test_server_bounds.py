@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from trainer.bench_serving import FakeCore
+from bench.serving import FakeCore
 from trainer.serving.api import ServeLimits
 from trainer.serving.http import make_http_server
 from trainer.serving.process import free_port

@@ -298,7 +298,7 @@ def test_api_key_is_required_on_v1_routes_but_not_on_health(served: tuple[str, C
 def test_trainer_clients_send_the_key_from_the_environment(
     served: tuple[str, CompletionServer], adapter_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.adapters import AdapterClient
+    from trainer.weight_sync import AdapterClient
     from trainer.samplers import ServerSampler
 
     url, _ = served
@@ -371,7 +371,7 @@ def test_serve_options_are_validated_with_a_clear_error() -> None:
 def test_trainer_started_server_with_key_and_root_serves_its_clients(
     tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.adapters import AdapterClient
+    from trainer.weight_sync import AdapterClient
     from trainer.samplers import ServerSampler
 
     run = tmp_path / "run"

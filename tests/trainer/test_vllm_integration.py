@@ -79,7 +79,7 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
     tokens, differ with the wrong adapter; prompt logprobs work beside decoding requests."""
     import torch
 
-    from trainer.adapters import AdapterClient
+    from trainer.weight_sync import AdapterClient
     from trainer.learner import Learner, build_lora_model
     from trainer.models import load_model
     from trainer.samplers import ServerSampler

@@ -25,9 +25,9 @@ runner = CliRunner()
 #: take, target parameters the command sets itself).
 COMMANDS: dict[tuple[str, ...], tuple[str, set[str], set[str]]] = {
     ("demo",): ("envs.catalog.demo:main", {"no_store"}, set()),
-    ("bench", "catalog"): ("envs.catalog.bench:main", set(), set()),
-    ("bench", "trainer"): ("trainer.bench:main", set(), set()),
-    ("bench", "trl"): ("trainer.bench_trl:main", set(), set()),
+    ("bench", "catalog"): ("bench.catalog:main", set(), set()),
+    ("bench", "trainer"): ("bench.trainers:main", set(), set()),
+    ("bench", "trl"): ("bench.trl_ratio:main", set(), set()),
     ("bench", "openenv"): ("integrations.openenv_server:bench", set(), {"out"}),
     ("plan",): ("trainer.plan:main", set(), set()),
 }
@@ -103,7 +103,7 @@ def _record(monkeypatch, spec: str, result: Any = 0) -> list[dict[str, Any]]:
 
 
 def test_bench_trainer_options_reach_the_function(monkeypatch, tmp_path):
-    calls = _record(monkeypatch, "trainer.bench:main")
+    calls = _record(monkeypatch, "bench.trainers:main")
     out = tmp_path / "b.json"
     args = ["bench", "trainer", "--steps", "3", "--set", "a.b=1", "--set", "c=2", "--k0-threads", "1",
             "--backend", "ray", "--json", str(out), "--epochs", "2"]  # fmt: skip
@@ -116,8 +116,8 @@ def test_bench_trainer_options_reach_the_function(monkeypatch, tmp_path):
 
 
 def test_bench_trl_and_catalog_options_reach_their_functions(monkeypatch):
-    trl = _record(monkeypatch, "trainer.bench_trl:main")
-    catalog = _record(monkeypatch, "envs.catalog.bench:main")
+    trl = _record(monkeypatch, "bench.trl_ratio:main")
+    catalog = _record(monkeypatch, "bench.catalog:main")
     assert runner.invoke(app, ["bench", "trl", "--lr", "0.01", "--rounds", "2", "--group", "4"]).exit_code == 0
     assert runner.invoke(app, ["bench", "catalog", "--no-cold", "--n", "50", "--version", "0"]).exit_code == 0
     assert (trl[0]["lr"], trl[0]["rounds"], trl[0]["group"], trl[0]["steps"]) == (0.01, 2, 4, 5)
@@ -150,12 +150,12 @@ def test_demo_options_reach_the_function_and_its_status_is_the_exit_status(monke
 
 
 def test_a_twinrl_error_in_the_target_is_one_line(monkeypatch):
-    import trainer.bench
+    import bench.trainers
 
     def broken(**_: Any) -> int:
         raise ConfigError("--set expects KEY=VALUE, got 'oops'")
 
-    monkeypatch.setattr(trainer.bench, "main", broken)
+    monkeypatch.setattr(bench.trainers, "main", broken)
     result = runner.invoke(app, ["bench", "trainer", "--set", "oops"])
     assert result.exit_code == 2
     assert result.output.strip() == "error: --set expects KEY=VALUE, got 'oops'"
@@ -177,7 +177,7 @@ def test_a_twinrl_error_in_the_target_is_one_line(monkeypatch):
     ],
 )
 def test_a_bad_option_value_is_one_line_saying_what_is_allowed(monkeypatch, args, allowed):
-    for spec in ("trainer.bench:main", "trainer.bench_trl:main", "envs.catalog.bench:main",
+    for spec in ("bench.trainers:main", "bench.trl_ratio:main", "bench.catalog:main",
                  "integrations.openenv_server:bench", "envs.catalog.demo:main"):  # fmt: skip
         _record(monkeypatch, spec)  # nothing may run: the value is refused while parsing
     result = runner.invoke(app, args)

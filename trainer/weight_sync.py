@@ -158,7 +158,7 @@ class AdapterPublisher:
         sink: Where versions go.
         keep: Versions kept loaded (the synchronous loop: 1; the async one: ``max_staleness + 2``).
         before_save: Called with the version before its adapter is written (the 9B rehearsal
-            moves the weights there, ``trainer/rehearsal.py``).
+            moves the weights there, ``bench/rehearsal.py``).
     """
 
     def __init__(

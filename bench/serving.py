@@ -1,6 +1,6 @@
 """Benchmark of ``twin serve``'s HTTP layer (asyncio + h11) against FastAPI + uvicorn.
 
-``python -m trainer.bench_serving [--clients 8] [--seconds 3] [--rounds 3] [--core fake|tiny]``
+``python -m bench.serving [--clients 8] [--seconds 3] [--rounds 3] [--core fake|tiny]``
 
 Each stack serves the same core in a child process (so the server does not share the client's
 GIL) on a loopback port; ``clients`` threads each keep one connection open and post the same
@@ -251,7 +251,7 @@ def measure(
     for _ in range(rounds):
         for stack in stacks:
             child = subprocess.Popen(
-                [sys.executable, "-m", "trainer.bench_serving", "--serve", stack, "--core", core],
+                [sys.executable, "-m", "bench.serving", "--serve", stack, "--core", core],
                 stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
             try:
@@ -287,7 +287,7 @@ def main(
 
 
 def _cli(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainer.bench_serving", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n")[0])
     parser.add_argument("--stacks", default=",".join(STACKS), help=f"comma-separated, from {', '.join(STACKS)}")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)

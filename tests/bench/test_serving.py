@@ -1,4 +1,4 @@
-"""trainer/bench_serving.py: both HTTP stacks answer the same bytes for the same requests, and the
+"""bench/serving.py: both HTTP stacks answer the same bytes for the same requests, and the
 benchmark measures each (no timing asserted: the figures are for the report)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from trainer.bench_serving import BODY, FakeCore, asgi_app, main, measure
+from bench.serving import BODY, FakeCore, asgi_app, main, measure
 from trainer.serving.http import make_http_server
 from twin.errors import ConfigError
 

