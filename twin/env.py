@@ -125,6 +125,7 @@ class TwinEnv(gym.Env[list, Any]):
         self._done = False
         self._end: tuple[bool, bool] = (False, False)
         self._late_invalid = 0
+        self._hidden: _Hidden = _Hidden(self._fetch_world)
 
     # -- public properties -----------------------------------------------------------------------
     @property
@@ -172,33 +173,19 @@ class TwinEnv(gym.Env[list, Any]):
         case = twin.case(split, index)
         prompt = twin.prompt(case)
         self._case = case
-        self._state = twin.new_state(case)
+        self._state = state = twin.new_state(case)
+        self._hidden = _Hidden(self._fetch_world, state=state, task=case.task)
         self._turn = 0
         self._done = False
         self._end = (False, False)
         self._late_invalid = 0
-        self._traj = _construct(Trajectory, {
+        self._traj = _with_defaults(Trajectory, {
             "twin": twin.name,
             "case_id": case.id,
             "split": split,
             "index": index,
             "case_kind": case.kind,
-            "policy": "",
             "messages": list(prompt),
-            "calls": [],
-            "submission": None,
-            "invalid_calls": 0,
-            "num_turns": 0,
-            "terminated": False,
-            "truncated": False,
-            "completion_tokens": 0,
-            "token_turns": [],
-            "reward": None,
-            "components": {},
-            "weighted": {},
-            "reward_notes": [],
-            "timings": {},
-            "info": {},
         })
         return list(prompt), {
             "tools": list(self._schemas),
@@ -246,14 +233,14 @@ class TwinEnv(gym.Env[list, Any]):
             raise ResetNeeded("call env.reset() before env.step()")
         if self._done:
             return self._late_step()
-        turn = self._turn
-        messages = traj.messages
-        obs: list[dict[str, Any]] = []
-        calls_info: list[dict[str, Any]] = []
-        terminated = False
+        calls, turn_errors = self._parse_turn(action, refused, traj.messages)
+        obs, calls_info, call_errors, terminated = self._run_calls(calls, traj)
+        return self._close_turn(obs, calls_info, call_errors, turn_errors, terminated)
 
-        call_errors: list[str] = []
-        turn_errors: list[str] = []
+    def _parse_turn(
+        self, action: Any, refused: str | None, messages: list[dict[str, Any]]
+    ) -> tuple[list[ParsedCall], list[str]]:
+        """Parse: record the assistant message; return its calls and the turn-level problems."""
         action = _plain_action(action)
         limit = self._max_action
         size = _action_size(action, limit)
@@ -261,53 +248,80 @@ class TwinEnv(gym.Env[list, Any]):
             messages.append(_assistant_record(action, None, limit))
             # a message dict's walk stops at the limit: its exact size is not known
             has = f"{size}" if type(action) is str else f"more than {limit}"
-            turn_errors.append(
+            return [], [
                 f"your turn has {has} characters; the limit is {limit}. Nothing was run (the "
                 f"count covers text, call names, ids and arguments). Send one short turn with "
                 f"the tool calls only, e.g. {CALL_FORMAT}"
-            )
-        elif refused is not None:
+            ]
+        if refused is not None:
             messages.append(_assistant_record(action, None, limit))
-            turn_errors.append(refused)
-        else:
-            parsed = _parse(action, turn, self._schemas)
-            messages.append(_assistant_record(action, parsed.calls, limit))
-            turn_errors.extend(parsed.errors)
-            max_calls = self._max_calls
-            for k, call in enumerate(parsed.calls):
-                if k < max_calls:
-                    record, content = self._run(call, turn, terminated)
-                else:
-                    record, content = _failed(
-                        call.id, short_text(call.name), call.arguments,
-                        f"not run: at most {max_calls} tool calls are run per turn; "
-                        "call it again in your next turn",
-                        turn,
-                    )
-                traj.calls.append(record)
-                rec_info = dict(record.__dict__)
-                del rec_info["latency_s"]  # wall time differs run to run; info stays deterministic
-                calls_info.append(rec_info)
-                obs.append(
-                    {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+            return [], [refused]
+        parsed = _parse(action, self._turn, self._schemas)
+        messages.append(_assistant_record(action, parsed.calls, limit))
+        errors = list(parsed.errors)
+        if not parsed.calls and not errors:
+            errors.append(
+                f"no tool call found in your turn. Call one of: {self._names_text}, "
+                f"written as {CALL_FORMAT}"
+            )
+        return parsed.calls, errors
+
+    def _run_calls(
+        self, calls: list[ParsedCall], traj: Trajectory
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], bool]:
+        """Run: each call in order (past ``max_calls_per_turn``, a refusal), its record kept.
+
+        Returns the tool messages, the records as info dicts, the calls' errors and whether a
+        terminal call succeeded.
+        """
+        turn = self._turn
+        obs: list[dict[str, Any]] = []
+        calls_info: list[dict[str, Any]] = []
+        call_errors: list[str] = []
+        terminated = False
+        max_calls = self._max_calls
+        for k, call in enumerate(calls):
+            if k < max_calls:
+                record, content = self._run(call, turn, terminated)
+            else:
+                record, content = _failed(
+                    call.id, short_text(call.name), call.arguments,
+                    f"not run: at most {max_calls} tool calls are run per turn; "
+                    "call it again in your next turn",
+                    turn,
                 )
-                if record.error is None:
-                    terminated = terminated or record.terminal
-                else:
-                    call_errors.append(record.error)
-            if not parsed.calls and not parsed.errors:
-                turn_errors.append(
-                    f"no tool call found in your turn. Call one of: {self._names_text}, "
-                    f"written as {CALL_FORMAT}"
-                )
+            traj.calls.append(record)
+            rec_info = dict(record.__dict__)
+            del rec_info["latency_s"]  # wall time differs run to run; info stays deterministic
+            calls_info.append(rec_info)
+            obs.append(
+                {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+            )
+            if record.error is None:
+                terminated = terminated or record.terminal
+            else:
+                call_errors.append(record.error)
+        return obs, calls_info, call_errors, terminated
+
+    def _close_turn(
+        self,
+        obs: list[dict[str, Any]],
+        calls_info: list[dict[str, Any]],
+        call_errors: list[str],
+        turn_errors: list[str],
+        terminated: bool,
+    ) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        """Close: answer the turn, count it, and score the episode when it ended."""
+        traj = self._traj
+        assert traj is not None
         invalid = len(call_errors) + len(turn_errors)
         errors = call_errors + turn_errors if turn_errors else call_errors
         if turn_errors:
             # Turn-level problems reach the agent as a user message after any tool results.
             obs.append({"role": "user", "content": _user_note(turn_errors, self._usage)})
-        messages.extend(obs)
+        traj.messages.extend(obs)
 
-        self._turn = turn = turn + 1
+        self._turn = turn = self._turn + 1
         traj.num_turns = turn
         traj.invalid_calls += invalid
         truncated = not terminated and turn >= self._max_turns
@@ -372,17 +386,7 @@ class TwinEnv(gym.Env[list, Any]):
         try:
             kwargs = tool.validate(args)
             submission = to_jsonable(kwargs) if tool.terminal else None
-            for inj in tool.injected:
-                if inj == "world":
-                    world = self._world
-                    if world is None:
-                        world = self._world = self._twin.world
-                    kwargs["world"] = world
-                elif inj == "state":
-                    kwargs["state"] = self._state
-                elif inj == "task":
-                    kwargs["task"] = self._case.task  # type: ignore[union-attr]
-            result = tool.fn(**kwargs)
+            result = tool.run(kwargs, self._hidden)
         except ToolError as exc:
             return _failed(call.id, name, args, str(exc), turn, time.perf_counter() - started)
         except Exception as exc:  # a bug in the tool, not the agent's fault: log it, tell the agent
@@ -417,6 +421,13 @@ class TwinEnv(gym.Env[list, Any]):
             "result": result, "terminal": tool.terminal, "turn": turn, "latency_s": latency,
         })
         return record, text
+
+    def _fetch_world(self) -> Any:
+        """The twin's shared world, fetched on the first tool call that needs it."""
+        world = self._world
+        if world is None:
+            world = self._world = self._twin.world
+        return world
 
     def truncate(self, note: str | None = None) -> tuple[float, dict[str, Any]]:
         """End the episode now, cut short, and score it as the twin scores a truncated episode.
@@ -504,6 +515,23 @@ class TwinEnv(gym.Env[list, Any]):
         )
 
 
+class _Hidden(dict):  # type: ignore[type-arg]
+    """An episode's hidden tool parameters (``state``, ``task``) for :meth:`twin.tools.Tool.run`;
+    ``world`` is fetched on first use, so a twin whose tools never read it never builds it."""
+
+    __slots__ = ("_world",)
+
+    def __init__(self, world: Any, **values: Any) -> None:
+        super().__init__(values)
+        self._world = world
+
+    def __missing__(self, name: str) -> Any:
+        if name != "world":
+            return None
+        world = self["world"] = self._world()
+        return world
+
+
 _setattr = object.__setattr__
 
 
@@ -519,6 +547,33 @@ def _construct(cls: type[Any], values: dict[str, Any]) -> Any:
     _setattr(obj, "__pydantic_extra__", None)
     _setattr(obj, "__pydantic_private__", None)
     return obj
+
+
+#: Per model class: each field's name, whether it is required, its default and default factory.
+_FIELD_DEFAULTS: dict[type[Any], tuple[tuple[str, bool, Any, Any], ...]] = {}
+
+
+def _with_defaults(cls: type[Any], values: dict[str, Any]) -> Any:
+    """:func:`_construct` with every field not in ``values`` at the model's declared default.
+
+    The fields and their defaults are read from the model itself (a default factory gives each
+    instance its own container), so the env never lists them by hand.
+    """
+    fields = _FIELD_DEFAULTS.get(cls)
+    if fields is None:
+        fields = _FIELD_DEFAULTS[cls] = tuple(
+            (name, f.is_required(), f.default, f.default_factory)
+            for name, f in cls.model_fields.items()
+        )
+    full: dict[str, Any] = {}
+    for name, required, default, factory in fields:
+        if name in values:
+            full[name] = values[name]
+        elif required:
+            raise TypeError(f"{cls.__name__}: field {name!r} is required")
+        else:
+            full[name] = factory() if factory is not None else default
+    return _construct(cls, full)
 
 
 def _failed(

@@ -26,7 +26,8 @@ from __future__ import annotations
 import inspect
 import json
 import typing
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,11 +188,26 @@ class Tool:
         Raises:
             ToolError: bad arguments or anything the tool itself rejects.
         """
-        kwargs = self.validate(arguments)
+        return to_jsonable(self.run(self.validate(arguments), defaultdict(_none, injected)))
+
+    def run(self, kwargs: dict[str, Any], hidden: Mapping[str, Any]) -> Any:
+        """Call the function on validated ``kwargs`` plus the hidden parameters it declares.
+
+        The one place a tool's hidden parameters are filled in (:meth:`call` and
+        :class:`twin.env.TwinEnv` both come through here).
+
+        Args:
+            kwargs: :meth:`validate`'s result; the hidden parameters are added to it.
+            hidden: The hidden parameters' values by name (``world``, ``state``, ``task``);
+                read only for those the function declares.
+
+        Returns:
+            The function's own result, unconverted.
+        """
         for name in self.injected:
             if name != "self":
-                kwargs[name] = injected.get(name)
-        return to_jsonable(self.fn(**kwargs))
+                kwargs[name] = hidden[name]
+        return self.fn(**kwargs)
 
     # -- describing ----------------------------------------------------------------------------
     def signature_text(self) -> str:
@@ -251,6 +267,10 @@ def _short(value: Any, limit: int = 60) -> str:
     except Exception:  # noqa: BLE001 - nested too deeply for the encoder, a cycle
         text = f"<{type(value).__name__} nested too deeply>"
     return _short_name(text, limit)
+
+
+def _none() -> None:
+    return None
 
 
 def to_jsonable(value: Any) -> Any:

@@ -558,3 +558,21 @@ def test_refuse_records_the_turn_runs_nothing_and_tells_the_agent_why():
     assert obs == [env.trajectory.messages[-1]] and obs[0]["role"] == "user"
     assert obs[0]["content"].startswith("Your last turn had a problem: the template cannot hold this turn. Tools: ")
     assert (reward, terminated, truncated, info["turn"]) == (0.0, False, False, 1)
+
+
+def test_a_new_trajectory_holds_every_declared_field_at_its_default():
+    env = TwinEnv(ToyTwin())
+    env.reset(options={"split": "dev", "index": 1})
+    first = env.trajectory
+    case = env.case
+    expected = Trajectory(
+        twin=first.twin, case_id=case.id, split="dev", index=1, case_kind=case.kind,
+        messages=first.messages,
+    )
+    assert first.model_dump() == expected.model_dump()
+    assert set(first.__dict__) == set(Trajectory.model_fields)
+    env.step('<tool_call>{"name": "look", "arguments": {"word": "w1"}}</tool_call>')
+    env.reset(options={"split": "dev", "index": 1})
+    # each episode gets its own containers from the fields' default factories
+    assert env.trajectory.calls == [] and len(first.calls) == 1
+    assert env.trajectory.info is not first.info

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel
@@ -192,3 +192,22 @@ def test_frozen_data_from_a_pydantic_model():
 
     frozen = freeze({"p": Point(x=1, tags=["a"])})
     assert type(frozen["p"]) is FrozenDict and frozen["p"] == {"x": 1, "tags": ["a"]}
+
+
+def test_run_fills_only_the_hidden_parameters_the_tool_declares():
+    find = Shop().tool("find")
+    asked: list[str] = []
+
+    class Hidden(dict):
+        def __getitem__(self, name: str) -> Any:
+            asked.append(name)
+            return {"x": "t"} if name == "task" else {}
+
+    hidden = Hidden()
+
+    assert find.run(find.validate({"query": "q"}), hidden) == ["q", "t"]
+    assert sorted(asked) == ["state", "task"]  # never "world", which find does not declare
+    asked.clear()
+    finish = Shop().tool("finish")
+    assert finish.run(finish.validate({"verdict": "ok"}), hidden) == {"verdict": "ok"}
+    assert asked == []
