@@ -2,7 +2,7 @@
 
 The figures of docs/catalog-v2.md: 1,000 test and 5,000 train cases, text over 10,000 listings::
 
-    python -m envs.catalog.v2.measure                     # Shopify's taxonomy when installed
+    TWINRL_SHOPIFY_TAXONOMY=PATH python -m envs.catalog.v2.measure   # Shopify's taxonomy at PATH
     python -m envs.catalog.v2.measure --taxonomy none     # the generated taxonomy
 """
 

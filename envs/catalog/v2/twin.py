@@ -50,13 +50,11 @@ _SHOPIFY_ENV = "TWINRL_SHOPIFY_TAXONOMY"
 
 
 def shopify_default() -> str | None:
-    """Shopify's taxonomy when one is installed: ``$TWINRL_SHOPIFY_TAXONOMY``, else a checkout at
-    ``../shared/data/shopify-product-taxonomy`` beside the project; None (the generated
-    taxonomy) when neither holds the files."""
-    here = Path(__file__).resolve().parents[3]
-    for cand in (os.environ.get(_SHOPIFY_ENV), here.parent / "shared" / "data" / "shopify-product-taxonomy"):
-        if cand and (Path(cand) / "data" / "categories").is_dir():
-            return str(Path(cand).resolve())
+    """Shopify's taxonomy when one is installed: a checkout named by ``$TWINRL_SHOPIFY_TAXONOMY``
+    that holds ``data/categories``; None (the generated taxonomy) otherwise."""
+    cand = os.environ.get(_SHOPIFY_ENV)
+    if cand and (Path(cand) / "data" / "categories").is_dir():
+        return str(Path(cand).resolve())
     return None
 
 
