@@ -17,7 +17,10 @@ is :attr:`TwinEnv.messages`.
 Tool calls are read by :func:`twin.parsing.parse_tool_calls`.
 
 **Reward.** 0.0 until the episode ends; then the twin's reward of the whole trajectory, with
-its components in ``info["reward"]``.
+its components in ``info["reward"]``. A reward with terms scored against the episode's group
+(RULER-style judge terms, ``Twin.needs_group``) is provisional at the end: each group term holds
+its lowest value, and the trajectory's ``info["deferred"]`` names them until whoever holds the
+group (the trainer's collection, ``twin eval``) calls :meth:`twin.core.Twin.score_groups`.
 
 **Episode end.** ``terminated`` when a terminal tool (e.g. ``submit``) succeeds; ``truncated``
 when ``config.max_turns`` assistant turns have been taken without one (the reward is still
@@ -248,11 +251,12 @@ class TwinEnv(gym.Env[list, Any]):
             messages.append(_assistant_record(action, None, limit))
             # a message dict's walk stops at the limit: its exact size is not known
             has = f"{size}" if type(action) is str else f"more than {limit}"
-            return [], [
+            too_long = (
                 f"your turn has {has} characters; the limit is {limit}. Nothing was run (the "
                 f"count covers text, call names, ids and arguments). Send one short turn with "
                 f"the tool calls only, e.g. {CALL_FORMAT}"
-            ]
+            )
+            return [], [too_long]
         if refused is not None:
             messages.append(_assistant_record(action, None, limit))
             return [], [refused]
@@ -468,12 +472,16 @@ class TwinEnv(gym.Env[list, Any]):
         traj.terminated = terminated
         traj.truncated = truncated
         traj.timings["tools"] = sum(c.latency_s for c in traj.calls)
-        result = self._twin.score(traj, case)
+        twin = self._twin
+        result = twin.score(traj, case, defer_group=True) if twin.needs_group else twin.score(traj, case)
         total = float(result.total)
         traj.reward = total
         traj.components = dict(result.components)
         traj.weighted = dict(result.weighted)
         traj.reward_notes = list(result.notes)
+        deferred = list(getattr(result, "deferred", None) or ())
+        if deferred:  # provisional until Twin.score_groups scores the episode with its group
+            traj.info["deferred"] = {"terms": deferred, "reward_notes": len(traj.reward_notes)}
         # the trajectory keeps a read-only outcome (it may hold the case's own truth); the info
         # gets a fresh mutable copy, like every other info
         outcome = freeze(self._twin.outcome(traj, case))

@@ -28,5 +28,5 @@ def twin(catalog_cache: Path):
     from envs.catalog import CatalogTwin
 
     t = CatalogTwin(seed=0)
-    t.world  # build now, inside the session cache
+    _ = t.world  # build now, inside the session cache
     return t
