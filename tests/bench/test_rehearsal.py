@@ -39,11 +39,11 @@ SYNCED = 1e-4
 def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from transformers import AutoTokenizer
 
-    from trainer.weight_sync import AdapterClient
-    from trainer.config import load_recipe
     from bench.rehearsal import REHEARSAL_RECIPE, RehearsalTrainer, rehearsal_model, rehearsal_overrides
+    from trainer.config import load_recipe
     from trainer.renderer import load_chat_template
     from trainer.vllm import VLLMServer
+    from trainer.weight_sync import AdapterClient
     from trainer.workers import adapter_name
     from twin.store import RunStore
 
