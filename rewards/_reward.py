@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -41,6 +41,8 @@ class RewardResult(BaseModel):
             (bonuses positive); they add up to ``unclipped`` unless a gate set the total.
         notes: Human-readable lines: term notes, failed gates, clipping.
         unclipped: The total before the clip.
+        deferred: The group terms left for the episode's group to score (scored with
+            ``defer_group=True``; each holds its lowest value until then).
     """
 
     total: float
@@ -48,6 +50,7 @@ class RewardResult(BaseModel):
     weighted: dict[str, float] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     unclipped: float = 0.0
+    deferred: list[str] = Field(default_factory=list)
 
     def explain(self) -> str:
         """A readable table: each component, its weighted contribution, then the total and notes."""
@@ -294,9 +297,24 @@ class Reward:
             lo, hi = max(lo, self._clip[0]), min(hi, self._clip[1])
         return lo, hi
 
+    @property
+    def needs_group(self) -> bool:
+        """True when a term is scored against the episode's group (a RULER-style judge term,
+        :func:`rewards.judge_terms.group_term`): such a reward scores whole groups with
+        :meth:`score_groups`."""
+        return any(getattr(t, "needs_group", False) for t in self.terms)
+
     # -- scoring ----------------------------------------------------------------------------
-    def __call__(self, trajectory: Any, case: Any) -> RewardResult:
+    def __call__(self, trajectory: Any, case: Any, *, defer_group: bool = False) -> RewardResult:
         """Score one episode.
+
+        Args:
+            trajectory: The episode.
+            case: Its case.
+            defer_group: Leave the group terms for :meth:`score_groups` (an episode's end,
+                before its group is complete): each holds its lowest value, is named in
+                ``RewardResult.deferred`` and in a note. Without it a group term scored alone
+                is an error.
 
         Raises:
             TermError: a term, penalty or gate raised or returned a value it may not.
@@ -304,6 +322,7 @@ class Reward:
         components: dict[str, float] = {}
         weighted: dict[str, float] = {}
         notes: list[str] = []
+        deferred: list[str] = []
 
         failed: Gate | None = None
         gate_values: dict[str, float] = {}
@@ -319,6 +338,10 @@ class Reward:
         for t, w in self._terms:
             if failed is not None:
                 value = failed.fail_values.get(t.name, 0.0)
+            elif defer_group and getattr(t, "needs_group", False):
+                value = t.low
+                deferred.append(t.name)
+                notes.append(f"{t.name}: deferred until the episode's group is scored ({value:g} until then)")
             else:
                 value, note = t.evaluate(trajectory, case)
                 if note:
@@ -348,7 +371,25 @@ class Reward:
             total = min(max(unclipped, self._clip[0]), self._clip[1])
             if total != unclipped:
                 notes.append(f"clipped from {unclipped:.6g} to {total:.6g}")
-        return RewardResult(total=total, components=components, weighted=weighted, notes=notes, unclipped=unclipped)
+        return RewardResult(total=total, components=components, weighted=weighted, notes=notes,
+                            unclipped=unclipped, deferred=deferred)
+
+    def score_groups(
+        self, groups: Sequence[Sequence[tuple[Any, Any]]], *, new_step: bool = False
+    ) -> list[list[RewardResult]]:
+        """Score groups of ``(trajectory, case)`` episodes, each group's episodes together.
+
+        A reward with group terms asks its judges for every group at once
+        (:func:`rewards.judge_terms.score_groups`; ``new_step`` starts each judge's next budget
+        step first); any other reward scores each episode alone.
+
+        Raises:
+            TermError: a term, penalty or gate failed; JudgeError / JudgeBudgetError from a judge.
+        """
+        scorer = next((t for t in self.terms if getattr(t, "needs_group", False)), None)
+        if scorer is None:
+            return [[self(t, c) for t, c in g] for g in groups]
+        return scorer.score_reward_groups(self, groups, new_step=new_step)
 
     # -- overrides --------------------------------------------------------------------------
     def with_overrides(self, overrides: Mapping[str, Any]) -> Reward:

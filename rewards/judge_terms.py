@@ -41,7 +41,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from rewards._reward import Reward, RewardResult
 from rewards._terms import Scored, Term, TermError
@@ -58,6 +58,7 @@ __all__ = [
     "rubric_term",
     "score_episodes",
     "score_group",
+    "score_groups",
 ]
 
 #: ``render(trajectory, case) -> str``: what the judge reads about one episode.
@@ -252,6 +253,17 @@ class GroupTerm(Term):
     normalize: str = "rank"
     max_group: int = 26
 
+    #: Read by ``Reward``: this term is scored against its group, so an episode's end scoring
+    #: may defer it (``Reward.__call__(..., defer_group=True)``) and ``Reward.score_groups``
+    #: scores it through :meth:`score_reward_groups`.
+    needs_group: ClassVar[bool] = True
+
+    def score_reward_groups(
+        self, reward: Reward, groups: Sequence[Sequence[tuple[Any, Any]]], *, new_step: bool = False
+    ) -> list[list[RewardResult]]:
+        """Score every term of ``reward`` on ``groups`` (:func:`score_groups`)."""
+        return score_groups(reward, groups, new_step=new_step)
+
     def layout(self, trajectories: Sequence[Any], case: Any) -> tuple[Messages, list[str], list[str]]:
         """The request, the labels in the order shown, and each episode's label."""
         texts = [self.render(t, case) for t in trajectories]
@@ -372,6 +384,24 @@ def score_episodes(
             cached; the episodes are unchanged and may be scored again).
         JudgeError, TermError: a judge gave no usable answer.
     """
+    keys: dict[str, int] = {}
+    group_of = [keys.setdefault(str(getattr(c, "id", id(c))), len(keys)) for _, c in episodes]
+    return _score(reward, list(episodes), group_of, new_step)
+
+
+def score_groups(
+    reward: Reward, groups: Sequence[Sequence[tuple[Any, Any]]], *, new_step: bool = False
+) -> list[list[RewardResult]]:
+    """Score groups of episodes (as :func:`score_episodes`), each group ranked as given: two
+    groups of the same case stay two groups. What ``Reward.score_groups`` runs for a reward
+    that holds group terms; results come back in the shape of ``groups``."""
+    flat = [pair for g in groups for pair in g]
+    group_of = [i for i, g in enumerate(groups) for _ in g]
+    results = iter(_score(reward, flat, group_of, new_step))
+    return [[next(results) for _ in g] for g in groups]
+
+
+def _score(reward: Reward, episodes: list[tuple[Any, Any]], group_of: list[int], new_step: bool) -> list[RewardResult]:
     if new_step:
         for judge in {id(t.judge): t.judge for t in reward.terms if isinstance(t, (RubricTerm, GroupTerm))}.values():
             if callable(getattr(judge, "new_step", None)):
@@ -381,9 +411,9 @@ def score_episodes(
         if isinstance(term, RubricTerm) and live:
             active_judge(term.judge).ask_many([term.request(t, c) for t, c in live], term.parse)
     values: dict[tuple[str, int], Scored] = {}
-    groups: dict[str, list[tuple[Any, Any]]] = {}
-    for t, c in episodes:
-        groups.setdefault(str(getattr(c, "id", id(c))), []).append((t, c))
+    groups: dict[int, list[tuple[Any, Any]]] = {}
+    for pair, g in zip(episodes, group_of):
+        groups.setdefault(g, []).append(pair)
     for term in reward.terms:
         if not isinstance(term, GroupTerm):
             continue

@@ -114,6 +114,7 @@ def collect_groups(
     seed: int,
     policy_version: int = 0,
     decode: Callable[[list[int]], str] | None = None,
+    new_judge_step: bool = True,
 ) -> list[Group]:
     """Run ``group_size`` episodes of every case, all turns batched through ``sampler``.
 
@@ -128,9 +129,14 @@ def collect_groups(
         policy_version: Stored on each group (async training).
         decode: ``ids -> text`` for the env (default: the renderer's tokenizer, special
             tokens kept).
+        new_judge_step: When the twin's reward scores episodes against their group
+            (``twin.needs_group``), start its judges' next budget step before scoring these
+            groups (False for a refill round of the same training step).
 
     Returns:
-        One :class:`Group` per case, trajectories scored, each with its ``token_turns``.
+        One :class:`Group` per case, trajectories scored, each with its ``token_turns``. A reward
+        with group terms (RULER-style judges) scores each group's episodes together once all of
+        them have ended (:meth:`twin.core.Twin.score_groups`), in one batch for all groups.
     """
     from twin.env import TwinEnv
 
@@ -180,6 +186,10 @@ def collect_groups(
             traj.timings["total"] = total_s
             trajs.append(traj)
         groups.append(Group(case_id=trajs[0].case_id, trajectories=trajs, policy_version=policy_version))
+    if twin.needs_group and live:
+        cases_of = [(item.env.trajectory, item.env.case) for item in live]
+        twin.score_groups([cases_of[g * group_size : (g + 1) * group_size] for g in range(len(cases))],
+                          new_step=new_judge_step)
     return groups
 
 
@@ -405,6 +415,7 @@ def sample_step(
         groups = collect_groups(
             twin, next_cases(n - len(kept)), sampler, renderer_factory, group_size=cfg.algorithm.group_size,
             settings=settings, seed=stable_seed(*seed_key, rounds), policy_version=policy_version,
+            new_judge_step=rounds == 0,
         )  # fmt: skip
         for g in groups:
             shaped = objective.group_rewards(g, cfg)

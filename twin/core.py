@@ -30,6 +30,7 @@ import json
 import os
 import random
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -212,8 +213,7 @@ class Twin:
         """What the terminal ``info`` reveals after the episode (default: the truth)."""
         return {"truth": case.truth, "kind": case.kind}
 
-    def score(self, trajectory: Trajectory, case: Case) -> RewardResultLike:
-        """Score an episode with the twin's reward."""
+    def _reward_callable(self) -> RewardFn:
         # A plain function stored as a class attribute would bind as a method; call it unbound.
         # Instance attributes (set in __init__) win, as with normal attribute look-up.
         reward = self.__dict__.get("reward")
@@ -226,7 +226,55 @@ class Twin:
                 if isinstance(reward, staticmethod):
                     reward = reward.__func__
                 type.__setattr__(type(self), "_reward_fn_cache", reward)
+        return reward  # type: ignore[no-any-return]
+
+    def score(self, trajectory: Trajectory, case: Case, *, defer_group: bool = False) -> RewardResultLike:
+        """Score an episode with the twin's reward.
+
+        Args:
+            trajectory: The episode.
+            case: Its case.
+            defer_group: When the reward :attr:`needs_group`, leave its group terms for
+                :meth:`score_groups` instead of failing (what an episode's end does).
+        """
+        reward = self._reward_callable()
+        if defer_group and self.needs_group:
+            return reward(trajectory, case, defer_group=True)  # type: ignore[call-arg]
         return reward(trajectory, case)
+
+    @property
+    def needs_group(self) -> bool:
+        """True when the reward scores episodes against their group (it has a true
+        ``needs_group``, as ``rewards.Reward`` with a RULER-style judge term does): an episode's
+        end scores it provisionally and :meth:`score_groups` scores it with its group."""
+        return bool(getattr(self._reward_callable(), "needs_group", False))
+
+    def score_groups(
+        self, groups: Sequence[Sequence[tuple[Trajectory, Case]]], *, new_step: bool = False
+    ) -> None:
+        """Score each group's ended episodes together and store the results in the trajectories.
+
+        For a reward that :attr:`needs_group` (through its ``score_groups(groups, new_step=)``):
+        ``reward``, ``components``, ``weighted`` and ``reward_notes`` are replaced (notes added
+        after the end scoring, e.g. a trainer's cut note, are kept) and ``info["deferred"]`` is
+        removed. Other rewards score nothing here: their episode's end was final.
+
+        Args:
+            groups: Each group's ``(trajectory, case)`` pairs.
+            new_step: Start the reward's next judge budget step first (once per training step).
+        """
+        reward = self._reward_callable()
+        if not self.needs_group:
+            return
+        results = reward.score_groups(groups, new_step=new_step)  # type: ignore[attr-defined]
+        for group, scored in zip(groups, results):
+            for (traj, _), result in zip(group, scored):
+                pending = traj.info.pop("deferred", None) or {}
+                extra = traj.reward_notes[int(pending.get("reward_notes", len(traj.reward_notes))):]
+                traj.reward = float(result.total)
+                traj.components = dict(result.components)
+                traj.weighted = dict(result.weighted)
+                traj.reward_notes = list(result.notes) + extra
 
     # -- doctor hooks (``twin check``, :func:`twin.doctor.doctor`) ------------------------------
     #: Thresholds of ``twin check`` this twin holds itself to (names: see

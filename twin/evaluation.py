@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS", "Backend", "EvalInterrupted", "EvalJob", "EvalResult", "evaluate", "plan_evaluation",
+    "score_group",
 ]  # fmt: skip
 
 #: Where the episodes run: this process, or a Ray cluster.
@@ -125,8 +126,22 @@ def evaluate(
     for split, index in cases:
         twin.case(split, index)  # fail before a run is recorded
 
-    async def run_all(on_group: Any) -> list[Group]:
+    async def run_all(store_group: Any) -> list[Group]:
         nonlocal ray_usage
+        on_group = store_group
+        if twin.needs_group:  # the group's episodes are scored together before they are stored
+            if backend == "ray":
+
+                def on_group(group: Group) -> None:
+                    score_group(twin, group)
+                    if store_group is not None:
+                        store_group(group)
+            else:
+
+                async def on_group(group: Group) -> None:
+                    await asyncio.to_thread(score_group, twin, group)  # the judge may take seconds
+                    if store_group is not None:
+                        store_group(group)
         try:
             if backend == "ray":
                 from twin.ray_eval import run_on_ray  # Ray is imported only on this path
@@ -182,6 +197,25 @@ def evaluate(
         run.metrics = summary
     summary["store"] = store.url
     return EvalResult(summary, groups, run.id)
+
+
+def score_group(twin: Any, group: Group) -> None:
+    """Score a finished group's episodes together, for a twin whose reward ranks episodes within
+    their group (``twin.needs_group``): :meth:`twin.core.Twin.score_groups` on the episodes that
+    ended without an error. A judge that fails marks those episodes failed (reward None, the
+    reason in ``info["error"]``) instead of ending the evaluation."""
+    done = [t for t in group.trajectories if t.reward is not None and "error" not in t.info]
+    if not done:
+        return
+    try:
+        twin.score_groups([[(t, twin.case(t.split, t.index)) for t in done]])
+    except Exception as exc:  # noqa: BLE001 - one group's judge failure must not end the run
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        for t in done:
+            t.reward = None
+            t.info["error"] = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+            t.info["error_type"] = type(exc).__name__
+            t.info["error_turn"] = t.num_turns
 
 
 #: Episodes in flight when neither the caller nor the policy file says.
