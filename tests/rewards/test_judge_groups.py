@@ -142,3 +142,39 @@ def test_a_failing_group_judge_marks_its_episodes_failed_in_evaluation() -> None
     assert result.summary["errors"] == 2
     for t in result.groups[0].trajectories:
         assert t.reward is None and t.info["error"] == "RuntimeError: judge server down"
+
+
+def test_a_grpo_step_trains_on_the_group_scored_rewards(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    from trainer.config import load_recipe
+    from trainer.episodes import rollout_settings, sample_step
+    from trainer.renderer import Renderer
+    from trainer.runtime import build_learner, learn_from_groups, make_batch
+    from trainer.samplers import HFSampler
+
+    cfg = load_recipe("toy-cpu", [
+        f"train.output_dir={tmp_path}", "algorithm.group_size=4", "algorithm.groups_per_step=2",
+        "algorithm.dynamic_sampling=false", "sampler.max_new_tokens=12",
+    ])  # fmt: skip
+    learner, tok = build_learner(cfg, "tiny", temperature=cfg.sampler.temperature)
+    judge = RankingJudge()
+    twin = _toy_with_group_term(judge, max_turns=1)
+    step = sample_step(
+        cfg, twin, lambda n: [("train", i) for i in range(n)], HFSampler(learner.model, tok),
+        lambda tools: Renderer(tok, tools), rollout_settings(cfg), seed_key=("test",), policy_version=0,
+    )  # fmt: skip
+    assert judge.steps == 1 and judge.requests == 2
+    groups = step.kept_groups
+    assert any(_assert_ranked_by_the_judge(g.trajectories) for g in groups)
+    for g in groups:  # the shaped rewards the advantages use are the group-scored ones
+        assert [t.info["shaped_reward"] for t in g.trajectories] == pytest.approx([t.reward for t in g.trajectories])
+    batch = make_batch(groups, cfg.algorithm.advantage)
+    rows = [t for g in groups for t in g.trajectories if t.token_turns]
+    for a, ta in zip(batch.advantages, rows):
+        for b, tb in zip(batch.advantages, rows):
+            if ta.case_id == tb.case_id and ta.reward > tb.reward:
+                assert a > b  # the judge's preferred attempt is pushed up within its group
+    before = [p.detach().clone() for p in learner.model.parameters() if p.requires_grad]
+    update = learn_from_groups(learner, groups, step.groups, advantage=cfg.algorithm.advantage, step=0)
+    after = [p for p in learner.model.parameters() if p.requires_grad]
+    assert update.learn and any(not torch.equal(x, y) for x, y in zip(before, after))  # one GRPO update
