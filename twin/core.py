@@ -247,7 +247,11 @@ class Twin:
         """True when the reward scores episodes against their group (it has a true
         ``needs_group``, as ``rewards.Reward`` with a RULER-style judge term does): an episode's
         end scores it provisionally and :meth:`score_groups` scores it with its group."""
-        return bool(getattr(self._reward_callable(), "needs_group", False))
+        try:
+            reward = self._reward_callable()
+        except NotImplementedError:  # no reward: scoring says so when an episode ends
+            return False
+        return bool(getattr(reward, "needs_group", False))
 
     def score_groups(
         self, groups: Sequence[Sequence[tuple[Trajectory, Case]]], *, new_step: bool = False
