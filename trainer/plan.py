@@ -306,7 +306,10 @@ def _rollout(
         )
     ]
     if recipe.lora.enabled:
-        loras = 2  # the adapter in use and the next one being loaded
+        # the sampler server holds max_staleness + 2 adapters (trainer/async_trainer.py,
+        # trainer/ray_backend.py; the synchronous loop has staleness 0): the ones rollouts may
+        # still use, and the next one being loaded
+        loras = recipe.async_.max_staleness + 2
         lp = lora_parameters(dims, recipe.lora.rank, recipe.lora.target_modules)
         parts.append(
             Component(
