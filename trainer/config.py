@@ -297,7 +297,7 @@ class TrainConfig(_Section):
     log_episodes: int = Field(1, ge=0, description="Episodes printed per step in verbose mode (0 = none).")
     log: list[Literal["jsonl", "tensorboard", "wandb", "trackio"]] | None = Field(
         None, description="Metric sinks, e.g. [jsonl, tensorboard, wandb] (null = jsonl, plus "
-        "TensorBoard when installed); wandb/trackio: pip install 'twinrl[integrations]' "
+        "TensorBoard when installed); wandb/trackio: pip install 'twinrl[trackers]' "
         "(trainer/metrics.py)."
     )
 

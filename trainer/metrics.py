@@ -122,7 +122,7 @@ class MetricsLogger:
             later steps (written after that checkpoint by the killed run) are dropped first.
         tensorboard: None = use TensorBoard when installed; False = never (without ``sinks``).
         sinks: Names from :data:`LOG_SINKS`; None = ``jsonl`` plus TensorBoard when installed.
-            ``wandb`` / ``trackio`` must be installed (``pip install 'twinrl[integrations]'``).
+            ``wandb`` / ``trackio`` must be installed (``pip install 'twinrl[trackers]'``).
         project: The W&B / trackio project (``$WANDB_PROJECT`` wins for W&B).
         run_name: The W&B / trackio run name (default: the output folder's name; ``$WANDB_NAME``
             wins for W&B).

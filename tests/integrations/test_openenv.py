@@ -11,7 +11,7 @@ import pytest
 from integrations._episode import ToolCallEpisode
 from twin.registry import make_twin
 
-pytest.importorskip("openenv.core", reason="openenv-core is not installed: pip install 'twinrl[integrations]'")
+pytest.importorskip("openenv.core", reason="openenv-core is not installed: pip install 'twinrl[openenv]'")
 
 from integrations.openenv_server import (  # noqa: E402 - after the skip
     TwinAction,

@@ -14,7 +14,7 @@ from twin.evaluation import evaluate
 from twin.policies import ReplayPolicy
 from twin.registry import make_twin
 
-pytest.importorskip("trl", reason="TRL is not installed: pip install 'twinrl[integrations]'")
+pytest.importorskip("trl", reason="TRL is not installed: pip install 'twinrl[trl]'")
 
 
 def _expected_reward(twin, traj, case) -> float:

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-pytest.importorskip("verifiers.v1", reason="verifiers not installed: pip install 'twinrl[integrations]'")
+pytest.importorskip("verifiers.v1", reason="verifiers not installed: pip install 'twinrl[verifiers]'")
 
 from integrations.verifiers_env import TASKSET_ID, load_environment  # noqa: E402
 from twin.evaluation import evaluate  # noqa: E402
