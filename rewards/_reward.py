@@ -100,6 +100,9 @@ class Penalty:
         cap: Largest amount in all, or None for no cap (overridable from YAML).
         bonus: True to add the amount instead of subtracting it.
         description: One line for docs and ``explain``.
+        overlong: True for a penalty on the episode's length (:func:`overlong_penalty`): a
+            recipe whose own overlong shaping is on refuses a twin whose reward holds one, so
+            one episode is never charged for its length twice.
     """
 
     name: str
@@ -108,6 +111,7 @@ class Penalty:
     cap: float | None = None
     bonus: bool = False
     description: str = ""
+    overlong: bool = False
 
     def __post_init__(self) -> None:
         check_name(self.name, "penalty")

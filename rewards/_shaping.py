@@ -72,6 +72,9 @@ def overlong_penalty(max_tokens: int, buffer: int, penalty: float = 1.0, *, name
         buffer: Length of the linear ramp (``L_cache``); 0 gives a hard cut at ``max_tokens``.
         penalty: The penalty at and beyond ``max_tokens``.
         name: Component name.
+
+    A recipe with ``algorithm.overlong_buffer > 0`` charges length itself and refuses a twin
+    whose reward holds this penalty (:attr:`Penalty.overlong`).
     """
     if max_tokens <= 0 or buffer < 0 or buffer > max_tokens:
         raise ConfigError(f"overlong_penalty needs 0 <= buffer <= max_tokens and max_tokens > 0, got max_tokens={max_tokens}, buffer={buffer}")
@@ -88,6 +91,7 @@ def overlong_penalty(max_tokens: int, buffer: int, penalty: float = 1.0, *, name
         per_unit=penalty,
         cap=None,
         description=f"linear over the last {buffer} tokens before {max_tokens}, up to {penalty:g}",
+        overlong=True,
     )
 
 

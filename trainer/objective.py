@@ -31,8 +31,8 @@ from trainer import algorithms as algo
 from twin.errors import ConfigError
 
 __all__ = [
-    "LossSettings", "Scored", "Settings", "advantages", "group_rewards", "informative", "objective",
-    "placebo_advantages", "policy_loss", "shaped_rewards",
+    "LossSettings", "Scored", "Settings", "advantages", "check_overlong_owner", "group_rewards",
+    "informative", "objective", "placebo_advantages", "policy_loss", "shaped_rewards",
 ]  # fmt: skip
 
 
@@ -96,6 +96,34 @@ def shaped_rewards(rewards: Tensor, lengths: Tensor, *, max_len: int, buffer: in
         factor: The penalty at and beyond it (``algorithm.overlong_penalty``).
     """
     return rewards.float() + algo.overlong_penalty(lengths, max_len, buffer, factor)
+
+
+def check_overlong_owner(reward: Any, overlong_buffer: int) -> None:
+    """Refuse a twin whose reward charges length when the recipe's overlong shaping is on.
+
+    One owner per run: with ``algorithm.overlong_buffer > 0`` the recipe shapes every episode's
+    reward by its length (:func:`shaped_rewards`), so a reward penalty marked
+    :attr:`rewards.Penalty.overlong` would charge the same episode twice. With the buffer at 0
+    the shaping changes no reward (the policy's tokens stay under the budget) and the reward's
+    penalty is the only one.
+
+    Args:
+        reward: The twin's reward (only a :class:`rewards.Reward` declares its penalties; any
+            other callable holds none this check can see).
+        overlong_buffer: ``algorithm.overlong_buffer``.
+
+    Raises:
+        ConfigError: Both would charge; names the reward's penalties and the two ways out.
+    """
+    if overlong_buffer <= 0:
+        return
+    names = [p.name for p in getattr(reward, "penalties", ()) if getattr(p, "overlong", False)]
+    if names:
+        raise ConfigError(
+            f"the twin's reward holds the overlong penalty {names} and the recipe's overlong shaping "
+            f"is on (algorithm.overlong_buffer={overlong_buffer}): one episode would be charged "
+            "twice; set algorithm.overlong_buffer: 0 or drop the penalty from the reward"
+        )
 
 
 def group_rewards(group: Any, recipe: Any) -> Tensor:

@@ -342,6 +342,8 @@ class TrainingRuntime:
         self.place_threads()
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
         self.twin.num_cases(cfg.twin.split)  # fails early on an unknown split
+        # a twin without a reward has no penalty to check (it fails when an episode is scored)
+        objective.check_overlong_owner(getattr(self.twin, "reward", None), cfg.algorithm.overlong_buffer)
         # model.init_from: the checkpoint's weights (merged) are the model this run trains
         self.model_path = init_model_path(cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype)
         if self.learner is None:

@@ -139,3 +139,45 @@ def test_make_runner_picks_the_loop_the_recipe_asks_for(tmp_path: Path, override
     made = make_runner(cfg)
     assert type(made).__name__ == runner
     assert made.step == 0 and made.output_dir == tmp_path  # nothing ran: set-up starts the work
+
+
+def _toy_with_overlong_penalty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The toy twin, its reward also charging length (``rewards.overlong_penalty``)."""
+    import importlib
+
+    from envs.toy.twin import no_repeat
+    from rewards import Reward, overlong_penalty
+
+    registry = importlib.import_module("twin.registry")  # the package's `twin.registry` is a dict
+    make = registry.make_twin
+
+    def make_twin(name: str, **config: Any) -> Any:
+        made = make(name, **config)
+        made.reward = Reward({no_repeat: 1.0}, penalties=[overlong_penalty(512, 64, name="too_long")])
+        return made
+
+    monkeypatch.setattr(registry, "make_twin", make_twin)
+
+
+def test_a_reward_overlong_penalty_and_the_recipe_shaping_never_both_charge(
+    tmp_path: Path, async_fakes: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _toy_with_overlong_penalty(monkeypatch)
+    cfg = load_recipe("toy-cpu", [*COMMON, "algorithm.overlong_buffer=64", f"train.output_dir={tmp_path}"])
+    sync = SyncTrainer(cfg, learner=async_fakes.Learner(), sampler=_TwoAnswers(), adapters=InProcessAdapters())
+    with pytest.raises(ConfigError, match=r"overlong penalty \['too_long'\].*overlong_buffer=64.*charged twice"):
+        sync.setup()
+
+
+def test_a_reward_overlong_penalty_alone_is_kept_when_the_recipe_shaping_is_off(
+    tmp_path: Path, async_fakes: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _toy_with_overlong_penalty(monkeypatch)
+    cfg = load_recipe("toy-cpu", [*COMMON, "train.steps=1", f"train.output_dir={tmp_path}"])
+    assert cfg.algorithm.overlong_buffer == 0
+    sync = SyncTrainer(cfg, learner=async_fakes.Learner(), sampler=_TwoAnswers(), adapters=InProcessAdapters())
+    sync.setup()
+    history = sync.train()
+    sync.cleanup()
+    assert [r["step"] for r in history] == [0]
+    assert [p.name for p in sync.twin.reward.penalties] == ["too_long"]
