@@ -285,18 +285,41 @@ class Twin:
     #: :data:`twin.doctor_report.DEFAULT_THRESHOLDS`); say in a comment why one differs.
     check_thresholds: ClassVar[dict[str, float]] = {}
 
+    def kind_of(self, split: str, index: int) -> str | None:
+        """The kind of case ``(split, index)`` without building the case, or None (the default)
+        when the twin has no cheaper way than :meth:`case`. :meth:`case_kind` reads it."""
+        return None
+
     def case_kind(self, split: str, index: int) -> str:
-        """The kind of case ``(split, index)``; twins with a cheap ``kind_of(split, index)``
-        answer without building the case."""
-        kind_of = getattr(self, "kind_of", None)
-        if callable(kind_of):
-            return str(kind_of(split, index))
+        """The kind of case ``(split, index)``: :meth:`kind_of` when it answers, else the built
+        case's kind."""
+        kind = self.kind_of(split, index)
+        if kind is not None:
+            return str(kind)
         return self.case(split, index).kind
 
     def case_label(self, case: Case) -> str:
         """The answer class of ``case`` the shortcut audit tries to predict from the prompt and
         the first tool output (default: its kind; better: the terminal answer, e.g. a verdict)."""
         return case.kind
+
+    def extra_checks(self, cases: int) -> list[dict[str, Any]]:
+        """The twin's own ``twin check`` rows, each a dict of
+        :meth:`twin.doctor_report.Report.add` arguments (``check``, ``name``, ``status``, ...);
+        ``cases`` is the check's per-kind case count. Default: none."""
+        return []
+
+    # -- evaluation hooks ----------------------------------------------------------------------
+    def baselines(self) -> dict[str, Any]:
+        """Named policies of this twin, ``{name: factory(twin) -> policy}`` (or a policy):
+        ``--policy NAME`` picks one, ``oracle`` is :meth:`oracle_policy`, the others other
+        than ``random`` are :meth:`reference_policies`. Default: none."""
+        return {}
+
+    def success(self, trajectory: Trajectory) -> bool | None:
+        """Whether a scored episode succeeded by the twin's own rule, or None (the default) when
+        success is reaching the reward's maximum (:func:`twin.rollout.success_fn`)."""
+        return None
 
     def reference_policies(self) -> dict[str, Any]:
         """The twin's best policies that do not read the truth: ``{name: policy}``.
@@ -357,9 +380,7 @@ class Twin:
 
 
 def _baselines_of(twin: Twin) -> dict[str, Any]:
-    fn = getattr(twin, "baselines", None)
-    found = fn() if callable(fn) else None
-    return dict(found) if found else {}
+    return dict(twin.baselines() or {})
 
 
 def _made(twin: Twin, policy_or_factory: Any) -> Any:

@@ -19,7 +19,7 @@ plays the twin and asks whether it can be solved, and only the right way:
   rate; the same on the reference policy's first tool output;
 * **overlap**: the share of each kind of test-split world entity (:meth:`Twin.world_entities`)
   also used by train-split cases stays under ``split_overlap``;
-* **the twin's own rows**: a twin with an ``extra_checks(cases)`` method returns more rows
+* **the twin's own rows**: :meth:`Twin.extra_checks` (``extra_checks(cases)``) returns more rows
   (dicts of :meth:`twin.doctor_report.Report.add`'s arguments: check, name, status, figure,
   threshold, note, value), each with its own threshold (``twin/Catalog-v2``: cheap policies,
   decision trees, held-out tactics, text templates, realism, base rates, natural-mix costs).

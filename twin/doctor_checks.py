@@ -62,11 +62,9 @@ class Doctor:
             self.truth_in_outputs()
         with _guard(self.report, "overlap", "world entities"):
             self.overlap()
-        extra = getattr(self.twin, "extra_checks", None)
-        if callable(extra):
-            with _guard(self.report, "twin", "extra_checks"):
-                for row in extra(self.cases):
-                    self.report.add(**row)
+        with _guard(self.report, "twin", "extra_checks"):
+            for row in self.twin.extra_checks(self.cases):
+                self.report.add(**row)
 
     # -- cases and policies --------------------------------------------------------------------
     def pick_cases(self) -> list[CaseRef]:

@@ -73,7 +73,7 @@ def thresholds_for(twin: Any, overrides: Mapping[str, float] | None = None) -> d
         ConfigError: a name that is not a threshold (the message lists them).
     """
     out = dict(DEFAULT_THRESHOLDS)
-    for source, values in (("check_thresholds", getattr(twin, "check_thresholds", None) or {}),
+    for source, values in (("check_thresholds", twin.check_thresholds),
                            ("threshold overrides", overrides or {})):
         unknown = set(values) - set(DEFAULT_THRESHOLDS)
         if unknown:

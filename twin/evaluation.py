@@ -129,7 +129,9 @@ def evaluate(
     async def run_all(store_group: Any) -> list[Group]:
         nonlocal ray_usage
         on_group = store_group
-        if getattr(twin, "needs_group", False):  # the group's episodes are scored together before they are stored
+        # the group's episodes are scored together before they are stored; getattr: stand-ins for
+        # a twin that do not derive from Twin run here too
+        if getattr(twin, "needs_group", False):
             if backend == "ray":
 
                 def on_group(group: Group) -> None:

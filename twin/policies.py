@@ -854,8 +854,6 @@ def make_policy(
 
 
 def _baselines(twin: Any) -> dict[str, Any]:
-    fn = getattr(twin, "baselines", None)
-    if not callable(fn):
+    if twin is None:  # make_policy without a twin: only the generic forms
         return {}
-    found = fn()
-    return dict(found) if found else {}
+    return dict(twin.baselines() or {})

@@ -101,6 +101,7 @@ async def arun_episodes(
     cases = [(str(split), int(index)) for split, index in cases]
     for split, index in cases:
         twin.case(split, index)  # fail fast (CaseError) before any episode starts
+    # getattr: rollouts also run stand-ins for a twin that do not derive from Twin (no config either)
     blocking = bool(getattr(twin, "blocking_tools", False))
     max_turns = int(getattr(getattr(twin, "config", None), "max_turns", 64)) + _TURN_SLACK
     semaphore = asyncio.Semaphore(concurrency)
@@ -382,17 +383,24 @@ def _is_number(value: Any) -> bool:
 
 
 def success_fn(twin: Any, threshold: float | None = None) -> Callable[[Trajectory], bool]:
-    """How ``twin`` decides success: its ``success(trajectory)`` if defined, else a threshold.
+    """How ``twin`` decides success: :meth:`Twin.success` where it answers, else a threshold.
 
     Args:
         twin: The twin.
-        threshold: Success when ``reward >= threshold``; default ``max_reward(twin) - 1e-6``.
+        threshold: Success when ``reward >= threshold`` (the twin's own rule is not asked);
+            default ``max_reward(twin) - 1e-6``.
     """
-    own = getattr(twin, "success", None)
-    if callable(own) and threshold is None:
-        return lambda t: t.reward is not None and bool(own(t))
-    limit = max_reward(twin) - 1e-6 if threshold is None else threshold
-    return lambda t: t.reward is not None and t.reward >= limit
+    if threshold is not None:
+        return lambda t: t.reward is not None and t.reward >= threshold
+    limit = max_reward(twin) - 1e-6
+
+    def ok(t: Trajectory) -> bool:
+        if t.reward is None:
+            return False
+        own = twin.success(t)
+        return t.reward >= limit if own is None else bool(own)
+
+    return ok
 
 
 def summarize(

@@ -55,7 +55,7 @@ def select_cases(twin: Any, split: str, episodes: int | None) -> list[tuple[str,
     by_kind: dict[str, list[int]] = {}
     for i in range(total):
         by_kind.setdefault(twin.kind_of(split, i), []).append(i)
-    order = KINDS_V1 if getattr(twin, "version", 0) >= 1 else KINDS
+    order = KINDS_V1 if twin.version >= 1 else KINDS
     kinds = [k for k in order if k in by_kind]
     want = total if episodes is None else max(1, int(episodes))
     want = min(want, total)

@@ -55,7 +55,7 @@ class KeyTwin(Twin):
         """The key case ``index`` asks for (drawn from the case's rng)."""
         return f"k{rng.randrange(self.world_size)}"
 
-    def kind_of(self, index: int) -> str:
+    def kind_for(self, index: int) -> str:
         """The case kind (two kinds, so per-kind metrics have something to split)."""
         return "even" if index % 2 == 0 else "odd"
 
@@ -64,7 +64,7 @@ class KeyTwin(Twin):
 
     def make_case(self, rng: random.Random, split: str, index: int) -> tuple[str, dict, dict]:
         key = self.key_for(rng, index)
-        return self.kind_of(index), {"key": key}, {"value": self.world[key]}
+        return self.kind_for(index), {"key": key}, {"value": self.world[key]}
 
     def prompt(self, case: Any) -> list[dict[str, str]]:
         return [

@@ -42,7 +42,7 @@ def twin(key_twin_cls):
         splits = {"test": 100}
         world_size = 100
 
-        def kind_of(self, index: int) -> str:
+        def kind_for(self, index: int) -> str:
             return "default"
 
         @tool(terminal=True)

@@ -266,6 +266,15 @@ def test_max_reward_and_success_fn(twin, key_twin_cls):
 
     assert success_fn(Own())(Trajectory(twin="x", case_id="x", reward=0.0, num_turns=1))
 
+    class Abstains(key_twin_cls):
+        def success(self, trajectory):
+            return None if trajectory.num_turns > 1 else False
+
+    abstains = success_fn(Abstains())
+    assert abstains(Trajectory(twin="x", case_id="x", reward=max_reward(Abstains()), num_turns=2))
+    assert not abstains(Trajectory(twin="x", case_id="x", reward=max_reward(Abstains()), num_turns=1))
+    assert not abstains(Trajectory(twin="x", case_id="x", reward=0.0, num_turns=2))
+
 
 # -- pass@k / pass^k ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
