@@ -1,6 +1,6 @@
 """``twin bench catalog | trainer | trl | openenv``: each benchmark's options, typed, passed to
 its function (bench/catalog.py, bench/trainers.py, bench/trl_ratio.py,
-integrations/openenv_server.py).
+bench/openenv_latency.py).
 
 The defaults are the functions' own; tests/twinrl_cli/test_typed_options.py checks that they agree.
 """
@@ -230,8 +230,8 @@ def bench_openenv(
     ] = ",".join(TRANSPORTS),
 ) -> None:
     """Step latency of a twin served by OpenEnv vs OpenEnv's echo environment (WebSocket, HTTP)."""
-    with needs("bench openenv", "integrations.openenv_server:bench"):
-        from integrations.openenv_server import bench as run
+    with needs("bench openenv", "bench.openenv_latency:step_latency"):
+        from bench.openenv_latency import step_latency as run
     run_target(
         run, twin=twin, steps=steps, tool=tool, arguments=_parse_arguments(arguments), split=split,
         index=index, transports=tuple(t.strip() for t in transports.split(",") if t.strip()),

@@ -44,10 +44,10 @@ def serve(
 ) -> None:
     """Serve a twin behind OpenEnv's own server: WebSocket /ws, HTTP /reset and /step, /health."""
     with needs("openenv serve", "integrations.openenv_server:serve"):
-        from integrations.openenv_server import _require_openenv
+        from integrations.openenv_server import require_openenv
         from integrations.openenv_server import serve as serve_twin
     with errors():
-        _require_openenv()
+        require_openenv()
         config = parse_overrides(overrides)
     run_target(serve_twin, twin_name, host=host, port=port, api_key=api_key, **config)
 

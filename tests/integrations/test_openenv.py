@@ -16,7 +16,6 @@ pytest.importorskip("openenv.core", reason="openenv-core is not installed: pip i
 from integrations.openenv_server import (  # noqa: E402 - after the skip
     TwinAction,
     TwinEnvClient,
-    bench,
     build_app,
     running,
 )
@@ -130,18 +129,6 @@ def test_bad_requests_say_what_is_wrong(url):
                for _ in range(3)]
         assert http.get(f"/episodes/{ids[0]}").status_code == 404
         assert http.get(f"/episodes/{ids[2]}").status_code == 200
-
-
-def test_bench_reports_twin_and_echo_for_both_transports():
-    lines: list[str] = []
-    result = bench("Catalog", steps=12, out=lines.append)  # 12 > max_turns: an untimed re-reset
-    assert set(result) == {"ws", "http"}
-    for row in result.values():
-        assert row["twin"]["n"] == row["echo"]["n"] == 12
-        assert row["ratio"] == pytest.approx(row["twin"]["median_ms"] / row["echo"]["median_ms"])
-    assert len(lines) == 2 and all("echo median" in line and "ratio" in line for line in lines)
-    with pytest.raises(ValueError, match="unknown transports"):
-        bench("Catalog", steps=1, transports=("grpc",))
 
 
 # -- the server as OpenEnv's tooling sees it; the generated package -------------------------------

@@ -28,7 +28,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, set[str], set[str]]] = {
     ("bench", "catalog"): ("bench.catalog:main", set(), set()),
     ("bench", "trainer"): ("bench.trainers:main", set(), set()),
     ("bench", "trl"): ("bench.trl_ratio:main", set(), set()),
-    ("bench", "openenv"): ("integrations.openenv_server:bench", set(), {"out"}),
+    ("bench", "openenv"): ("bench.openenv_latency:step_latency", set(), {"out"}),
     ("plan",): ("trainer.plan:main", set(), set()),
 }
 
@@ -125,7 +125,7 @@ def test_bench_trl_and_catalog_options_reach_their_functions(monkeypatch):
 
 
 def test_bench_openenv_parses_transports_and_arguments(monkeypatch):
-    calls = _record(monkeypatch, "integrations.openenv_server:bench", result={"ws": {}})
+    calls = _record(monkeypatch, "bench.openenv_latency:step_latency", result={"ws": {}})
     args = ["bench", "openenv", "--transports", "ws", "--arguments", '{"query": "boxes", "limit": 2}',
             "--steps", "7", "--twin", "Returns"]  # fmt: skip
     result = runner.invoke(app, args)
@@ -178,7 +178,7 @@ def test_a_twinrl_error_in_the_target_is_one_line(monkeypatch):
 )
 def test_a_bad_option_value_is_one_line_saying_what_is_allowed(monkeypatch, args, allowed):
     for spec in ("bench.trainers:main", "bench.trl_ratio:main", "bench.catalog:main",
-                 "integrations.openenv_server:bench", "envs.catalog.demo:main"):  # fmt: skip
+                 "bench.openenv_latency:step_latency", "envs.catalog.demo:main"):  # fmt: skip
         _record(monkeypatch, spec)  # nothing may run: the value is refused while parsing
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
