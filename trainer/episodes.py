@@ -186,8 +186,7 @@ def collect_groups(
             traj.timings["total"] = total_s
             trajs.append(traj)
         groups.append(Group(case_id=trajs[0].case_id, trajectories=trajs, policy_version=policy_version))
-    # getattr: collection also runs stand-ins for a twin that do not derive from Twin
-    if getattr(twin, "needs_group", False) and live:
+    if twin.needs_group and live:
         cases_of = [(item.env.trajectory, item.env.case) for item in live]
         twin.score_groups([cases_of[g * group_size : (g + 1) * group_size] for g in range(len(cases))],
                           new_step=new_judge_step)

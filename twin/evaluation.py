@@ -129,9 +129,7 @@ def evaluate(
     async def run_all(store_group: Any) -> list[Group]:
         nonlocal ray_usage
         on_group = store_group
-        # the group's episodes are scored together before they are stored; getattr: stand-ins for
-        # a twin that do not derive from Twin run here too
-        if getattr(twin, "needs_group", False):
+        if twin.needs_group:  # the group's episodes are scored together before they are stored
             if backend == "ray":
 
                 def on_group(group: Group) -> None:

@@ -101,9 +101,8 @@ async def arun_episodes(
     cases = [(str(split), int(index)) for split, index in cases]
     for split, index in cases:
         twin.case(split, index)  # fail fast (CaseError) before any episode starts
-    # getattr: rollouts also run stand-ins for a twin that do not derive from Twin (no config either)
-    blocking = bool(getattr(twin, "blocking_tools", False))
-    max_turns = int(getattr(getattr(twin, "config", None), "max_turns", 64)) + _TURN_SLACK
+    blocking = twin.blocking_tools
+    max_turns = twin.config.max_turns + _TURN_SLACK
     semaphore = asyncio.Semaphore(concurrency)
     pool: list[Any] = []
     results: list[list[Trajectory | None]] = [[None] * group_size for _ in cases]
