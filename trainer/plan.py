@@ -631,14 +631,17 @@ def check_runnable(recipe: Any, gpus: int = 2) -> None:
     Raises:
         UnknownTwinError: ``twin.name`` is not registered.
         CaseError: ``twin.split`` is not one of the twin's splits.
-        ConfigError: a bad ``twin.config``, a GPU this machine lacks (or, when none is visible, one
+        ConfigError: a bad ``twin.config``, a twin reward's overlong penalty beside the recipe's
+            overlong shaping, a GPU this machine lacks (or, when none is visible, one
             past the ``gpus`` planned for), an output folder that is a file.
     """
     from trainer.config import check_devices
+    from trainer.objective import check_overlong_owner
     from twin.registry import make_twin
 
     twin = make_twin(recipe.twin.name, **recipe.twin.config)  # validates the config; the world is built lazily
     twin.num_cases(recipe.twin.split)  # an unknown split, as twin train refuses it
+    check_overlong_owner(getattr(twin, "reward", None), recipe.algorithm.overlong_buffer)
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus}: plan for at least 1 GPU")
     check_devices(recipe, visible_only=True, planned_gpus=gpus)

@@ -167,6 +167,10 @@ def test_a_reward_overlong_penalty_and_the_recipe_shaping_never_both_charge(
     sync = SyncTrainer(cfg, learner=async_fakes.Learner(), sampler=_TwoAnswers(), adapters=InProcessAdapters())
     with pytest.raises(ConfigError, match=r"overlong penalty \['too_long'\].*overlong_buffer=64.*charged twice"):
         sync.setup()
+    from trainer.plan import check_runnable  # twin plan says it too, before any memory is used
+
+    with pytest.raises(ConfigError, match=r"overlong penalty \['too_long'\].*charged twice"):
+        check_runnable(cfg, gpus=1)
 
 
 def test_a_reward_overlong_penalty_alone_is_kept_when_the_recipe_shaping_is_off(
