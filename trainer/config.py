@@ -471,7 +471,7 @@ class Recipe(_Section):
         # weights are their own master copy; autocast keeps bf16 compute.
         if self.lora.enabled:
             return self
-        # (async runs and Ray are refused where they start: trainer/adapters.require_lora_for_server)
+        # (async runs and Ray are refused where they start: trainer/weight_sync.require_lora_for_server)
         if self.sampler.kind != "hf":
             raise ValueError(
                 f"full fine-tuning (lora.enabled: false) needs the in-process sampler (sampler.kind: hf, "
