@@ -57,7 +57,9 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def run(model_name: str, *, rows: int, tokens: int, new: int, repeats: int, threads: int) -> dict[str, Any]:
+def run(
+    model_name: str, *, rows: int, tokens: int, new: int, repeats: int, threads: int
+) -> dict[str, Any]:
     """Measure both settings; return the figures (seconds are medians over ``repeats``)."""
     from trainer.hf_policy import HFPolicy
     from trainer.learner import build_lora_model
@@ -84,8 +86,16 @@ def run(model_name: str, *, rows: int, tokens: int, new: int, repeats: int, thre
                     if n in state:
                         p.copy_(state[n])
             policy = policies[k]
-            decode[k].append(_timed(lambda policy=policy: policy.sample_batch(batch.input_ids, list(range(rows)))))
-    med = {f"{part}_{k}_s": statistics.median(v) for part, d in (("step", step), ("decode", decode)) for k, v in d.items()}
+            decode[k].append(
+                _timed(
+                    lambda policy=policy: policy.sample_batch(batch.input_ids, list(range(rows)))
+                )
+            )
+    med = {
+        f"{part}_{k}_s": statistics.median(v)
+        for part, d in (("step", step), ("decode", decode))
+        for k, v in d.items()
+    }
     return {
         "model": model_name, "rows": rows, "tokens": tokens, "new_tokens": new, "repeats": repeats,
         "threads": threads, "cpu": platform.processor() or platform.machine(), "cpu_flags": _cpu_flags(),
@@ -107,13 +117,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    out = run(args.model, rows=args.rows, tokens=args.tokens, new=args.new, repeats=args.repeats, threads=args.threads)
-    print(f"{out['model']}, {out['rows']} x {out['tokens']} tokens, {out['threads']} thread(s), "
-          f"CPU flags {out['cpu_flags'] or 'none'}, load {out['load_average'][0]:.1f}")
-    print(f"  learner step   fp32 {out['step_fp32_s']:.2f} s   bf16 {out['step_bf16_s']:.2f} s   x{out['step_speedup']:.2f}")
-    print(f"  greedy decode  fp32 {out['decode_fp32_s']:.2f} s   bf16 {out['decode_bf16_s']:.2f} s   "
-          f"x{out['decode_speedup']:.2f}")
-    print(f"  |logprob bf16 - fp32|: mean {out['logprob_abs_diff_mean']:.4f}, max {out['logprob_abs_diff_max']:.4f}")
+    out = run(
+        args.model,
+        rows=args.rows,
+        tokens=args.tokens,
+        new=args.new,
+        repeats=args.repeats,
+        threads=args.threads,
+    )
+    print(
+        f"{out['model']}, {out['rows']} x {out['tokens']} tokens, {out['threads']} thread(s), "
+        f"CPU flags {out['cpu_flags'] or 'none'}, load {out['load_average'][0]:.1f}"
+    )
+    print(
+        f"  learner step   fp32 {out['step_fp32_s']:.2f} s   bf16 {out['step_bf16_s']:.2f} s   x{out['step_speedup']:.2f}"
+    )
+    print(
+        f"  greedy decode  fp32 {out['decode_fp32_s']:.2f} s   bf16 {out['decode_bf16_s']:.2f} s   "
+        f"x{out['decode_speedup']:.2f}"
+    )
+    print(
+        f"  |logprob bf16 - fp32|: mean {out['logprob_abs_diff_mean']:.4f}, max {out['logprob_abs_diff_max']:.4f}"
+    )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return 0

@@ -61,7 +61,9 @@ def _time(fn: Callable[[], Any], n: int, warmup: int = 20) -> tuple[float, float
     return _pcts(out)
 
 
-def _time_pair(a: Callable[[], Any], b: Callable[[], Any], n: int) -> tuple[tuple[float, float], ...]:
+def _time_pair(
+    a: Callable[[], Any], b: Callable[[], Any], n: int
+) -> tuple[tuple[float, float], ...]:
     """p50/p95 in microseconds of ``a()`` and ``b()``, called alternately (fair under noise)."""
     for _ in range(20):
         a()
@@ -95,8 +97,17 @@ def _build_in_subprocess(cache: str, seed: int, taxonomy: str | None) -> tuple[f
 
 
 def _action(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "b0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "b0",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        ],
+    }
 
 
 def main(
@@ -122,14 +133,15 @@ def main(
         out: Write the figures as JSON to this file too.
         version: Catalog version to time (1, the latest, or 0).
     """
-    from twin.env import TwinEnv
-
     from envs.catalog.demo import twin_class
+    from twin.env import TwinEnv
 
     CatalogTwin = twin_class(version)  # noqa: N806 - the class of the chosen version
 
     console = Console(width=140) if not Console().is_terminal else Console()
-    console.print(f"cpus {os.cpu_count()}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    console.print(
+        f"cpus {os.cpu_count()}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     figures: dict[str, dict[str, Any]] = {}
 
     def put(name: str, value: float, unit: str, p95: float | None = None, note: str = "") -> None:
@@ -140,12 +152,21 @@ def main(
         if cold or warm:  # a warm build needs the cold one first
             wall, cpu, imports = _build_in_subprocess(tmp, seed, taxonomy)
             if cold:
-                put("world build cold", wall, "s", note=f"fresh process, empty cache; CPU {cpu:.2f} s")
+                put(
+                    "world build cold",
+                    wall,
+                    "s",
+                    note=f"fresh process, empty cache; CPU {cpu:.2f} s",
+                )
         if warm:
             times = [_build_in_subprocess(tmp, seed, taxonomy) for _ in range(2)]
             wall, cpu, imports = min(times)
-            put("world build warm", wall, "s",
-                note=f"fresh process, cached (best of 2); CPU {cpu:.2f} s, of which imports {imports:.2f} s")
+            put(
+                "world build warm",
+                wall,
+                "s",
+                note=f"fresh process, cached (best of 2); CPU {cpu:.2f} s, of which imports {imports:.2f} s",
+            )
 
     twin = CatalogTwin(seed=seed, taxonomy_path=taxonomy, max_turns=10**9)
     world = twin.world
@@ -185,7 +206,9 @@ def main(
     # the figures above repeat one query (as a GRPO group does: the caches answer); new queries
     # pay for tantivy's search itself
     fresh = CatalogTwin(seed=seed, taxonomy_path=taxonomy, max_turns=10**9)
-    titles = [fresh.case("test", i % fresh.num_cases("test")).task["title"].split() for i in range(200)]
+    titles = [
+        fresh.case("test", i % fresh.num_cases("test")).task["title"].split() for i in range(200)
+    ]
     queries = list(dict.fromkeys(" ".join(t[:k]) for k in (2, 4, 6, 8) for t in titles))
     fenv = TwinEnv(fresh)
     fenv.reset(options={"split": "test", "index": 0})
@@ -197,12 +220,21 @@ def main(
     fresh.world._index._cache.clear()
     fenv.reset(options={"split": "test", "index": 0})
     qs = iter(queries)
-    p50, p95 = _time(lambda: fenv.step(_action("search_taxonomy", {"query": next(qs), "limit": 10})),
-                     runs, warmup=0)
-    put("env.step search_taxonomy new queries", p50, "us", p95,
-        note=f"{runs} distinct queries, result caches empty (the action dict built inside)")
-    figures["env.step look-up tool p50"] = dict(figures["env.step get_attribute_schema"],
-                                                 note="get_attribute_schema (a look-up)")
+    p50, p95 = _time(
+        lambda: fenv.step(_action("search_taxonomy", {"query": next(qs), "limit": 10})),
+        runs,
+        warmup=0,
+    )
+    put(
+        "env.step search_taxonomy new queries",
+        p50,
+        "us",
+        p95,
+        note=f"{runs} distinct queries, result caches empty (the action dict built inside)",
+    )
+    figures["env.step look-up tool p50"] = dict(
+        figures["env.step get_attribute_schema"], note="get_attribute_schema (a look-up)"
+    )
     figures["env.step search_taxonomy p50"] = dict(figures["env.step search_taxonomy"])
 
     renv = TwinEnv(CatalogTwin(seed=seed, taxonomy_path=taxonomy))
@@ -234,8 +266,12 @@ def main(
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    put("memory per live episode", used / max(episodes, 1) / 1024, "KB",
-        note=f"{episodes} episodes reset + 1 step: {used / 2**20:.1f} MB in all")
+    put(
+        "memory per live episode",
+        used / max(episodes, 1) / 1024,
+        "KB",
+        note=f"{episodes} episodes reset + 1 step: {used / 2**20:.1f} MB in all",
+    )
     del envs
 
     _print(console, figures, world)
@@ -248,8 +284,15 @@ def main(
 
 def _print(console: Console, figures: dict[str, dict[str, Any]], world: Any) -> None:
     table = Table(title=f"twin bench catalog: {world!r}")
-    for col, just in (("figure", "left"), ("p50 / value", "right"), ("p95", "right"),
-                      ("target", "right"), ("status", "left"), ("ratio", "right"), ("note", "left")):
+    for col, just in (
+        ("figure", "left"),
+        ("p50 / value", "right"),
+        ("p95", "right"),
+        ("target", "right"),
+        ("status", "left"),
+        ("ratio", "right"),
+        ("note", "left"),
+    ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     met = missed = 0
     for name, fig in figures.items():

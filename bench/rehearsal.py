@@ -22,7 +22,14 @@ from typing import Any
 
 from trainer.async_trainer import AsyncTrainer
 
-__all__ = ["REHEARSAL_RECIPE", "RehearsalTrainer", "jitter_lora", "rehearsal_model", "rehearsal_overrides", "twin_corpus"]
+__all__ = [
+    "REHEARSAL_RECIPE",
+    "RehearsalTrainer",
+    "jitter_lora",
+    "rehearsal_model",
+    "rehearsal_overrides",
+    "twin_corpus",
+]
 
 #: The shipped recipe the rehearsal runs.
 REHEARSAL_RECIPE = "catalog-9b-2x96gb"
@@ -56,7 +63,9 @@ def rehearsal_model(path: str | Path | None = None, *, num_layers: int = 2, **sh
     """
     from trainer.tiny import build_qwen3_tiny
 
-    return build_qwen3_tiny(path, num_layers=num_layers, extra_corpus=twin_corpus(), tokenizer_vocab=4096, **shape)
+    return build_qwen3_tiny(
+        path, num_layers=num_layers, extra_corpus=twin_corpus(), tokenizer_vocab=4096, **shape
+    )
 
 
 def rehearsal_overrides(
@@ -107,13 +116,17 @@ def rehearsal_overrides(
         f"algorithm.group_size={group_size}",
         f"algorithm.groups_per_step={groups_per_step}",
         f"train.steps={steps}",
-        f"train.checkpoint_every=0",
+        "train.checkpoint_every=0",
         f"train.output_dir={output_dir}",
         "train.store=false",
         f"devices.rollout={rollout}",
         f"devices.learner={learner}",
         *(["devices.cpu_threads=1"] if on_cpu else []),
-        *([f"algorithm.dynamic_sampling={str(dynamic_sampling).lower()}"] if dynamic_sampling is not None else []),
+        *(
+            [f"algorithm.dynamic_sampling={str(dynamic_sampling).lower()}"]
+            if dynamic_sampling is not None
+            else []
+        ),
     ]
 
 

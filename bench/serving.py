@@ -59,7 +59,10 @@ class FakeCore:
 
     def models(self) -> dict[str, Any]:
         """One model card."""
-        return {"object": "list", "data": [{"id": "bench", "object": "model", "max_model_len": 2048}]}
+        return {
+            "object": "list",
+            "data": [{"id": "bench", "object": "model", "max_model_len": 2048}],
+        }
 
     def completions(self, body: dict[str, Any]) -> dict[str, Any]:
         """Validate ``body``; answer four fixed tokens."""
@@ -67,7 +70,12 @@ class FakeCore:
         ids = [5, 6, 7, 8]
         choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": "length", "stop_reason": None,
                   "logprobs": {"token_logprobs": [-0.5] * 4, "tokens": [f"token_id:{t}" for t in ids]}}  # fmt: skip
-        return {"id": "cmpl-bench", "object": "text_completion", "model": "bench", "choices": [choice]}
+        return {
+            "id": "cmpl-bench",
+            "object": "text_completion",
+            "model": "bench",
+            "choices": [choice],
+        }
 
     def load_lora_adapter(self, body: dict[str, Any]) -> str:
         """Refuse: the fake core has no adapters."""
@@ -91,13 +99,20 @@ def asgi_app(core: Any, api_key: str | None = None) -> Any:
     def answer(code: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
         if isinstance(payload, str):
             return Response(payload, code, headers=headers, media_type="text/plain; charset=utf-8")
-        return Response(json.dumps(payload, allow_nan=False), code, headers=headers, media_type="application/json")
+        return Response(
+            json.dumps(payload, allow_nan=False),
+            code,
+            headers=headers,
+            media_type="application/json",
+        )
 
     async def call(request: Request, handler: Any) -> Response:
         try:
             length = int(request.headers.get("content-length") or 0)
             if length > limits.max_body_bytes:
-                raise ServerError(f"the request body has {length} bytes; at most {limits.max_body_bytes}", 413)
+                raise ServerError(
+                    f"the request body has {length} bytes; at most {limits.max_body_bytes}", 413
+                )
             with anyio.fail_after(limits.read_timeout):
                 raw = await request.body()
             try:
@@ -105,7 +120,9 @@ def asgi_app(core: Any, api_key: str | None = None) -> Any:
             except (RecursionError, ValueError) as exc:
                 raise ServerError(f"the request body is not valid UTF-8 JSON: {exc}", 400) from None
             if not isinstance(body, dict):
-                raise ServerError(f"the request body must be a JSON object, got {type(body).__name__}", 400)
+                raise ServerError(
+                    f"the request body must be a JSON object, got {type(body).__name__}", 400
+                )
             return answer(200, await anyio.to_thread.run_sync(handler, body, limiter=threads))
         except ServerError as exc:
             return answer(exc.code, exc.body())
@@ -229,11 +246,20 @@ def _load(port: int, clients: int, seconds: float, body: bytes) -> tuple[int, fl
         t.join()
     if failures or not latencies:
         raise RuntimeError(f"the benchmark request failed: {failures[:1] or 'no answers'}")
-    return len(latencies), len(latencies) / (time.perf_counter() - began), statistics.median(latencies) * 1000
+    return (
+        len(latencies),
+        len(latencies) / (time.perf_counter() - began),
+        statistics.median(latencies) * 1000,
+    )
 
 
 def measure(
-    stacks: tuple[str, ...] = STACKS, *, clients: int = 8, seconds: float = 3.0, rounds: int = 3, core: str = "fake"
+    stacks: tuple[str, ...] = STACKS,
+    *,
+    clients: int = 8,
+    seconds: float = 3.0,
+    rounds: int = 3,
+    core: str = "fake",
 ) -> dict[str, Result]:
     """Each stack's median round (by requests/s), rounds alternating between the stacks.
 
@@ -258,9 +284,13 @@ def measure(
                 assert child.stdout is not None
                 line = child.stdout.readline()
                 if not line.strip().isdigit():
-                    raise RuntimeError(f"the {stack} server did not start (exit code {child.wait(30)})")
+                    raise RuntimeError(
+                        f"the {stack} server did not start (exit code {child.wait(30)})"
+                    )
                 port = int(line)
-                _load(port, 1, min(0.5, seconds), body)  # warm up: imports, first batch, thread pool
+                _load(
+                    port, 1, min(0.5, seconds), body
+                )  # warm up: imports, first batch, thread pool
                 n, rps, p50 = _load(port, clients, seconds, body)
                 runs[stack].append(Result(stack, n, rps, p50))
             finally:
@@ -270,25 +300,38 @@ def measure(
 
 
 def main(
-    stacks: tuple[str, ...] = STACKS, *, clients: int = 8, seconds: float = 3.0, rounds: int = 3, core: str = "fake"
+    stacks: tuple[str, ...] = STACKS,
+    *,
+    clients: int = 8,
+    seconds: float = 3.0,
+    rounds: int = 3,
+    core: str = "fake",
 ) -> dict[str, Result]:
     """Measure and print one line per stack, with its ratios to ``twin-serve``."""
     results = measure(stacks, clients=clients, seconds=seconds, rounds=rounds, core=core)
     base = results.get("twin-serve")
-    print(f"twin serve HTTP layer, core={core}, {clients} clients x {seconds:g} s, median of {rounds} round(s)")
+    print(
+        f"twin serve HTTP layer, core={core}, {clients} clients x {seconds:g} s, median of {rounds} round(s)"
+    )
     for r in results.values():
         ratio = (
             f"  x{r.requests_per_s / base.requests_per_s:.2f} req/s, x{r.p50_ms / base.p50_ms:.2f} p50 vs twin-serve"
             if base is not None and r is not base
             else ""
         )
-        print(f"  {r.stack:18s} {r.requests_per_s:8.0f} req/s  p50 {r.p50_ms:7.2f} ms  ({r.requests} requests){ratio}")
+        print(
+            f"  {r.stack:18s} {r.requests_per_s:8.0f} req/s  p50 {r.p50_ms:7.2f} ms  ({r.requests} requests){ratio}"
+        )
     return results
 
 
 def _cli(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n")[0])
-    parser.add_argument("--stacks", default=",".join(STACKS), help=f"comma-separated, from {', '.join(STACKS)}")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.serving", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--stacks", default=",".join(STACKS), help=f"comma-separated, from {', '.join(STACKS)}"
+    )
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)

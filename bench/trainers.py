@@ -62,7 +62,12 @@ MAX_EPOCHS = 200
 #: weigh more, and one update pass (the calibration's unit) was half the rollout side, so the sides
 #: could not be balanced; at 16 tokens sampling takes ~2.3 passes.
 #: ``--backend ray``: the local backend's shape (one sampler, one worker), so the ratios compare.
-RAY_LIKE_LOCAL = ["ray.rollout_workers=1", "ray.engines=1", "ray.worker_cpus=0.5", "ray.engine_cpus=0.5"]
+RAY_LIKE_LOCAL = [
+    "ray.rollout_workers=1",
+    "ray.engines=1",
+    "ray.worker_cpus=0.5",
+    "ray.engine_cpus=0.5",
+]
 WORKLOAD = [
     "lora.enabled=true",
     "algorithm.group_size=16",
@@ -114,7 +119,9 @@ def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     # the histogram is cumulative over the run: the measured window's part is last - first
     hist = Counter({int(s): int(n) for s, n in (last.get("async/staleness_hist") or {}).items()})
     if first is not None:
-        hist.subtract({int(s): int(n) for s, n in (first.get("async/staleness_hist") or {}).items()})
+        hist.subtract(
+            {int(s): int(n) for s, n in (first.get("async/staleness_hist") or {}).items()}
+        )
     return {
         "steps": float(len(rows)),
         "wall_s": wall,
@@ -251,7 +258,11 @@ def _fixed_length() -> list[str]:
     """Turn off the toy recipe's length curriculum: every step samples full-length turns."""
     from trainer.config import SamplerConfig
 
-    return ["sampler.length_curriculum=none"] if "length_curriculum" in SamplerConfig.model_fields else []
+    return (
+        ["sampler.length_curriculum=none"]
+        if "length_curriculum" in SamplerConfig.model_fields
+        else []
+    )
 
 
 @contextlib.contextmanager
@@ -349,7 +360,9 @@ def _run(
                 on_calibrated({**measured, "epochs": float(trainer.update_epochs)})
 
     with _restored_process():
-        trainer: BenchAsyncTrainer = (BenchRayTrainer if backend == "ray" else BenchAsyncTrainer)(cfg, on_step=calibrate)
+        trainer: BenchAsyncTrainer = (BenchRayTrainer if backend == "ray" else BenchAsyncTrainer)(
+            cfg, on_step=calibrate
+        )
         trainer.update_epochs = epochs or 1
         try:
             trainer.setup()
@@ -414,12 +427,18 @@ def main(
         raise ConfigError(f"--backend must be local or ray, got {backend!r}")
     overrides = [set] if isinstance(set, str) else list(set or [])
     root = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="twin-bench-trainer-"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     runs = _runs(str(k0_threads), cores)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    placement = plan_cpu_placement(SimpleNamespace(cpu_affinity="auto", rollout="cpu", learner="cpu"))
-    print("twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)"
-          + (" on Ray (engine and rollout worker actors)" if backend == "ray" else ""))
+    placement = plan_cpu_placement(
+        SimpleNamespace(cpu_affinity="auto", rollout="cpu", learner="cpu")
+    )
+    print(
+        "twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)"
+        + (" on Ray (engine and rollout worker actors)" if backend == "ray" else "")
+    )
     print(f"  recipe toy-cpu + {' '.join(WORKLOAD[1:] + _fixed_length() + overrides)}; "
           f"{steps} measured steps per run after {warmup} warm-up")  # fmt: skip
     print(f"  {cores} core(s) allowed; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the runs "
@@ -428,7 +447,9 @@ def main(
         print(f"  pinned runs: sampler server + rollout worker on core(s) {','.join(map(str, placement.rollout))}, "
               f"learner on core(s) {','.join(map(str, placement.learner))}, 1 thread each, OMP_WAIT_POLICY=PASSIVE")  # fmt: skip
     else:
-        print("  cpu pinning is not available here (needs Linux and >= 2 cores): the 'pinned' runs share the cores")
+        print(
+            "  cpu pinning is not available here (needs Linux and >= 2 cores): the 'pinned' runs share the cores"
+        )
 
     results: dict[str, dict[str, Any]] = {}
     transit: list[float] = []
@@ -460,10 +481,18 @@ def main(
     # k=0 step = W + B (the learner waits W for the rollout side, then is busy B, the adapter load l
     # included); at k=1 the load moves to the rollout side: step ~= max(W + l, B - l)
     ref = results.get("k0_pinned", base)
-    wait, busy, load_s = ref["learner_wait_s"], max(0.0, ref["step_s"] - ref["learner_wait_s"]), ref["load_s"]
+    wait, busy, load_s = (
+        ref["learner_wait_s"],
+        max(0.0, ref["step_s"] - ref["learner_wait_s"]),
+        ref["load_s"],
+    )
     longer = max(wait + load_s, busy - load_s)
     bound = (wait + busy) / longer if longer > 0 else 0.0
-    ok = "meets" if ratio >= TARGET_RATIO_DESIGN else ("meets the first bar" if ratio >= TARGET_RATIO_ISSUE else "below")
+    ok = (
+        "meets"
+        if ratio >= TARGET_RATIO_DESIGN
+        else ("meets the first bar" if ratio >= TARGET_RATIO_ISSUE else "below")
+    )
     others = ", ".join(
         f"{overlap['steps_per_s'] / r['steps_per_s']:.2f}x vs {name}"
         for name, r in results.items() if name.startswith("k0") and r["steps_per_s"]

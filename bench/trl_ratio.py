@@ -98,9 +98,9 @@ def run_ours(s: dict[str, Any], output_dir: Path) -> dict[str, float]:
 
 def _toy_prompts(s: dict[str, Any], n: int) -> tuple[Any, Any, list[dict[str, Any]]]:
     """The Toy twin, the tiny tokenizer and ``n`` dataset rows (prompt text, split, index)."""
+    from trainer.cases import draw_cases
     from trainer.models import load_model
     from trainer.renderer import Renderer
-    from trainer.cases import draw_cases
     from twin.registry import make_twin
 
     twin = make_twin("Toy", num_words=4, max_turns=1)
@@ -192,8 +192,12 @@ def run_trl(s: dict[str, Any], output_dir: Path) -> dict[str, float]:
         use_vllm=False,
     )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[_toy_trl_reward(twin)], args=args, train_dataset=dataset,
-        processing_class=tokenizer, callbacks=[_Clock()],
+        model=model,
+        reward_funcs=[_toy_trl_reward(twin)],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[_Clock()],
     )
     from transformers import PrinterCallback, ProgressCallback
 
@@ -315,7 +319,9 @@ def main(
     runs: dict[str, list[dict[str, float]]] = {"trl": [], "ours": []}
     fns = {"trl": run_trl, "ours": run_ours}
     # ABBA order (trl, ours, ours, trl, ...): a drift in machine load hits both sides alike
-    order = [n for r in range(s["rounds"]) for n in (("trl", "ours") if r % 2 == 0 else ("ours", "trl"))]
+    order = [
+        n for r in range(s["rounds"]) for n in (("trl", "ours") if r % 2 == 0 else ("ours", "trl"))
+    ]
     for i, name in enumerate(order):
         t0 = time.perf_counter()
         runs[name].append(fns[name](s, root / f"{name}-{i}"))
@@ -337,7 +343,8 @@ def main(
             label,
             f"{r['steps_per_s']:.3f}",
             f"{1 / r['steps_per_s']:.2f}" if r["steps_per_s"] else "-",
-            f"{r['tokens_per_s']:.0f}", f"{r['tokens_per_step']:.0f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['tokens_per_step']:.0f}",
         )
     console.print(table)
     verdict = "meets" if ratio >= TARGET_RATIO else "below"

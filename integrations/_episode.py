@@ -56,7 +56,9 @@ class ToolCallEpisode:
         self._info: dict[str, Any] = {}
 
     # -- episode --------------------------------------------------------------------------------
-    def reset(self, split: str = "train", index: int | None = None, seed: int | None = None) -> list[dict[str, Any]]:
+    def reset(
+        self, split: str = "train", index: int | None = None, seed: int | None = None
+    ) -> list[dict[str, Any]]:
         """Start the episode on case ``(split, index)`` (``index=None``: drawn from ``seed``).
 
         Returns:
@@ -105,13 +107,19 @@ class ToolCallEpisode:
         turn = {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}],
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            ],
         }
         obs, reward, terminated, truncated, info = self.env.step(turn)
         if (terminated or truncated) and self._reward is None and "reward" in info:
             self._reward = float(reward)
-            self._info = {"reward": info["reward"], "outcome": info.get("outcome"),
-                          "terminated": terminated, "truncated": truncated}
+            self._info = {
+                "reward": info["reward"],
+                "outcome": info.get("outcome"),
+                "terminated": terminated,
+                "truncated": truncated,
+            }
         text = "\n".join(str(m.get("content", "")) for m in obs)
         return text, bool(info.get("errors"))
 
@@ -124,11 +132,17 @@ class ToolCallEpisode:
             raise RuntimeError("reset() the episode before recording a turn")
         if self.done:
             return
-        _, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": text})
+        _, reward, terminated, truncated, info = self.env.step(
+            {"role": "assistant", "content": text}
+        )
         if (terminated or truncated) and "reward" in info:
             self._reward = float(reward)
-            self._info = {"reward": info["reward"], "outcome": info.get("outcome"),
-                          "terminated": terminated, "truncated": truncated}
+            self._info = {
+                "reward": info["reward"],
+                "outcome": info.get("outcome"),
+                "terminated": terminated,
+                "truncated": truncated,
+            }
 
     def final_terms(self) -> dict[str, float]:
         """Each reward term's weighted contribution to :meth:`final_reward` (penalties negative;

@@ -130,11 +130,15 @@ def _build() -> dict[str, Any]:
     class TwinObservation(core.Observation):  # type: ignore[misc, name-defined]
         """What the agent sees: the opening messages after reset, a tool's result after step."""
 
-        episode_id: str | None = Field(default=None, description="The episode (name it in HTTP /step).")
+        episode_id: str | None = Field(
+            default=None, description="The episode (name it in HTTP /step)."
+        )
         messages: list[dict[str, Any]] = Field(
             default_factory=list, description="Opening messages (reset)."
         )
-        tools: list[dict[str, Any]] = Field(default_factory=list, description="Tool schemas (reset).")
+        tools: list[dict[str, Any]] = Field(
+            default_factory=list, description="Tool schemas (reset)."
+        )
         text: str = Field(default="", description="The tool's result, or what was wrong (step).")
         error: bool = Field(default=False, description="Whether the call failed.")
         reward_components: dict[str, float] | None = Field(
@@ -220,14 +224,20 @@ def _build() -> dict[str, Any]:
                 return TwinObservation(
                     episode_id=episode_id or self._episode_id,
                     text="Error: the episode has ended; reset to start another.",
-                    error=True, done=True, reward=episode.final_reward(),
+                    error=True,
+                    done=True,
+                    reward=episode.final_reward(),
                 )
             text, failed = episode.call(action.tool, action.arguments)
             done = episode.done
             terms = episode.final_terms() if done else None
             return TwinObservation(
-                episode_id=episode_id or self._episode_id, text=text, error=failed, done=done,
-                reward=episode.final_reward() if done else None, reward_components=terms,
+                episode_id=episode_id or self._episode_id,
+                text=text,
+                error=failed,
+                done=done,
+                reward=episode.final_reward() if done else None,
+                reward_components=terms,
                 metadata={"reward_components": terms} if terms else {},
             )
 
@@ -257,15 +267,24 @@ def _build() -> dict[str, Any]:
             return {"tool": action.tool, "arguments": action.arguments}
 
         def _parse_result(self, payload: dict[str, Any]) -> Any:
-            obs = TwinObservation(**payload.get("observation", {}), reward=payload.get("reward"),
-                                  done=bool(payload.get("done", False)))
+            obs = TwinObservation(
+                **payload.get("observation", {}),
+                reward=payload.get("reward"),
+                done=bool(payload.get("done", False)),
+            )
             return StepResult(observation=obs, reward=payload.get("reward"), done=obs.done)
 
         def _parse_state(self, payload: dict[str, Any]) -> TwinState:
             return TwinState(**payload)
 
-    _BUILT.update(TwinAction=TwinAction, TwinObservation=TwinObservation, TwinState=TwinState,
-                  TwinEnvironment=TwinEnvironment, TwinEnvClient=TwinEnvClient, state_of=_state_of)
+    _BUILT.update(
+        TwinAction=TwinAction,
+        TwinObservation=TwinObservation,
+        TwinState=TwinState,
+        TwinEnvironment=TwinEnvironment,
+        TwinEnvClient=TwinEnvClient,
+        state_of=_state_of,
+    )
     return _BUILT
 
 
@@ -299,16 +318,26 @@ class _KeyGate:
         return hmac.compare_digest(given.encode(), self.api_key.encode())
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("path") == "/health" \
-                or self._allowed(scope):
+        if (
+            scope["type"] not in ("http", "websocket")
+            or scope.get("path") == "/health"
+            or self._allowed(scope)
+        ):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
+            await send(
+                {"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"}
+            )
             return
         body = b'{"detail": "missing or wrong API key: send Authorization: Bearer KEY"}'
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -335,7 +364,9 @@ def build_app(
     book = _EpisodeBook(max_http_episodes)
     env_cls = built["TwinEnvironment"]
     app = create_fastapi_app(
-        lambda: env_cls(resolved, book), built["TwinAction"], built["TwinObservation"],
+        lambda: env_cls(resolved, book),
+        built["TwinAction"],
+        built["TwinObservation"],
         max_concurrent_envs=max_concurrent_envs,
     )
 
@@ -363,8 +394,11 @@ def build_app(
 
 
 def serve(
-    twin: Twin | str = "Catalog", host: str = "127.0.0.1", port: int = 8000,
-    api_key: str | None = None, **config: Any,
+    twin: Twin | str = "Catalog",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    **config: Any,
 ) -> None:
     """Serve ``twin`` with uvicorn until interrupted (binds ``host``, loopback by default; a
     warning on stderr when another address is bound without ``api_key``)."""
@@ -377,8 +411,13 @@ def serve(
     warning = open_warning("the OpenEnv server", host, api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    uvicorn.run(build_app(twin, api_key=api_key, **config), host=host, port=port,
-                log_level="warning", ws="websockets")
+    uvicorn.run(
+        build_app(twin, api_key=api_key, **config),
+        host=host,
+        port=port,
+        log_level="warning",
+        ws="websockets",
+    )
 
 
 # -- serving in a background thread ----------------------------------------------------------------

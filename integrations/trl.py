@@ -44,7 +44,11 @@ from twin.tools import Tool
 from twin.trajectory import Trajectory
 
 __all__ = [
-    "TwinTRLEnvironment", "prepare_tokenizer", "trl_dataset", "trl_environment", "trl_reward_funcs",
+    "TwinTRLEnvironment",
+    "prepare_tokenizer",
+    "trl_dataset",
+    "trl_environment",
+    "trl_reward_funcs",
     "trl_rows",
 ]
 
@@ -111,7 +115,11 @@ def _docstring(tool: Tool) -> str:
         for name, prop in params.items():
             desc = " ".join(str(prop.get("description") or name.replace("_", " ")).split())
             lines.append(f"    {name}: {desc}")
-    lines += ["", "Returns:", "    The tool's result as JSON text, or what was wrong with the call."]
+    lines += [
+        "",
+        "Returns:",
+        "    The tool's result as JSON text, or what was wrong with the call.",
+    ]
     return "\n".join(lines)
 
 
@@ -128,7 +136,9 @@ def _method(tool: Tool) -> Callable[..., str]:
     for pname, field in tool.args_model.model_fields.items():
         default = inspect.Parameter.empty if field.is_required() else field.default
         params.append(
-            inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.annotation)
+            inspect.Parameter(
+                pname, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.annotation
+            )
         )
         annotations[pname] = field.annotation
     annotations["return"] = str
@@ -139,7 +149,9 @@ def _method(tool: Tool) -> Callable[..., str]:
     return method
 
 
-def trl_environment(twin: Twin | str, *, class_name: str | None = None, **config: Any) -> type[TwinTRLEnvironment]:
+def trl_environment(
+    twin: Twin | str, *, class_name: str | None = None, **config: Any
+) -> type[TwinTRLEnvironment]:
     """A class for ``GRPOTrainer(environment_factory=...)`` that plays ``twin``.
 
     Args:
@@ -167,8 +179,13 @@ def trl_environment(twin: Twin | str, *, class_name: str | None = None, **config
     return cls
 
 
-def trl_rows(twin: Twin | str, split: str = "train", n: int | None = None,
-             indices: Iterable[int] | None = None, **config: Any) -> list[dict[str, Any]]:
+def trl_rows(
+    twin: Twin | str,
+    split: str = "train",
+    n: int | None = None,
+    indices: Iterable[int] | None = None,
+    **config: Any,
+) -> list[dict[str, Any]]:
     """The dataset rows of ``twin``'s cases: ``{"prompt": messages, "split", "index"}``.
 
     Args:
@@ -184,19 +201,32 @@ def trl_rows(twin: Twin | str, split: str = "train", n: int | None = None,
     rows = []
     for index in indices:
         case = the_twin.case(split, int(index))
-        rows.append({"prompt": [dict(m) for m in the_twin.prompt(case)], "split": split, "index": int(index)})
+        rows.append(
+            {
+                "prompt": [dict(m) for m in the_twin.prompt(case)],
+                "split": split,
+                "index": int(index),
+            }
+        )
     return rows
 
 
-def trl_dataset(twin: Twin | str, split: str = "train", n: int | None = None,
-                indices: Iterable[int] | None = None, **config: Any) -> Any:
+def trl_dataset(
+    twin: Twin | str,
+    split: str = "train",
+    n: int | None = None,
+    indices: Iterable[int] | None = None,
+    **config: Any,
+) -> Any:
     """:func:`trl_rows` as a ``datasets.Dataset`` (conversational ``prompt`` column), for TRL."""
     from datasets import Dataset
 
     return Dataset.from_list(trl_rows(twin, split, n, indices, **config))
 
 
-def trl_reward_funcs(twin: Twin | str, **config: Any) -> tuple[list[Callable[..., list[float | None]]], list[float]]:
+def trl_reward_funcs(
+    twin: Twin | str, **config: Any
+) -> tuple[list[Callable[..., list[float | None]]], list[float]]:
     """One reward function per term of ``twin``'s reward, each with weight 0, for
     ``GRPOTrainer(reward_funcs=funcs, args=GRPOConfig(reward_weights=weights))``.
 
@@ -214,8 +244,9 @@ def trl_reward_funcs(twin: Twin | str, **config: Any) -> tuple[list[Callable[...
     terms = _reward_terms(the_twin)
 
     def make(term: str) -> Callable[..., list[float | None]]:
-        def reward(prompts: Any = None, completions: Any = None, environments: Any = None,
-                   **_: Any) -> list[float | None]:
+        def reward(
+            prompts: Any = None, completions: Any = None, environments: Any = None, **_: Any
+        ) -> list[float | None]:
             out: list[float | None] = []
             for i, env in enumerate(environments or []):
                 if not isinstance(env, TwinTRLEnvironment) or env.twin.name != the_twin.name:
@@ -234,7 +265,9 @@ def trl_reward_funcs(twin: Twin | str, **config: Any) -> tuple[list[Callable[...
 
 def _reward_terms(twin: Twin) -> list[str]:
     """The names of the twin's reward terms (weighted contributions), from scoring one episode."""
-    case = twin.case(twin.splits[0] if isinstance(twin.splits, (list, tuple)) else next(iter(twin.splits)), 0)
+    case = twin.case(
+        twin.splits[0] if isinstance(twin.splits, (list, tuple)) else next(iter(twin.splits)), 0
+    )
     from twin.env import TwinEnv
 
     env = TwinEnv(twin)

@@ -55,7 +55,9 @@ class TwinTasksetConfig(vf.TasksetConfig):
     num_cases: int | None = Field(
         None, ge=1, description="The first N cases of the split (default: all of them)."
     )
-    max_turns: int | None = Field(None, ge=1, description="Twin option: assistant turns per episode.")
+    max_turns: int | None = Field(
+        None, ge=1, description="Twin option: assistant turns per episode."
+    )
     prompt_style: str | None = Field(None, description="Twin option: 'full' or 'compact'.")
     seed: int | None = Field(None, description="Twin option: seed of the world and the cases.")
     options: dict[str, Any] = Field(
@@ -171,7 +173,9 @@ class TwinHarness(vf.Harness[TwinHarnessConfig]):
                 response = await client.post(url, json=body, headers=headers)
                 response.raise_for_status()
                 message = response.json()["choices"][0]["message"]
-                action = {k: message.get(k) for k in ("role", "content", "tool_calls") if k in message}
+                action = {
+                    k: message.get(k) for k in ("role", "content", "tool_calls") if k in message
+                }
                 action["role"] = "assistant"
                 if not action.get("tool_calls"):
                     action.pop("tool_calls", None)
@@ -237,11 +241,19 @@ def load_environment(
         **twin_options: Twin options, every one passed to the twin (``max_turns``,
             ``prompt_style``, ``seed``, and the twin's own, e.g. ``case_mix``).
     """
-    named = {k: twin_options.pop(k) for k in ("max_turns", "prompt_style", "seed") if k in twin_options}
+    named = {
+        k: twin_options.pop(k) for k in ("max_turns", "prompt_style", "seed") if k in twin_options
+    }
     config = vf.resolve_env_config(
         {
-            "taskset": {"id": taskset_id, "twin": twin, "split": split, "num_cases": num_cases,
-                        "options": twin_options, **named},
+            "taskset": {
+                "id": taskset_id,
+                "twin": twin,
+                "split": split,
+                "num_cases": num_cases,
+                "options": twin_options,
+                **named,
+            },
             "agent": {"harness": {"id": taskset_id}, "runtime": {"type": "subprocess"}},
             **dict(env_config or {}),
         }

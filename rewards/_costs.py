@@ -38,7 +38,9 @@ class CostMatrix:
     labels: tuple[str, ...]
     costs: Mapping[tuple[str, str], float] = field(repr=False)
 
-    def __init__(self, costs: Mapping[str, Mapping[str, float]], labels: Iterable[str] | None = None):
+    def __init__(
+        self, costs: Mapping[str, Mapping[str, float]], labels: Iterable[str] | None = None
+    ):
         """Validate and store the matrix.
 
         Args:
@@ -50,7 +52,9 @@ class CostMatrix:
                 non-finite cost, or a non-zero diagonal.
         """
         if not isinstance(costs, Mapping) or not costs:
-            raise ConfigError(f"CostMatrix needs a non-empty {{true: {{predicted: cost}}}} dict, got {costs!r}")
+            raise ConfigError(
+                f"CostMatrix needs a non-empty {{true: {{predicted: cost}}}} dict, got {costs!r}"
+            )
         labs = tuple(labels) if labels is not None else tuple(costs)
         if len(set(labs)) != len(labs) or not all(isinstance(x, str) and x for x in labs):
             raise ConfigError(f"CostMatrix labels must be distinct non-empty strings, got {labs!r}")
@@ -58,13 +62,23 @@ class CostMatrix:
         for true, row in costs.items():
             self._known(true, labs, "true label")
             if not isinstance(row, Mapping):
-                raise ConfigError(f"CostMatrix row {true!r} must be a {{predicted: cost}} dict, got {row!r}")
+                raise ConfigError(
+                    f"CostMatrix row {true!r} must be a {{predicted: cost}} dict, got {row!r}"
+                )
             for pred, cost in row.items():
                 self._known(pred, labs, "predicted label", f" in row {true!r}")
-                if isinstance(cost, bool) or not isinstance(cost, numbers.Real) or not math.isfinite(cost):
-                    raise ConfigError(f"CostMatrix cost({true!r}, {pred!r}) must be a finite number, got {cost!r}")
+                if (
+                    isinstance(cost, bool)
+                    or not isinstance(cost, numbers.Real)
+                    or not math.isfinite(cost)
+                ):
+                    raise ConfigError(
+                        f"CostMatrix cost({true!r}, {pred!r}) must be a finite number, got {cost!r}"
+                    )
                 if cost < 0:
-                    raise ConfigError(f"CostMatrix cost({true!r}, {pred!r}) must be >= 0, got {cost!r}")
+                    raise ConfigError(
+                        f"CostMatrix cost({true!r}, {pred!r}) must be >= 0, got {cost!r}"
+                    )
                 if true == pred and cost != 0:
                     raise ConfigError(
                         f"CostMatrix diagonal cost({true!r}, {pred!r}) must be 0 (a right decision costs "
@@ -89,7 +103,9 @@ class CostMatrix:
             folded = {x.casefold(): x for x in labels}
             hint = difflib.get_close_matches(str(label).casefold(), list(folded), n=1)
             extra = f" Did you mean {folded[hint[0]]!r}?" if hint else ""
-            raise ConfigError(f"CostMatrix: unknown {what} {label!r}{where}; labels are {list(labels)}.{extra}")
+            raise ConfigError(
+                f"CostMatrix: unknown {what} {label!r}{where}; labels are {list(labels)}.{extra}"
+            )
 
     def cost(self, true: str, predicted: str) -> float:
         """The cost of deciding ``predicted`` when the truth is ``true``.

@@ -38,7 +38,9 @@ def common_ancestor_depth(a: str, b: str) -> int:
     return depth
 
 
-def category_credit(true_id: str, submitted_id: Any, exists: Callable[[str], bool] | None = None) -> float:
+def category_credit(
+    true_id: str, submitted_id: Any, exists: Callable[[str], bool] | None = None
+) -> float:
     """Credit for a submitted category id against the true one, from the ids alone.
 
     1 when the ids are equal (after trimming); 0 when ``submitted_id`` is not a non-empty

@@ -117,9 +117,13 @@ class Penalty:
         check_name(self.name, "penalty")
         if not callable(self.fn):
             raise ConfigError(f"penalty {self.name!r}: fn must be callable, got {self.fn!r}")
-        object.__setattr__(self, "per_unit", _finite(self.per_unit, f"penalty {self.name!r} per_unit", minimum=0.0))
+        object.__setattr__(
+            self, "per_unit", _finite(self.per_unit, f"penalty {self.name!r} per_unit", minimum=0.0)
+        )
         if self.cap is not None:
-            object.__setattr__(self, "cap", _finite(self.cap, f"penalty {self.name!r} cap", minimum=0.0))
+            object.__setattr__(
+                self, "cap", _finite(self.cap, f"penalty {self.name!r} cap", minimum=0.0)
+            )
 
     def amount(self, trajectory: Any, case: Any) -> float:
         """The (positive) amount for this episode.
@@ -131,8 +135,15 @@ class Penalty:
             units = self.fn(trajectory, case)
         except Exception as exc:
             raise TermError(f"penalty {self.name!r} raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(units, bool) or not isinstance(units, numbers.Real) or not math.isfinite(units) or units < 0:
-            raise TermError(f"penalty {self.name!r} returned {units!r}; expected a finite number >= 0")
+        if (
+            isinstance(units, bool)
+            or not isinstance(units, numbers.Real)
+            or not math.isfinite(units)
+            or units < 0
+        ):
+            raise TermError(
+                f"penalty {self.name!r} returned {units!r}; expected a finite number >= 0"
+            )
         value = float(units) * self.per_unit
         return min(value, self.cap) if self.cap is not None else value
 
@@ -166,7 +177,10 @@ class Gate:
         check_name(self.name, "gate")
         if not callable(self.check):
             raise ConfigError(f"gate {self.name!r}: check must be callable, got {self.check!r}")
-        vals = {k: _finite(v, f"gate {self.name!r} fail value of {k!r}") for k, v in dict(self.fail_values).items()}
+        vals = {
+            k: _finite(v, f"gate {self.name!r} fail value of {k!r}")
+            for k, v in dict(self.fail_values).items()
+        }
         object.__setattr__(self, "fail_values", MappingProxyType(vals))
         if self.total is not None:
             object.__setattr__(self, "total", _finite(self.total, f"gate {self.name!r} total"))
@@ -236,18 +250,28 @@ class Reward:
         for g in self._gates:
             if not isinstance(g, Gate):
                 raise ConfigError(f"gates must be Gate objects, got {g!r}")
-        names = [t.name for t, _ in self._terms] + [p.name for p in self._penalties] + [g.name for g in self._gates]
+        names = (
+            [t.name for t, _ in self._terms]
+            + [p.name for p in self._penalties]
+            + [g.name for g in self._gates]
+        )
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ConfigError(f"Reward: duplicate names {dupes}; every term, penalty and gate needs its own name")
+            raise ConfigError(
+                f"Reward: duplicate names {dupes}; every term, penalty and gate needs its own name"
+            )
         term_by_name = {t.name: t for t, _ in self._terms}
         for g in self._gates:
             for k, v in g.fail_values.items():
                 if k not in term_by_name:
-                    raise ConfigError(f"gate {g.name!r}: fail value for unknown term {k!r}; terms: {list(term_by_name)}")
+                    raise ConfigError(
+                        f"gate {g.name!r}: fail value for unknown term {k!r}; terms: {list(term_by_name)}"
+                    )
                 t = term_by_name[k]
                 if not t.low <= v <= t.high:
-                    raise ConfigError(f"gate {g.name!r}: fail value {v} of {k!r} is outside [{t.low}, {t.high}]")
+                    raise ConfigError(
+                        f"gate {g.name!r}: fail value {v} of {k!r} is outside [{t.low}, {t.high}]"
+                    )
         if clip is not None:
             if not isinstance(clip, (tuple, list)) or len(clip) != 2:
                 raise ConfigError(f"clip must be (low, high) or None, got {clip!r}")
@@ -335,7 +359,9 @@ class Reward:
             gate_values[g.name] = 1.0 if ok else 0.0
             if not ok and failed is None:
                 failed = g
-                notes.append(f"gate {g.name!r} failed" + (f": {g.description}" if g.description else ""))
+                notes.append(
+                    f"gate {g.name!r} failed" + (f": {g.description}" if g.description else "")
+                )
             if not ok:
                 break  # the first failure decides; later gates are not run
 
@@ -345,7 +371,9 @@ class Reward:
             elif defer_group and getattr(t, "needs_group", False):
                 value = t.low
                 deferred.append(t.name)
-                notes.append(f"{t.name}: deferred until the episode's group is scored ({value:g} until then)")
+                notes.append(
+                    f"{t.name}: deferred until the episode's group is scored ({value:g} until then)"
+                )
             else:
                 value, note = t.evaluate(trajectory, case)
                 if note:
@@ -375,8 +403,14 @@ class Reward:
             total = min(max(unclipped, self._clip[0]), self._clip[1])
             if total != unclipped:
                 notes.append(f"clipped from {unclipped:.6g} to {total:.6g}")
-        return RewardResult(total=total, components=components, weighted=weighted, notes=notes,
-                            unclipped=unclipped, deferred=deferred)
+        return RewardResult(
+            total=total,
+            components=components,
+            weighted=weighted,
+            notes=notes,
+            unclipped=unclipped,
+            deferred=deferred,
+        )
 
     def score_groups(
         self, groups: Sequence[Sequence[tuple[Any, Any]]], *, new_step: bool = False
@@ -413,7 +447,9 @@ class Reward:
         allowed = ("weights", "penalties", "clip")
         unknown = [k for k in overrides if k not in allowed]
         if unknown:
-            raise ConfigError(f"reward overrides: unknown section(s) {unknown}; allowed: {list(allowed)}")
+            raise ConfigError(
+                f"reward overrides: unknown section(s) {unknown}; allowed: {list(allowed)}"
+            )
         terms = dict(self._terms)
         by_name = {t.name: t for t in terms}
         for key, w in dict(overrides.get("weights") or {}).items():
@@ -429,7 +465,9 @@ class Reward:
             if isinstance(spec, Mapping):
                 bad = [k for k in spec if k not in ("per_unit", "cap")]
                 if bad:
-                    raise ConfigError(f"penalty {key!r} override: unknown field(s) {bad}; allowed: per_unit, cap")
+                    raise ConfigError(
+                        f"penalty {key!r} override: unknown field(s) {bad}; allowed: per_unit, cap"
+                    )
                 pens[i] = replace(pens[i], **dict(spec))
             else:
                 pens[i] = replace(pens[i], per_unit=spec)
@@ -461,11 +499,16 @@ class Reward:
     def describe(self) -> str:
         """A Markdown table of the terms, weights, ranges and descriptions, then penalties and gates."""
         rows = ["| term | weight | range | description |", "| --- | --- | --- | --- |"]
-        rows += [f"| {t.name} | {w:g} | [{t.low:g}, {t.high:g}] | {t.description} |" for t, w in self._terms]
+        rows += [
+            f"| {t.name} | {w:g} | [{t.low:g}, {t.high:g}] | {t.description} |"
+            for t, w in self._terms
+        ]
         for p in self._penalties:
             cap = "none" if p.cap is None else f"{p.cap:g}"
             kind = "bonus" if p.bonus else "penalty"
-            rows.append(f"| {p.name} ({kind}) | {p.per_unit:g}/unit, cap {cap} | | {p.description} |")
+            rows.append(
+                f"| {p.name} ({kind}) | {p.per_unit:g}/unit, cap {cap} | | {p.description} |"
+            )
         for g in self._gates:
             rows.append(f"| {g.name} (gate) | | | {g.description} |")
         if self._clip is not None:

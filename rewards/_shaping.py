@@ -19,7 +19,9 @@ __all__ = [
 ]
 
 
-def invalid_call_penalty(per_call: float = 0.01, cap: float | None = 0.05, *, name: str = "invalid_calls") -> Penalty:
+def invalid_call_penalty(
+    per_call: float = 0.01, cap: float | None = 0.05, *, name: str = "invalid_calls"
+) -> Penalty:
     """``per_call`` for each invalid call (``trajectory.invalid_calls``), at most ``cap`` in all."""
     return Penalty(
         name=name,
@@ -31,7 +33,9 @@ def invalid_call_penalty(per_call: float = 0.01, cap: float | None = 0.05, *, na
     )
 
 
-def turn_cost(per_turn: float, *, free_turns: int = 0, cap: float | None = None, name: str = "turn_cost") -> Penalty:
+def turn_cost(
+    per_turn: float, *, free_turns: int = 0, cap: float | None = None, name: str = "turn_cost"
+) -> Penalty:
     """``per_turn`` for each assistant turn after the first ``free_turns``, at most ``cap``."""
     if free_turns < 0:
         raise ConfigError(f"turn_cost free_turns must be >= 0, got {free_turns}")
@@ -64,7 +68,9 @@ def overlong_fraction(length: int, max_tokens: int, buffer: int) -> float:
     return (length - start) / buffer
 
 
-def overlong_penalty(max_tokens: int, buffer: int, penalty: float = 1.0, *, name: str = "overlong") -> Penalty:
+def overlong_penalty(
+    max_tokens: int, buffer: int, penalty: float = 1.0, *, name: str = "overlong"
+) -> Penalty:
     """DAPO-style soft overlong penalty over the last ``buffer`` tokens before ``max_tokens``.
 
     Args:
@@ -77,7 +83,9 @@ def overlong_penalty(max_tokens: int, buffer: int, penalty: float = 1.0, *, name
     whose reward holds this penalty (:attr:`Penalty.overlong`).
     """
     if max_tokens <= 0 or buffer < 0 or buffer > max_tokens:
-        raise ConfigError(f"overlong_penalty needs 0 <= buffer <= max_tokens and max_tokens > 0, got max_tokens={max_tokens}, buffer={buffer}")
+        raise ConfigError(
+            f"overlong_penalty needs 0 <= buffer <= max_tokens and max_tokens > 0, got max_tokens={max_tokens}, buffer={buffer}"
+        )
 
     def units(trajectory: Any, case: Any) -> float:
         n = completion_tokens(trajectory)
@@ -96,10 +104,14 @@ def overlong_penalty(max_tokens: int, buffer: int, penalty: float = 1.0, *, name
 
 
 def _useful(result: Any) -> bool:
-    return result not in (None, "", [], {}) and not (isinstance(result, dict) and result.get("error"))
+    return result not in (None, "", [], {}) and not (
+        isinstance(result, dict) and result.get("error")
+    )
 
 
-def useful_tool_bonus(per_call: float = 0.02, cap: float = 0.1, *, name: str = "useful_tools") -> Penalty:
+def useful_tool_bonus(
+    per_call: float = 0.02, cap: float = 0.1, *, name: str = "useful_tools"
+) -> Penalty:
     """A small capped bonus for distinct non-terminal tool calls that returned data.
 
     Repeating the same call with the same arguments counts once, so the bonus cannot be farmed.
@@ -123,7 +135,10 @@ def useful_tool_bonus(per_call: float = 0.02, cap: float = 0.1, *, name: str = "
 
 
 def submitted_gate(
-    *, name: str = "submitted", fail_values: dict[str, float] | None = None, total: float | None = None
+    *,
+    name: str = "submitted",
+    fail_values: dict[str, float] | None = None,
+    total: float | None = None,
 ) -> Gate:
     """A gate that fails when the episode has no valid terminal call (``submission is None``)."""
     return Gate(

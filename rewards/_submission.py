@@ -43,7 +43,9 @@ def submission_trajectory(
     sub = dict(submission) if submission is not None else None
     calls = []
     if sub is not None:
-        calls.append(ToolCallRecord(id="call_submit", name="submit", arguments=sub, ok=True, terminal=True))
+        calls.append(
+            ToolCallRecord(id="call_submit", name="submit", arguments=sub, ok=True, terminal=True)
+        )
     return Trajectory(
         twin=case.twin if twin is None else twin,
         case_id=case.id,
@@ -54,7 +56,9 @@ def submission_trajectory(
         calls=calls,
         submission=sub,
         invalid_calls=invalid_calls,
-        num_turns=num_turns if num_turns is not None else invalid_calls + (1 if sub is not None else 0),
+        num_turns=num_turns
+        if num_turns is not None
+        else invalid_calls + (1 if sub is not None else 0),
         terminated=sub is not None,
         completion_tokens=completion_tokens,
     )

@@ -44,7 +44,9 @@ def flatten_result(result: RewardResult, prefix: str = "rewards/") -> dict[str, 
     return result.metrics(prefix)
 
 
-def component_metrics(results: Iterable[RewardResult], prefix: str = "rewards/") -> dict[str, float]:
+def component_metrics(
+    results: Iterable[RewardResult], prefix: str = "rewards/"
+) -> dict[str, float]:
     """Mean total and mean of every component over ``results`` (a component missing from a
     result is left out of that mean, not counted as 0)."""
     sums: dict[str, float] = {}
@@ -62,7 +64,11 @@ def _assistant_turns(completion: Any) -> list[Any]:
     if isinstance(completion, dict):
         return [completion]
     if isinstance(completion, Sequence):
-        return [m for m in completion if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+        return [
+            m
+            for m in completion
+            if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
+        ]
     return [completion]
 
 
@@ -121,14 +127,28 @@ def completion_trajectory(
             invalid += 0 if ok else 1
             calls.append(
                 ToolCallRecord(
-                    id=c.id, name=c.name, arguments=args if args is not None else c.raw, ok=ok,
-                    error=error, terminal=is_terminal, turn=i,
+                    id=c.id,
+                    name=c.name,
+                    arguments=args if args is not None else c.raw,
+                    ok=ok,
+                    error=error,
+                    terminal=is_terminal,
+                    turn=i,
                 )
             )
     return Trajectory(
-        twin=case.twin, case_id=case.id, split=case.split, index=case.index, case_kind=case.kind,
-        policy="trl", calls=calls, submission=submission, invalid_calls=invalid, num_turns=len(turns),
-        terminated=submission is not None, completion_tokens=completion_tokens,
+        twin=case.twin,
+        case_id=case.id,
+        split=case.split,
+        index=case.index,
+        case_kind=case.kind,
+        policy="trl",
+        calls=calls,
+        submission=submission,
+        invalid_calls=invalid,
+        num_turns=len(turns),
+        terminated=submission is not None,
+        completion_tokens=completion_tokens,
     )
 
 
@@ -136,13 +156,19 @@ def _truth(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         value = json.loads(value)
     if not isinstance(value, dict):
-        raise TypeError(f"the truth column must hold a dict or its JSON text, got {type(value).__name__}")
+        raise TypeError(
+            f"the truth column must hold a dict or its JSON text, got {type(value).__name__}"
+        )
     return value
 
 
 def _row(kwargs: dict[str, Any], key: str, i: int, default: Any = None) -> Any:
     col = kwargs.get(key)
-    return col[i] if isinstance(col, Sequence) and not isinstance(col, str) and len(col) > i else default
+    return (
+        col[i]
+        if isinstance(col, Sequence) and not isinstance(col, str) and len(col) > i
+        else default
+    )
 
 
 def _score_all(
@@ -157,14 +183,22 @@ def _score_all(
 ) -> list[RewardResult]:
     results = []
     names = [t.name for t in twin.tools] if twin is not None and hasattr(twin, "tools") else None
-    validate = (lambda n, a: twin.tool(n).validate(a)) if twin is not None and hasattr(twin, "tool") else None
+    validate = (
+        (lambda n, a: twin.tool(n).validate(a))
+        if twin is not None and hasattr(twin, "tool")
+        else None
+    )
     for i, completion in enumerate(completions):
         split = _row(kwargs, "split", i, "train")
         index = int(_row(kwargs, "index", i, 0))
         if _row(kwargs, truth_column, i) is not None:
             case = Case(
-                twin=twin_name, split=split, index=index, kind=_row(kwargs, "kind", i, "default") or "default",
-                task={}, truth=_truth(_row(kwargs, truth_column, i)),
+                twin=twin_name,
+                split=split,
+                index=index,
+                kind=_row(kwargs, "kind", i, "default") or "default",
+                task={},
+                truth=_truth(_row(kwargs, truth_column, i)),
             )
         elif twin is not None:
             case = twin.case(split, index)
@@ -175,15 +209,25 @@ def _score_all(
             )
         ids = _row(kwargs, "completion_ids", i)
         traj = completion_trajectory(
-            completion, case, terminal_tools=terminal_tools, tool_names=names, validate=validate,
+            completion,
+            case,
+            terminal_tools=terminal_tools,
+            tool_names=names,
+            validate=validate,
             completion_tokens=len(ids) if ids is not None else 0,
         )
         raw = reward(traj, case)
-        results.append(raw if isinstance(raw, RewardResult) else RewardResult.model_validate(raw, from_attributes=True))
+        results.append(
+            raw
+            if isinstance(raw, RewardResult)
+            else RewardResult.model_validate(raw, from_attributes=True)
+        )
     return results
 
 
-def terminal_tool_names(twin: Any = None, terminal_tools: Iterable[str] | None = None) -> tuple[str, ...]:
+def terminal_tool_names(
+    twin: Any = None, terminal_tools: Iterable[str] | None = None
+) -> tuple[str, ...]:
     """The terminal tools a completion is scored by: ``terminal_tools`` when given, else the
     twin's ``@tool(terminal=True)`` tools, else ``("submit",)`` (no twin to ask).
 
@@ -228,9 +272,16 @@ def as_trl_reward(
     twin_name = getattr(twin, "name", None) or "twin"
     terminal = terminal_tool_names(twin, terminal_tools)
 
-    def reward_func(prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float]:
+    def reward_func(
+        prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
+    ) -> list[float]:
         results = _score_all(
-            reward, completions, kwargs, twin=twin, twin_name=twin_name, truth_column=truth_column,
+            reward,
+            completions,
+            kwargs,
+            twin=twin,
+            twin_name=twin_name,
+            truth_column=truth_column,
             terminal_tools=terminal,
         )
         if component is None:
@@ -244,7 +295,11 @@ def as_trl_reward(
 
 
 def as_trl_reward_funcs(
-    reward: Reward, *, twin: Any = None, truth_column: str = "truth", terminal_tools: Iterable[str] | None = None
+    reward: Reward,
+    *,
+    twin: Any = None,
+    truth_column: str = "truth",
+    terminal_tools: Iterable[str] | None = None,
 ) -> tuple[list[TRLRewardFunc], list[float]]:
     """The total (weight 1) plus one function per term and penalty (weight 0: logged only).
 
@@ -253,10 +308,18 @@ def as_trl_reward_funcs(
     :func:`as_trl_reward` (default: the twin's terminal tools).
     """
     terminal_tools = terminal_tool_names(twin, terminal_tools)
-    funcs = [as_trl_reward(reward, twin=twin, truth_column=truth_column, terminal_tools=terminal_tools)]
+    funcs = [
+        as_trl_reward(reward, twin=twin, truth_column=truth_column, terminal_tools=terminal_tools)
+    ]
     names = [t.name for t in reward.terms] + [p.name for p in reward.penalties]
     for n in names:
         funcs.append(
-            as_trl_reward(reward, twin=twin, truth_column=truth_column, terminal_tools=terminal_tools, component=n)
+            as_trl_reward(
+                reward,
+                twin=twin,
+                truth_column=truth_column,
+                terminal_tools=terminal_tools,
+                component=n,
+            )
         )
     return funcs, [1.0] + [0.0] * len(names)

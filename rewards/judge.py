@@ -90,8 +90,13 @@ class JudgeAnswer:
     def record(self, limit: int = 2000) -> dict[str, Any]:
         """A JSON-able record of the answer to store with the episode."""
         text = self.text if len(self.text) <= limit else self.text[:limit] + "..."
-        return {"judge": self.judge, "key": self.key, "prompt_key": self.prompt_key,
-                "answer": text, "cached": self.cached}
+        return {
+            "judge": self.judge,
+            "key": self.key,
+            "prompt_key": self.prompt_key,
+            "answer": text,
+            "cached": self.cached,
+        }
 
 
 class JudgeLike(Protocol):
@@ -129,7 +134,9 @@ def default_cache_dir() -> Path:
 
 
 # A recorded judge (tests, the rollout kit) replaces every judge while the context is active.
-_OVERRIDE: contextvars.ContextVar[JudgeLike | None] = contextvars.ContextVar("judge_override", default=None)
+_OVERRIDE: contextvars.ContextVar[JudgeLike | None] = contextvars.ContextVar(
+    "judge_override", default=None
+)
 
 
 @contextlib.contextmanager
@@ -216,8 +223,12 @@ class Judge:
             )
         for name in ("max_calls_per_step", "max_tokens_per_step"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"judge: {name} must be a positive integer or None, got {value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(
+                    f"judge: {name} must be a positive integer or None, got {value!r}"
+                )
         if self.cache_dir is not None:
             self.cache_dir = Path(self.cache_dir)
         self._memory: dict[str, str] = {}
@@ -228,12 +239,18 @@ class Judge:
     @property
     def identity(self) -> dict[str, Any]:
         """What, besides the request, decides the answer (part of every cache key)."""
-        return {"spec": self.spec, "base_url": self.base_url or os.environ.get("OPENAI_BASE_URL"),
-                "max_tokens": self.max_tokens, "temperature": self.temperature}
+        return {
+            "spec": self.spec,
+            "base_url": self.base_url or os.environ.get("OPENAI_BASE_URL"),
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }
 
     def key(self, messages: Messages) -> str:
         """The cache key of a request."""
-        return hashlib.sha256(_canonical([self.identity, prompt_key(messages)]).encode()).hexdigest()
+        return hashlib.sha256(
+            _canonical([self.identity, prompt_key(messages)]).encode()
+        ).hexdigest()
 
     def _cache_path(self, key: str) -> Path | None:
         return None if self.cache_dir is None else Path(self.cache_dir) / key[:2] / f"{key}.json"
@@ -265,8 +282,12 @@ class Judge:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        record = {"judge": self.identity, "prompt_key": prompt_key(messages), "messages": messages,
-                  "answer": text}
+        record = {
+            "judge": self.identity,
+            "prompt_key": prompt_key(messages),
+            "messages": messages,
+            "answer": text,
+        }
         tmp.write_text(_canonical(record), encoding="utf-8")
         os.replace(tmp, path)  # atomic: concurrent writers of one key leave one whole file
 
@@ -284,8 +305,10 @@ class Judge:
             u = self.usage
             over = []
             if self.max_calls_per_step is not None and u.calls + 1 > self.max_calls_per_step:
-                over.append(f"call {u.calls + 1} (of a batch of {pending}) > "
-                            f"max_calls_per_step={self.max_calls_per_step}")
+                over.append(
+                    f"call {u.calls + 1} (of a batch of {pending}) > "
+                    f"max_calls_per_step={self.max_calls_per_step}"
+                )
             if self.max_tokens_per_step is not None and u.tokens + cost > self.max_tokens_per_step:
                 over.append(
                     f"{u.tokens} + {cost} estimated tokens > max_tokens_per_step={self.max_tokens_per_step}"
@@ -308,20 +331,29 @@ class Judge:
 
             options: dict[str, Any] = {}
             if self.spec.startswith("openai:"):
-                options = {"max_tokens": self.max_tokens, "temperature": self.temperature,
-                           "timeout": self.timeout, "retries": 0}
-            self.policy = make_policy(self.spec, None, base_url=self.base_url, api_key=self.api_key, **options)
+                options = {
+                    "max_tokens": self.max_tokens,
+                    "temperature": self.temperature,
+                    "timeout": self.timeout,
+                    "retries": 0,
+                }
+            self.policy = make_policy(
+                self.spec, None, base_url=self.base_url, api_key=self.api_key, **options
+            )
         return self.policy
 
-    async def _ask_one(self, messages: Messages, parse: Parser | None, gate: asyncio.Semaphore,
-                       pending: int) -> str:
+    async def _ask_one(
+        self, messages: Messages, parse: Parser | None, gate: asyncio.Semaphore, pending: int
+    ) -> str:
         problems: list[str] = []
         asked = list(messages)
         for _attempt in range(self.retries + 1):
             self._reserve(asked, pending)
             async with gate:
                 try:
-                    reply = await asyncio.wait_for(self._policy().act(list(asked), []), self.timeout)
+                    reply = await asyncio.wait_for(
+                        self._policy().act(list(asked), []), self.timeout
+                    )
                 except TimeoutError:
                     problems.append(f"no answer within {self.timeout:g} s")
                     continue
@@ -341,9 +373,15 @@ class Judge:
                     problems.append(f"a malformed answer {text[:200]!r} ({exc})")
                     # ask again with the judge's own answer and what was wrong with it: at
                     # temperature 0 the same request would only get the same answer
-                    asked = [*messages, {"role": "assistant", "content": text[:2000]},
-                             {"role": "user", "content": f"That answer could not be read: {exc}. "
-                                                         "Answer again in the required format."}]
+                    asked = [
+                        *messages,
+                        {"role": "assistant", "content": text[:2000]},
+                        {
+                            "role": "user",
+                            "content": f"That answer could not be read: {exc}. "
+                            "Answer again in the required format.",
+                        },
+                    ]
                     continue
             self._store(messages, text)
             return text
@@ -353,10 +391,14 @@ class Judge:
             + ". Check the judge server, raise `timeout`/`retries`, or make the rubric's answer format clearer"
         )
 
-    async def _ask_all(self, requests: Sequence[Messages], parsers: Sequence[Parser | None]) -> list[str]:
+    async def _ask_all(
+        self, requests: Sequence[Messages], parsers: Sequence[Parser | None]
+    ) -> list[str]:
         gate = asyncio.Semaphore(self.concurrency)
-        tasks = [asyncio.ensure_future(self._ask_one(m, p, gate, len(requests)))
-                 for m, p in zip(requests, parsers)]
+        tasks = [
+            asyncio.ensure_future(self._ask_one(m, p, gate, len(requests)))
+            for m, p in zip(requests, parsers)
+        ]
         done = await asyncio.gather(*tasks, return_exceptions=True)
         errors = [d for d in done if isinstance(d, BaseException)]
         if errors:  # the answers that did come are cached; report the first failure
@@ -404,8 +446,15 @@ class Judge:
         out = []
         for m, t in zip(requests, texts):
             key = self.key(m)
-            out.append(JudgeAnswer(key=key, prompt_key=prompt_key(m), text=str(t),
-                                   cached=key not in fresh, judge=self.spec))
+            out.append(
+                JudgeAnswer(
+                    key=key,
+                    prompt_key=prompt_key(m),
+                    text=str(t),
+                    cached=key not in fresh,
+                    judge=self.spec,
+                )
+            )
             fresh.discard(key)  # a duplicate of an asked request is served from the cache
         return out
 

@@ -68,9 +68,11 @@ _SCORE = re.compile(r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _LONE_INT = re.compile(r"^\s*\**\s*(-?\d+)\s*\**\s*\.?\s*$")
 _LEADING_INT = re.compile(r"^\s*\**\s*(-?\d+)\b(?![.,]\d)")  # "4 - it cites...", "4. The reason..."
 RUBRIC_INTRO = "You grade the work of an AI agent against one question."
-GROUP_SYSTEM = ("You compare several attempts by AI agents at the same task and score each from 0 "
-                "to 10 relative to the others: better attempts get higher scores. Answer with JSON "
-                'only: {"scores": {"A": <0-10>, "B": <0-10>, ...}} with one score per attempt.')
+GROUP_SYSTEM = (
+    "You compare several attempts by AI agents at the same task and score each from 0 "
+    "to 10 relative to the others: better attempts get higher scores. Answer with JSON "
+    'only: {"scores": {"A": <0-10>, "B": <0-10>, ...}} with one score per attempt.'
+)
 
 
 def _clip(text: Any, limit: int) -> str:
@@ -89,11 +91,21 @@ def render_episode(trajectory: Any, case: Any, limit: int = 6000) -> str:
         elif role == "assistant" and content:
             lines.append(f"AGENT: {_clip(content, 800)}")
     for c in getattr(trajectory, "calls", None) or []:
-        args = json.dumps(c.arguments, ensure_ascii=False, default=str) if c.arguments is not None else ""
-        outcome = f"-> {_clip(json.dumps(c.result, default=str), 400)}" if c.ok else f"-> error: {c.error}"
+        args = (
+            json.dumps(c.arguments, ensure_ascii=False, default=str)
+            if c.arguments is not None
+            else ""
+        )
+        outcome = (
+            f"-> {_clip(json.dumps(c.result, default=str), 400)}"
+            if c.ok
+            else f"-> error: {c.error}"
+        )
         lines.append(f"CALL {c.name}({_clip(args, 400)}) {outcome}")
     sub = getattr(trajectory, "submission", None)
-    lines.append("SUBMISSION: " + (json.dumps(sub, ensure_ascii=False, default=str) if sub else "(none)"))
+    lines.append(
+        "SUBMISSION: " + (json.dumps(sub, ensure_ascii=False, default=str) if sub else "(none)")
+    )
     return _clip("\n".join(lines), limit)
 
 
@@ -109,8 +121,11 @@ def parse_score(text: str, lo: int, hi: int) -> int:
     if found:
         raw = found[-1]
     else:
-        lone = (_LONE_INT.match(text) or _LEADING_INT.match(text)
-                or re.search(rf"\b(-?\d+)\s*(?:/|out of)\s*{hi}\b", text))
+        lone = (
+            _LONE_INT.match(text)
+            or _LEADING_INT.match(text)
+            or re.search(rf"\b(-?\d+)\s*(?:/|out of)\s*{hi}\b", text)
+        )
         numbers = re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\d)", text)
         if lone is not None:
             raw = lone.group(1)
@@ -144,7 +159,9 @@ def parse_group_scores(text: str, labels: Sequence[str]) -> dict[str, float]:
             scores = {str(k).strip().upper(): v for k, v in raw.items()}
             break
     if not scores:
-        scores = {k.upper(): float(v) for k, v in re.findall(r"\b([A-Z])\s*[:=]\s*(\d+(?:\.\d+)?)", text)}
+        scores = {
+            k.upper(): float(v) for k, v in re.findall(r"\b([A-Z])\s*[:=]\s*(\d+(?:\.\d+)?)", text)
+        }
     out: dict[str, float] = {}
     for label in labels:
         value = scores.get(label)
@@ -174,8 +191,10 @@ class RubricTerm(Term):
         """The judge request for one episode."""
         lo, hi = self.scale
         mid = (lo + hi) // 2
-        user = (f"{RUBRIC_INTRO}\n\nEpisode:\n{self.render(trajectory, case)}\n\nQuestion: {self.question} "
-                f"Answer with a number from {lo} (worst) to {hi} (best), like this: SCORE: {mid}")
+        user = (
+            f"{RUBRIC_INTRO}\n\nEpisode:\n{self.render(trajectory, case)}\n\nQuestion: {self.question} "
+            f"Answer with a number from {lo} (worst) to {hi} (best), like this: SCORE: {mid}"
+        )
         return [{"role": "user", "content": user}]  # one message: small judges follow it best
 
     def parse(self, text: str) -> int:
@@ -188,10 +207,15 @@ class RubricTerm(Term):
         try:
             n = self.parse(answer.text)
         except ValueError as exc:  # a recorded answer that never went through the parser
-            raise TermError(f"judge term {self.name!r}: {exc}; answer {answer.text[:200]!r}") from None
+            raise TermError(
+                f"judge term {self.name!r}: {exc}; answer {answer.text[:200]!r}"
+            ) from None
         _remember(trajectory, self.name, {**answer.record(), "score": n})
         tag = "cached" if answer.cached else "asked"
-        return Scored((n - lo) / (hi - lo), f"{self.name}: judge {answer.judge} said {n}/{hi} ({tag} {answer.key[:12]})")
+        return Scored(
+            (n - lo) / (hi - lo),
+            f"{self.name}: judge {answer.judge} said {n}/{hi} ({tag} {answer.key[:12]})",
+        )
 
 
 def rubric_term(
@@ -221,9 +245,13 @@ def rubric_term(
         raise ConfigError(f"rubric term {name!r}: the question must be non-empty text")
     lo, hi = scale
     if not (isinstance(lo, int) and isinstance(hi, int) and lo < hi):
-        raise ConfigError(f"rubric term {name!r}: scale must be two integers lo < hi, got {scale!r}")
+        raise ConfigError(
+            f"rubric term {name!r}: scale must be two integers lo < hi, got {scale!r}"
+        )
     if not callable(getattr(judge, "ask_many", None)):
-        raise ConfigError(f"rubric term {name!r}: judge must be a rewards.judge.Judge, got {judge!r}")
+        raise ConfigError(
+            f"rubric term {name!r}: judge must be a rewards.judge.Judge, got {judge!r}"
+        )
 
     def fn(trajectory: Any, case: Any) -> Scored:
         t: RubricTerm = holder[0]
@@ -231,15 +259,24 @@ def rubric_term(
         return t.scored(trajectory, answer)
 
     holder: list[RubricTerm] = []
-    made = RubricTerm(name=name, fn=fn, low=0.0, high=1.0, description=description or question,
-                      judge=judge, question=question, scale=(lo, hi), render=render)
+    made = RubricTerm(
+        name=name,
+        fn=fn,
+        low=0.0,
+        high=1.0,
+        description=description or question,
+        judge=judge,
+        question=question,
+        scale=(lo, hi),
+        render=render,
+    )
     holder.append(made)
     return made
 
 
 # -- group ---------------------------------------------------------------------------------------
-_GROUP_SCORES: contextvars.ContextVar[dict[tuple[str, int], Scored] | None] = contextvars.ContextVar(
-    "group_scores", default=None
+_GROUP_SCORES: contextvars.ContextVar[dict[tuple[str, int], Scored] | None] = (
+    contextvars.ContextVar("group_scores", default=None)
 )
 
 
@@ -264,20 +301,28 @@ class GroupTerm(Term):
         """Score every term of ``reward`` on ``groups`` (:func:`score_groups`)."""
         return score_groups(reward, groups, new_step=new_step)
 
-    def layout(self, trajectories: Sequence[Any], case: Any) -> tuple[Messages, list[str], list[str]]:
+    def layout(
+        self, trajectories: Sequence[Any], case: Any
+    ) -> tuple[Messages, list[str], list[str]]:
         """The request, the labels in the order shown, and each episode's label."""
         texts = [self.render(t, case) for t in trajectories]
         digest = {x: hashlib.sha256(x.encode()).hexdigest() for x in set(texts)}
-        unique = sorted(set(texts), key=lambda x: digest[x])  # canonical: arrival order plays no part
+        unique = sorted(
+            set(texts), key=lambda x: digest[x]
+        )  # canonical: arrival order plays no part
         if len(unique) > self.max_group:
-            raise TermError(f"group term {self.name!r}: {len(unique)} distinct episodes, at most "
-                            f"{self.max_group} fit one judge request")
+            raise TermError(
+                f"group term {self.name!r}: {len(unique)} distinct episodes, at most "
+                f"{self.max_group} fit one judge request"
+            )
         labels = [chr(ord("A") + i) for i in range(len(unique))]
         label_of = dict(zip(unique, labels))
         task = getattr(case, "task", None)
         body = "\n\n".join(f"=== Attempt {lab} ===\n{txt}" for lab, txt in zip(labels, unique))
-        user = (f"Rubric: {self.rubric}\n\nTask: {_clip(json.dumps(task, default=str), 1500)}\n\n{body}\n\n"
-                f"Score every attempt ({', '.join(labels)}) from 0 to 10.")
+        user = (
+            f"Rubric: {self.rubric}\n\nTask: {_clip(json.dumps(task, default=str), 1500)}\n\n{body}\n\n"
+            f"Score every attempt ({', '.join(labels)}) from 0 to 10."
+        )
         request = [{"role": "system", "content": GROUP_SYSTEM}, {"role": "user", "content": user}]
         return request, labels, [label_of[x] for x in texts]
 
@@ -299,19 +344,28 @@ class GroupTerm(Term):
             ranks[k] = (below + (equal - 1) / 2) / (n - 1)
         return ranks
 
-    def group_values(self, trajectories: Sequence[Any], case: Any, answer: JudgeAnswer) -> list[Scored]:
+    def group_values(
+        self, trajectories: Sequence[Any], case: Any, answer: JudgeAnswer
+    ) -> list[Scored]:
         """Each episode's value from the judge's answer; the answer is stored with each episode."""
         _, labels, mine = self.layout(trajectories, case)
         try:
             raw = parse_group_scores(answer.text, labels)
         except ValueError as exc:
-            raise TermError(f"group term {self.name!r}: {exc}; answer {answer.text[:200]!r}") from None
+            raise TermError(
+                f"group term {self.name!r}: {exc}; answer {answer.text[:200]!r}"
+            ) from None
         values = self.values(raw)
         out = []
         for t, lab in zip(trajectories, mine):
             _remember(t, self.name, {**answer.record(), "label": lab, "scores": raw})
-            out.append(Scored(values[lab], f"{self.name}: attempt {lab} scored {raw[lab]:g}/10 "
-                                           f"among {len(labels)} ({answer.key[:12]})"))
+            out.append(
+                Scored(
+                    values[lab],
+                    f"{self.name}: attempt {lab} scored {raw[lab]:g}/10 "
+                    f"among {len(labels)} ({answer.key[:12]})",
+                )
+            )
         return out
 
 
@@ -340,19 +394,34 @@ def group_term(
     if not isinstance(rubric, str) or not rubric.strip():
         raise ConfigError(f"group term {name!r}: the rubric must be non-empty text")
     if normalize not in ("rank", "minmax", "none"):
-        raise ConfigError(f"group term {name!r}: normalize must be rank, minmax or none, got {normalize!r}")
+        raise ConfigError(
+            f"group term {name!r}: normalize must be rank, minmax or none, got {normalize!r}"
+        )
     if not callable(getattr(judge, "ask_many", None)):
-        raise ConfigError(f"group term {name!r}: judge must be a rewards.judge.Judge, got {judge!r}")
+        raise ConfigError(
+            f"group term {name!r}: judge must be a rewards.judge.Judge, got {judge!r}"
+        )
 
     def fn(trajectory: Any, case: Any) -> Scored:
         found = (_GROUP_SCORES.get() or {}).get((name, id(trajectory)))
         if found is None:
-            raise TermError(f"group term {name!r} scores an episode against its group: score with "
-                            "rewards.judge_terms.score_episodes(reward, episodes) or score_group(...)")
+            raise TermError(
+                f"group term {name!r} scores an episode against its group: score with "
+                "rewards.judge_terms.score_episodes(reward, episodes) or score_group(...)"
+            )
         return found
 
-    return GroupTerm(name=name, fn=fn, low=0.0, high=1.0, description=description or rubric,
-                     judge=judge, rubric=rubric, render=render, normalize=normalize)
+    return GroupTerm(
+        name=name,
+        fn=fn,
+        low=0.0,
+        high=1.0,
+        description=description or rubric,
+        judge=judge,
+        rubric=rubric,
+        render=render,
+        normalize=normalize,
+    )
 
 
 # -- batched scoring -----------------------------------------------------------------------------
@@ -401,9 +470,13 @@ def score_groups(
     return [[next(results) for _ in g] for g in groups]
 
 
-def _score(reward: Reward, episodes: list[tuple[Any, Any]], group_of: list[int], new_step: bool) -> list[RewardResult]:
+def _score(
+    reward: Reward, episodes: list[tuple[Any, Any]], group_of: list[int], new_step: bool
+) -> list[RewardResult]:
     if new_step:
-        for judge in {id(t.judge): t.judge for t in reward.terms if isinstance(t, (RubricTerm, GroupTerm))}.values():
+        for judge in {
+            id(t.judge): t.judge for t in reward.terms if isinstance(t, (RubricTerm, GroupTerm))
+        }.values():
             if callable(getattr(judge, "new_step", None)):
                 judge.new_step()
     live = [(t, c) for t, c in episodes if _passes_gates(reward, t, c)]
@@ -418,7 +491,9 @@ def _score(reward: Reward, episodes: list[tuple[Any, Any]], group_of: list[int],
         if not isinstance(term, GroupTerm):
             continue
         layouts = [(g, term.layout([t for t, _ in g], g[0][1])) for g in groups.values()]
-        checks = [functools.partial(parse_group_scores, labels=labels) for _, (_, labels, _) in layouts]
+        checks = [
+            functools.partial(parse_group_scores, labels=labels) for _, (_, labels, _) in layouts
+        ]
         answers = active_judge(term.judge).ask_many([req for _, (req, _, _) in layouts], checks)
         for (g, _), answer in zip(layouts, answers):
             trajs = [t for t, _ in g]
@@ -431,4 +506,3 @@ def _score(reward: Reward, episodes: list[tuple[Any, Any]], group_of: list[int],
 def score_group(reward: Reward, trajectories: Sequence[Any], case: Any) -> list[RewardResult]:
     """Score the episodes of one case together (:func:`score_episodes` on one group)."""
     return score_episodes(reward, [(t, case) for t in trajectories])
-

@@ -37,6 +37,7 @@ Oracle = Callable[[Case], Mapping[str, Any]]
 #: ``mistakes(case) -> {label: trajectory}``: episodes one mistake away from the oracle's.
 Mistakes = Callable[[Case], Mapping[str, Trajectory]]
 
+
 @dataclass
 class PropertyReport:
     """What :func:`check_reward_properties` checked.
@@ -87,7 +88,9 @@ def _cases_strategy(source: Any) -> Any:
         return twin_cases(source)
     if callable(source):
         return st.integers(0, 10**6).map(source)
-    raise TypeError(f"source must be a Twin, a hypothesis strategy of Case, or a callable(int) -> Case; got {source!r}")
+    raise TypeError(
+        f"source must be a Twin, a hypothesis strategy of Case, or a callable(int) -> Case; got {source!r}"
+    )
 
 
 def check_reward_properties(
@@ -141,8 +144,12 @@ def check_reward_properties(
 
     def score(t: Trajectory, c: Case) -> Any:
         r = reward(t, c)
-        assert isinstance(r.total, float) and math.isfinite(r.total), f"{c.id}: total {r.total!r} is not a finite float"
-        assert lo - tolerance <= r.total <= hi + tolerance, f"{c.id}: total {r.total} outside bounds [{lo}, {hi}]"
+        assert isinstance(r.total, float) and math.isfinite(r.total), (
+            f"{c.id}: total {r.total!r} is not a finite float"
+        )
+        assert lo - tolerance <= r.total <= hi + tolerance, (
+            f"{c.id}: total {r.total} outside bounds [{lo}, {hi}]"
+        )
         for k, v in r.components.items():
             assert math.isfinite(v), f"{c.id}: component {k!r} = {v!r} is not finite"
         return r
@@ -150,8 +157,13 @@ def check_reward_properties(
     cases = _cases_strategy(source)
     extra = random_trajectories or (lambda c: st.none())
 
-    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(data=st.data())
     def run(data: Any) -> None:
         case = data.draw(cases, label="case")
@@ -176,7 +188,9 @@ def check_reward_properties(
         t = data.draw(extra(case), label="random trajectory")
         if t is not None:
             score(t, case)
-            assert score(t, case) == score(t, case), f"{case.id}: a random episode scored differently twice"
+            assert score(t, case) == score(t, case), (
+                f"{case.id}: a random episode scored differently twice"
+            )
         report.examples += 1
 
     run()

@@ -35,9 +35,13 @@ def trajectories(
     )
 
 
-def twin_cases(twin: Any, splits: tuple[str, ...] | None = None, max_index: int = 1_000) -> st.SearchStrategy[Case]:
+def twin_cases(
+    twin: Any, splits: tuple[str, ...] | None = None, max_index: int = 1_000
+) -> st.SearchStrategy[Case]:
     """Cases the twin makes: ``twin.case(split, index)`` over its splits (first ``max_index`` of each)."""
     names = tuple(splits or twin.splits)
     return st.sampled_from(names).flatmap(
-        lambda s: st.integers(0, min(twin.num_cases(s), max_index) - 1).map(lambda i: twin.case(s, i))
+        lambda s: st.integers(0, min(twin.num_cases(s), max_index) - 1).map(
+            lambda i: twin.case(s, i)
+        )
     )

@@ -66,8 +66,14 @@ TEACHER = {"policy": "heuristic", "min_reward": "0.9"}
 #: sampling; its report goes to its run folder, not docs/learning/.
 CHAINS: dict[str, dict[str, Any]] = {
     "heuristic": {
-        "run_dir": RUN_DIR, "docs_dir": DOCS_DIR, "sft_recipe": SFT_RECIPE, "grpo_recipe": GRPO_RECIPE,
-        "max_new_tokens": 112, "teacher": "heuristic", "min_reward": "0.9", "eval_options": "",
+        "run_dir": RUN_DIR,
+        "docs_dir": DOCS_DIR,
+        "sft_recipe": SFT_RECIPE,
+        "grpo_recipe": GRPO_RECIPE,
+        "max_new_tokens": 112,
+        "teacher": "heuristic",
+        "min_reward": "0.9",
+        "eval_options": "",
         "defaults": {"collect_episodes": 16, "sft_epochs": 1, "sft_batch_size": 2, "grpo_steps": 2},
     },
     "expert": {
@@ -75,8 +81,16 @@ CHAINS: dict[str, dict[str, Any]] = {
         "docs_dir": ROOT / "runs" / "learning-smollm2-expert" / "report",
         "sft_recipe": "data/recipes/catalog-smollm2-expert-sft-cpu.yaml",
         "grpo_recipe": "data/recipes/catalog-smollm2-expert-grpo-cpu.yaml",
-        "max_new_tokens": 192, "teacher": "compact", "min_reward": "0.99", "eval_options": ",autocast=bfloat16",
-        "defaults": {"collect_episodes": 400, "sft_epochs": 1, "sft_batch_size": 8, "grpo_steps": 8},
+        "max_new_tokens": 192,
+        "teacher": "compact",
+        "min_reward": "0.99",
+        "eval_options": ",autocast=bfloat16",
+        "defaults": {
+            "collect_episodes": 400,
+            "sft_epochs": 1,
+            "sft_batch_size": 8,
+            "grpo_steps": 8,
+        },
     },
 }
 
@@ -90,6 +104,8 @@ def use_chain(name: str) -> dict[str, Any]:
     MAX_NEW_TOKENS = chain["max_new_tokens"]
     TEACHER.update(policy=chain["teacher"], min_reward=chain["min_reward"])
     return dict(chain["defaults"])
+
+
 STAGES = ("refs", "collect", "zeroshot", "sft", "sft_eval", "grpo", "grpo_eval", "report")
 #: The policies of the table before the GRPO rows (see :func:`rows`): (evaluation name, label).
 BASE_ROWS = (
@@ -120,7 +136,12 @@ THREADS = ["1"]
 def run(cmd: list[str], stdout_path: Path | None = None) -> None:
     """Run a product command with ``THREADS`` torch threads."""
     n = THREADS[0]
-    env = {**os.environ, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     log("$ " + " ".join(cmd))
     if stdout_path is None:
         subprocess.run(cmd, cwd=ROOT, env=env, check=True)
@@ -197,8 +218,20 @@ def _evaluate(name: str, policy: str, summary: Path, args: argparse.Namespace) -
     t0 = time.monotonic()
     partial = summary.with_suffix(".partial")
     cmd = twin_cmd(
-        "eval", "catalog", "--policy", policy, "--split", "test", "--episodes", str(args.test_cases),
-        "--store", str(args.store), "--json", "--no-progress", "-c", str(min(args.eval_batch, args.test_cases)),
+        "eval",
+        "catalog",
+        "--policy",
+        policy,
+        "--split",
+        "test",
+        "--episodes",
+        str(args.test_cases),
+        "--store",
+        str(args.store),
+        "--json",
+        "--no-progress",
+        "-c",
+        str(min(args.eval_batch, args.test_cases)),
     )
     for s in TWIN_SETS:
         cmd += ["--set", s]
@@ -225,13 +258,23 @@ def export_episodes(run_id: int, out: Path, store_path: Path) -> None:
             turns = [m for m in t.messages if m.get("role") == "assistant"]
             parsed = sum(1 for m in turns if m.get("tool_calls"))
             truth = twin.case(t.split, t.index).truth
-            f.write(json.dumps({
-                "case_id": t.case_id, "index": t.index, "kind": t.case_kind, "reward": t.reward,
-                "components": t.components, "turns": len(turns), "parsed_turns": parsed,
-                "submitted": t.submission is not None,
-                "verdict": (t.submission or {}).get("verdict", "none"),
-                "true_verdict": truth["verdict"],
-            }) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "case_id": t.case_id,
+                        "index": t.index,
+                        "kind": t.case_kind,
+                        "reward": t.reward,
+                        "components": t.components,
+                        "turns": len(turns),
+                        "parsed_turns": parsed,
+                        "submitted": t.submission is not None,
+                        "verdict": (t.submission or {}).get("verdict", "none"),
+                        "true_verdict": truth["verdict"],
+                    }
+                )
+                + "\n"
+            )
 
 
 def data_dir() -> Path:
@@ -245,9 +288,21 @@ def collect(args: argparse.Namespace) -> None:
         log(f"collect: {out.name} exists, skipped")
         return
     cmd = twin_cmd(
-        "collect", "catalog", "--policy", TEACHER["policy"], "--split", "train",
-        "--episodes", str(args.collect_episodes), "--min-reward", TEACHER["min_reward"], "--out", str(out),
-        "--store", str(args.store), "--no-progress",
+        "collect",
+        "catalog",
+        "--policy",
+        TEACHER["policy"],
+        "--split",
+        "train",
+        "--episodes",
+        str(args.collect_episodes),
+        "--min-reward",
+        TEACHER["min_reward"],
+        "--out",
+        str(out),
+        "--store",
+        str(args.store),
+        "--no-progress",
     )
     for s in TWIN_SETS:
         cmd += ["--set", s]
@@ -330,8 +385,12 @@ def train(stage: str, args: argparse.Namespace, steps: int = 0) -> bool:
         return False
     sets = [f"train.output_dir={out}", "twin.config.max_turns=3"]
     if stage == "sft":
-        sets += [f"data.paths=[{data_dir()}]", f"data.epochs={args.sft_epochs}",
-                 f"data.batch_size={args.sft_batch_size}", f"eval.cases={args.sft_eval_cases}"]
+        sets += [
+            f"data.paths=[{data_dir()}]",
+            f"data.epochs={args.sft_epochs}",
+            f"data.batch_size={args.sft_batch_size}",
+            f"eval.cases={args.sft_eval_cases}",
+        ]
         cmd = twin_cmd("sft", SFT_RECIPE)
         if done:
             log(f"sft: continuing from step {done}")
@@ -394,7 +453,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "submit_rate": sum(r["submitted"] for r in rows) / len(rows),
         "verdict_accuracy": sum(r["verdict"] == r["true_verdict"] for r in rows) / len(rows),
         "verdict_confusion": confusion,
-        "by_kind": {k: {"episodes": len(v), "reward_mean": float(np.mean(v))} for k, v in sorted(kinds.items())},
+        "by_kind": {
+            k: {"episodes": len(v), "reward_mean": float(np.mean(v))}
+            for k, v in sorted(kinds.items())
+        },
     }
 
 
@@ -437,14 +499,24 @@ def plot_curves(test_points: list[tuple[int, dict[str, Any]]]) -> list[str]:
             continue
         pts = [(r["step"], r[key]) for r in records if key in r]
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="sampled rollouts (T=0.7)")
+        ax.plot(
+            [p[0] for p in pts], [p[1] for p in pts], marker="o", label="sampled rollouts (T=0.7)"
+        )
         if stage == "grpo" and test_points:
             xs = [k for k, _ in test_points]
             ys = [t["reward_mean"] for _, t in test_points]
-            err = [[y - t["reward_ci95"][0] for y, (_, t) in zip(ys, test_points, strict=True)],
-                   [t["reward_ci95"][1] - y for y, (_, t) in zip(ys, test_points, strict=True)]]
-            ax.errorbar(xs, ys, yerr=err, marker="s", capsize=3,
-                        label=f"greedy test reward ({test_points[0][1]['episodes']} cases, 95% CI)")
+            err = [
+                [y - t["reward_ci95"][0] for y, (_, t) in zip(ys, test_points, strict=True)],
+                [t["reward_ci95"][1] - y for y, (_, t) in zip(ys, test_points, strict=True)],
+            ]
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=err,
+                marker="s",
+                capsize=3,
+                label=f"greedy test reward ({test_points[0][1]['episodes']} cases, 95% CI)",
+            )
             ax.legend(fontsize=7)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
@@ -472,8 +544,14 @@ def report(args: argparse.Namespace) -> None:
     stats = {name: summarize(eps) for name, eps in episodes.items() if eps}
     diffs = {}
     early = [f"grpo-{k}" for k in args.grpo_eval_at]
-    pairs = [("sft", "grpo"), *[("sft", e) for e in early], *[(e, "grpo") for e in early],
-             ("zeroshot", "sft"), ("heuristic", "grpo"), ("heuristic", "sft")]
+    pairs = [
+        ("sft", "grpo"),
+        *[("sft", e) for e in early],
+        *[(e, "grpo") for e in early],
+        ("zeroshot", "sft"),
+        ("heuristic", "grpo"),
+        ("heuristic", "sft"),
+    ]
     for a, b in pairs:
         if episodes.get(a) and episodes.get(b):
             diffs[f"{b}-{a}"] = paired(episodes[a], episodes[b])
@@ -482,16 +560,33 @@ def report(args: argparse.Namespace) -> None:
     # The cases every stage was scored on (the same ids: evaluate() always runs 0..N-1).
     n_cases = max((s["episodes"] for s in stats.values()), default=0)
     results = {
-        "twin": "Catalog v1", "split": "test", "test_cases": n_cases,
-        "twin_config": TWIN_SETS, "max_new_tokens": MAX_NEW_TOKENS,
+        "twin": "Catalog v1",
+        "split": "test",
+        "test_cases": n_cases,
+        "twin_config": TWIN_SETS,
+        "max_new_tokens": MAX_NEW_TOKENS,
         "bootstrap": {"seed": BOOT_SEED, "resamples": BOOT_RESAMPLES, "interval": "percentile 95%"},
-        "sizes": {**sizes, "sft_steps_run": len([r for r in sft_rows if "losses/loss" in r]),
-                  "grpo_steps_run": len([r for r in grpo_rows if "losses/loss" in r or "rewards/total" in r])},
-        "stages": stats, "differences": diffs, "wall_clock_s": timings,
+        "sizes": {
+            **sizes,
+            "sft_steps_run": len([r for r in sft_rows if "losses/loss" in r]),
+            "grpo_steps_run": len(
+                [r for r in grpo_rows if "losses/loss" in r or "rewards/total" in r]
+            ),
+        },
+        "stages": stats,
+        "differences": diffs,
+        "wall_clock_s": timings,
     }
     (DOCS_DIR / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    test_points = [(k, stats[n]) for k, n in ((0, "sft"), *((k, f"grpo-{k}") for k in args.grpo_eval_at),
-                                              (results["sizes"]["grpo_steps_run"], "grpo")) if n in stats]
+    test_points = [
+        (k, stats[n])
+        for k, n in (
+            (0, "sft"),
+            *((k, f"grpo-{k}") for k in args.grpo_eval_at),
+            (results["sizes"]["grpo_steps_run"], "grpo"),
+        )
+        if n in stats
+    ]
     curves = plot_curves(test_points)
 
     def wall(name: str) -> float:
@@ -513,74 +608,157 @@ def report(args: argparse.Namespace) -> None:
             f"| {label} | {fmt_ci(s)} | {s['parse_rate']:.2f} | {s['submit_rate']:.2f} | "
             f"{s['verdict_accuracy']:.2f} | {wall(name):.0f} |"
         )
-    lines += ["", "Training wall-clock (s): " + ", ".join(
-        f"{k} {v:.0f}" for k, v in timings.items() if k in ("collect", "sft", "grpo"))]
+    lines += [
+        "",
+        "Training wall-clock (s): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in timings.items() if k in ("collect", "sft", "grpo")),
+    ]
     if diffs:
         lines += ["", "| difference (paired over cases) | mean [95% CI] |", "| --- | --- |"]
         for key, d in diffs.items():
-            lines.append(f"| {key} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
-    lines += ["", "Verdict confusion (rows: true verdict; columns: submitted, `none` = no submit):", ""]
+            lines.append(
+                f"| {key} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |"
+            )
+    lines += [
+        "",
+        "Verdict confusion (rows: true verdict; columns: submitted, `none` = no submit):",
+        "",
+    ]
     for name, label in table_rows:
         if name not in stats:
             continue
         c = stats[name]["verdict_confusion"]
-        lines += [f"{label}:", "", "| true \\ submitted | " + " | ".join((*VERDICTS, "none")) + " |",
-                  "| --- |" + " --- |" * (len(VERDICTS) + 1)]
-        lines += [f"| {t} | " + " | ".join(str(c[t][p]) for p in (*VERDICTS, "none")) + " |" for t in VERDICTS]
+        lines += [
+            f"{label}:",
+            "",
+            "| true \\ submitted | " + " | ".join((*VERDICTS, "none")) + " |",
+            "| --- |" + " --- |" * (len(VERDICTS) + 1),
+        ]
+        lines += [
+            f"| {t} | " + " | ".join(str(c[t][p]) for p in (*VERDICTS, "none")) + " |"
+            for t in VERDICTS
+        ]
         lines.append("")
     kinds = sorted({k for s in stats.values() for k in s["by_kind"]})
     names = [n for n, _ in table_rows if n in stats]
-    lines += ["Mean reward per case kind:", "", "| kind | n | " + " | ".join(names) + " |",
-              "| --- | --- |" + " --- |" * len(names)]
+    lines += [
+        "Mean reward per case kind:",
+        "",
+        "| kind | n | " + " | ".join(names) + " |",
+        "| --- | --- |" + " --- |" * len(names),
+    ]
     for k in kinds:
         n = next(s["by_kind"][k]["episodes"] for s in stats.values() if k in s["by_kind"])
-        cells = [f"{stats[x]['by_kind'][k]['reward_mean']:+.2f}" if k in stats[x]["by_kind"] else "" for x in names]
+        cells = [
+            f"{stats[x]['by_kind'][k]['reward_mean']:+.2f}" if k in stats[x]["by_kind"] else ""
+            for x in names
+        ]
         lines.append(f"| {k} | {n} | " + " | ".join(cells) + " |")
     if curves:
         lines += [""] + [f"![{c}]({c})" for c in curves]
     (DOCS_DIR / "table.md").write_text("\n".join(lines) + "\n")
-    log(f"report: {DOCS_DIR / 'results.json'}, {DOCS_DIR / 'table.md'}, {', '.join(curves) or 'no curves'}")
+    log(
+        f"report: {DOCS_DIR / 'results.json'}, {DOCS_DIR / 'table.md'}, {', '.join(curves) or 'no curves'}"
+    )
 
 
 # -- main --------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--chain", choices=sorted(CHAINS), default="heuristic",
-                   help="heuristic: the reported run (heuristic teacher); expert: the compact teacher, "
-                        "bf16 autocast, groups of 8 with dynamic sampling (runs/learning-smollm2-expert)")
-    p.add_argument("--test-cases", type=int, default=200, help="test cases 0..N-1 for every policy (200 = the whole split)")
-    p.add_argument("--collect-episodes", type=int, default=None,
-                   help="teacher train episodes run (kept: the chain's min reward); default 16 (heuristic), 400 (expert)")
+    p.add_argument(
+        "--chain",
+        choices=sorted(CHAINS),
+        default="heuristic",
+        help="heuristic: the reported run (heuristic teacher); expert: the compact teacher, "
+        "bf16 autocast, groups of 8 with dynamic sampling (runs/learning-smollm2-expert)",
+    )
+    p.add_argument(
+        "--test-cases",
+        type=int,
+        default=200,
+        help="test cases 0..N-1 for every policy (200 = the whole split)",
+    )
+    p.add_argument(
+        "--collect-episodes",
+        type=int,
+        default=None,
+        help="teacher train episodes run (kept: the chain's min reward); default 16 (heuristic), 400 (expert)",
+    )
     p.add_argument("--sft-epochs", type=int, default=None, help="default 1")
-    p.add_argument("--sft-batch-size", type=int, default=None, help="default 2 (heuristic), 8 (expert)")
-    p.add_argument("--sft-eval-cases", type=int, default=0, help="dev cases scored during SFT (0 = none)")
+    p.add_argument(
+        "--sft-batch-size", type=int, default=None, help="default 2 (heuristic), 8 (expert)"
+    )
+    p.add_argument(
+        "--sft-eval-cases", type=int, default=0, help="dev cases scored during SFT (0 = none)"
+    )
     p.add_argument("--grpo-steps", type=int, default=None, help="default 2 (heuristic), 8 (expert)")
-    p.add_argument("--grpo-eval-at", type=int, action="append", default=[], metavar="K",
-                   help="also score GRPO's checkpoint of step K (repeatable; K < --grpo-steps)")
-    p.add_argument("--eval-batch", type=int, default=24,
-                   help="episodes played at once per model evaluation (their keys/values must fit the "
-                        "sampler's 4 GiB prefix cache across turns: 24 SmolLM2 episodes take ~3 GiB)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per stage (2 on an idle 2-core machine)")
-    p.add_argument("--only", choices=STAGES, action="append", help="run only these stages (repeatable)")
+    p.add_argument(
+        "--grpo-eval-at",
+        type=int,
+        action="append",
+        default=[],
+        metavar="K",
+        help="also score GRPO's checkpoint of step K (repeatable; K < --grpo-steps)",
+    )
+    p.add_argument(
+        "--eval-batch",
+        type=int,
+        default=24,
+        help="episodes played at once per model evaluation (their keys/values must fit the "
+        "sampler's 4 GiB prefix cache across turns: 24 SmolLM2 episodes take ~3 GiB)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per stage (2 on an idle 2-core machine)",
+    )
+    p.add_argument(
+        "--only", choices=STAGES, action="append", help="run only these stages (repeatable)"
+    )
     args = p.parse_args(argv)
     for key, value in use_chain(args.chain).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if not 1 <= args.test_cases <= 200:
-        p.error(f"--test-cases must be in 1..200 (the catalog test split has 200 cases), got {args.test_cases}")
+        p.error(
+            f"--test-cases must be in 1..200 (the catalog test split has 200 cases), got {args.test_cases}"
+        )
     if any(not 1 <= k < args.grpo_steps for k in args.grpo_eval_at):
-        p.error(f"--grpo-eval-at takes steps in 1..{args.grpo_steps - 1} (before --grpo-steps), got {args.grpo_eval_at}")
+        p.error(
+            f"--grpo-eval-at takes steps in 1..{args.grpo_steps - 1} (before --grpo-steps), got {args.grpo_eval_at}"
+        )
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     args.store = RUN_DIR / "store.db"
     timings = Timings(RUN_DIR / "timings.json")
-    if not args.only or set(args.only) - {"report"}:  # the sizes the stages ran with, for the report
-        sizes = {k: getattr(args, k) for k in ("test_cases", "collect_episodes", "sft_epochs", "sft_batch_size", "grpo_steps", "grpo_eval_at", "eval_batch", "threads")}
+    if not args.only or set(args.only) - {
+        "report"
+    }:  # the sizes the stages ran with, for the report
+        sizes = {
+            k: getattr(args, k)
+            for k in (
+                "test_cases",
+                "collect_episodes",
+                "sft_epochs",
+                "sft_batch_size",
+                "grpo_steps",
+                "grpo_eval_at",
+                "eval_batch",
+                "threads",
+            )
+        }
         (RUN_DIR / "sizes.json").write_text(json.dumps(sizes, indent=1) + "\n")
     THREADS[0] = str(args.threads)
     batch = min(args.eval_batch, args.test_cases)
-    policy = f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}" + CHAINS[args.chain]["eval_options"]
+    policy = (
+        f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}"
+        + CHAINS[args.chain]["eval_options"]
+    )
     actions = {
-        "refs": lambda: (evaluate("heuristic", "heuristic", args), evaluate("careful", "careful", args)),
+        "refs": lambda: (
+            evaluate("heuristic", "heuristic", args),
+            evaluate("careful", "careful", args),
+        ),
         "collect": lambda: collect(args),
         "zeroshot": lambda: evaluate("zeroshot", f"hf:smollm2,{policy}", args),
         "sft": lambda: train("sft", args),

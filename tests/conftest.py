@@ -18,7 +18,6 @@ from types import ModuleType
 
 import pytest
 
-
 _DATABASES = itertools.count(1)
 
 
@@ -66,8 +65,6 @@ def postgres_url(postgres_admin_url: str) -> Iterator[str]:
     name = f"twinrl_test_{os.getpid()}_{next(_DATABASES)}"
     pg.create_database(postgres_admin_url, name)
     try:
-        yield make_url(postgres_admin_url).set(database=name).render_as_string(
-            hide_password=False
-        )
+        yield make_url(postgres_admin_url).set(database=name).render_as_string(hide_password=False)
     finally:
         pg.drop_database(postgres_admin_url, name)

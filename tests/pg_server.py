@@ -25,7 +25,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 #: Environment variable naming an existing server's database for the tests (skips our own).
@@ -137,8 +136,16 @@ class PostgresServer:
             shutil.chown(self.root, SERVER_USER)
         try:
             self._run(
-                str(self.bin_dir / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
-                "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync",
+                str(self.bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
             )
             for attempt in range(3):  # the free port may be taken between asking and binding
                 self.port = _free_port()
@@ -149,8 +156,17 @@ class PostgresServer:
                 )
                 try:
                     self._run(
-                        str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-l",
-                        str(self.root / "server.log"), "-w", "-t", "60", "-o", options, "start",
+                        str(self.bin_dir / "pg_ctl"),
+                        "-D",
+                        str(self.data_dir),
+                        "-l",
+                        str(self.root / "server.log"),
+                        "-w",
+                        "-t",
+                        "60",
+                        "-o",
+                        options,
+                        "start",
                     )
                     break
                 except RuntimeError:
@@ -178,9 +194,18 @@ class PostgresServer:
             return
         if (self.data_dir / "postmaster.pid").exists():
             subprocess.run(
-                self._cmd(str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m",
-                          "immediate", "-w", "stop"),
-                capture_output=True, timeout=60, cwd=self.root,
+                self._cmd(
+                    str(self.bin_dir / "pg_ctl"),
+                    "-D",
+                    str(self.data_dir),
+                    "-m",
+                    "immediate",
+                    "-w",
+                    "stop",
+                ),
+                capture_output=True,
+                timeout=60,
+                cwd=self.root,
             )
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
@@ -192,8 +217,12 @@ def _admin_connect(admin_url: str):  # noqa: ANN202 - psycopg is optional
 
     url = make_url(admin_url)
     return psycopg.connect(
-        host=url.host, port=url.port, user=url.username, password=url.password,
-        dbname=url.database, autocommit=True,
+        host=url.host,
+        port=url.port,
+        user=url.username,
+        password=url.password,
+        dbname=url.database,
+        autocommit=True,
     )
 
 

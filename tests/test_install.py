@@ -64,7 +64,9 @@ def _pip_reaches_an_index(python: Path, into: Path) -> str | None:
     """None when pip can find packages (an index, or find-links); else why not."""
     proc = subprocess.run(
         [str(python), "-m", "pip", "download", "--no-deps", "-q", "-d", str(into), "typer"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
 
@@ -79,23 +81,39 @@ def test_fresh_venv_without_extras_lists_evaluates_checks_and_serves_mcp_without
         pytest.skip(f"no package index or find-links reachable for the fresh venv: {why}")
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "-e", str(ROOT)],
-        capture_output=True, text=True, timeout=1800,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert install.returncode == 0, install.stderr[-3000:]
     twin_cmd = env_dir / "bin" / "twin"
     run_env = {**os.environ, "TWINRL_STORE": str(tmp_path / "runs.db")}
-    listed = subprocess.run([str(twin_cmd), "list"], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path, env=run_env)
+    listed = subprocess.run(
+        [str(twin_cmd), "list"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=run_env,
+    )
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "catalog" in listed.stdout.lower()
     evaluated = subprocess.run(
         [str(twin_cmd), "eval", "catalog", "--policy", "heuristic", "--episodes", "5"],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=run_env,
     )
     assert evaluated.returncode == 0, evaluated.stdout[-2000:] + evaluated.stderr[-2000:]
     checked = subprocess.run(
         [str(twin_cmd), "check", "catalog", "--cases", "2"],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=run_env,
     )
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-2000:]
     # `twin mcp` serves over stdio: the fresh venv's own MCP client lists the twin's tools
@@ -111,13 +129,24 @@ def test_fresh_venv_without_extras_lists_evaluates_checks_and_serves_mcp_without
 
         anyio.run(main)
     """)
-    served = subprocess.run([str(python), "-c", client], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path, env=run_env)
+    served = subprocess.run(
+        [str(python), "-c", client],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=run_env,
+    )
     assert served.returncode == 0, served.stderr[-3000:]
     assert "'decide'" in served.stdout and "'lookup_order'" in served.stdout, served.stdout
     probe = subprocess.run(
-        [str(python), "-c",
-         f"import importlib.util as u; print([m for m in {TRAIN_PACKAGES!r} if u.find_spec(m)])"],
-        capture_output=True, text=True, timeout=60,
+        [
+            str(python),
+            "-c",
+            f"import importlib.util as u; print([m for m in {TRAIN_PACKAGES!r} if u.find_spec(m)])",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr

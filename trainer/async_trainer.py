@@ -67,6 +67,7 @@ import httpx
 
 from trainer.config import Recipe
 from trainer.probe import SyncProbe, probe_sequence
+from trainer.runtime import TrainingRuntime, step_perf
 
 # at import, not in the load thread: an import compiles, and CPython 3.11's compiler is not safe
 # against a compile in another thread ("AST constructor recursion depth mismatch")
@@ -78,7 +79,6 @@ from trainer.weight_sync import (
     make_sampler_server,
     require_lora_for_server,
 )
-from trainer.runtime import TrainingRuntime, step_perf
 from trainer.workers import (
     AdapterSyncError,
     Lot,
@@ -155,15 +155,21 @@ def spawn_rollout_worker(trainer: AsyncTrainer) -> RolloutSide:
                   max_new_tokens=trainer.max_new_tokens(trainer.step))  # fmt: skip
     lots: Any = ctx.Queue(maxsize=cfg.async_.queue_size)
     events: Any = ctx.Queue()
-    server = make_sampler_server(cfg, trainer.output_dir, trainer.model_path, max_loras=trainer.k + 2)
+    server = make_sampler_server(
+        cfg, trainer.output_dir, trainer.model_path, max_loras=trainer.k + 2
+    )
     base_url = server.url if server is not None else str(cfg.sampler.base_url)
     spec = WorkerSpec(
         recipe=cfg.model_dump(mode="json", by_alias=True), base_url=base_url,
         start_lot=trainer.lots_used, start_cursor=trainer.cursor, cpu_threads=1,
     )  # fmt: skip
-    worker = ctx.Process(target=rollout_worker, args=(spec, shared, lots, events), name="twin-rollout", daemon=True)
+    worker = ctx.Process(
+        target=rollout_worker, args=(spec, shared, lots, events), name="twin-rollout", daemon=True
+    )
     worker.start()
-    return RolloutSide(shared=shared, lots=lots, events=events, base_url=base_url, server=server, worker=worker)
+    return RolloutSide(
+        shared=shared, lots=lots, events=events, base_url=base_url, server=server, worker=worker
+    )
 
 
 # -- the trainer ------------------------------------------------------------------------------------
@@ -233,7 +239,9 @@ class AsyncTrainer(TrainingRuntime):
         self.lots_used = int(state.get("lots_used", state["step"]))
         self.restarts = int(state.get("sampler_restarts", 0))
         self.dropped = int(state.get("dropped_stale", 0))
-        self.staleness_hist = Counter({int(k): v for k, v in state.get("staleness_hist", {}).items()})
+        self.staleness_hist = Counter(
+            {int(k): v for k, v in state.get("staleness_hist", {}).items()}
+        )
 
     # -- set-up ----------------------------------------------------------------------------------
     def place_threads(self) -> None:
@@ -261,7 +269,9 @@ class AsyncTrainer(TrainingRuntime):
         if self.server is not None:
             self.server.start()
         elif not self._healthy():
-            raise ConfigError(f"sampler server {self.sampler_root} does not answer /health; is it running?")
+            raise ConfigError(
+                f"sampler server {self.sampler_root} does not answer /health; is it running?"
+            )
         self.probe = SyncProbe(self.learner, probe_sequence(self.twin, self.tokenizer, self.cfg),
                                lambda: self.sampler_root, transport=self.transport)  # fmt: skip
         self._push(self.step)
@@ -279,7 +289,9 @@ class AsyncTrainer(TrainingRuntime):
 
     def _healthy(self) -> bool:
         try:
-            with httpx.Client(transport=self.transport, timeout=5.0, verify=tls_context()) as client:
+            with httpx.Client(
+                transport=self.transport, timeout=5.0, verify=tls_context()
+            ) as client:
                 return client.get(f"{self.sampler_root}/health").status_code == 200
         except httpx.HTTPError:
             return False
@@ -316,12 +328,17 @@ class AsyncTrainer(TrainingRuntime):
             self.last_wait_s = 0.0
             return synced
         started = time.perf_counter()
-        self.last_wait_s = self._settle_load(wait=True)  # loads stay in version order, one at a time
+        self.last_wait_s = self._settle_load(
+            wait=True
+        )  # loads stay in version order, one at a time
         if version in self.publisher.loaded:  # a restart while settling reloaded it already
             self.shared.update(published=version, max_new_tokens=max_new)
             return time.perf_counter() - started
         path = self.publisher.save(self.learner, version)
-        self._pending_load = (version, self._loader.submit(self._load_and_publish, version, path, max_new))
+        self._pending_load = (
+            version,
+            self._loader.submit(self._load_and_publish, version, path, max_new),
+        )
         return time.perf_counter() - started
 
     def _load_and_publish(self, version: int, path: Path | None, max_new_tokens: int) -> float:
@@ -387,18 +404,26 @@ class AsyncTrainer(TrainingRuntime):
             try:  # load at a time, and the publisher is this thread's again
                 pending[1].result()
             except Exception as exc:  # noqa: BLE001 - the current adapter is reloaded below
-                log.warning("load of %s in flight failed with the sampler: %s", adapter_name(pending[0]), exc)
+                log.warning(
+                    "load of %s in flight failed with the sampler: %s",
+                    adapter_name(pending[0]),
+                    exc,
+                )
         if self.server is not None:
             self.server.stop()
             try:
                 self.server.start()
             except TwinError as exc:
-                raise SamplerDiedError(f"the sampler server died ({why}) and did not restart: {exc}") from exc
+                raise SamplerDiedError(
+                    f"the sampler server died ({why}) and did not restart: {exc}"
+                ) from exc
         else:
             deadline = time.monotonic() + 300
             while not self._healthy():
                 if time.monotonic() > deadline:
-                    raise SamplerDiedError(f"the sampler server {where} died ({why}) and did not come back in 300 s")
+                    raise SamplerDiedError(
+                        f"the sampler server {where} died ({why}) and did not come back in 300 s"
+                    )
                 time.sleep(1.0)
         self.publisher.forget(keep_version=self.step)
         self._push(self.step)
@@ -453,14 +478,18 @@ class AsyncTrainer(TrainingRuntime):
                 if self._sampler_dead():
                     self._restart_sampler(message)
                 else:
-                    raise AdapterSyncError(f"the rollout worker's sampler failed while the server is up: {message}")
+                    raise AdapterSyncError(
+                        f"the rollout worker's sampler failed while the server is up: {message}"
+                    )
 
     def next_lot(self) -> tuple[Lot, float]:
         """The next lot off the queue, watching the sampler and the worker while waiting."""
         started = time.perf_counter()
         while True:
             self.drain_events()
-            self._settle_load(wait=False)  # a failed background load surfaces here, not a step later
+            self._settle_load(
+                wait=False
+            )  # a failed background load surfaces here, not a step later
             try:
                 lot = self.lots.get(timeout=0.05)
                 return lot, time.perf_counter() - started
@@ -511,7 +540,9 @@ class AsyncTrainer(TrainingRuntime):
             last = self.step == cfg.train.steps
             if last or self.step % self.check_every == 0:
                 self.probe.launch(self.step, self._pending_load_of(self.step))
-            if last:  # nothing left to overlap with: the last load must have worked; report its check
+            if (
+                last
+            ):  # nothing left to overlap with: the last load must have worked; report its check
                 self._settle_load(wait=True)
                 final, probed_last, more = self.probe.collect()
                 if more:
@@ -537,7 +568,9 @@ class AsyncTrainer(TrainingRuntime):
                 "async/staleness_hist": {str(s): n for s, n in sorted(self.staleness_hist.items())},
                 "async/dropped_stale": float(self.dropped),
                 "async/queue_depth": float(depth),
-                "async/rollout_idle_frac": lot.stats.get("worker_idle_s", 0.0) / worker_wall if worker_wall else 0.0,
+                "async/rollout_idle_frac": lot.stats.get("worker_idle_s", 0.0) / worker_wall
+                if worker_wall
+                else 0.0,
                 "async/learner_idle_frac": learner_idle / wall if wall > 0 else 0.0,
                 "async/learner_wait_s": waited,
                 "async/learner_idle_s": learner_idle,
@@ -555,8 +588,13 @@ class AsyncTrainer(TrainingRuntime):
                 "async/sampler_restarts": float(self.restarts),
                 "perf/learn_s": update.learn_s,
                 "perf/sampled_tokens": tokens,
-                **step_perf(rollout_s=lot.stats.get("rollout_s", 0.0), sampled_tokens=tokens, sync_s=sync_s,
-                            step_s=step_s, cursor=self.cursor),  # fmt: skip
+                **step_perf(
+                    rollout_s=lot.stats.get("rollout_s", 0.0),
+                    sampled_tokens=tokens,
+                    sync_s=sync_s,
+                    step_s=step_s,
+                    cursor=self.cursor,
+                ),  # fmt: skip
             }
             self.record_step(step, record, every)
         return list(self.metrics.history)

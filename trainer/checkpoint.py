@@ -68,8 +68,13 @@ def capture_rng() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": (str(kind), torch.from_numpy(np.asarray(keys).astype(np.int64)), int(pos), int(has_gauss),
-                  float(cached)),
+        "numpy": (
+            str(kind),
+            torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -81,7 +86,9 @@ def restore_rng(state: dict[str, Any]) -> None:
     """Restore :func:`capture_rng` output."""
     random.setstate(state["python"])
     kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached))
+    np.random.set_state(
+        (kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, cached)
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -230,7 +237,11 @@ def _weight_holders(root: Path, limit: int = 3) -> list[str]:
     """Up to ``limit`` finished checkpoint folders under ``root`` that hold weight files
     (``.``-prefixed folders are half-written checkpoints of a killed run)."""
     found: list[str] = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []:
+    for folder in (
+        sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if root.is_dir()
+        else []
+    ):
         if any(f.suffix in WEIGHT_SUFFIXES and f.is_file() for f in folder.rglob("*")):
             found.append(folder.name)
             if len(found) >= limit:
@@ -253,7 +264,9 @@ def prepare_output_dir(output_dir: str | Path, *, resume: bool, overwrite: bool)
     """
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)")
+        raise ConfigError(
+            f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)"
+        )
     newly = str(out.resolve()) not in _HELD_LOCKS
     lock_output_dir(out)
     try:
@@ -296,7 +309,10 @@ def load_resumable(output_dir: str | Path, first: Path) -> tuple[Path, dict[str,
             pickled objects (never skipped: see :func:`load_checkpoint`).
     """
     root = Path(output_dir) / "checkpoints"
-    older = sorted((p for p in root.glob("step-*") if (p / STATE_FILE).is_file() and p.name < first.name), reverse=True)
+    older = sorted(
+        (p for p in root.glob("step-*") if (p / STATE_FILE).is_file() and p.name < first.name),
+        reverse=True,
+    )
     reasons = []
     for candidate in [first, *older]:
         try:
@@ -306,7 +322,9 @@ def load_resumable(output_dir: str | Path, first: Path) -> tuple[Path, dict[str,
         except Exception as exc:  # a truncated zip, a missing record: a damaged file
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             reasons.append(f"{candidate.name}: {reason}")
-            log.warning("checkpoint %s cannot be read (%s); trying the one before it", candidate, reason)
+            log.warning(
+                "checkpoint %s cannot be read (%s); trying the one before it", candidate, reason
+            )
     raise ConfigError(
         f"no checkpoint in {str(root)!r} can be read ({'; '.join(reasons)}); start over with --overwrite"
     )
@@ -400,7 +418,9 @@ def load_checkpoint_model(
     return model, tokenizer
 
 
-def init_model_path(model_path: str, init_from: str | None, output_dir: str | Path, dtype: str = "auto") -> str:
+def init_model_path(
+    model_path: str, init_from: str | None, output_dir: str | Path, dtype: str = "auto"
+) -> str:
     """The model a run trains: ``model_path``, or with ``init_from`` a folder holding the
     checkpoint's merged weights and tokenizer (``<output_dir>/init_model``, written once and reused
     by ``--resume``; sampler servers load it as their base model).
@@ -415,7 +435,11 @@ def init_model_path(model_path: str, init_from: str | None, output_dir: str | Pa
         return model_path
     ckpt = resolve_checkpoint(init_from).resolve()
     target = Path(output_dir) / INIT_DIR
-    source = {"init_from": str(ckpt), "mtime": (ckpt / "adapter").stat().st_mtime, "dtype": str(dtype)}
+    source = {
+        "init_from": str(ckpt),
+        "mtime": (ckpt / "adapter").stat().st_mtime,
+        "dtype": str(dtype),
+    }
     marker = target / _INIT_SOURCE
     if (target / "config.json").is_file() and marker.is_file():
         try:

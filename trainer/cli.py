@@ -40,7 +40,10 @@ class Runner(Protocol):
 
 
 def make_runner(
-    cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
+    cfg: Recipe,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
     on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> Runner:
     """The runner of a recipe: SFT, the synchronous loop, the async loop, or the async loop on Ray.
@@ -62,8 +65,14 @@ def make_runner(
     if cfg.backend == "ray":  # the async trainer's processes as Ray actors
         from trainer.ray_backend import RayTrainer, RemoteLearner
 
-        return RemoteLearner(cfg, **kwargs) if cfg.ray.learner == "actor" else RayTrainer(cfg, **kwargs)
-    if cfg.async_.max_staleness > 0 or (cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner):
+        return (
+            RemoteLearner(cfg, **kwargs)
+            if cfg.ray.learner == "actor"
+            else RayTrainer(cfg, **kwargs)
+        )
+    if cfg.async_.max_staleness > 0 or (
+        cfg.lora.enabled and cfg.devices.rollout != cfg.devices.learner
+    ):
         from trainer.async_trainer import AsyncTrainer  # rollout and learner in separate processes
 
         return AsyncTrainer(cfg, **kwargs)
@@ -110,7 +119,10 @@ def train(
     console = console or Console()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if resume and overwrite:
-        return _error(console, TwinError("give --resume (continue the run) or --overwrite (start over), not both"))
+        return _error(
+            console,
+            TwinError("give --resume (continue the run) or --overwrite (start over), not both"),
+        )
     try:
         cfg = load_recipe(recipe, list(overrides or []))
         check_devices(cfg)
@@ -136,8 +148,11 @@ def train(
         console=console,
         transient=False,
     ) as progress:
-        task = progress.add_task("train", total=cfg.train.steps if cfg.algorithm.name != "sft" else None,
-                                 info="setting up")
+        task = progress.add_task(
+            "train",
+            total=cfg.train.steps if cfg.algorithm.name != "sft" else None,
+            info="setting up",
+        )
 
         def on_step(record: dict[str, Any]) -> None:
             if not first:
@@ -151,9 +166,11 @@ def train(
             # A line per step too, so the curve survives in logs that drop the live display.
             progress.console.print(
                 f"step {record['step']:>4}  reward {_fmt(record, 'rewards/total')}  "
-                + (f"loss {_fmt(record, 'losses/loss')}  parse {_fmt(record, 'eval/parse_rate', '.2f')}  "
-                   if cfg.algorithm.name == "sft" else
-                   f"kl {_fmt(record, 'losses/kl', '.4f')}  clip {_fmt(record, 'losses/clipfrac')}  ")
+                + (
+                    f"loss {_fmt(record, 'losses/loss')}  parse {_fmt(record, 'eval/parse_rate', '.2f')}  "
+                    if cfg.algorithm.name == "sft"
+                    else f"kl {_fmt(record, 'losses/kl', '.4f')}  clip {_fmt(record, 'losses/clipfrac')}  "
+                )
                 + f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}  {_fmt(record, 'perf/step_s', '.2f')}s",
                 highlight=False,
             )
@@ -164,11 +181,17 @@ def train(
             return _error(console, exc)
         try:
             runner.setup()
-            progress.update(task, completed=runner.step, info="sampling",
-                            total=getattr(runner, "total_steps", cfg.train.steps))
+            progress.update(
+                task,
+                completed=runner.step,
+                info="sampling",
+                total=getattr(runner, "total_steps", cfg.train.steps),
+            )
             history = runner.train()
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted[/yellow]; continue with --resume from the last checkpoint")
+            console.print(
+                "[yellow]interrupted[/yellow]; continue with --resume from the last checkpoint"
+            )
             runner.cleanup()
             return 130
         except (TwinError, OSError) as exc:  # OSError: an output folder that cannot be written

@@ -88,7 +88,9 @@ def plan_cluster(nodes: int, gpus_per_node: int, rollout_s: float, learner_s: fl
             f"{gpus_per_node} GPU(s)"
         )
     if not (rollout_s > 0 and learner_s > 0):
-        raise ConfigError(f"per-step seconds must be > 0, got rollout {rollout_s} and learner {learner_s}")
+        raise ConfigError(
+            f"per-step seconds must be > 0, got rollout {rollout_s} and learner {learner_s}"
+        )
     wanted = max(1, math.ceil(rollout_s / learner_s - 1e-9))
     engines = min(total - 1, wanted)
     rollout_rate, learner_rate = engines / rollout_s, 1.0 / learner_s
@@ -99,7 +101,9 @@ def plan_cluster(nodes: int, gpus_per_node: int, rollout_s: float, learner_s: fl
         here = gpus_per_node - (1 if node == 0 else 0)
         used = min(here, left)
         left -= used
-        parts = (["learner (driver, 1 GPU)"] if node == 0 else []) + ([f"{used} engine(s)"] if used else [])
+        parts = (["learner (driver, 1 GPU)"] if node == 0 else []) + (
+            [f"{used} engine(s)"] if used else []
+        )
         parts.append(f"{gpus_per_node - used - (1 if node == 0 else 0)} GPU(s) free")
         placement.append(f"node {node}: " + ", ".join(parts))
     return ClusterPlan(
@@ -113,7 +117,8 @@ def print_cluster(console: Any, plan: ClusterPlan) -> None:
     """Print ``plan`` (the placement, the bound side and the recipe lines) to a rich console."""
     console.print(
         f"[bold]cluster[/]: {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s); measured per step: rollout "
-        f"{plan.rollout_s:.2f} s on one engine, learner {plan.learner_s:.2f} s", soft_wrap=True
+        f"{plan.rollout_s:.2f} s on one engine, learner {plan.learner_s:.2f} s",
+        soft_wrap=True,
     )
     for line in plan.placement:
         console.print(f"  {line}", soft_wrap=True)
@@ -121,10 +126,16 @@ def print_cluster(console: Any, plan: ClusterPlan) -> None:
     console.print(
         f"  {plan.engines} engine(s), {plan.rollout_workers} rollout worker(s): ~{plan.steps_per_s:.3f} steps/s; "
         f"the [bold]{plan.bound}[/] bounds throughput"
-        + (f" ({plan.spare_gpus} GPU(s) would idle as engines: the {other} side already outpaces it)"
-           if plan.spare_gpus else ""), soft_wrap=True
+        + (
+            f" ({plan.spare_gpus} GPU(s) would idle as engines: the {other} side already outpaces it)"
+            if plan.spare_gpus
+            else ""
+        ),
+        soft_wrap=True,
     )
     console.print(
         f"  recipe: backend: ray; ray: {{engines: {plan.engines}, rollout_workers: {plan.rollout_workers}}}; "
-        "async: {max_staleness: 1}", soft_wrap=True, markup=False
+        "async: {max_staleness: 1}",
+        soft_wrap=True,
+        markup=False,
     )

@@ -55,7 +55,8 @@ class TwinSection(_Section):
 
     name: str = Field(description="Twin id or name, e.g. 'Toy', 'Catalog' or 'twin/Catalog-v0'.")
     config: dict[str, Any] = Field(
-        default_factory=dict, description="Options passed to the twin's config model (seed, max_turns, ...)."
+        default_factory=dict,
+        description="Options passed to the twin's config model (seed, max_turns, ...).",
     )
     split: str = Field("train", description="Split the training cases are drawn from.")
     balance: Literal["none", "kind"] = Field(
@@ -116,7 +117,9 @@ class LoraConfig(_Section):
 
     enabled: bool = Field(True, description="Train a LoRA adapter; false trains every weight.")
     rank: int = Field(8, ge=1, description="LoRA rank r.")
-    alpha: float = Field(16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank.")
+    alpha: float = Field(
+        16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank."
+    )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -135,8 +138,12 @@ class SamplerConfig(_Section):
         "async or on Ray; 'vllm' = a vLLM server the trainer starts; 'server' = an OpenAI-compatible "
         "completions server already running at base_url.",
     )
-    base_url: str | None = Field(None, description="Server URL (kind 'server'), e.g. http://127.0.0.1:8000.")
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (logprobs use logits / T).")
+    base_url: str | None = Field(
+        None, description="Server URL (kind 'server'), e.g. http://127.0.0.1:8000."
+    )
+    temperature: float = Field(
+        1.0, gt=0.0, description="Sampling temperature (logprobs use logits / T)."
+    )
     top_p: float = Field(
         1.0, gt=0.0, le=1.0,
         description="Nucleus sampling threshold. Training needs 1.0: the learner scores tokens under "
@@ -151,16 +158,24 @@ class SamplerConfig(_Section):
         "group and the mean reward is above its value at the last growth. Lets a policy that "
         "starts from random text settle each position before the next one is sampled.",
     )
-    max_new_tokens_ramp: int = Field(0, ge=0, description="Steps of the 'linear' length curriculum.")
-    length_curriculum_start: int = Field(1, ge=1, description="First per-turn limit of a length curriculum.")
+    max_new_tokens_ramp: int = Field(
+        0, ge=0, description="Steps of the 'linear' length curriculum."
+    )
+    length_curriculum_start: int = Field(
+        1, ge=1, description="First per-turn limit of a length curriculum."
+    )
     max_episode_tokens: int = Field(
-        1024, ge=8, description="Most tokens in a whole episode (prompt + all turns); the episode is cut there."
+        1024,
+        ge=8,
+        description="Most tokens in a whole episode (prompt + all turns); the episode is cut there.",
     )
 
     @model_validator(mode="after")
     def _server_needs_url(self) -> SamplerConfig:
         if self.kind == "server" and not self.base_url:
-            raise ValueError("sampler.kind 'server' needs sampler.base_url (e.g. http://127.0.0.1:8000)")
+            raise ValueError(
+                "sampler.kind 'server' needs sampler.base_url (e.g. http://127.0.0.1:8000)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -191,7 +206,8 @@ class AlgorithmConfig(_Section):
         "trainer/sft.py). Every other key of this section is GRPO's.",
     )
     advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
-        "grpo", description="'grpo' = group z-score; 'dr_grpo' = group mean-centred; 'rloo' = leave-one-out."
+        "grpo",
+        description="'grpo' = group z-score; 'dr_grpo' = group mean-centred; 'rloo' = leave-one-out.",
     )
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "constant_normalizer"] = Field(
         "token_mean",
@@ -200,17 +216,27 @@ class AlgorithmConfig(_Section):
         "sequences x max_episode_tokens (Dr. GRPO).",
     )
     eps_low: float = Field(0.2, ge=0.0, description="Lower clip: ratio >= 1 - eps_low.")
-    eps_high: float = Field(0.28, ge=0.0, description="Upper clip: ratio <= 1 + eps_high (clip-higher).")
-    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the base model (adapter off).")
-    entropy_coef: float = Field(
-        0.0, ge=0.0, description="Entropy bonus: loss -= entropy_coef x mean token entropy over the loss mask."
+    eps_high: float = Field(
+        0.28, ge=0.0, description="Upper clip: ratio <= 1 + eps_high (clip-higher)."
     )
-    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and refill.")
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="Weight of the k3 KL to the base model (adapter off)."
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Entropy bonus: loss -= entropy_coef x mean token entropy over the loss mask.",
+    )
+    dynamic_sampling: bool = Field(
+        True, description="Drop groups whose rewards are all equal and refill."
+    )
     max_refill_rounds: int = Field(
         2, ge=0, description="Extra sampling rounds per step when dynamic sampling dropped groups."
     )
     overlong_buffer: int = Field(
-        0, ge=0, description="Soft overlong punishment over the last N tokens of max_episode_tokens (0 = off)."
+        0,
+        ge=0,
+        description="Soft overlong punishment over the last N tokens of max_episode_tokens (0 = off).",
     )
     overlong_penalty: float = Field(1.0, ge=0.0, description="Largest overlong penalty.")
     tis_cap: float | None = Field(
@@ -227,7 +253,9 @@ class AlgorithmConfig(_Section):
         "mean of rho over their tokens is outside [is_mask_low, tis_cap]. See docs/algorithms.md.",
     )
     is_mask_low: float = Field(
-        0.0, ge=0.0, description="Lower bound of rho for the masking corrections (0 = no lower bound)."
+        0.0,
+        ge=0.0,
+        description="Lower bound of rho for the masking corrections (0 = no lower bound).",
     )
     placebo: bool = Field(
         False,
@@ -251,7 +279,9 @@ class OptimConfig(_Section):
         4096, ge=1, description="Token budget of one forward/backward pass; gradients accumulate."
     )
     mini_batches: int = Field(
-        1, ge=1, description="Optimizer steps per batch of episodes (> 1 makes the ratio clipping bite)."
+        1,
+        ge=1,
+        description="Optimizer steps per batch of episodes (> 1 makes the ratio clipping bite).",
     )
     gradient_checkpointing: bool = Field(
         False,
@@ -261,10 +291,14 @@ class OptimConfig(_Section):
         "`twin plan` shows both figures.",
     )
     lr_end: float | None = Field(
-        None, gt=0.0, description="Learning rate reached by a linear decay from lr over lr_decay_steps "
-        "optimizer steps, then kept (null = constant lr)."
+        None,
+        gt=0.0,
+        description="Learning rate reached by a linear decay from lr over lr_decay_steps "
+        "optimizer steps, then kept (null = constant lr).",
     )
-    lr_decay_steps: int = Field(0, ge=0, description="Optimizer steps of the linear decay to lr_end.")
+    lr_decay_steps: int = Field(
+        0, ge=0, description="Optimizer steps of the linear decay to lr_end."
+    )
     logit_chunk_tokens: int = Field(
         1024, ge=1,
         description="Positions whose vocabulary logits the learner computes at once (the logprob and "
@@ -285,7 +319,9 @@ class TrainConfig(_Section):
     """Length of the run and where it writes."""
 
     steps: int = Field(50, ge=1, description="Optimizer steps (batches) to train.")
-    checkpoint_every: int = Field(10, ge=0, description="Save a checkpoint every N steps (0 = only at the end).")
+    checkpoint_every: int = Field(
+        10, ge=0, description="Save a checkpoint every N steps (0 = only at the end)."
+    )
     output_dir: str = Field("runs/train", description="Folder for metrics, checkpoints, plots.")
     store: bool = Field(True, description="Write every episode to the run store as a 'train' run.")
     store_tokens: Literal["off", "full"] = Field(
@@ -294,11 +330,14 @@ class TrainConfig(_Section):
         "store: 'off' keeps messages, rewards and timings only (a 9B step's tokens are 50-150 MB); "
         "'full' keeps them too. Writes happen in a background thread (trainer/store_writer.py).",
     )
-    log_episodes: int = Field(1, ge=0, description="Episodes printed per step in verbose mode (0 = none).")
+    log_episodes: int = Field(
+        1, ge=0, description="Episodes printed per step in verbose mode (0 = none)."
+    )
     log: list[Literal["jsonl", "tensorboard", "wandb", "trackio"]] | None = Field(
-        None, description="Metric sinks, e.g. [jsonl, tensorboard, wandb] (null = jsonl, plus "
+        None,
+        description="Metric sinks, e.g. [jsonl, tensorboard, wandb] (null = jsonl, plus "
         "TensorBoard when installed); wandb/trackio: pip install 'twinrl[trackers]' "
-        "(trainer/metrics.py)."
+        "(trainer/metrics.py).",
     )
 
 
@@ -314,19 +353,30 @@ class DataConfig(_Section):
         "folders saved with datasets.Dataset.save_to_disk (twin/collect.py).",
     )
     min_reward: float | None = Field(
-        None, description="Train only on episodes whose reward is at least this (null = every scored episode)."
+        None,
+        description="Train only on episodes whose reward is at least this (null = every scored episode).",
     )
-    epochs: int = Field(3, ge=1, description="Passes over the dataset; the run has epochs x ceil(rows / batch_size) steps.")
+    epochs: int = Field(
+        3,
+        ge=1,
+        description="Passes over the dataset; the run has epochs x ceil(rows / batch_size) steps.",
+    )
     batch_size: int = Field(8, ge=1, description="Episodes per optimizer step.")
-    shuffle_seed: int | None = Field(None, description="Seed of the per-epoch shuffle (null = the recipe's seed).")
+    shuffle_seed: int | None = Field(
+        None, description="Seed of the per-epoch shuffle (null = the recipe's seed)."
+    )
     holdout: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="Episodes kept out of training (a seeded draw) whose mean assistant-token NLL is "
         "logged as sft/holdout_loss at the end of every epoch and every holdout_every steps (0 = none).",
     )
-    holdout_every: int = Field(0, ge=0, description="Also score the held-out loss every N steps (0 = at epoch ends only).")
+    holdout_every: int = Field(
+        0, ge=0, description="Also score the held-out loss every N steps (0 = at epoch ends only)."
+    )
     patience: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="Early stopping: end the run when the held-out loss has not improved for this many "
         "held-out evaluations in a row (0 = never; needs holdout > 0).",
     )
@@ -341,9 +391,17 @@ class EvalConfig(_Section):
     """Held-out evaluation of the current weights on the twin during ``algorithm: sft``."""
 
     split: str = Field("dev", description="Split of the held-out cases.")
-    cases: int = Field(16, ge=0, description="Cases evaluated each time (indices 0..cases-1; 0 = no evaluation).")
-    every: int = Field(10, ge=0, description="Evaluate every N steps, and before the first and after the last (0 = only those two).")
-    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature of the evaluation (0 = greedy).")
+    cases: int = Field(
+        16, ge=0, description="Cases evaluated each time (indices 0..cases-1; 0 = no evaluation)."
+    )
+    every: int = Field(
+        10,
+        ge=0,
+        description="Evaluate every N steps, and before the first and after the last (0 = only those two).",
+    )
+    temperature: float = Field(
+        0.0, ge=0.0, description="Sampling temperature of the evaluation (0 = greedy)."
+    )
 
 
 class DevicesConfig(_Section):
@@ -356,15 +414,18 @@ class DevicesConfig(_Section):
         "cpu", pattern=_DEVICE, description="Device of the learner: 'cpu', 'cuda' or 'cuda:N'."
     )
     cpu_threads: int | None = Field(
-        None, ge=1, description="torch CPU threads (null = torch's default; 1 is fastest for tiny "
-        "models on a busy machine)."
+        None,
+        ge=1,
+        description="torch CPU threads (null = torch's default; 1 is fastest for tiny "
+        "models on a busy machine).",
     )
     cpu_affinity: Literal["off", "auto"] = Field(
-        "off", description="Async trainer with rollout and learner both on 'cpu' (Linux): 'auto' "
+        "off",
+        description="Async trainer with rollout and learner both on 'cpu' (Linux): 'auto' "
         "pins the rollout side (sampler server + rollout worker) and the learner to disjoint halves "
         "of the allowed cores (one core each on a 2-core machine), so that with max_staleness >= 1 "
         "they run side by side instead of pre-empting each other; threads default to one per "
-        "pinned core. 'off' leaves placement to the OS. See docs/async.md."
+        "pinned core. 'off' leaves placement to the OS. See docs/async.md.",
     )
 
     @field_validator("cpu_affinity", mode="before")
@@ -378,7 +439,9 @@ class AsyncConfig(_Section):
     """Rollout/learner overlap (used by the async trainer; 0 = synchronous)."""
 
     max_staleness: int = Field(0, ge=0, description="Most policy versions a group may lag behind.")
-    queue_size: int = Field(4, ge=1, description="Groups batches buffered between rollout and learner.")
+    queue_size: int = Field(
+        4, ge=1, description="Groups batches buffered between rollout and learner."
+    )
     check_every: int = Field(
         1, ge=1,
         description="Check every N-th adapter with the logprob-mismatch probe (1 = after every sync; "
@@ -390,23 +453,37 @@ class RayConfig(_Section):
     """The Ray backend's placement (``backend: ray``; docs/scaling.md)."""
 
     address: str | None = Field(
-        None, description="Cluster to join ('auto', 'HOST:PORT', 'ray://HOST:10001'); null: $RAY_ADDRESS, "
+        None,
+        description="Cluster to join ('auto', 'HOST:PORT', 'ray://HOST:10001'); null: $RAY_ADDRESS, "
         "else a running local cluster, else a new local one.",
     )
-    rollout_workers: int = Field(2, ge=1, description="Rollout worker actors (twin episodes + sampler client).")
-    engines: int = Field(1, ge=1, description="Sampler engine actors (twin serve or vLLM), one per GPU bundle.")
-    worker_cpus: float = Field(
-        0.5, gt=0, description="CPUs each rollout worker reserves (it renders and runs envs; the engine samples).",
+    rollout_workers: int = Field(
+        2, ge=1, description="Rollout worker actors (twin episodes + sampler client)."
     )
-    engine_cpus: float = Field(1.0, gt=0, description="CPUs each engine reserves (devices.rollout: cpu).")
+    engines: int = Field(
+        1, ge=1, description="Sampler engine actors (twin serve or vLLM), one per GPU bundle."
+    )
+    worker_cpus: float = Field(
+        0.5,
+        gt=0,
+        description="CPUs each rollout worker reserves (it renders and runs envs; the engine samples).",
+    )
+    engine_cpus: float = Field(
+        1.0, gt=0, description="CPUs each engine reserves (devices.rollout: cpu)."
+    )
     max_restarts: int = Field(
-        3, ge=0, description="Restarts of a dead worker or engine actor (its lot is sampled again).",
+        3,
+        ge=0,
+        description="Restarts of a dead worker or engine actor (its lot is sampled again).",
     )
     learner: Literal["driver", "actor"] = Field(
-        "driver", description="Where the learner runs: 'driver' (the `twin train` process) or 'actor' (a Ray actor "
+        "driver",
+        description="Where the learner runs: 'driver' (the `twin train` process) or 'actor' (a Ray actor "
         "with one GPU when devices.learner is cuda; when it dies it is started again with --resume).",
     )
-    learner_cpus: float = Field(1.0, ge=0, description="CPUs the learner actor reserves (ray.learner: actor).")
+    learner_cpus: float = Field(
+        1.0, ge=0, description="CPUs the learner actor reserves (ray.learner: actor)."
+    )
 
 
 class Recipe(_Section):
@@ -417,15 +494,24 @@ class Recipe(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA or full fine-tuning.")
     sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="Sampling.")
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="The objective.")
+    algorithm: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig, description="The objective."
+    )
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and batching.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Run length and outputs.")
     devices: DevicesConfig = Field(default_factory=DevicesConfig, description="Placement.")
-    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", description="Async options.")
-    data: DataConfig = Field(default_factory=DataConfig, description="Trajectory dataset (algorithm sft).")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation (algorithm sft).")
+    async_: AsyncConfig = Field(
+        default_factory=AsyncConfig, alias="async", description="Async options."
+    )
+    data: DataConfig = Field(
+        default_factory=DataConfig, description="Trajectory dataset (algorithm sft)."
+    )
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig, description="Held-out evaluation (algorithm sft)."
+    )
     backend: Literal["local", "ray"] = Field(
-        "local", description="Where the async trainer's processes run: 'local' (this machine, multiprocessing) "
+        "local",
+        description="Where the async trainer's processes run: 'local' (this machine, multiprocessing) "
         "or 'ray' (rollout workers, sampler engines as Ray actors; section ray, docs/scaling.md).",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray placement (backend: ray).")
@@ -448,7 +534,9 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _patience_needs_holdout(self) -> Recipe:
         if self.data.patience and not self.data.holdout:
-            raise ValueError("data.patience needs data.holdout > 0: early stopping watches the held-out loss")
+            raise ValueError(
+                "data.patience needs data.holdout > 0: early stopping watches the held-out loss"
+            )
         return self
 
     @model_validator(mode="after")
@@ -506,6 +594,7 @@ class Recipe(_Section):
 
 # -- loading ---------------------------------------------------------------------------------------
 
+
 def _resolve_path(path: str | Path) -> Path:
     p = Path(path)
     if p.exists():
@@ -557,7 +646,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.path=value, e.g. optim.lr=1e-4")
+            raise ConfigError(
+                f"override {item!r} must look like key.path=value, e.g. optim.lr=1e-4"
+            )
         key, _, raw = item.partition("=")
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
@@ -610,7 +701,9 @@ def load_recipe(path: str | Path | dict[str, Any], overrides: list[str] | None =
         source = str(resolved)
         data = load_yaml_file(resolved, what="recipe") or {}
     if not isinstance(data, dict):
-        raise ConfigError(f"recipe {source}: expected a mapping at the top, got {type(data).__name__}")
+        raise ConfigError(
+            f"recipe {source}: expected a mapping at the top, got {type(data).__name__}"
+        )
     if isinstance(data.get("algorithm"), str):  # `algorithm: sft` = `algorithm: {name: sft}`
         data["algorithm"] = {"name": data["algorithm"]}
     data = apply_overrides(_fix_floats(data), list(overrides or []))
@@ -656,10 +749,14 @@ def check_devices(recipe: Recipe, *, visible_only: bool = False, planned_gpus: i
     for role, dev in wanted:
         index = int(dev.partition(":")[2] or 0)
         if count == 0 and not visible_only:
-            raise ConfigError(f"devices.{role} {dev!r}: no CUDA device is visible on this machine; use 'cpu'")
+            raise ConfigError(
+                f"devices.{role} {dev!r}: no CUDA device is visible on this machine; use 'cpu'"
+            )
         if count and index >= count:
             have = "cuda:0" if count == 1 else f"cuda:0 .. cuda:{count - 1}"
-            raise ConfigError(f"devices.{role} {dev!r}: this machine has {count} CUDA device(s) ({have})")
+            raise ConfigError(
+                f"devices.{role} {dev!r}: this machine has {count} CUDA device(s) ({have})"
+            )
         if not count and index >= planned_gpus:
             have = "cuda:0" if planned_gpus == 1 else f"cuda:0 .. cuda:{planned_gpus - 1}"
             raise ConfigError(

@@ -143,7 +143,9 @@ def collect_groups(
     started = time.perf_counter()
     live: list[_RunningEpisode] = []
     for split, index in cases:
-        opening: tuple[Any, Any, Any] | None = None  # (obs, tools, renderer) of the group's first episode
+        opening: tuple[Any, Any, Any] | None = (
+            None  # (obs, tools, renderer) of the group's first episode
+        )
         for _ in range(group_size):
             env = TwinEnv(twin)
             obs, info = env.reset(options={"split": split, "index": int(index)})
@@ -164,7 +166,9 @@ def collect_groups(
         tok = live[0].renderer.tokenizer
 
         def decode(ids: list[int]) -> str:
-            return str(tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+            return str(
+                tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            )
 
     stop_ids = sorted(live[0].renderer.stop_ids) if live else None
     if getattr(sampler, "streams_turns", False):
@@ -185,16 +189,25 @@ def collect_groups(
             traj.timings["policy"] = item.sample_s
             traj.timings["total"] = total_s
             trajs.append(traj)
-        groups.append(Group(case_id=trajs[0].case_id, trajectories=trajs, policy_version=policy_version))
+        groups.append(
+            Group(case_id=trajs[0].case_id, trajectories=trajs, policy_version=policy_version)
+        )
     if twin.needs_group and live:
         cases_of = [(item.env.trajectory, item.env.case) for item in live]
-        twin.score_groups([cases_of[g * group_size : (g + 1) * group_size] for g in range(len(cases))],
-                          new_step=new_judge_step)
+        twin.score_groups(
+            [cases_of[g * group_size : (g + 1) * group_size] for g in range(len(cases))],
+            new_step=new_judge_step,
+        )
     return groups
 
 
-def _take_turn(item: _RunningEpisode, sample: Sample, budget: int, settings: RolloutSettings,
-               decode: Callable[[list[int]], str]) -> None:
+def _take_turn(
+    item: _RunningEpisode,
+    sample: Sample,
+    budget: int,
+    settings: RolloutSettings,
+    decode: Callable[[list[int]], str],
+) -> None:
     """Record a sampled turn, run it in the env, and append the env's answer (or end the episode)."""
     ids, lps = list(sample.ids[:budget]), list(sample.logprobs[:budget])
     item.renderer.add_completion(ids, lps)
@@ -213,8 +226,14 @@ def _take_turn(item: _RunningEpisode, sample: Sample, budget: int, settings: Rol
         item.env.truncate(CUT_NOTE)
 
 
-def _advance_together(live: list[_RunningEpisode], sampler: Sampler, settings: RolloutSettings, seed: int,
-                      stop_ids: list[int] | None, decode: Callable[[list[int]], str]) -> None:
+def _advance_together(
+    live: list[_RunningEpisode],
+    sampler: Sampler,
+    settings: RolloutSettings,
+    seed: int,
+    stop_ids: list[int] | None,
+    decode: Callable[[list[int]], str],
+) -> None:
     """Every unfinished episode's next turn in one sampler call, until all are done."""
     call = 0
     while True:
@@ -239,8 +258,14 @@ def _advance_together(live: list[_RunningEpisode], sampler: Sampler, settings: R
             _take_turn(item, sample, budget, settings, decode)
 
 
-def _advance_independently(live: list[_RunningEpisode], sampler: Any, settings: RolloutSettings, seed: int,
-                           stop_ids: list[int] | None, decode: Callable[[list[int]], str]) -> None:
+def _advance_independently(
+    live: list[_RunningEpisode],
+    sampler: Any,
+    settings: RolloutSettings,
+    seed: int,
+    stop_ids: list[int] | None,
+    decode: Callable[[list[int]], str],
+) -> None:
     """Each episode in its own task: its next turn is requested as soon as its last one ran.
 
     At most ``sampler.concurrency`` requests are in flight. The env steps run on the event loop's
@@ -290,8 +315,14 @@ def collect_group(
 ) -> Group:
     """One case's group (see :func:`collect_groups`)."""
     return collect_groups(
-        twin, [case], sampler, renderer_factory, group_size=group_size, settings=settings,
-        seed=seed, policy_version=policy_version,
+        twin,
+        [case],
+        sampler,
+        renderer_factory,
+        group_size=group_size,
+        settings=settings,
+        seed=seed,
+        policy_version=policy_version,
     )[0]
 
 
@@ -320,7 +351,9 @@ def episode_tokens(trajectory: Trajectory) -> tuple[list[int], list[int], list[f
 
 
 # -- one step's sampling, as both training loops run it ----------------------------------------------
-def rollout_settings(cfg: Any, *, policy_name: str | None = None, context_length: int | None = None) -> RolloutSettings:
+def rollout_settings(
+    cfg: Any, *, policy_name: str | None = None, context_length: int | None = None
+) -> RolloutSettings:
     """The recipe's :class:`RolloutSettings` (the synchronous loop and the rollout worker both call this).
 
     Args:
@@ -431,7 +464,9 @@ def sample_step(
     return StepSample(every, kept, rounds, settings.max_new_tokens)
 
 
-def recipe_renderer_factory(cfg: Any, tokenizer: Any, model: str | None = None) -> Callable[[Any], Any]:
+def recipe_renderer_factory(
+    cfg: Any, tokenizer: Any, model: str | None = None
+) -> Callable[[Any], Any]:
     """``tools -> Renderer`` for the recipe's template, ending turns on every id vLLM stops on.
 
     Args:

@@ -40,6 +40,7 @@ __all__ = ["HFPolicy", "parse_hf_spec"]
 
 Message = dict[str, Any]
 
+
 def _flag(raw: str) -> bool:
     value = raw.strip().lower()
     if value not in {"0", "1", "true", "false"}:
@@ -215,7 +216,11 @@ class HFPolicy:
         autocast_context(self.autocast, device)  # a bad dtype fails here, not in the first turn
         self._autocast = lambda: autocast_context(self.autocast, device)
         self.sampler = HFSampler(
-            model, tokenizer, max_batch=max_batch, prefix_cache=prefix_cache, cache_bytes=cache_bytes
+            model,
+            tokenizer,
+            max_batch=max_batch,
+            prefix_cache=prefix_cache,
+            cache_bytes=cache_bytes,
         )
         config = getattr(model, "config", None)
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
@@ -230,9 +235,8 @@ class HFPolicy:
             spec: The policy spec.
             twin: The twin it will act in (unused: tools come with each ``act``).
         """
-        from trainer.models import load_model
-
         from trainer.checkpoint import checkpoint_model_config, is_checkpoint, load_checkpoint_model
+        from trainer.models import load_model
 
         model_spec, options = parse_hf_spec(spec)
         device = options.pop("device", "cpu")
@@ -241,8 +245,12 @@ class HFPolicy:
             from trainer.threads import place_cpu_threads
 
             place_cpu_threads(threads)
-        if is_checkpoint(model_spec):  # an SFT / GRPO checkpoint: its weights, its recipe's template
-            model, tokenizer = load_checkpoint_model(model_spec, options.pop("dtype", "auto"), device)
+        if is_checkpoint(
+            model_spec
+        ):  # an SFT / GRPO checkpoint: its weights, its recipe's template
+            model, tokenizer = load_checkpoint_model(
+                model_spec, options.pop("dtype", "auto"), device
+            )
             model_cfg = checkpoint_model_config(model_spec)
             options.setdefault("chat_template", model_cfg.get("chat_template"))
             options.setdefault("template_kwargs", model_cfg.get("template_kwargs") or {})
@@ -301,7 +309,10 @@ class HFPolicy:
         from trainer.renderer import Renderer
 
         return Renderer(
-            self.tokenizer, list(tools), chat_template=self.chat_template, template_kwargs=self.template_kwargs
+            self.tokenizer,
+            list(tools),
+            chat_template=self.chat_template,
+            template_kwargs=self.template_kwargs,
         )
 
     def for_episode(self, key: str) -> _EpisodePolicy:

@@ -43,6 +43,7 @@ __all__ = ["Learner", "TrainBatch", "build_lora_model", "trainable_parameters"]
 
 log = logging.getLogger("twinrl.trainer")
 
+
 def build_lora_model(
     model: Any,
     *,
@@ -74,7 +75,13 @@ def build_lora_model(
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in target_modules if t not in names]
     if len(missing) == len(list(target_modules)):
-        linear = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
+        linear = sorted(
+            {
+                n.rsplit(".", 1)[-1]
+                for n, mod in model.named_modules()
+                if isinstance(mod, torch.nn.Linear)
+            }
+        )
         raise ConfigError(
             f"lora.target_modules {list(target_modules)} match no module of {type(model).__name__}; "
             f"its linear layers are named: {', '.join(linear)}"
@@ -195,7 +202,10 @@ class Learner:
         meter = _Meter()
         self.model.train()
         for chunk in (list(range(k, n, mini)) for k in range(mini)):
-            counts = {"num_seqs": len(chunk), "num_tokens": sum(sum(batch.loss_mask[i]) for i in chunk)}
+            counts = {
+                "num_seqs": len(chunk),
+                "num_tokens": sum(sum(batch.loss_mask[i]) for i in chunk),
+            }
             self.optimizer.zero_grad(set_to_none=True)
             chunk_loss = 0.0
             for scored in self.score(batch, chunk, old=old, ref=ref):
@@ -294,7 +304,10 @@ class Learner:
             self.skipped_updates += 1
             log.warning(
                 "learner: update %d skipped: loss %s, gradient norm %s (not finite); %d skipped so far",
-                self.version, loss, norm, self.skipped_updates,
+                self.version,
+                loss,
+                norm,
+                self.skipped_updates,
             )
         # The version advances either way: every update attempt names a new policy version
         # (the sync protocol expects that); a skipped one has the previous weights.
@@ -312,7 +325,9 @@ class Learner:
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """The trainable tensors by name (the adapter for LoRA), on CPU."""
-        return {n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        return {
+            n: p.detach().cpu().clone() for n, p in self.model.named_parameters() if p.requires_grad
+        }
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load tensors saved by :meth:`trainable_state_dict`.

@@ -77,8 +77,8 @@ def measure_learner_activations(
 
     from trainer.config import AlgorithmConfig, OptimConfig
     from trainer.learner import Learner, TrainBatch, build_lora_model
-    from trainer.scoring import decoder_layers
     from trainer.plan import KNOWN_MODELS
+    from trainer.scoring import decoder_layers
 
     dims = replace(KNOWN_MODELS[model], layers=layers, vocab=vocab)
     kind = "qwen3" if dims.qk_norm else ("qwen2" if dims.qkv_bias else "llama")
@@ -94,8 +94,18 @@ def measure_learner_activations(
         for p in lm.parameters():
             p.requires_grad_(True)
     else:
-        targets = target_modules or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        lm = build_lora_model(lm, lora_rank=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets)
+        targets = target_modules or [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+        lm = build_lora_model(
+            lm, lora_rank=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets
+        )
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(5, vocab, (prompt,), generator=g).tolist()
     # the last row one token short: a padded batch, as in training (sdpa then gets a mask)
@@ -118,10 +128,14 @@ def measure_learner_activations(
         logp, _ = learner.scorer.forward(mb)
     del logp
     if prompt:  # what the learner charges to the budget for this micro-batch
-        budget = prompt + rows * ((tokens - prompt) + learner.scorer.shared_prompt_weight() * prompt)
+        budget = prompt + rows * (
+            (tokens - prompt) + learner.scorer.shared_prompt_weight() * prompt
+        )
     else:
         budget = rows * tokens
-    return Measured(counted.total / (budget * len(counted_layers)), int(budget), len(counted_layers))
+    return Measured(
+        counted.total / (budget * len(counted_layers)), int(budget), len(counted_layers)
+    )
 
 
 def _rss(field: str) -> int:
@@ -133,7 +147,13 @@ def _rss(field: str) -> int:
 
 
 def measure_logprob_peak(
-    tokens: int, vocab: int, *, hidden: int = 64, chunk: int = 512, dtype: str = "float32", seed: int = 0
+    tokens: int,
+    vocab: int,
+    *,
+    hidden: int = 64,
+    chunk: int = 512,
+    dtype: str = "float32",
+    seed: int = 0,
 ) -> int:
     """Peak resident bytes of one learner logprob path (forward with entropy, then backward).
 
@@ -180,8 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-rank", type=int, default=64, help="0: full fine-tuning")
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--logits", action="store_true",
-                    help="measure the logprob path's peak instead (--tokens positions, --vocab, --chunk)")
+    ap.add_argument(
+        "--logits",
+        action="store_true",
+        help="measure the logprob path's peak instead (--tokens positions, --vocab, --chunk)",
+    )
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--chunk", type=int, default=512)
     args = ap.parse_args(argv)
@@ -190,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
 
         peak = measure_logprob_peak(args.tokens, args.vocab, chunk=args.chunk, dtype=args.dtype)
         planned = logit_peak_bytes(args.tokens, args.vocab, args.chunk)
-        print(f"logprob path, {args.tokens} tok x {args.vocab} vocab, chunk {args.chunk}: measured "
-              f"{peak / 2**20:.1f} MiB, planned {planned / 2**20:.1f} MiB")
+        print(
+            f"logprob path, {args.tokens} tok x {args.vocab} vocab, chunk {args.chunk}: measured "
+            f"{peak / 2**20:.1f} MiB, planned {planned / 2**20:.1f} MiB"
+        )
         return 0
     dtype = getattr(torch, args.dtype)
     m = measure_learner_activations(

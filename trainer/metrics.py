@@ -87,7 +87,9 @@ def open_training_run(
     return store, run_id
 
 
-def close_training_run(store: Any, run_id: int | None, *, done: bool, summary: dict[str, Any]) -> None:
+def close_training_run(
+    store: Any, run_id: int | None, *, done: bool, summary: dict[str, Any]
+) -> None:
     """End a training run's use of the store (the other half of :func:`open_training_run`).
 
     A run whose steps are all done is finished with ``summary``; an unfinished one stays
@@ -148,7 +150,9 @@ class MetricsLogger:
         table_rows: int = 16,
     ) -> None:
         if table_every < 1 or table_rows < 1:
-            raise ValueError(f"need table_every >= 1 and table_rows >= 1, got {table_every}, {table_rows}")
+            raise ValueError(
+                f"need table_every >= 1 and table_rows >= 1, got {table_every}, {table_rows}"
+            )
         self.table_every = table_every
         self.table_rows = table_rows
         self._tables = 0
@@ -182,13 +186,16 @@ class MetricsLogger:
         if sinks is not None and "wandb" in sinks:
             wandb = _import_sink("wandb")
             self._wandb = wandb.init(
-                config=config or {}, reinit="create_new",
+                config=config or {},
+                reinit="create_new",
                 **wandb_settings(project, name, self.dir, resume=resume_step is not None),
             )
         if sinks is not None and "trackio" in sinks:
             self._trackio = _import_sink("trackio")
             self._trackio_run = self._trackio.init(
-                project=project, name=name, config=config or {},
+                project=project,
+                name=name,
+                config=config or {},
                 resume="allow" if resume_step is not None else "never",
             )
 
@@ -212,7 +219,8 @@ class MetricsLogger:
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         scalars = {
-            k: v for k, v in record.items()
+            k: v
+            for k, v in record.items()
             if k != "step" and isinstance(v, float) and math.isfinite(v)
         }
         if self._tb is not None:
@@ -291,8 +299,9 @@ def _cell(value: Any) -> str:
 def sample_episodes(episodes: Sequence[Any], n: int) -> list[Any]:
     """At most ``n`` of ``episodes``, spread over the reward range: sorted by reward, the best,
     the worst and evenly spaced ones between (deterministic; unscored ones count as lowest)."""
-    ranked = sorted(episodes, key=lambda t: (t.reward if t.reward is not None else -math.inf,
-                                             t.case_id))
+    ranked = sorted(
+        episodes, key=lambda t: (t.reward if t.reward is not None else -math.inf, t.case_id)
+    )
     if len(ranked) <= n:
         return ranked
     if n == 1:
@@ -314,14 +323,20 @@ def episode_table(episodes: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
     rows = []
     for t in episodes:
         messages = list(t.messages)
-        first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-        prompt = "\n\n".join(f"[{m.get('role')}] {m.get('content') or ''}" for m in messages[:first])
+        first = next(
+            (i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages)
+        )
+        prompt = "\n\n".join(
+            f"[{m.get('role')}] {m.get('content') or ''}" for m in messages[:first]
+        )
         said = [m.get("content") for m in messages if m.get("role") == "assistant"]
         text = "\n\n".join(f"[turn {i}] {c}" for i, c in enumerate(said, 1) if c)
         calls = "\n".join(
             f"{c.name}({json.dumps(c.arguments, default=str, ensure_ascii=False)})" for c in t.calls
         )
-        results = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
+        results = "\n".join(
+            str(m.get("content") or "") for m in messages if m.get("role") == "tool"
+        )
         values = dict(t.weighted) or dict(t.components)
         reward = float(t.reward) if t.reward is not None else float("nan")
         row = [t.case_id, _cell(prompt), _cell(text), _cell(calls), _cell(results), reward]
@@ -334,7 +349,9 @@ def episode_rows(episodes: Sequence[Any]) -> list[list[Any]]:
     return episode_table(episodes)[1]
 
 
-def plot_rewards(history: list[dict[str, Any]], path: str | Path, *, title: str = "reward") -> Path | None:
+def plot_rewards(
+    history: list[dict[str, Any]], path: str | Path, *, title: str = "reward"
+) -> Path | None:
     """Draw ``rewards/total`` (bold) and each ``rewards/<component>`` per step as a PNG.
 
     Returns:
@@ -350,7 +367,9 @@ def plot_rewards(history: list[dict[str, Any]], path: str | Path, *, title: str 
 
     steps = [r["step"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    names = sorted({k for r in rows for k in r if k.startswith("rewards/") and k != "rewards/total"})
+    names = sorted(
+        {k for r in rows for k in r if k.startswith("rewards/") and k != "rewards/total"}
+    )
     for name in names:
         if name.endswith("_std") or name.startswith("rewards/pass"):
             continue
@@ -370,8 +389,13 @@ def plot_rewards(history: list[dict[str, Any]], path: str | Path, *, title: str 
 
 
 def log_evaluation(
-    tracker: str, summary: dict[str, Any], episodes: Sequence[Any], *, project: str = "twinrl",
-    run_name: str | None = None, table_rows: int = 64,
+    tracker: str,
+    summary: dict[str, Any],
+    episodes: Sequence[Any],
+    *,
+    project: str = "twinrl",
+    run_name: str | None = None,
+    table_rows: int = 64,
 ) -> None:
     """Send one evaluation (``twin eval --tracker``) to W&B or trackio: its summary figures as
     scalars (``eval/reward_mean``, ``eval/success_rate``, ``eval/components/<name>``,
@@ -386,8 +410,11 @@ def log_evaluation(
         raise ValueError(f"unknown tracker {tracker!r}; allowed: wandb, trackio")
     lib = _import_sink(tracker)
     name = run_name or f"eval-{summary.get('twin')}-{summary.get('policy')}"
-    scalars = {f"eval/{k}": float(v) for k, v in summary.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    scalars = {
+        f"eval/{k}": float(v)
+        for k, v in summary.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
     for group in ("components", "pass@k", "pass^k"):
         for k, v in (summary.get(group) or {}).items():
             if isinstance(v, (int, float)) and math.isfinite(v):
@@ -400,12 +427,21 @@ def log_evaluation(
 
 
 def _log_one_step(
-    lib: Any, tracker: str, project: str, name: str, config: dict[str, Any],
-    scalars: dict[str, float], columns: list[str], rows: list[list[Any]],
+    lib: Any,
+    tracker: str,
+    project: str,
+    name: str,
+    config: dict[str, Any],
+    scalars: dict[str, float],
+    columns: list[str],
+    rows: list[list[Any]],
 ) -> None:
     if tracker == "wandb":
-        run = lib.init(config=config, reinit="create_new",
-                       **wandb_settings(project, name, Path.cwd(), resume=False))
+        run = lib.init(
+            config=config,
+            reinit="create_new",
+            **wandb_settings(project, name, Path.cwd(), resume=False),
+        )
         run.log({**scalars, "episodes": lib.Table(columns=columns, data=rows)}, step=0)
         run.finish()
     else:

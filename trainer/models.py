@@ -69,7 +69,9 @@ def _convert_smollm2(target: Path) -> Path:
 
     gguf = _smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     # The dequantized model is still flagged as GGUF-quantized and refuses save_pretrained;
     # rebuild a plain model from its config (without the quantization entry) and copy weights.
     config = gguf_model.config
@@ -113,7 +115,9 @@ def resolve_model_path(spec: str) -> Path:
     return path
 
 
-def load_model(spec: str, dtype: str | torch.dtype = "auto", device: str = "cpu") -> tuple[Any, Any]:
+def load_model(
+    spec: str, dtype: str | torch.dtype = "auto", device: str = "cpu"
+) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` for a spec, offline.
 
     Args:

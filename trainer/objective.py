@@ -85,7 +85,9 @@ class Scored:
 
 
 # ==================================================================== per group
-def shaped_rewards(rewards: Tensor, lengths: Tensor, *, max_len: int, buffer: int, factor: float) -> Tensor:
+def shaped_rewards(
+    rewards: Tensor, lengths: Tensor, *, max_len: int, buffer: int, factor: float
+) -> Tensor:
     """``r~ = r + overlong(L)``: DAPO's soft overlong penalty (:func:`trainer.algorithms.overlong_penalty`).
 
     Args:
@@ -164,7 +166,9 @@ def advantages(shaped: Tensor, estimator: str) -> Tensor:
         ConfigError: unknown estimator.
     """
     if estimator not in algo.ADVANTAGES:
-        raise ConfigError(f"algorithm.advantage: unknown {estimator!r}; expected one of {sorted(algo.ADVANTAGES)}")
+        raise ConfigError(
+            f"algorithm.advantage: unknown {estimator!r}; expected one of {sorted(algo.ADVANTAGES)}"
+        )
     return algo.ADVANTAGES[estimator](shaped)
 
 
@@ -220,12 +224,22 @@ def _check(b: Scored, cfg: LossSettings) -> None:
             "disabled), or set algorithm.kl_coef: 0"
         )
     if cfg.entropy_coef > 0 and b.entropy is None:
-        raise ConfigError("objective: entropy_coef > 0 needs the per-token entropy, or set algorithm.entropy_coef: 0")
+        raise ConfigError(
+            "objective: entropy_coef > 0 needs the per-token entropy, or set algorithm.entropy_coef: 0"
+        )
 
 
 @torch.no_grad()
 def _stats(
-    b: Scored, m: Tensor, old: Tensor, surr: algo.SurrogateOut, w: Tensor, kl: Tensor, pg: Tensor, *, cap: float | None
+    b: Scored,
+    m: Tensor,
+    old: Tensor,
+    surr: algo.SurrogateOut,
+    w: Tensor,
+    kl: Tensor,
+    pg: Tensor,
+    *,
+    cap: float | None,
 ) -> algo.LossStats:
     """Token means over this micro-batch's mask (``cap``: the IS threshold when a correction ran)."""
     n = m.sum().clamp(min=1.0)
@@ -308,6 +322,12 @@ def policy_loss(
         ConfigError: ``kl_coef > 0`` without ``ref_logprobs``, ``entropy_coef > 0`` without
             ``entropy``, or mismatched shapes.
     """
-    scored = Scored(logprobs, mask, advantages, sampler_logprobs, old_logprobs, ref_logprobs, entropy)
-    settings = Settings(eps_low, eps_high, kl_coef, entropy_coef, tis_cap, is_correction, is_mask_low)
-    return objective(scored, settings, aggregate=aggregate, num_seqs=num_seqs, num_tokens=num_tokens)
+    scored = Scored(
+        logprobs, mask, advantages, sampler_logprobs, old_logprobs, ref_logprobs, entropy
+    )
+    settings = Settings(
+        eps_low, eps_high, kl_coef, entropy_coef, tis_cap, is_correction, is_mask_low
+    )
+    return objective(
+        scored, settings, aggregate=aggregate, num_seqs=num_seqs, num_tokens=num_tokens
+    )

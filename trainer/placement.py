@@ -143,7 +143,9 @@ def pin_process(cpus: Iterable[int]) -> bool:
                 continue
         os.sched_setaffinity(0, chosen)
     except OSError as exc:
-        log.warning("could not pin process %d to cores %s: %s", os.getpid(), format_cpus(chosen), exc)
+        log.warning(
+            "could not pin process %d to cores %s: %s", os.getpid(), format_cpus(chosen), exc
+        )
         return False
     return True
 
@@ -179,7 +181,9 @@ def place_learner(cfg: Any) -> CpuPlacement | None:
     return placement
 
 
-def place_rollout_process(threads: int | None = None, cpus: str | None = None) -> tuple[int, ...] | None:
+def place_rollout_process(
+    threads: int | None = None, cpus: str | None = None
+) -> tuple[int, ...] | None:
     """Cores and threads of a rollout-side process (the rollout worker, ``twin serve``).
 
     Pins this process to ``cpus`` (default: ``$TWINRL_ROLLOUT_CPUS``, exported by

@@ -418,7 +418,9 @@ def activation_bytes_per_token_layer(
         per += (dims.norms_per_layer - 2) * dims.hidden * _F32
     if lora_targets is None:
         per += (2 * dims.hidden + q + dims.intermediate) * b  # projection inputs
-        per += (dims.norms_per_layer * dims.hidden + ((q + kv) if dims.qk_norm else 0)) * b  # norm weights' inputs
+        per += (
+            dims.norms_per_layer * dims.hidden + ((q + kv) if dims.qk_norm else 0)
+        ) * b  # norm weights' inputs
     else:
         shapes = dims.linear_shapes()
         targets = list(shapes) if lora_targets in (["all-linear"], ["all_linear"]) else lora_targets
@@ -492,7 +494,9 @@ def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> 
     rank = recipe.lora.rank
     full = activation_bytes_per_token_layer(dims, b, lora_targets=targets, lora_rank=rank)
     if checkpointing:
-        kept = activation_bytes_per_token_layer(dims, b, lora_targets=targets, lora_rank=rank, checkpointing=True)
+        kept = activation_bytes_per_token_layer(
+            dims, b, lora_targets=targets, lora_rank=rank, checkpointing=True
+        )
         layers = tokens * (dims.layers * kept + full)
         how = (
             f"{tokens} tok x ({dims.layers} layers x {kept / 1024:.0f} KiB/tok kept + 1 layer "
@@ -639,7 +643,9 @@ def check_runnable(recipe: Any, gpus: int = 2) -> None:
     from trainer.objective import check_overlong_owner
     from twin.registry import make_twin
 
-    twin = make_twin(recipe.twin.name, **recipe.twin.config)  # validates the config; the world is built lazily
+    twin = make_twin(
+        recipe.twin.name, **recipe.twin.config
+    )  # validates the config; the world is built lazily
     twin.num_cases(recipe.twin.split)  # an unknown split, as twin train refuses it
     check_overlong_owner(getattr(twin, "reward", None), recipe.algorithm.overlong_buffer)
     if gpus < 1:
@@ -647,7 +653,9 @@ def check_runnable(recipe: Any, gpus: int = 2) -> None:
     check_devices(recipe, visible_only=True, planned_gpus=gpus)
     out = Path(recipe.train.output_dir)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)")
+        raise ConfigError(
+            f"train.output_dir {str(out)!r} is a file; give a folder (it is created if missing)"
+        )
 
 
 def main(
@@ -718,7 +726,9 @@ def main(
         for c in p.components:
             table.add_row(c.name, f"{c.bytes / GIB:.2f}", c.note)
         table.add_section()
-        table.add_row("[bold]peak[/]", f"[bold]{p.total / GIB:.2f}[/]", "the most this device holds at once")
+        table.add_row(
+            "[bold]peak[/]", f"[bold]{p.total / GIB:.2f}[/]", "the most this device holds at once"
+        )
         table.add_row("capacity", f"{p.capacity / GIB:.2f}", p.capacity_source)
         console.print(table)
         for note in p.notes:

@@ -62,14 +62,21 @@ class SyncProbe:
     """
 
     def __init__(
-        self, learner: Any, ids: list[int], root: Callable[[], str], *, transport: httpx.BaseTransport | None = None
+        self,
+        learner: Any,
+        ids: list[int],
+        root: Callable[[], str],
+        *,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.learner = learner
         self.ids = list(ids)
         self.root = root
         self.transport = transport
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twin-sync-probe")
-        self._running: list[tuple[int, Future[float]]] = []  # (version, its sampler-side score), oldest first
+        self._running: list[
+            tuple[int, Future[float]]
+        ] = []  # (version, its sampler-side score), oldest first
 
     def launch(self, version: int, load: Future[float] | None = None) -> None:
         """Score the sequence with the learner now, and on the sampler once ``load`` (if any) is done.
@@ -87,9 +94,13 @@ class SyncProbe:
         finally:
             self.learner.temperature = temperature
         mine = [row[i] for i in positions]
-        self._running.append((version, self._pool.submit(self._after_load, load, version, positions, mine)))
+        self._running.append(
+            (version, self._pool.submit(self._after_load, load, version, positions, mine))
+        )
 
-    def _after_load(self, load: Future[float] | None, version: int, positions: list[int], mine: list[float]) -> float:
+    def _after_load(
+        self, load: Future[float] | None, version: int, positions: list[int], mine: list[float]
+    ) -> float:
         """:meth:`score` once the background load of ``version`` is done (NaN when it failed: that
         failure is the learner's to raise, not the probe's)."""
         if load is not None:
@@ -108,15 +119,25 @@ class SyncProbe:
         """
         ids = self.ids
         name = adapter_name(version)
-        body = {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 1}
+        body = {
+            "model": name,
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": 1,
+        }
         try:
             with httpx.Client(transport=self.transport, timeout=300, verify=tls_context(),
                               headers=auth_headers()) as client:  # fmt: skip
                 response = client.post(f"{self.root()}/v1/completions", json=body)
         except httpx.HTTPError as exc:
-            raise SamplerError(f"sync probe of {name}: sampler unreachable ({type(exc).__name__}: {exc})") from exc
+            raise SamplerError(
+                f"sync probe of {name}: sampler unreachable ({type(exc).__name__}: {exc})"
+            ) from exc
         if response.status_code != 200:
-            raise SamplerError(f"sync probe of {name}: HTTP {response.status_code} {response.text[:300]}")
+            raise SamplerError(
+                f"sync probe of {name}: HTTP {response.status_code} {response.text[:300]}"
+            )
         data = response.json()
         if data.get("model") != name:
             raise AdapterSyncError(

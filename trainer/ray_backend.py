@@ -48,8 +48,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from trainer.config import Recipe
 from trainer.async_trainer import AsyncTrainer, RolloutSide
+from trainer.config import Recipe
 from trainer.placement import place_rollout_process
 from trainer.weight_sync import AdapterClient, make_sampler_server
 from trainer.workers import (
@@ -84,7 +84,9 @@ class _Coordinator:
     one. ``claims`` holds each worker's lot in progress (index and cases taken) until it is queued.
     """
 
-    def __init__(self, published: int, claimed: int, consumed: int, max_new_tokens: int, cursor: int) -> None:
+    def __init__(
+        self, published: int, claimed: int, consumed: int, max_new_tokens: int, cursor: int
+    ) -> None:
         self.values = {"published": published, "claimed": claimed, "consumed": consumed, "epoch": 0, "stop": 0,
                        "max_new_tokens": max_new_tokens}  # fmt: skip
         self.produced = consumed
@@ -189,14 +191,20 @@ class RaySharedState:
     def may_sample(self, produced: int, max_staleness: int) -> bool:
         """The local rule, with ``produced`` the caller's count (kept for the interface)."""
         published, claimed, consumed, _epoch, stop = self.get()
-        return not stop and published >= 0 and claimed + (produced - consumed) - published <= max_staleness
+        return (
+            not stop
+            and published >= 0
+            and claimed + (produced - consumed) - published <= max_staleness
+        )
 
 
 # -- rollout workers --------------------------------------------------------------------------------
 class _RayRolloutLoop(_RolloutLoop):
     """The local worker's loop (sampling, dynamic sampling, lots) with lots claimed, not counted."""
 
-    def __init__(self, spec: WorkerSpec, shared: RaySharedState, lots: Any, events: Any, worker: int) -> None:
+    def __init__(
+        self, spec: WorkerSpec, shared: RaySharedState, lots: Any, events: Any, worker: int
+    ) -> None:
         super().__init__(spec, shared, lots, events)
         self.worker = worker
         self.base_url = spec.base_url
@@ -233,7 +241,9 @@ class _RayRolloutLoop(_RolloutLoop):
         claim = self._claim()
         self.started = time.perf_counter()
         self._follow_engine()
-        self.settings = dataclasses.replace(self.settings, context_length=sampler_context_length(self.base_url))
+        self.settings = dataclasses.replace(
+            self.settings, context_length=sampler_context_length(self.base_url)
+        )
         while True:
             if claim is None:
                 t0 = time.perf_counter()
@@ -282,14 +292,18 @@ class _RayRolloutLoop(_RolloutLoop):
 class RolloutWorkerActor:
     """One rollout worker (a Ray actor): the local worker's loop, on lots claimed from the coordinator."""
 
-    def __init__(self, spec: WorkerSpec, shared: RaySharedState, lots: Any, events: Any, worker: int) -> None:
+    def __init__(
+        self, spec: WorkerSpec, shared: RaySharedState, lots: Any, events: Any, worker: int
+    ) -> None:
         self.args = (spec, shared, lots, events, worker)
         shared._call("hello", worker)  # Ray runs this again on each restart
 
     def run(self) -> None:
         """Sample lots until told to stop; errors go to the events queue, as in the local worker."""
         spec, shared, lots, events, worker = self.args
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # it renders and runs envs; the engines have the GPUs
+        os.environ["CUDA_VISIBLE_DEVICES"] = (
+            ""  # it renders and runs envs; the engines have the GPUs
+        )
         try:
             place_rollout_process(max(1, spec.cpu_threads))
             _RayRolloutLoop(spec, shared, lots, events, worker).run()
@@ -309,12 +323,20 @@ class EngineActor:
         from trainer.config import load_recipe
 
         cfg = load_recipe(recipe)
-        if cfg.devices.rollout.startswith("cuda"):  # Ray shows this actor its own GPU only, as cuda:0
-            cfg = cfg.model_copy(update={"devices": cfg.devices.model_copy(update={"rollout": "cuda"})})
+        if cfg.devices.rollout.startswith(
+            "cuda"
+        ):  # Ray shows this actor its own GPU only, as cuda:0
+            cfg = cfg.model_copy(
+                update={"devices": cfg.devices.model_copy(update={"rollout": "cuda"})}
+            )
         self.dir = Path(tempfile.mkdtemp(prefix=f"twinrl-engine{index}-"))
-        self.server = make_sampler_server(cfg, self.dir, model_path, max_loras=cfg.async_.max_staleness + 2)
+        self.server = make_sampler_server(
+            cfg, self.dir, model_path, max_loras=cfg.async_.max_staleness + 2
+        )
         if self.server is None:
-            raise ConfigError("backend: ray starts its own engines; sampler.kind must be 'hf' or 'vllm', not 'server'")
+            raise ConfigError(
+                "backend: ray starts its own engines; sampler.kind must be 'hf' or 'vllm', not 'server'"
+            )
         self.server.host = host
         self.client: AdapterClient | None = None
 
@@ -385,7 +407,9 @@ class EngineGroup:
     def start(self) -> EngineGroup:
         self.urls = [str(u) for u in self._each("start")]
         # worker i samples on engine i mod E
-        self.coordinator._call("set_urls", {w: self.urls[w % len(self.urls)] for w in range(self.workers)})
+        self.coordinator._call(
+            "set_urls", {w: self.urls[w % len(self.urls)] for w in range(self.workers)}
+        )
         return self
 
     def stop(self) -> None:
@@ -447,7 +471,11 @@ class RayAdapterClient:
         from trainer.workers import AdapterSyncError
 
         folder = Path(str(path))
-        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        files = {
+            str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        }
         self.sent_bytes += sum(len(b) for b in files.values())
         ref = ray.put(files)
         try:
@@ -458,7 +486,9 @@ class RayAdapterClient:
             cause = getattr(exc, "cause", None) or exc
             if isinstance(cause, AdapterSyncError):
                 raise cause from exc
-            raise AdapterSyncError(f"loading {name} on the engines failed: {type(exc).__name__}: {exc}") from exc
+            raise AdapterSyncError(
+                f"loading {name} on the engines failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def unload(self, name: str) -> None:
         try:
@@ -515,13 +545,18 @@ class RayTrainer(AsyncTrainer):
         # Named after the run: a learner actor that died left its group behind (a group is scoped to
         # the job, not to the actor that made it; its actors did die with it), and its successor
         # would wait for the resources that group still holds.
-        name = "twinrl-engines-" + hashlib.sha256(str(self.output_dir.resolve()).encode()).hexdigest()[:16]
+        name = (
+            "twinrl-engines-"
+            + hashlib.sha256(str(self.output_dir.resolve()).encode()).hexdigest()[:16]
+        )
         try:
             remove_placement_group(ray.util.get_placement_group(name))
             log.warning("removed placement group %s left by an earlier learner of this run", name)
         except ValueError:  # none: the usual case
             pass
-        self._pg = placement_group([bundle] * rc.engines, strategy="SPREAD" if gpu else "PACK", name=name)
+        self._pg = placement_group(
+            [bundle] * rc.engines, strategy="SPREAD" if gpu else "PACK", name=name
+        )
         ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
             raise ConfigError(
@@ -546,7 +581,9 @@ class RayTrainer(AsyncTrainer):
         if multi_node:  # reachable addresses, not 0.0.0.0
             ips = ray.get([e.node_ip.remote() for e in engines])
             self.server.urls = [u.replace("0.0.0.0", ip) for u, ip in zip(self.server.urls, ips)]  # noqa: S104
-            self.shared._call("set_urls", {w: self.server.urls[w % rc.engines] for w in range(rc.rollout_workers)})
+            self.shared._call(
+                "set_urls", {w: self.server.urls[w % rc.engines] for w in range(rc.rollout_workers)}
+            )
         self.adapters = RayAdapterClient(self.server)
 
         spec = WorkerSpec(recipe=recipe, base_url=self.server.url, start_lot=self.lots_used,
@@ -554,11 +591,15 @@ class RayTrainer(AsyncTrainer):
         remote_worker = ray.remote(RolloutWorkerActor).options(
             num_cpus=rc.worker_cpus, max_restarts=rc.max_restarts, max_task_retries=0
         )
-        self.workers = [remote_worker.remote(spec, shared, lots, events, i) for i in range(rc.rollout_workers)]
+        self.workers = [
+            remote_worker.remote(spec, shared, lots, events, i) for i in range(rc.rollout_workers)
+        ]
         self._actors.extend(self.workers)
         self._runs = [w.run.remote() for w in self.workers]
         # no process handle: check_processes watches the actors
-        return RolloutSide(shared=shared, lots=lots, events=events, base_url=server.url, server=server, worker=None)
+        return RolloutSide(
+            shared=shared, lots=lots, events=events, base_url=server.url, server=server, worker=None
+        )
 
     def next_lot(self) -> tuple[Lot, float]:
         lot, waited = super().next_lot()
@@ -580,7 +621,9 @@ class RayTrainer(AsyncTrainer):
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         if self.server is not None and not self.server.alive():
-            self._restart_sampler(f"engine exited ({self.server.process.returncode}); logs {self.server.log_path}")
+            self._restart_sampler(
+                f"engine exited ({self.server.process.returncode}); logs {self.server.log_path}"
+            )
         done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
         for ref in done:
             i = self._runs.index(ref)
@@ -643,10 +686,16 @@ class _LearnerActor:
         from trainer.config import load_recipe
 
         cfg = load_recipe(recipe)
-        if cfg.devices.learner.startswith("cuda"):  # Ray shows this actor its own GPU only, as cuda:0
-            cfg = cfg.model_copy(update={"devices": cfg.devices.model_copy(update={"learner": "cuda"})})
+        if cfg.devices.learner.startswith(
+            "cuda"
+        ):  # Ray shows this actor its own GPU only, as cuda:0
+            cfg = cfg.model_copy(
+                update={"devices": cfg.devices.model_copy(update={"learner": "cuda"})}
+            )
         self.records: list[dict[str, Any]] = []
-        self.trainer = RayTrainer(cfg, resume=resume, overwrite=overwrite, on_step=self.records.append)
+        self.trainer = RayTrainer(
+            cfg, resume=resume, overwrite=overwrite, on_step=self.records.append
+        )
 
     def setup(self) -> int:
         self.trainer.setup()
@@ -699,9 +748,15 @@ class RemoteLearner:
 
         ray = ensure_ray(self.cfg.ray.address)
         gpu = self.cfg.devices.learner.startswith("cuda")
-        options = {"num_gpus": 1, "num_cpus": self.cfg.ray.learner_cpus} if gpu else {"num_cpus": self.cfg.ray.learner_cpus}
-        self.actor = ray.remote(_LearnerActor).options(max_concurrency=2, max_restarts=0, **options).remote(
-            self.cfg.model_dump(mode="json", by_alias=True), resume, overwrite
+        options = (
+            {"num_gpus": 1, "num_cpus": self.cfg.ray.learner_cpus}
+            if gpu
+            else {"num_cpus": self.cfg.ray.learner_cpus}
+        )
+        self.actor = (
+            ray.remote(_LearnerActor)
+            .options(max_concurrency=2, max_restarts=0, **options)
+            .remote(self.cfg.model_dump(mode="json", by_alias=True), resume, overwrite)
         )
         self.step = int(ray.get(self.actor.setup.remote()))
         self._seen = 0

@@ -118,6 +118,7 @@ def load_chat_template(spec: str) -> str:
         f"unknown chat template {spec!r}: use one of {', '.join(names)} or a path to a .jinja file"
     )
 
+
 _PROBE_TOOL = {
     "type": "function",
     "function": {
@@ -300,8 +301,10 @@ class Renderer:
         if not self.stop_ids:
             raise ConfigError("Renderer: stop_ids is empty; pass the end-of-turn id(s)")
         # the token that closes a cut-off turn, and whose text marks a turn's end in the template
-        end_id = tokenizer.eos_token_id if tokenizer.eos_token_id in self.stop_ids else min(
-            self.stop_ids
+        end_id = (
+            tokenizer.eos_token_id
+            if tokenizer.eos_token_id in self.stop_ids
+            else min(self.stop_ids)
         )
         self._end_text = tokenizer.decode(
             [end_id], skip_special_tokens=False, clean_up_tokenization_spaces=False
@@ -353,16 +356,20 @@ class Renderer:
                 msgs = [first, *msgs[1:]]
             else:
                 msgs = [
-                    {"role": "system", "content": "You are a helpful assistant."
-                     + tools_preamble(self.tools)},
+                    {
+                        "role": "system",
+                        "content": "You are a helpful assistant." + tools_preamble(self.tools),
+                    },
                     *msgs,
                 ]
         for m in msgs:
             role = m.get("role")
             if role == "tool":
                 out.append(
-                    {"role": "user",
-                     "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+                    {
+                        "role": "user",
+                        "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>",
+                    }
                 )
             elif role == "assistant":
                 out.append({"role": "assistant", "content": _assistant_text(m)})
@@ -395,8 +402,13 @@ class Renderer:
             add_generation_prompt=True)``, tokenized without extra special tokens.
         """
         self.messages = [dict(m) for m in messages]
-        self.stats = {"turns": 0, "prefix_breaks": 0, "unterminated": 0, "unparsed_turns": 0,
-                      "refused_turns": 0}
+        self.stats = {
+            "turns": 0,
+            "prefix_breaks": 0,
+            "unterminated": 0,
+            "unparsed_turns": 0,
+            "refused_turns": 0,
+        }
         self.refusal = None
         self._prev = None
         try:
@@ -546,7 +558,7 @@ class Renderer:
         prev = self._prev if self._prev is not None else self._render_or_fail(self.messages, False)
         full = self._render_or_fail([*self.messages, *new], True)
         if full.startswith(prev):
-            text = self._glue(prev) + full[len(prev):]
+            text = self._glue(prev) + full[len(prev) :]
         else:
             self._count("prefix_breaks")
             text = self._after_last_turn(new, prev, full)
@@ -577,7 +589,7 @@ class Renderer:
         at = prev.rfind(self._end_text) if self._end_text else -1
         if at < 0:
             return ""
-        return prev[at + len(self._end_text):]
+        return prev[at + len(self._end_text) :]
 
     def _after_last_turn(self, new: list[Message], prev: str, full: str) -> str:
         """The append-only rule: what the template writes after the last assistant turn's end.
@@ -596,7 +608,9 @@ class Renderer:
                 "became %r); the episode keeps its ids and gets the new messages appended "
                 "(append-only rule; counted in stats['prefix_breaks'], see docs/training.md, "
                 "'Chat templates')",
-                at, prev[at:at + 40], full[at:at + 40],
+                at,
+                prev[at : at + 40],
+                full[at : at + 40],
             )
         marked = _with_mark(self.messages[-1])
         probe = self._render_or_fail([*self.messages[:-1], marked, *new], True)
@@ -605,11 +619,11 @@ class Renderer:
         if end < 0:
             raise ConfigError(
                 "Renderer: the chat template rewrites earlier turns and does not render the last "
-                f"assistant turn where it can be found (char {at}: {prev[at:at + 40]!r} vs "
-                f"{full[at:at + 40]!r}); this template cannot be rendered incrementally, use "
+                f"assistant turn where it can be found (char {at}: {prev[at : at + 40]!r} vs "
+                f"{full[at : at + 40]!r}); this template cannot be rendered incrementally, use "
                 "another chat template"
             )
-        return probe[end + len(self._end_text):]
+        return probe[end + len(self._end_text) :]
 
     # ---------------------------------------------------------------- outputs
     def episode(self) -> EpisodeTokens:
@@ -638,8 +652,9 @@ class Renderer:
         for p in self._pieces:
             if p.sampled:
                 turns.append(
-                    TokenTurn(prompt_ids=pending, completion_ids=list(p.ids),
-                              logprobs=list(p.logprobs))
+                    TokenTurn(
+                        prompt_ids=pending, completion_ids=list(p.ids), logprobs=list(p.logprobs)
+                    )
                 )
                 pending = []
             else:
@@ -666,8 +681,10 @@ class Renderer:
             return PrefixReport(ok=True)
         at = _first_difference(decoded, rendered)
         return PrefixReport(
-            ok=False, index=at, decoded=decoded[max(0, at - 20):at + 40],
-            rendered=rendered[max(0, at - 20):at + 40],
+            ok=False,
+            index=at,
+            decoded=decoded[max(0, at - 20) : at + 40],
+            rendered=rendered[max(0, at - 20) : at + 40],
         )
 
 
@@ -680,8 +697,9 @@ def _assistant_text(m: Message) -> str:
         fn = c.get("function", c)
         args = fn.get("arguments")
         args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-        blocks.append(f'<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args_text}}}\n'
-                      "</tool_call>")
+        blocks.append(
+            f'<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args_text}}}\n</tool_call>'
+        )
     if blocks:
         text = "\n".join([text, *blocks]) if text else "\n".join(blocks)
     return text
@@ -724,7 +742,10 @@ def _template_renders_tools(tokenizer: Any, template: str | None = None) -> bool
         msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         try:
             with_tools = tokenizer.apply_chat_template(
-                msgs, tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True,
+                msgs,
+                tools=[_PROBE_TOOL],
+                tokenize=False,
+                add_generation_prompt=True,
                 chat_template=template,
             )
         except Exception:  # noqa: BLE001 - a template that fails on tools does not support them

@@ -52,13 +52,13 @@ from trainer.checkpoint import (
     unlock_output_dir,
 )
 from trainer.config import Recipe, check_devices
+from trainer.episodes import episode_tokens, load_tokenizer, recipe_renderer_factory, training_cases
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
-from trainer.weight_sync import AdapterPublisher, AdapterSink
-from trainer.episodes import episode_tokens, load_tokenizer, recipe_renderer_factory, training_cases
 from trainer.store_writer import StoreWriter
-from twin.trajectory import Group
+from trainer.weight_sync import AdapterPublisher, AdapterSink
 from twin.cases import stable_seed
+from twin.trajectory import Group
 
 __all__ = [
     "LengthCurriculum",
@@ -88,7 +88,9 @@ def finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
-def make_batch(groups: list[Group], advantage: str, *, placebo_seed: int | None = None) -> TrainBatch:
+def make_batch(
+    groups: list[Group], advantage: str, *, placebo_seed: int | None = None
+) -> TrainBatch:
     """Advantages per group (on the shaped rewards), then one row per episode that sampled a token
     (an episode cut before its first turn counts in its group's advantages, and has nothing to learn).
 
@@ -98,14 +100,18 @@ def make_batch(groups: list[Group], advantage: str, *, placebo_seed: int | None 
         placebo_seed: ``algorithm.placebo``: shuffle the advantages across the batch's episodes
             with this seed (the same values, each on a random episode).
     """
-    shaped = torch.tensor([[t.info["shaped_reward"] for t in g.trajectories] for g in groups])  # [N, G]
+    shaped = torch.tensor(
+        [[t.info["shaped_reward"] for t in g.trajectories] for g in groups]
+    )  # [N, G]
     advantages = objective.advantages(shaped, advantage)  # [N, G]
     if placebo_seed is not None:
         advantages = objective.placebo_advantages(advantages, placebo_seed)
     ids, masks, lps, adv = [], [], [], []
     for g, row in zip(groups, advantages.tolist()):
         for t, a in zip(g.trajectories, row):
-            if not t.token_turns:  # cut before its first turn (prompt over the budget): no sampled token
+            if (
+                not t.token_turns
+            ):  # cut before its first turn (prompt over the budget): no sampled token
                 continue
             i, m, lp = episode_tokens(t)
             ids.append(i)
@@ -129,7 +135,9 @@ def episode_metrics(groups: list[Group]) -> dict[str, float]:
     out["episodes/count"] = float(len(trajs))
     out["episodes/turns"] = statistics.fmean(t.num_turns for t in trajs)
     out["episodes/completion_tokens"] = statistics.fmean(t.completion_tokens for t in trajs)
-    out["episodes/episode_tokens"] = statistics.fmean(t.info.get("episode_tokens", 0) for t in trajs)
+    out["episodes/episode_tokens"] = statistics.fmean(
+        t.info.get("episode_tokens", 0) for t in trajs
+    )
     out["episodes/terminated"] = statistics.fmean(float(t.terminated) for t in trajs)
     out["episodes/overlong"] = statistics.fmean(float(t.info.get("overlong", False)) for t in trajs)
     out["episodes/invalid_calls"] = statistics.fmean(t.invalid_calls for t in trajs)
@@ -152,7 +160,13 @@ class StepUpdate:
 
 
 def learn_from_groups(
-    learner: Any, kept: list[Group], every: list[Group], *, advantage: str, step: int, epochs: int = 1,
+    learner: Any,
+    kept: list[Group],
+    every: list[Group],
+    *,
+    advantage: str,
+    step: int,
+    epochs: int = 1,
     placebo_seed: int | None = None,
 ) -> StepUpdate:
     """One step's learning: advantages, ``epochs`` updates on the kept groups, episode metrics.
@@ -174,13 +188,18 @@ def learn_from_groups(
         for _ in range(max(1, epochs)):
             learn = learner.step(batch)
     elif kept:
-        log.warning("step %d: no kept episode sampled a token (prompts over max_episode_tokens?); no update", step)
+        log.warning(
+            "step %d: no kept episode sampled a token (prompts over max_episode_tokens?); no update",
+            step,
+        )
     else:
         log.warning("step %d: every group had equal rewards; no update", step)
     return StepUpdate(learn, episode_metrics(every), time.perf_counter() - t0)
 
 
-def step_perf(*, rollout_s: float, sampled_tokens: int, sync_s: float, step_s: float, cursor: int) -> dict[str, float]:
+def step_perf(
+    *, rollout_s: float, sampled_tokens: int, sync_s: float, step_s: float, cursor: int
+) -> dict[str, float]:
     """The ``perf/*`` and ``data/cursor`` entries of a step's record, the same in every loop.
 
     ``rollout_s`` is the time the lot took to sample (in the worker, for the async loop);
@@ -252,7 +271,13 @@ class LengthCurriculum:
         s = self.sampler
         if s.length_curriculum == "linear" and s.max_new_tokens_ramp > 0:
             start = s.length_curriculum_start
-            return max(1, min(s.max_new_tokens, start + (step * (s.max_new_tokens - start + 1)) // s.max_new_tokens_ramp))
+            return max(
+                1,
+                min(
+                    s.max_new_tokens,
+                    start + (step * (s.max_new_tokens - start + 1)) // s.max_new_tokens_ramp,
+                ),
+            )
         if s.length_curriculum == "plateau":
             return int(min(s.max_new_tokens, self.limit or 1))
         return int(s.max_new_tokens)
@@ -262,7 +287,11 @@ class LengthCurriculum:
         if self.reward is None:  # the level this length starts from
             self.reward = mean_reward
             return
-        if self.sampler.length_curriculum == "plateau" and not kept and mean_reward > self.reward + self.MIN_GAIN:
+        if (
+            self.sampler.length_curriculum == "plateau"
+            and not kept
+            and mean_reward > self.reward + self.MIN_GAIN
+        ):
             self.limit = min((self.limit or 1) + 1, float(self.sampler.max_new_tokens))
             self.reward = mean_reward
 
@@ -334,7 +363,9 @@ class TrainingRuntime:
         cfg = self.cfg
         check_devices(cfg)
         # before the model loads: a refused output folder should cost nothing
-        checkpoint = prepare_output_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
+        checkpoint = prepare_output_dir(
+            self.output_dir, resume=self.resume, overwrite=self.overwrite
+        )
         if self.resume and checkpoint is None:
             log.warning("--resume: no checkpoint in %s; starting a fresh run", self.output_dir)
         # TRY NOT TO MODIFY: seeding, threads, the twin
@@ -343,9 +374,13 @@ class TrainingRuntime:
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
         self.twin.num_cases(cfg.twin.split)  # fails early on an unknown split
         # a twin without a reward has no penalty to check (it fails when an episode is scored)
-        objective.check_overlong_owner(getattr(self.twin, "reward", None), cfg.algorithm.overlong_buffer)
+        objective.check_overlong_owner(
+            getattr(self.twin, "reward", None), cfg.algorithm.overlong_buffer
+        )
         # model.init_from: the checkpoint's weights (merged) are the model this run trains
-        self.model_path = init_model_path(cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype)
+        self.model_path = init_model_path(
+            cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype
+        )
         if self.learner is None:
             self.learner, self.tokenizer = self._build_learner()
         else:
@@ -357,7 +392,9 @@ class TrainingRuntime:
         shutil.rmtree(self.output_dir / "adapters", ignore_errors=True)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "recipe.yaml").write_text(cfg.to_yaml())
-        if checkpoint is not None:  # the newest that loads: a damaged one falls back to the one before
+        if (
+            checkpoint is not None
+        ):  # the newest that loads: a damaged one falls back to the one before
             checkpoint, state = load_resumable(self.output_dir, checkpoint)
             self.restore(state)
             log.info("resumed from %s (step %d)", checkpoint, self.step)
@@ -365,7 +402,9 @@ class TrainingRuntime:
             self.output_dir, resume_step=self.step if checkpoint else None, sinks=cfg.train.log,
             config=cfg.model_dump(mode="json", by_alias=True),
         )  # fmt: skip
-        self.store, self.run_id = open_training_run(cfg, self.twin.name, self.run_id, store=self._given_store)
+        self.store, self.run_id = open_training_run(
+            cfg, self.twin.name, self.run_id, store=self._given_store
+        )
 
     def _build_learner(self) -> tuple[Learner, Any]:
         return build_learner(self.cfg, self.model_path, temperature=self.cfg.sampler.temperature)
@@ -416,7 +455,9 @@ class TrainingRuntime:
         """The per-turn token limit at ``step`` (:class:`LengthCurriculum`)."""
         return self.curriculum.max_new_tokens(step)
 
-    def learn(self, kept: list[Group], every: list[Group], step: int, *, epochs: int = 1) -> StepUpdate:
+    def learn(
+        self, kept: list[Group], every: list[Group], step: int, *, epochs: int = 1
+    ) -> StepUpdate:
         """The step's update (:func:`learn_from_groups`, ``epochs`` passes); the length curriculum moves after it."""
         algo_cfg = self.cfg.algorithm
         placebo = stable_seed("placebo", self.cfg.seed, step) if algo_cfg.placebo else None
@@ -434,8 +475,12 @@ class TrainingRuntime:
         record = self.metrics.log(step, record, episodes=episodes)
         if self.store is not None and self.run_id is not None:
             if self.store_writer is None:
-                self.store_writer = StoreWriter(self.store, self.run_id, tokens=self.cfg.train.store_tokens)
-            self.store_writer.submit(step, episodes, {k: v for k, v in record.items() if k != "step" and finite(v)})
+                self.store_writer = StoreWriter(
+                    self.store, self.run_id, tokens=self.cfg.train.store_tokens
+                )
+            self.store_writer.submit(
+                step, episodes, {k: v for k, v in record.items() if k != "step" and finite(v)}
+            )
         if self.on_step is not None:
             self.on_step(record)
         every_n = self.cfg.train.checkpoint_every
@@ -473,6 +518,8 @@ class TrainingRuntime:
                 self.store_writer.close()  # every step written before the run is closed
                 if self.store_writer.mean_bytes_per_step() is not None:
                     summary["store/bytes_per_step"] = self.store_writer.mean_bytes_per_step()
-            close_training_run(self.store, self.run_id, done=self.step >= self.cfg.train.steps, summary=summary)
+            close_training_run(
+                self.store, self.run_id, done=self.step >= self.cfg.train.steps, summary=summary
+            )
             unlock_output_dir(self.output_dir)  # another process may now train into the folder
         return plot

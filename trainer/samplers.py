@@ -235,9 +235,13 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.store: Any = PrefixStore(cache_bytes) if prefix_cache else None
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         if pad is None:
-            raise ConfigError("HFSampler: the tokenizer has neither a pad nor an eos token; set one")
+            raise ConfigError(
+                "HFSampler: the tokenizer has neither a pad nor an eos token; set one"
+            )
         self.pad_id = int(pad)
         self.engine = Engine(model, pad_id=self.pad_id)
 
@@ -285,7 +289,9 @@ class HFSampler:
         if any(len(p) == 0 for p in prompts):
             raise SamplerError("HFSampler: every prompt needs at least one token")
         if temperature < 0:
-            raise ConfigError(f"HFSampler: temperature must be >= 0 (0 = greedy), got {temperature}")
+            raise ConfigError(
+                f"HFSampler: temperature must be >= 0 (0 = greedy), got {temperature}"
+            )
         if not 0.0 < top_p <= 1.0:
             raise ConfigError(f"HFSampler: top_p must be in (0, 1], got {top_p}")
         stops = frozenset(int(t) for t in (stop_ids or [self.tokenizer.eos_token_id]))
@@ -431,8 +437,12 @@ class ServerSampler:
                 return [s for s in out if s is not None]
 
             async def one(i: int, prompt: list[int]) -> Sample:
-                body = {**base, "max_tokens": budgets[i], "prompt": [list(prompt)],
-                        "seed": stable_seed("server-sampler", seed, i) % (2**31)}
+                body = {
+                    **base,
+                    "max_tokens": budgets[i],
+                    "prompt": [list(prompt)],
+                    "seed": stable_seed("server-sampler", seed, i) % (2**31),
+                }
                 async with limit:
                     return (await self._request(client, body, 1, stop_set))[0]
 
@@ -455,7 +465,9 @@ class ServerSampler:
             verify=tls_context(), limits=connection_limits(self.concurrency),
         )  # fmt: skip
 
-    def _base_body(self, temperature: float, top_p: float, stop_ids: Sequence[int] | None) -> dict[str, Any]:
+    def _base_body(
+        self, temperature: float, top_p: float, stop_ids: Sequence[int] | None
+    ) -> dict[str, Any]:
         base: dict[str, Any] = {
             "model": self.model_name,
             "temperature": float(temperature),

@@ -72,13 +72,17 @@ class TrainBatch:
                 f"TrainBatch: {n} sequences but {len(self.loss_mask)} masks, "
                 f"{len(self.sampler_logprobs)} logprob rows and {len(self.advantages)} advantages"
             )
-        for i, (ids, m, lp) in enumerate(zip(self.input_ids, self.loss_mask, self.sampler_logprobs)):
+        for i, (ids, m, lp) in enumerate(
+            zip(self.input_ids, self.loss_mask, self.sampler_logprobs)
+        ):
             if not len(ids) == len(m) == len(lp):
                 raise ValueError(
                     f"TrainBatch row {i}: {len(ids)} ids, {len(m)} mask values, {len(lp)} logprobs"
                 )
             if m and m[0]:
-                raise ValueError(f"TrainBatch row {i}: the first token cannot carry loss (nothing predicts it)")
+                raise ValueError(
+                    f"TrainBatch row {i}: the first token cannot carry loss (nothing predicts it)"
+                )
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -138,12 +142,16 @@ class BatchScorer:
         """Pack rows (longest first) so that rows x longest row <= micro_batch_tokens."""
         return padded_micro_batches(rows, batch, self.micro_batch_tokens)
 
-    def plan(self, rows: Sequence[int], batch: TrainBatch) -> Iterator[tuple[list[int], _SharedPrefixUnits | None]]:
+    def plan(
+        self, rows: Sequence[int], batch: TrainBatch
+    ) -> Iterator[tuple[list[int], _SharedPrefixUnits | None]]:
         """Micro-batches as ``(rows, units)`` (:func:`plan_micro_batches`): prompts are shared
         when ``shared_prefix`` is on and the model's decoder and output layer can run apart."""
         share = self.shared_prefix and self._parts() is not None
         weight = self.shared_prompt_weight() if share else 0.0
-        return plan_micro_batches(rows, batch, self.micro_batch_tokens, share=share, prompt_weight=weight)
+        return plan_micro_batches(
+            rows, batch, self.micro_batch_tokens, share=share, prompt_weight=weight
+        )
 
     def shared_prompt_weight(self) -> float:
         """Budget tokens charged per row and shared-prompt token (0 when the shapes are unknown)."""
@@ -159,10 +167,17 @@ class BatchScorer:
             targets, rank = None, 8
             if self.is_peft:
                 cfg = self.model.peft_config.get("default")
-                targets, rank = sorted(getattr(cfg, "target_modules", None) or []), int(getattr(cfg, "r", 8))
+                targets, rank = (
+                    sorted(getattr(cfg, "target_modules", None) or []),
+                    int(getattr(cfg, "r", 8)),
+                )
             b = next(base.parameters()).element_size()
             self._kappa = shared_prompt_weight(
-                dims, b, lora_targets=targets, lora_rank=rank, checkpointing=self.gradient_checkpointing
+                dims,
+                b,
+                lora_targets=targets,
+                lora_rank=rank,
+                checkpointing=self.gradient_checkpointing,
             )
         return self._kappa
 
@@ -196,7 +211,9 @@ class BatchScorer:
         return out
 
     @staticmethod
-    def _split_prefix(rows: list[int], batch: TrainBatch, units: _SharedPrefixUnits) -> dict[str, torch.Tensor]:
+    def _split_prefix(
+        rows: list[int], batch: TrainBatch, units: _SharedPrefixUnits
+    ) -> dict[str, torch.Tensor]:
         """Right-padded prefixes (one per unit) and suffixes (one per row) of a micro-batch."""
         pw = max(length for length, _ in units)
         lengths = [length for length, urows in units for _ in urows]  # per row, in ``rows`` order
@@ -212,7 +229,9 @@ class BatchScorer:
             tail = batch.input_ids[i][length:]
             suf_ids[r, : len(tail)] = torch.tensor(tail, dtype=torch.long)
             suf_attn[r, : len(tail)] = 1
-        unit_of_row = torch.tensor([u for u, (_, urows) in enumerate(units) for _ in urows], dtype=torch.long)
+        unit_of_row = torch.tensor(
+            [u for u, (_, urows) in enumerate(units) for _ in urows], dtype=torch.long
+        )
         return {
             "prefix_ids": pre_ids,  # [U, P]
             "prefix_attention_mask": pre_attn,  # [U, P]
@@ -222,7 +241,9 @@ class BatchScorer:
             "suffix_attention_mask": suf_attn,  # [B, S]
         }
 
-    def _shared_hidden(self, decoder: Any, mb: dict[str, torch.Tensor], select: torch.Tensor) -> torch.Tensor:
+    def _shared_hidden(
+        self, decoder: Any, mb: dict[str, torch.Tensor], select: torch.Tensor
+    ) -> torch.Tensor:
         """Hidden states at the ``select``-ed positions, each prompt run once.  # [M, H]
 
         The prefix pass's KV cache is indexed out to the rows (a differentiable gather, so the
@@ -236,11 +257,18 @@ class BatchScorer:
         cache.batch_select_indices(mb["unit_of_row"])
         prefix_len = mb["prefix_len"]  # [B]
         width = mb["suffix_ids"].shape[1]
-        positions = prefix_len[:, None] + torch.arange(width, device=prefix_len.device)[None]  # [B, S]
-        attn = torch.cat([mb["prefix_attention_mask"][mb["unit_of_row"]], mb["suffix_attention_mask"]], dim=1)
+        positions = (
+            prefix_len[:, None] + torch.arange(width, device=prefix_len.device)[None]
+        )  # [B, S]
+        attn = torch.cat(
+            [mb["prefix_attention_mask"][mb["unit_of_row"]], mb["suffix_attention_mask"]], dim=1
+        )
         cache_kw = "cache" if "cache" in self._decoder_params(decoder) else "past_key_values"
         hidden = decoder(
-            input_ids=mb["suffix_ids"], attention_mask=attn, position_ids=positions, use_cache=True,
+            input_ids=mb["suffix_ids"],
+            attention_mask=attn,
+            position_ids=positions,
+            use_cache=True,
             **{cache_kw: cache},
         ).last_hidden_state  # [B, S, H]
         # suffix column s of row b is full-layout position prefix_len[b] + s; nothing before the
@@ -288,10 +316,17 @@ class BatchScorer:
             checkpointed_layers(self.model) if ckpt else contextlib.nullcontext(),
             autocast_context(self.autocast, self.device),
         ):
-            return self._forward_body(mb, entropy=entropy, every_position=every_position, entropy_grad=entropy_grad)
+            return self._forward_body(
+                mb, entropy=entropy, every_position=every_position, entropy_grad=entropy_grad
+            )
 
     def _forward_body(
-        self, mb: dict[str, torch.Tensor], *, entropy: bool, every_position: bool, entropy_grad: bool
+        self,
+        mb: dict[str, torch.Tensor],
+        *,
+        entropy: bool,
+        every_position: bool,
+        entropy_grad: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         targets = mb["input_ids"][:, 1:]  # [B, T-1]
         select = torch.ones_like(mb["mask"], dtype=torch.bool) if every_position else mb["mask"] > 0
@@ -301,7 +336,9 @@ class BatchScorer:
             hidden = self._shared_hidden(decoder, mb, select)  # [M, H]
         elif parts is None:
             # no separate output layer: the model's own logits, then the same chunked log-softmax
-            out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False)
+            out = self.model(
+                input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False
+            )
             hidden, head = out.logits[:, :-1][select], _identity  # [M, V]
         else:
             decoder, head = parts
@@ -344,17 +381,23 @@ class BatchScorer:
     def no_grad_logprobs(
         self, batch: TrainBatch, rows: list[int], *, reference: bool, every_position: bool = False
     ) -> Iterator[tuple[list[int], torch.Tensor]]:
-        ctx = self.model.disable_adapter() if reference and self.is_peft else contextlib.nullcontext()
+        ctx = (
+            self.model.disable_adapter() if reference and self.is_peft else contextlib.nullcontext()
+        )
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad(), ctx:
                 if every_position:  # every position's logits: the prefix cannot be skipped
-                    plan: Iterator[tuple[list[int], Any]] = ((m, None) for m in self.micro_batches(rows, batch))
+                    plan: Iterator[tuple[list[int], Any]] = (
+                        (m, None) for m in self.micro_batches(rows, batch)
+                    )
                 else:
                     plan = self.plan(rows, batch)
                 for mrows, units in plan:
-                    logp, _ = self.forward(self.pad(mrows, batch, units), every_position=every_position)
+                    logp, _ = self.forward(
+                        self.pad(mrows, batch, units), every_position=every_position
+                    )
                     yield mrows, logp
         finally:
             self.model.train(was_training)
@@ -362,13 +405,17 @@ class BatchScorer:
     def frozen_logprobs(self, batch: TrainBatch, *, reference: bool) -> dict[int, torch.Tensor]:
         """Every row's logprobs without grad (``reference``: with the adapter disabled)."""
         out: dict[int, torch.Tensor] = {}
-        for mrows, logp in self.no_grad_logprobs(batch, list(range(len(batch))), reference=reference):
+        for mrows, logp in self.no_grad_logprobs(
+            batch, list(range(len(batch))), reference=reference
+        ):
             for r, i in enumerate(mrows):
                 out[i] = logp[r, : len(batch.input_ids[i]) - 1].clone()
         return out
 
 
-def padded_micro_batches(rows: Sequence[int], batch: TrainBatch, budget: int) -> Iterator[list[int]]:
+def padded_micro_batches(
+    rows: Sequence[int], batch: TrainBatch, budget: int
+) -> Iterator[list[int]]:
     """Pack rows (longest first) so that rows x longest row <= ``budget`` (a longer row goes alone)."""
     order = sorted(rows, key=lambda i: (-len(batch.input_ids[i]), i))
     current: list[int] = []
@@ -386,7 +433,12 @@ def padded_micro_batches(rows: Sequence[int], batch: TrainBatch, budget: int) ->
 
 
 def plan_micro_batches(
-    rows: Sequence[int], batch: TrainBatch, budget: int, *, share: bool = True, prompt_weight: float = 0.0
+    rows: Sequence[int],
+    batch: TrainBatch,
+    budget: int,
+    *,
+    share: bool = True,
+    prompt_weight: float = 0.0,
 ) -> Iterator[tuple[list[int], _SharedPrefixUnits | None]]:
     """Micro-batches as ``(rows, units)``; ``units`` is None for the padded per-row pass.
 
@@ -441,7 +493,9 @@ def shared_units(rows: Sequence[int], batch: TrainBatch) -> _SharedPrefixUnits |
         by_key.setdefault(tuple(batch.input_ids[i][:length]), []).append(i)
     if all(len(v) == 1 for v in by_key.values()):
         return _common_prefix_unit(rows, batch)
-    units = [(len(k), sorted(v, key=lambda i: (-len(batch.input_ids[i]), i))) for k, v in by_key.items()]
+    units = [
+        (len(k), sorted(v, key=lambda i: (-len(batch.input_ids[i]), i))) for k, v in by_key.items()
+    ]
     units.sort(key=lambda u: (-(u[0] + max(len(batch.input_ids[i]) - u[0] for i in u[1])), u[1][0]))
     return units
 
@@ -505,7 +559,9 @@ def checkpointed_layers(model: Any) -> Iterator[None]:
     for index, layer in enumerate(layers):
         original = layer.forward
 
-        def forward(*args: Any, _original: Any = original, _index: int = index, **kwargs: Any) -> Any:
+        def forward(
+            *args: Any, _original: Any = original, _index: int = index, **kwargs: Any
+        ) -> Any:
             cache = kwargs.get("cache", kwargs.get("past_key_values"))
             saved = _cache_state(cache, _index)
             calls = [0]
@@ -550,7 +606,9 @@ def _restore_cache(cache: Any, state: tuple[int, dict[str, Any] | None] | None) 
     layer.__dict__.update(saved)
 
 
-def autocast_context(dtype: str | None, device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
+def autocast_context(
+    dtype: str | None, device: torch.device | str
+) -> contextlib.AbstractContextManager[Any]:
     """``torch.autocast`` to ``dtype`` on ``device`` (``None``: a no-op context).
 
     Raises:

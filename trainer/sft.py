@@ -81,7 +81,7 @@ def _turn_ids(renderer: Renderer, conversation: Sequence[Message], message: Mess
             "prompt (it rewrites the last turn, as Qwen3's does with <think>); use a template that "
             "does not, e.g. model.chat_template: qwen3_append_only"
         )
-    text = closed[len(opened):]
+    text = closed[len(opened) :]
     end = _end_text(renderer)
     at = text.rfind(end) if end else -1
     if at < 0:
@@ -145,7 +145,9 @@ def parse_rate(trajectories: Sequence[Trajectory]) -> float:
                 continue
             turns += 1
             parsed = parse_tool_calls(m)
-            ok += bool(parsed.calls) and not parsed.errors and not any(c.error for c in parsed.calls)
+            ok += (
+                bool(parsed.calls) and not parsed.errors and not any(c.error for c in parsed.calls)
+            )
     return ok / turns if turns else 0.0
 
 
@@ -227,7 +229,9 @@ def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, f
         "optim/lr": float(learner.optimizer.param_groups[0]["lr"]),
         "optim/skipped_nonfinite": float(not applied),
         "perf/learner_s": elapsed,
-        "perf/learner_tokens_per_s": sum(len(i) for i in batch.input_ids) / elapsed if elapsed > 0 else 0.0,
+        "perf/learner_tokens_per_s": sum(len(i) for i in batch.input_ids) / elapsed
+        if elapsed > 0
+        else 0.0,
     }
 
 
@@ -287,21 +291,27 @@ class SFTTrainer:
 
         cfg = self.cfg
         check_devices(cfg)
-        checkpoint = prepare_output_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
+        checkpoint = prepare_output_dir(
+            self.output_dir, resume=self.resume, overwrite=self.overwrite
+        )
         seed_everything(cfg.seed)
         place_cpu_threads(cfg.devices.cpu_threads)
         self.twin = make_twin(cfg.twin.name, **cfg.twin.config)
         if cfg.eval.cases:
             self.twin.num_cases(cfg.eval.split)  # an unknown split fails before the model loads
         rows = self._read_rows()
-        self.model_path = init_model_path(cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype)
+        self.model_path = init_model_path(
+            cfg.model.path, cfg.model.init_from, self.output_dir, cfg.model.dtype
+        )
         # the GRPO loops' model, LoRA and learner; NLL is taken at temperature 1
         self.learner, self.tokenizer = build_learner(cfg, self.model_path, temperature=1.0)
         self.episodes, self.held_out = self._split_holdout(self._render(rows))
         self.total_steps = math.ceil(cfg.data.epochs * len(self.episodes) / cfg.data.batch_size)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / "recipe.yaml").write_text(cfg.to_yaml())
-        if checkpoint is not None:  # the newest that loads: a damaged one falls back to the one before
+        if (
+            checkpoint is not None
+        ):  # the newest that loads: a damaged one falls back to the one before
             checkpoint, state = load_resumable(self.output_dir, checkpoint)
             self.learner.load_state_dict(state["learner"])
             self.step = int(state["step"])
@@ -336,7 +346,11 @@ class SFTTrainer:
         if not rows:
             raise ConfigError(
                 f"data.paths {self.cfg.data.paths} hold no rows"
-                + (f" with reward >= {self.cfg.data.min_reward}" if self.cfg.data.min_reward is not None else "")
+                + (
+                    f" with reward >= {self.cfg.data.min_reward}"
+                    if self.cfg.data.min_reward is not None
+                    else ""
+                )
                 + "; collect some with `twin collect`"
             )
         return rows
@@ -372,7 +386,9 @@ class SFTTrainer:
             )
         return out
 
-    def _split_holdout(self, episodes: list[EpisodeTokens]) -> tuple[list[EpisodeTokens], list[EpisodeTokens]]:
+    def _split_holdout(
+        self, episodes: list[EpisodeTokens]
+    ) -> tuple[list[EpisodeTokens], list[EpisodeTokens]]:
         """``data.holdout`` episodes drawn with a seed (the same on every resume) and the rest."""
         n = self.cfg.data.holdout
         if not n:
@@ -384,7 +400,9 @@ class SFTTrainer:
         idx = list(range(len(episodes)))
         random.Random(stable_seed("sft-holdout", self.cfg.seed)).shuffle(idx)
         held = set(idx[:n])
-        return [e for i, e in enumerate(episodes) if i not in held], [episodes[i] for i in sorted(held)]
+        return [e for i, e in enumerate(episodes) if i not in held], [
+            episodes[i] for i in sorted(held)
+        ]
 
     def _setup_store(self) -> None:
         self.store, self.run_id = open_training_run(
@@ -418,7 +436,9 @@ class SFTTrainer:
             chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs,
             autocast=cfg.model.autocast,
         )  # fmt: skip
-        result = evaluate(self.twin, policy, [(cfg.eval.split, i) for i in range(n)], store=None, progress=False)
+        result = evaluate(
+            self.twin, policy, [(cfg.eval.split, i) for i in range(n)], store=None, progress=False
+        )
         trajectories = [t for g in result.groups for t in g.trajectories]
         return eval_metrics(trajectories), trajectories
 
@@ -486,19 +506,30 @@ class SFTTrainer:
         if cfg.eval.cases and not any(r["step"] == self.total_steps for r in self.metrics.history):
             ev, held_out = self.evaluate()
             # the evaluation after the last update: a record of its own, not a step's progress
-            self._record(self.total_steps, {**ev, "policy/version": float(self.learner.version)}, held_out,
-                         progress=False)
+            self._record(
+                self.total_steps,
+                {**ev, "policy/version": float(self.learner.version)},
+                held_out,
+                progress=False,
+            )
         return list(self.metrics.history)
 
     def _record(
-        self, step: int, record: dict[str, Any], held_out: list[Trajectory], *, progress: bool = True
+        self,
+        step: int,
+        record: dict[str, Any],
+        held_out: list[Trajectory],
+        *,
+        progress: bool = True,
     ) -> None:
         record = self.metrics.log(step, record, episodes=held_out or None)
         if self.store is not None and self.run_id is not None:
             try:
                 if held_out:
                     self.store.add_episodes(self.run_id, held_out, step=step)
-                self.store.log_metrics(self.run_id, step, {k: v for k, v in record.items() if k != "step"})
+                self.store.log_metrics(
+                    self.run_id, step, {k: v for k, v in record.items() if k != "step"}
+                )
             except Exception as exc:  # noqa: BLE001 - keep training; say why episodes are missing
                 log.warning("run store write failed at step %d: %s", step, exc)
         if self.on_step is not None and progress:
@@ -527,6 +558,8 @@ class SFTTrainer:
         finally:
             self.metrics.close()
             last = next((r for r in reversed(self.metrics.history) if "eval/reward" in r), {})
-            close_training_run(self.store, self.run_id, done=self.step >= self.total_steps, summary=last)
+            close_training_run(
+                self.store, self.run_id, done=self.step >= self.total_steps, summary=last
+            )
             unlock_output_dir(self.output_dir)  # another process may now train into the folder
         return plot

@@ -42,12 +42,16 @@ class StoreWriter:
         max_pending: Steps queued before :meth:`submit` waits.
     """
 
-    def __init__(self, store: Any, run_id: int, *, tokens: str = "off", max_pending: int = 4) -> None:
+    def __init__(
+        self, store: Any, run_id: int, *, tokens: str = "off", max_pending: int = 4
+    ) -> None:
         if tokens not in ("off", "full"):
             raise ValueError(f"store_tokens must be 'off' or 'full', got {tokens!r}")
         self.store, self.run_id, self.tokens = store, run_id, tokens
         self.bytes_per_step: dict[int, int] = {}
-        self._queue: queue.Queue[tuple[int, Sequence[Trajectory], dict[str, Any]] | None] = queue.Queue(max_pending)
+        self._queue: queue.Queue[tuple[int, Sequence[Trajectory], dict[str, Any]] | None] = (
+            queue.Queue(max_pending)
+        )
         self._thread = threading.Thread(target=self._run, name="twinrl-store-writer", daemon=True)
         self._thread.start()
 

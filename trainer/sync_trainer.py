@@ -36,6 +36,8 @@ import httpx
 
 from trainer.config import Recipe
 from trainer.episodes import StepSample, rollout_settings, sample_step
+from trainer.runtime import TrainingRuntime, step_perf
+from trainer.serving.http import auth_headers
 from trainer.weight_sync import (
     AdapterClient,
     AdapterPublisher,
@@ -44,8 +46,6 @@ from trainer.weight_sync import (
     make_sampler_server,
     require_lora_for_server,
 )
-from trainer.runtime import TrainingRuntime, step_perf
-from trainer.serving.http import auth_headers
 from trainer.workers import adapter_name, sampler_context_length
 from twin.errors import ConfigError
 from twin.http import tls_context
@@ -110,7 +110,9 @@ class SyncTrainer(TrainingRuntime):
             if cfg.devices.rollout != cfg.devices.learner:
                 log.warning(
                     "sampler.kind 'hf' samples with the learner's own model on %s; devices.rollout "
-                    "(%s) is used by server samplers only", cfg.devices.learner, cfg.devices.rollout,
+                    "(%s) is used by server samplers only",
+                    cfg.devices.learner,
+                    cfg.devices.rollout,
                 )
             return HFSampler(self.learner.model, self.tokenizer)
         if cfg.sampler.kind == "vllm":
@@ -123,7 +125,9 @@ class SyncTrainer(TrainingRuntime):
                 httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=30, verify=tls_context(),
                           headers=auth_headers()).raise_for_status()  # fmt: skip
             except httpx.HTTPError as exc:
-                raise ConfigError(f"sampler server {base_url} did not list its models ({exc}); is it running?") from None
+                raise ConfigError(
+                    f"sampler server {base_url} did not list its models ({exc}); is it running?"
+                ) from None
         return ServerSampler(base_url, adapter_name(0))
 
     def publish(self) -> float:
@@ -142,7 +146,9 @@ class SyncTrainer(TrainingRuntime):
         cfg = self.cfg
         version = self.learner.version
         settings = dataclasses.replace(
-            self.settings, policy_name=f"{cfg.model.path}@{version}", max_new_tokens=self.max_new_tokens(step)
+            self.settings,
+            policy_name=f"{cfg.model.path}@{version}",
+            max_new_tokens=self.max_new_tokens(step),
         )
         return sample_step(
             cfg, self.twin, self.next_cases, self.sampler, self.renderer_factory, settings,
@@ -176,8 +182,13 @@ class SyncTrainer(TrainingRuntime):
                 **update.learn,
                 "batch/skipped": float(not kept),
                 "policy/version": float(self.learner.version),
-                **step_perf(rollout_s=rollout_s, sampled_tokens=sampled_tokens, sync_s=sync_s, step_s=step_s,
-                            cursor=self.cursor),  # fmt: skip
+                **step_perf(
+                    rollout_s=rollout_s,
+                    sampled_tokens=sampled_tokens,
+                    sync_s=sync_s,
+                    step_s=step_s,
+                    cursor=self.cursor,
+                ),  # fmt: skip
             }
             self.record_step(step, record, every)
         return list(self.metrics.history)

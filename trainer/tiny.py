@@ -184,7 +184,9 @@ def _render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, 
     return _compiled_template().render(messages=messages, tools=tools, add_generation_prompt=gen)
 
 
-def chat_text(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
+def chat_text(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+) -> str:
     """A conversation as the tiny tokenizer's chat template writes it (no generation prompt).
 
     For ``extra_corpus``: rendered episodes of a twin (e.g. rows of a ``twin collect`` dataset)
@@ -257,7 +259,9 @@ def tiny_corpus(n_conversations: int = 400) -> list[str]:
     return texts
 
 
-def _train_tokenizer(corpus: Sequence[str], vocab_size: int, extra_tokens: Sequence[str] = ()) -> Any:
+def _train_tokenizer(
+    corpus: Sequence[str], vocab_size: int, extra_tokens: Sequence[str] = ()
+) -> Any:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -280,8 +284,10 @@ def _train_tokenizer(corpus: Sequence[str], vocab_size: int, extra_tokens: Seque
     tok.train_from_iterator(list(corpus), trainer=trainer)
     # Added tokens match longest first, so the call tokens win over ``<tool_call>`` where they fit.
     tok.add_tokens(
-        [AddedToken(t, normalized=False)
-         for t in dict.fromkeys((*TOOL_TOKENS, *CALL_TOKENS, *WHOLE_CALL_TOKENS, *extra_tokens))]
+        [
+            AddedToken(t, normalized=False)
+            for t in dict.fromkeys((*TOOL_TOKENS, *CALL_TOKENS, *WHOLE_CALL_TOKENS, *extra_tokens))
+        ]
     )
     return tok
 
@@ -298,10 +304,14 @@ def _shape(shape: dict[str, int | bool] | None) -> dict[str, int | bool]:
     given = dict(shape or {})
     unknown = sorted(set(given) - set(TINY_SHAPE))
     if unknown:
-        raise ConfigError(f"build_tiny: unknown shape field(s) {unknown}; allowed: {sorted(TINY_SHAPE)}")
+        raise ConfigError(
+            f"build_tiny: unknown shape field(s) {unknown}; allowed: {sorted(TINY_SHAPE)}"
+        )
     out = {**TINY_SHAPE, **given}
     if not isinstance(out["tie_word_embeddings"], bool):
-        raise ConfigError(f"build_tiny: tie_word_embeddings must be true or false, got {out['tie_word_embeddings']!r}")
+        raise ConfigError(
+            f"build_tiny: tie_word_embeddings must be true or false, got {out['tie_word_embeddings']!r}"
+        )
     sizes = {k: v for k, v in out.items() if k != "tie_word_embeddings"}
     bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
     if bad:
@@ -315,7 +325,10 @@ def _shape(shape: dict[str, int | bool] | None) -> dict[str, int | bool]:
 
 
 def _cache_key(
-    seed: int, extra_corpus: Sequence[str], vocab_size: int, shape: dict[str, int | bool] | None = None,
+    seed: int,
+    extra_corpus: Sequence[str],
+    vocab_size: int,
+    shape: dict[str, int | bool] | None = None,
     extra_tokens: Sequence[str] = (),
 ) -> str:
     spec: dict[str, Any] = {
@@ -323,7 +336,9 @@ def _cache_key(
         "template": chat_template(), "pattern": _PRETOKENIZE_PATTERN, "added": CALL_TOKENS,
         "whole": WHOLE_CALL_TOKENS,
     }  # fmt: skip
-    if shape and shape != TINY_SHAPE:  # the default shape keeps the keys (and cache folders) it always had
+    if (
+        shape and shape != TINY_SHAPE
+    ):  # the default shape keeps the keys (and cache folders) it always had
         spec["shape"] = shape
     if extra_tokens:
         spec["extra_tokens"] = list(extra_tokens)
@@ -348,7 +363,12 @@ def _is_built(path: Path, key: str) -> bool:
 
 
 def _write(
-    path: Path, seed: int, corpus: Sequence[str], vocab_size: int, key: str, shape: dict[str, int | bool],
+    path: Path,
+    seed: int,
+    corpus: Sequence[str],
+    vocab_size: int,
+    key: str,
+    shape: dict[str, int | bool],
     extra_tokens: Sequence[str] = (),
 ) -> None:
     import torch
@@ -431,7 +451,9 @@ def build_tiny(
     """
     dims = _shape(shape)
     if isinstance(extra_tokens, str) or any(not isinstance(t, str) or not t for t in extra_tokens):
-        raise ConfigError(f"build_tiny: extra_tokens must be a sequence of non-empty strings, got {extra_tokens!r}")
+        raise ConfigError(
+            f"build_tiny: extra_tokens must be a sequence of non-empty strings, got {extra_tokens!r}"
+        )
     extra_tokens = tuple(extra_tokens)
     key = _cache_key(seed, extra_corpus, vocab_size, dims, extra_tokens)
     target = Path(path) if path is not None else _default_dir(key)
@@ -515,11 +537,15 @@ def _qwen3_corpus(extra_corpus: Sequence[str]) -> list[str]:
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
         x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
     )
-    template = env.from_string((Path(__file__).parent / "templates" / "qwen3.jinja").read_text(encoding="utf-8"))
+    template = env.from_string(
+        (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(encoding="utf-8")
+    )
     rng = random.Random(20240602)
     texts = list(tiny_corpus(200))
     for _ in range(100):
@@ -531,7 +557,9 @@ def _qwen3_corpus(extra_corpus: Sequence[str]) -> list[str]:
              "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {"answer": word}}}]},
             {"role": "tool", "content": json.dumps({"ok": True})},
         ]  # fmt: skip
-        texts.append(template.render(messages=messages, tools=_TOOL_SCHEMAS, add_generation_prompt=True))
+        texts.append(
+            template.render(messages=messages, tools=_TOOL_SCHEMAS, add_generation_prompt=True)
+        )
     return [*texts, *extra_corpus]
 
 
@@ -605,7 +633,9 @@ def build_qwen3_tiny(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     if num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ConfigError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        raise ConfigError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
     spec = {
         "v": _QWEN3_FORMAT, "seed": seed, "layers": num_layers, "hidden": hidden_size,
         "intermediate": intermediate_size, "heads": num_heads, "kv_heads": num_kv_heads, "head_dim": head_dim,
@@ -640,12 +670,19 @@ def build_qwen3_tiny(
         )  # fmt: skip
         from tokenizers import AddedToken
 
-        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED_TOKENS])
-        tokenizer.chat_template = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(encoding="utf-8")
+        tokenizer.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED_TOKENS]
+        )
+        tokenizer.chat_template = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(
+            encoding="utf-8"
+        )
         rows = vocab_size or len(tokenizer)
         if rows < len(tokenizer):
             raise ConfigError(f"vocab_size {rows} is below the tokenizer's {len(tokenizer)} tokens")
-        eos, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        eos, pad = (
+            tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        )
         config = Qwen3Config(
             vocab_size=rows, hidden_size=hidden_size, intermediate_size=intermediate_size,
             num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
@@ -657,7 +694,9 @@ def build_qwen3_tiny(
             torch.manual_seed(seed)
             model = Qwen3ForCausalLM(config)
         model.to(getattr(torch, dtype))
-        model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad)
+        model.generation_config = GenerationConfig(
+            eos_token_id=eos, pad_token_id=pad, bos_token_id=pad
+        )
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _QWEN3_MARKER).write_text(json.dumps({"key": key, **{k: v for k, v in spec.items() if k != "template"}},

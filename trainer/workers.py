@@ -69,7 +69,9 @@ class AdapterSyncError(TwinError):
 
 
 # -- the sampler's context ----------------------------------------------------------------------
-def sampler_context_length(base_url: str, *, transport: httpx.BaseTransport | None = None) -> int | None:
+def sampler_context_length(
+    base_url: str, *, transport: httpx.BaseTransport | None = None
+) -> int | None:
     """The sampler server's context length (prompt + completion), from its ``/v1/models``.
 
     vLLM and ``twin serve`` list ``max_model_len`` on each model card; the smallest is returned
@@ -84,10 +86,14 @@ def sampler_context_length(base_url: str, *, transport: httpx.BaseTransport | No
 
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        with httpx.Client(transport=transport, timeout=30.0, verify=tls_context(), headers=auth_headers()) as client:
+        with httpx.Client(
+            transport=transport, timeout=30.0, verify=tls_context(), headers=auth_headers()
+        ) as client:
             response = client.get(f"{root}/v1/models")
         cards = response.json().get("data", []) if response.status_code == 200 else []
-        lengths = [int(c["max_model_len"]) for c in cards if isinstance(c, dict) and c.get("max_model_len")]
+        lengths = [
+            int(c["max_model_len"]) for c in cards if isinstance(c, dict) and c.get("max_model_len")
+        ]
     except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
         log.warning("could not read the context length of the sampler at %s: %s", root, exc)
         return None
@@ -114,9 +120,15 @@ class ModelCheckTransport(httpx.AsyncBaseTransport):
         if self._inner is None:
             from trainer.samplers import DEFAULT_CONCURRENCY, connection_limits
 
-            self._inner = httpx.AsyncHTTPTransport(verify=tls_context(), limits=connection_limits(DEFAULT_CONCURRENCY))
+            self._inner = httpx.AsyncHTTPTransport(
+                verify=tls_context(), limits=connection_limits(DEFAULT_CONCURRENCY)
+            )
         response = await self._inner.handle_async_request(request)
-        if request.method == "POST" and request.url.path.endswith("/completions") and response.status_code == 200:
+        if (
+            request.method == "POST"
+            and request.url.path.endswith("/completions")
+            and response.status_code == 200
+        ):
             body = await response.aread()
             try:
                 wanted = json.loads(request.content or b"{}").get("model")
@@ -258,7 +270,9 @@ def _batched_sampler(base_url: str) -> Any:
     as one request: the server seeds each row) with the model check."""
     from trainer.samplers import ServerSampler
 
-    return ServerSampler(base_url, adapter_name(0), transport=ModelCheckTransport(), per_row_seeds=True)
+    return ServerSampler(
+        base_url, adapter_name(0), transport=ModelCheckTransport(), per_row_seeds=True
+    )
 
 
 class _Stopped(Exception):
@@ -311,7 +325,12 @@ def rollout_worker(spec: WorkerSpec, shared: SharedState, lots: Any, events: Any
     except _Stopped:
         pass
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the learner
-        events.put(("fatal", f"rollout worker failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        events.put(
+            (
+                "fatal",
+                f"rollout worker failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()}",
+            )
+        )
 
 
 class _RolloutLoop:
@@ -336,7 +355,9 @@ class _RolloutLoop:
         if cfg.sampler.kind == "hf":  # the trainer started `twin serve`
             self.sampler = _batched_sampler(spec.base_url)
         else:
-            self.sampler = ServerSampler(spec.base_url, adapter_name(0), transport=ModelCheckTransport())
+            self.sampler = ServerSampler(
+                spec.base_url, adapter_name(0), transport=ModelCheckTransport()
+            )
         self.produced = spec.start_lot
         self.cursor = spec.start_cursor
         self.started = time.perf_counter()

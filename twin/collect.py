@@ -158,7 +158,9 @@ def write_dataset(
     """
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"--out {str(folder)!r} is a file; give a folder (it is created if missing)")
+        raise ConfigError(
+            f"--out {str(folder)!r} is a file; give a folder (it is created if missing)"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     jsonl = folder / DATASET_JSONL
     tmp = jsonl.with_suffix(".jsonl.tmp")
@@ -166,7 +168,9 @@ def write_dataset(
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     tmp.replace(jsonl)
-    (folder / META_FILE).write_text(json.dumps({**(meta or {}), "rows": len(rows)}, indent=1, default=str) + "\n")
+    (folder / META_FILE).write_text(
+        json.dumps({**(meta or {}), "rows": len(rows)}, indent=1, default=str) + "\n"
+    )
     try:
         import datasets
     except ImportError:
@@ -229,7 +233,9 @@ def read_dataset(path: str | Path, *, min_reward: float | None = None) -> list[d
         try:
             import datasets
         except ImportError:
-            raise ConfigError(f"dataset {str(p)!r} is in the Hugging Face format; {HF_HINT}") from None
+            raise ConfigError(
+                f"dataset {str(p)!r} is in the Hugging Face format; {HF_HINT}"
+            ) from None
         hf = p if (p / "dataset_info.json").is_file() else p / HF_DIR
         rows = [_decode_row(dict(r)) for r in datasets.load_from_disk(str(hf))]
     else:
@@ -239,7 +245,9 @@ def read_dataset(path: str | Path, *, min_reward: float | None = None) -> list[d
         )
     for n, row in enumerate(rows):
         if not isinstance(row.get("messages"), list):
-            raise ConfigError(f"dataset {str(p)!r} row {n}: no 'messages' list; rows come from `twin collect`")
+            raise ConfigError(
+                f"dataset {str(p)!r} row {n}: no 'messages' list; rows come from `twin collect`"
+            )
     if min_reward is not None:
         rows = [r for r in rows if r.get("reward") is not None and float(r["reward"]) >= min_reward]
     return rows
@@ -298,7 +306,9 @@ def collect(
         "dropped_failed": failed, "store": result.summary.get("store"),
     }  # fmt: skip
     jsonl, hf, note = write_dataset(rows, folder, meta)
-    return CollectResult(folder, len(rows), seen, low, failed, result.run_id, jsonl, hf, note, result.summary)
+    return CollectResult(
+        folder, len(rows), seen, low, failed, result.run_id, jsonl, hf, note, result.summary
+    )
 
 
 def _run_twin_config(config: dict[str, Any]) -> dict[str, Any]:

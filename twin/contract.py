@@ -61,7 +61,9 @@ def check_twin(twin_or_id: Twin | str, *, cases: int = 5, env_check: bool = True
     if not twin.tools:
         raise _fail(twin, "the twin has no tools; mark methods with @tool")
     if not any(t.terminal for t in twin.tools):
-        raise _fail(twin, "no terminal tool; mark the one that ends an episode @tool(terminal=True)")
+        raise _fail(
+            twin, "no terminal tool; mark the one that ends an episode @tool(terminal=True)"
+        )
 
     # -- schemas ------------------------------------------------------------------------------
     names = [t.name for t in twin.tools]
@@ -70,13 +72,21 @@ def check_twin(twin_or_id: Twin | str, *, cases: int = 5, env_check: bool = True
     for t in twin.tools:
         fn = t.schema.get("function", {})
         params = fn.get("parameters", {})
-        if t.schema.get("type") != "function" or fn.get("name") != t.name or not fn.get("description"):
-            raise _fail(twin, f"tool {t.name!r}: schema needs type 'function', its name, a description")
+        if (
+            t.schema.get("type") != "function"
+            or fn.get("name") != t.name
+            or not fn.get("description")
+        ):
+            raise _fail(
+                twin, f"tool {t.name!r}: schema needs type 'function', its name, a description"
+            )
         if params.get("type") != "object" or not isinstance(params.get("properties"), dict):
             raise _fail(twin, f"tool {t.name!r}: parameters must be a JSON-schema object")
         leaked = INJECTED & set(params["properties"])
         if leaked:
-            raise _fail(twin, f"tool {t.name!r}: injected parameters {sorted(leaked)} in the schema")
+            raise _fail(
+                twin, f"tool {t.name!r}: injected parameters {sorted(leaked)} in the schema"
+            )
         try:
             json.dumps(t.schema)
         except (TypeError, ValueError) as exc:

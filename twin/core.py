@@ -118,7 +118,9 @@ class Twin:
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
             )
-            raise ConfigError(f"{type(self).__name__} config: {problems}. Options: {fields}") from None
+            raise ConfigError(
+                f"{type(self).__name__} config: {problems}. Options: {fields}"
+            ) from None
         style = self.config.prompt_style
         if style not in self.prompt_styles:
             raise ConfigError(
@@ -137,7 +139,9 @@ class Twin:
     def world_key(self) -> str:
         """The part of the config that determines the world (default: the whole config but the
         prompt style, which changes only what the agent is told)."""
-        return json.dumps(self.config.model_dump(mode="json", exclude={"prompt_style"}), sort_keys=True)
+        return json.dumps(
+            self.config.model_dump(mode="json", exclude={"prompt_style"}), sort_keys=True
+        )
 
     @property
     def world(self) -> Any:
@@ -161,7 +165,9 @@ class Twin:
         return path
 
     # -- cases ---------------------------------------------------------------------------------
-    def make_case(self, rng: random.Random, split: str, index: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    def make_case(
+        self, rng: random.Random, split: str, index: int
+    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """Build one case from ``rng``; return ``(kind, task, truth)``. Override."""
         raise NotImplementedError
 
@@ -177,7 +183,11 @@ class Twin:
             CaseError: unknown split or index out of range.
         """
         self._check_split(split)
-        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < self.splits[split]:
+        if (
+            not isinstance(index, int)
+            or isinstance(index, bool)
+            or not 0 <= index < self.splits[split]
+        ):
             raise CaseError(
                 f"{self.name}: index must be an integer in [0, {self.splits[split]}) for split "
                 f"{split!r}, got {index!r}"
@@ -187,7 +197,9 @@ class Twin:
         if cached is None:
             rng = case_rng(self.name, self.config.seed, split, index)
             kind, task, truth = self.make_case(rng, split, index)
-            cached = Case(twin=self.name, split=split, index=index, kind=kind, task=task, truth=truth)
+            cached = Case(
+                twin=self.name, split=split, index=index, kind=kind, task=task, truth=truth
+            )
             # The case is memoised and shared by every episode (tools get ``task``, the terminal
             # info the truth): read-only, so no episode can change another's case.
             _setattr(cached, "task", freeze(cached.task))
@@ -198,7 +210,9 @@ class Twin:
 
     def _check_split(self, split: str) -> None:
         if split not in self.splits:
-            raise CaseError(f"{self.name}: unknown split {split!r}; splits: {', '.join(self.splits)}")
+            raise CaseError(
+                f"{self.name}: unknown split {split!r}; splits: {', '.join(self.splits)}"
+            )
 
     # -- episode -------------------------------------------------------------------------------
     def prompt(self, case: Case) -> list[dict[str, Any]]:
@@ -228,7 +242,9 @@ class Twin:
                 type.__setattr__(type(self), "_reward_fn_cache", reward)
         return reward  # type: ignore[no-any-return]
 
-    def score(self, trajectory: Trajectory, case: Case, *, defer_group: bool = False) -> RewardResultLike:
+    def score(
+        self, trajectory: Trajectory, case: Case, *, defer_group: bool = False
+    ) -> RewardResultLike:
         """Score an episode with the twin's reward.
 
         Args:
@@ -274,7 +290,9 @@ class Twin:
         for group, scored in zip(groups, results):
             for (traj, _), result in zip(group, scored):
                 pending = traj.info.pop("deferred", None) or {}
-                extra = traj.reward_notes[int(pending.get("reward_notes", len(traj.reward_notes))):]
+                extra = traj.reward_notes[
+                    int(pending.get("reward_notes", len(traj.reward_notes))) :
+                ]
                 traj.reward = float(result.total)
                 traj.components = dict(result.components)
                 traj.weighted = dict(result.weighted)
@@ -327,8 +345,11 @@ class Twin:
         ``twin check`` measures every degenerate policy against the best of them. Default: the
         :meth:`baselines` other than ``oracle`` and ``random``, made for this twin.
         """
-        return {name: _made(self, factory) for name, factory in _baselines_of(self).items()
-                if name not in ("oracle", "random")}
+        return {
+            name: _made(self, factory)
+            for name, factory in _baselines_of(self).items()
+            if name not in ("oracle", "random")
+        }
 
     def oracle_policy(self) -> Any | None:
         """A policy that reaches the maximum reward on every case (it may read the truth); used

@@ -107,24 +107,45 @@ def doctor(
         raise ConfigError(f"cases must be >= 1, got {cases}")
     for split in (split_train, split_test):
         if split not in twin.splits:
-            raise ConfigError(f"{twin.name} has no split {split!r}; splits: {', '.join(twin.splits)}")
+            raise ConfigError(
+                f"{twin.name} has no split {split!r}; splits: {', '.join(twin.splits)}"
+            )
     th = thresholds_for(twin, thresholds)
     n_train = min(100 * cases, twin.num_cases(split_train))
     n_test = min(50 * cases, twin.num_cases(split_test))
-    report = Report(twin=f"twin/{twin.name}-v{twin.version}", thresholds=th, settings={
-        "cases_per_kind": cases, "split_train": split_train, "split_test": split_test,
-        "audit_train": n_train, "audit_test": n_test, "seed": twin.config.seed})
+    report = Report(
+        twin=f"twin/{twin.name}-v{twin.version}",
+        thresholds=th,
+        settings={
+            "cases_per_kind": cases,
+            "split_train": split_train,
+            "split_test": split_test,
+            "audit_train": n_train,
+            "audit_test": n_test,
+            "seed": twin.config.seed,
+        },
+    )
     if contract:
         with _guard(report, "contract", "check_twin"):
             try:
                 check_twin(twin, cases=min(cases, 3))
-                report.add("contract", "check_twin", "pass", note="schemas, prompts, env, check_env")
+                report.add(
+                    "contract", "check_twin", "pass", note="schemas, prompts, env, check_env"
+                )
             except AssertionError as exc:
                 report.add("contract", "check_twin", "fail", note=str(exc))
     with _guard(report, "determinism", "fresh process"):
         _check_determinism(twin, report, per_split=max(3, cases), subprocess_check=subprocess_check)
-    Doctor(twin, report, th, cases=cases, split_train=split_train, split_test=split_test,
-           n_train=n_train, n_test=n_test).run()
+    Doctor(
+        twin,
+        report,
+        th,
+        cases=cases,
+        split_train=split_train,
+        split_test=split_test,
+        n_train=n_train,
+        n_test=n_test,
+    ).run()
     return report
 
 
@@ -132,29 +153,65 @@ def _check_determinism(twin: Twin, report: Report, per_split: int, subprocess_ch
     here = case_digest(twin, per_split)
     fresh = case_digest(type(twin)(**twin.config.model_dump()), per_split)
     if here != fresh:
-        report.add("determinism", "fresh instance", "fail", figure="digests differ",
-                   threshold="same bytes", note="cases or prompts differ between two instances: draw "
-                   "everything from make_case's rng (never time, global random or hash())")
+        report.add(
+            "determinism",
+            "fresh instance",
+            "fail",
+            figure="digests differ",
+            threshold="same bytes",
+            note="cases or prompts differ between two instances: draw "
+            "everything from make_case's rng (never time, global random or hash())",
+        )
         return
     cls = type(twin)
     if not subprocess_check:
-        report.add("determinism", "fresh instance", "pass", figure=here[:12], threshold="same bytes",
-                   note="fresh process not checked (subprocess_check=False)")
+        report.add(
+            "determinism",
+            "fresh instance",
+            "pass",
+            figure=here[:12],
+            threshold="same bytes",
+            note="fresh process not checked (subprocess_check=False)",
+        )
         return
     if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
-        report.add("determinism", "fresh instance", "warn", figure=here[:12], threshold="same bytes",
-                   note=f"{cls.__qualname__} cannot be imported by a fresh process; checked in-process only")
+        report.add(
+            "determinism",
+            "fresh instance",
+            "warn",
+            figure=here[:12],
+            threshold="same bytes",
+            note=f"{cls.__qualname__} cannot be imported by a fresh process; checked in-process only",
+        )
         return
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # a new hash() salt
     env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
     config = json.dumps(twin.config.model_dump(mode="json"))
     proc = subprocess.run(
-        [sys.executable, "-c", _SUBPROCESS, cls.__module__, cls.__qualname__, config, str(per_split)],
-        capture_output=True, text=True, timeout=600, env=env)
+        [
+            sys.executable,
+            "-c",
+            _SUBPROCESS,
+            cls.__module__,
+            cls.__qualname__,
+            config,
+            str(per_split),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     if proc.returncode == _NOT_IMPORTABLE:
-        report.add("determinism", "fresh instance", "warn", figure=here[:12], threshold="same bytes",
-                   note=f"a fresh process cannot import {cls.__module__}.{cls.__qualname__} "
-                        f"({proc.stderr.strip()[-200:]}); checked in-process only")
+        report.add(
+            "determinism",
+            "fresh instance",
+            "warn",
+            figure=here[:12],
+            threshold="same bytes",
+            note=f"a fresh process cannot import {cls.__module__}.{cls.__qualname__} "
+            f"({proc.stderr.strip()[-200:]}); checked in-process only",
+        )
         return
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -162,6 +219,13 @@ def _check_determinism(twin: Twin, report: Report, per_split: int, subprocess_ch
         return
     there = proc.stdout.strip()
     status = "pass" if there == here else "fail"
-    report.add("determinism", "fresh process", status, figure=f"{here[:12]} vs {there[:12]}",
-               threshold="same bytes", note="" if status == "pass" else
-               "a fresh process builds other cases: hash(), set order, time or global random?")
+    report.add(
+        "determinism",
+        "fresh process",
+        status,
+        figure=f"{here[:12]} vs {there[:12]}",
+        threshold="same bytes",
+        note=""
+        if status == "pass"
+        else "a fresh process builds other cases: hash(), set order, time or global random?",
+    )

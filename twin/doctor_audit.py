@@ -91,7 +91,9 @@ def bag_of_words_audit(
         xt[row, known] = 1.0
     predicted = np.argmax(xt @ log_likelihood.T + log_prior, axis=1)
     accuracy = float(np.mean([classes[p] == label for p, label in zip(predicted, test_labels)]))
-    return AuditResult(accuracy, majority, majority_label, len(train_texts), len(test_texts), len(classes))
+    return AuditResult(
+        accuracy, majority, majority_label, len(train_texts), len(test_texts), len(classes)
+    )
 
 
 def _leaves(value: Any, path: str = "") -> Iterable[tuple[str, str]]:
@@ -105,8 +107,9 @@ def _leaves(value: Any, path: str = "") -> Iterable[tuple[str, str]]:
         yield path, value
 
 
-def label_like_values(truths: Sequence[dict[str, Any]], kinds: Sequence[str], tasks: Sequence[str],
-                      min_chars: int) -> list[set[str]]:
+def label_like_values(
+    truths: Sequence[dict[str, Any]], kinds: Sequence[str], tasks: Sequence[str], min_chars: int
+) -> list[set[str]]:
     """Per case, the truth strings worth scanning for: answer classes, not case-specific facts.
 
     A truth field counts as an answer class when its values repeat across the cases (at most
@@ -197,6 +200,14 @@ def scan_leaks(samples: Sequence[tuple[str, set[str], str]], margin: float) -> l
             continue
         found = _dominance([c for c, _ in own], other)
         if found >= margin:
-            leaks.append(Leak(value, found, sum(c > 0 for c, _ in own) / len(own),
-                              sum(c > 0 for c in other) / len(other), len(own), max(own)[1]))
+            leaks.append(
+                Leak(
+                    value,
+                    found,
+                    sum(c > 0 for c, _ in own) / len(own),
+                    sum(c > 0 for c in other) / len(other),
+                    len(own),
+                    max(own)[1],
+                )
+            )
     return sorted(leaks, key=lambda lk: -lk.margin)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from twin.core import Twin
+from twin.doctor_audit import bag_of_words_audit, label_like_values, scan_leaks
 from twin.doctor_play import (
     ConstantAnswerPolicy,
     NoToolsPolicy,
@@ -16,7 +17,6 @@ from twin.doctor_play import (
     first_output,
     play,
 )
-from twin.doctor_audit import bag_of_words_audit, label_like_values, scan_leaks
 from twin.doctor_report import WARN_SHARE, Report
 
 __all__ = ["Doctor"]
@@ -27,8 +27,18 @@ CaseRef = tuple[str, int]
 class Doctor:
     """Runs the playing checks of one twin into ``report`` (:meth:`run`)."""
 
-    def __init__(self, twin: Twin, report: Report, thresholds: dict[str, float], *, cases: int,
-                 split_train: str, split_test: str, n_train: int, n_test: int) -> None:
+    def __init__(
+        self,
+        twin: Twin,
+        report: Report,
+        thresholds: dict[str, float],
+        *,
+        cases: int,
+        split_train: str,
+        split_test: str,
+        n_train: int,
+        n_test: int,
+    ) -> None:
         self.twin, self.report, self.th = twin, report, thresholds
         self.cases, self.split_train, self.split_test = cases, split_train, split_test
         self.n_train, self.n_test = n_train, n_test
@@ -51,8 +61,9 @@ class Doctor:
         with _guard(self.report, "degenerate", "degenerate policies"):
             self.degenerate()
         with _guard(self.report, "truth", "prompt"):
-            self.audit_cases = [self.twin.case(self.split_train, i) for i in range(self.n_train)] + [
-                self.twin.case(self.split_test, i) for i in range(self.n_test)]
+            self.audit_cases = [
+                self.twin.case(self.split_train, i) for i in range(self.n_train)
+            ] + [self.twin.case(self.split_test, i) for i in range(self.n_test)]
             self.truth_in_prompts()
         with _guard(self.report, "shortcut", "prompt"):
             self.shortcut_prompt()
@@ -91,8 +102,13 @@ class Doctor:
         limit = self.top - self.th["oracle_tolerance"]
         rule = f"oracle >= {limit:.3f} on every case"
         if oracle is None:
-            self.report.add("solvable", "oracle", "warn", threshold=rule,
-                            note="no oracle_policy(): solvability not proven")
+            self.report.add(
+                "solvable",
+                "oracle",
+                "warn",
+                threshold=rule,
+                note="no oracle_policy(): solvability not proven",
+            )
             return
         self.oracle = as_policy(self.twin, oracle)
         run = self._play("oracle", self.oracle)
@@ -102,13 +118,22 @@ class Doctor:
         self.report.details["oracle: worst reward per kind"] = per_kind
         short = sorted(k for k, v in per_kind.items() if v < limit)
         worst = min(per_kind.values()) if per_kind else 0.0
-        note = (f"below the maximum on: {', '.join(short)}" if short
-                else f"{len(per_kind)} kinds, {len(run.episodes)} cases")
+        note = (
+            f"below the maximum on: {', '.join(short)}"
+            if short
+            else f"{len(per_kind)} kinds, {len(run.episodes)} cases"
+        )
         if run.errors:
             note += f"; {len(run.errors)} episode(s) failed: {run.errors[0]}"
-        self.report.add("solvable", "oracle", "fail" if short or run.errors else "pass",
-                        figure=f"worst {worst:.3f} (max {self.top:g})", threshold=rule, note=note,
-                        value=worst)
+        self.report.add(
+            "solvable",
+            "oracle",
+            "fail" if short or run.errors else "pass",
+            figure=f"worst {worst:.3f} (max {self.top:g})",
+            threshold=rule,
+            note=note,
+            value=worst,
+        )
 
     # -- reference and degenerate policies -----------------------------------------------------
     def reference(self) -> None:
@@ -125,17 +150,27 @@ class Doctor:
             bar = self.runs["oracle"].mean if "oracle" in self.runs else self.top
             who = "the oracle" if "oracle" in self.runs else "the maximum reward"
             self.bar = bar
-            self.report.add("reference", "none", "warn", figure=f"{bar:.3f}",
-                            note=f"no reference_policies(): degenerate policies are held against {who}")
+            self.report.add(
+                "reference",
+                "none",
+                "warn",
+                figure=f"{bar:.3f}",
+                note=f"no reference_policies(): degenerate policies are held against {who}",
+            )
             return
         name, _ = self.best_ref
         self.bar = means[name]
         for ref, mean in means.items():
             errors = self.runs[f"reference {ref}"].errors
-            self.report.add("reference", ref, "warn" if errors else "pass", figure=f"{mean:.3f}",
-                            note=("best reference" if ref == name else "")
-                            + (f"; {len(errors)} failed episode(s): {errors[0]}" if errors else ""),
-                            value=mean)
+            self.report.add(
+                "reference",
+                ref,
+                "warn" if errors else "pass",
+                figure=f"{mean:.3f}",
+                note=("best reference" if ref == name else "")
+                + (f"; {len(errors)} failed episode(s): {errors[0]}" if errors else ""),
+                value=mean,
+            )
 
     def degenerate(self) -> None:
         """Constant answers, no tool calls, random and the twin's own shortcuts vs the bar."""
@@ -156,28 +191,41 @@ class Doctor:
             run = self._play(f"degenerate {name}", policy)
             means[name] = run.mean
             gap = self.bar - run.mean
-            note = f"answers of {base_name}, this value forced" if name.startswith("constant ") else ""
+            note = (
+                f"answers of {base_name}, this value forced" if name.startswith("constant ") else ""
+            )
             if gap < gap_min:
                 note = (note + "; " if note else "") + f"within {gap_min:g} of the best policy"
-            self.report.add("degenerate", name, "pass" if gap >= gap_min else "fail",
-                            figure=f"{run.mean:.3f} (gap {gap:+.3f})",
-                            threshold=f"gap >= {gap_min:g} below {self.bar:.3f}", note=note, value=run.mean)
+            self.report.add(
+                "degenerate",
+                name,
+                "pass" if gap >= gap_min else "fail",
+                figure=f"{run.mean:.3f} (gap {gap:+.3f})",
+                threshold=f"gap >= {gap_min:g} below {self.bar:.3f}",
+                note=note,
+                value=run.mean,
+            )
         self.report.details["mean reward per policy"] = {n: r.mean for n, r in self.runs.items()}
 
     # -- truth isolation -----------------------------------------------------------------------
     def _truth_strings(self, cases: list[Any]) -> list[set[str]]:
         explicit = [self.twin.truth_fields(c) for c in cases]
-        derived = label_like_values([c.truth for c in cases], [c.kind for c in cases],
-                                    [json.dumps(c.task, default=str) for c in cases],
-                                    int(self.th["truth_min_chars"]))
+        derived = label_like_values(
+            [c.truth for c in cases],
+            [c.kind for c in cases],
+            [json.dumps(c.task, default=str) for c in cases],
+            int(self.th["truth_min_chars"]),
+        )
         return [set(e) if e is not None else d for e, d in zip(explicit, derived)]
 
     def truth_in_prompts(self) -> None:
         """No prompt shows a truth string of its own case more than other cases' prompts do."""
         cases = self.audit_cases
         strings = self._truth_strings(cases)
-        samples = [(c.id, s, json.dumps(self.twin.prompt(c), ensure_ascii=False))
-                   for c, s in zip(cases, strings)]
+        samples = [
+            (c.id, s, json.dumps(self.twin.prompt(c), ensure_ascii=False))
+            for c, s in zip(cases, strings)
+        ]
         self._leak_row("prompt", samples)
 
     def truth_in_outputs(self) -> None:
@@ -199,57 +247,112 @@ class Doctor:
         rule = f"own-vs-other dominance < {margin:g}"
         if leaks:
             worst = leaks[0]
-            shown = ", ".join(f"{lk.value!r} ({lk.own_rate:.2f} vs {lk.other_rate:.2f})" for lk in leaks[:4])
-            self.report.add("truth", name, "fail", figure=f"{len(leaks)} leak(s)", threshold=rule,
-                            note=f"{shown}; e.g. {worst.example}", value=worst.margin)
+            shown = ", ".join(
+                f"{lk.value!r} ({lk.own_rate:.2f} vs {lk.other_rate:.2f})" for lk in leaks[:4]
+            )
+            self.report.add(
+                "truth",
+                name,
+                "fail",
+                figure=f"{len(leaks)} leak(s)",
+                threshold=rule,
+                note=f"{shown}; e.g. {worst.example}",
+                value=worst.margin,
+            )
         else:
-            self.report.add("truth", name, "pass", figure=f"0 of {scanned} strings", threshold=rule,
-                            note=f"{len(samples)} samples", value=0.0)
+            self.report.add(
+                "truth",
+                name,
+                "pass",
+                figure=f"0 of {scanned} strings",
+                threshold=rule,
+                note=f"{len(samples)} samples",
+                value=0.0,
+            )
 
     # -- shortcut audit ------------------------------------------------------------------------
-    def _audit_row(self, name: str, train: list[tuple[str, str]], test: list[tuple[str, str]],
-                   margin: float) -> None:
+    def _audit_row(
+        self, name: str, train: list[tuple[str, str]], test: list[tuple[str, str]], margin: float
+    ) -> None:
         rule = f"accuracy - majority <= {margin:g}"
         if len({label for _, label in train}) < 2 or not test:
-            self.report.add("shortcut", name, "pass", threshold=rule,
-                            note="fewer than two answer classes or no test texts: nothing to predict")
+            self.report.add(
+                "shortcut",
+                name,
+                "pass",
+                threshold=rule,
+                note="fewer than two answer classes or no test texts: nothing to predict",
+            )
             return
-        res = bag_of_words_audit([t for t, _ in train], [lb for _, lb in train],
-                                 [t for t, _ in test], [lb for _, lb in test])
-        status = "fail" if res.margin > margin else "warn" if res.margin > WARN_SHARE * margin else "pass"
-        self.report.add("shortcut", name, status,
-                        figure=f"{res.accuracy:.3f} vs majority {res.majority:.3f}", threshold=rule,
-                        note=f"naive Bayes, {res.classes} classes, {res.n_train} train / {res.n_test} "
-                             "test texts" + ("; the text gives the answer away" if status == "fail" else ""),
-                        value=res.margin)
+        res = bag_of_words_audit(
+            [t for t, _ in train],
+            [lb for _, lb in train],
+            [t for t, _ in test],
+            [lb for _, lb in test],
+        )
+        status = (
+            "fail"
+            if res.margin > margin
+            else "warn"
+            if res.margin > WARN_SHARE * margin
+            else "pass"
+        )
+        self.report.add(
+            "shortcut",
+            name,
+            status,
+            figure=f"{res.accuracy:.3f} vs majority {res.majority:.3f}",
+            threshold=rule,
+            note=f"naive Bayes, {res.classes} classes, {res.n_train} train / {res.n_test} "
+            "test texts" + ("; the text gives the answer away" if status == "fail" else ""),
+            value=res.margin,
+        )
 
     def shortcut_prompt(self) -> None:
         """Predict the label from the prompt (system messages left out: they are the same)."""
         texts = []
         for case in self.audit_cases:
-            body = "\n".join(str(m.get("content") or "") for m in self.twin.prompt(case)
-                             if m.get("role") != "system")
+            body = "\n".join(
+                str(m.get("content") or "")
+                for m in self.twin.prompt(case)
+                if m.get("role") != "system"
+            )
             texts.append((body, str(self.twin.case_label(case))))
-        self._audit_row("prompt", texts[: self.n_train], texts[self.n_train:], self.th["shortcut_margin"])
+        self._audit_row(
+            "prompt", texts[: self.n_train], texts[self.n_train :], self.th["shortcut_margin"]
+        )
 
     def shortcut_first_output(self) -> None:
         """Predict the label from the reference policy's first tool output."""
         name, policy = self.best_ref if self.best_ref else ("oracle", self.oracle)
         if policy is None:
-            self.report.add("shortcut", "first tool output", "warn",
-                            note="no reference or oracle policy to make a first tool call")
+            self.report.add(
+                "shortcut",
+                "first tool output",
+                "warn",
+                note="no reference or oracle policy to make a first tool call",
+            )
             return
         refs = [(c.split, c.index) for c in self.audit_cases]
         outputs = first_output(self.twin, policy, refs)
-        pairs = [(out, str(self.twin.case_label(c)), c) for out, c in zip(outputs, self.audit_cases)]
+        pairs = [
+            (out, str(self.twin.case_label(c)), c) for out, c in zip(outputs, self.audit_cases)
+        ]
         strings = self._truth_strings(self.audit_cases)
-        self.first_samples = [(f"{c.id} (first output of {name})", s, out)
-                              for (out, _, c), s in zip(pairs, strings) if out is not None]
+        self.first_samples = [
+            (f"{c.id} (first output of {name})", s, out)
+            for (out, _, c), s in zip(pairs, strings)
+            if out is not None
+        ]
         train = [(o, lb) for o, lb, c in pairs[: self.n_train] if o is not None]
-        test = [(o, lb) for o, lb, c in pairs[self.n_train:] if o is not None]
+        test = [(o, lb) for o, lb, c in pairs[self.n_train :] if o is not None]
         if not train or not test:
-            self.report.add("shortcut", "first tool output", "pass",
-                            note=f"{name}'s first turn calls no tool before the answer")
+            self.report.add(
+                "shortcut",
+                "first tool output",
+                "pass",
+                note=f"{name}'s first turn calls no tool before the answer",
+            )
             return
         self._audit_row("first tool output", train, test, self.th["first_output_margin"])
         self.report.rows[-1].note += f"; first turn of {name}"
@@ -262,12 +365,22 @@ class Doctor:
         limit = self.th["split_overlap"]
         rule = f"share seen in {self.split_train} <= {limit:g}"
         if train is None or test is None:
-            self.report.add("overlap", "world entities", "warn", threshold=rule,
-                            note="no world_entities(): train/test overlap not measured")
+            self.report.add(
+                "overlap",
+                "world entities",
+                "warn",
+                threshold=rule,
+                note="no world_entities(): train/test overlap not measured",
+            )
             return
         if not test:
-            self.report.add("overlap", "world entities", "pass", threshold=rule,
-                            note="the twin has no world entities")
+            self.report.add(
+                "overlap",
+                "world entities",
+                "pass",
+                threshold=rule,
+                note="the twin has no world entities",
+            )
             return
         counts = {}
         for kind in sorted(test):
@@ -275,7 +388,15 @@ class Doctor:
             share = seen / total if total else 0.0
             counts[kind] = f"{seen} of {total}"
             status = "fail" if share > limit else "warn" if share > WARN_SHARE * limit else "pass"
-            self.report.add("overlap", kind, status, figure=f"{share:.2f} ({seen} of {total})",
-                            threshold=rule, note="test cases reuse train entities: a policy can "
-                            "memorise them" if status == "fail" else "", value=share)
+            self.report.add(
+                "overlap",
+                kind,
+                status,
+                figure=f"{share:.2f} ({seen} of {total})",
+                threshold=rule,
+                note="test cases reuse train entities: a policy can memorise them"
+                if status == "fail"
+                else "",
+                value=share,
+            )
         self.report.details["overlap: test entities seen in train"] = counts

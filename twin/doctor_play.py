@@ -17,8 +17,14 @@ from typing import Any
 from twin.core import Twin, _made
 from twin.doctor_report import Report
 
-__all__ = ["ConstantAnswerPolicy", "NoToolsPolicy", "as_policy", "constant_answers", "first_output",
-           "play"]
+__all__ = [
+    "ConstantAnswerPolicy",
+    "NoToolsPolicy",
+    "as_policy",
+    "constant_answers",
+    "first_output",
+    "play",
+]
 
 _TURN_SLACK = 2  # turns past max_turns before an episode that never ends is given up
 
@@ -49,7 +55,9 @@ class NoToolsPolicy:
 
     name = "no_tools"
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    async def act(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """Plain text."""
         return {"role": "assistant", "content": "I have looked at this and have nothing to add."}
 
@@ -65,7 +73,9 @@ class ConstantAnswerPolicy:
         """The base's episode copy (random bases), wrapped."""
         from twin.policies import policy_for_episode
 
-        return ConstantAnswerPolicy(policy_for_episode(self.base, key), self.tool, self.arg, self.value)
+        return ConstantAnswerPolicy(
+            policy_for_episode(self.base, key), self.tool, self.arg, self.value
+        )
 
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
         """The base's turn, its answer replaced by the constant."""
@@ -112,8 +122,9 @@ def _guard(report: Report, check: str, name: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:  # a broken hook or twin must not hide the other checks
-        report.add(check, name, "fail", note=f"the check raised {type(exc).__name__}: {exc}",
-                   crashed=True)
+        report.add(
+            check, name, "fail", note=f"the check raised {type(exc).__name__}: {exc}", crashed=True
+        )
 
 
 def play(twin: Twin, policy: Any, refs: list[tuple[str, int]]) -> _Run:
@@ -132,7 +143,9 @@ def play(twin: Twin, policy: Any, refs: list[tuple[str, int]]) -> _Run:
     return run
 
 
-def _play_one(env: Any, loop: Any, policy: Any, for_episode: Any, split: str, index: int) -> _Episode:
+def _play_one(
+    env: Any, loop: Any, policy: Any, for_episode: Any, split: str, index: int
+) -> _Episode:
     _, info = env.reset(options={"split": split, "index": index})
     case, tools = env.case, info["tools"]
     actor = for_episode(policy, f"{info['case_id']}#0")

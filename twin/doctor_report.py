@@ -15,8 +15,15 @@ from typing import Any, Literal
 
 from twin.errors import ConfigError
 
-__all__ = ["DEFAULT_THRESHOLDS", "WARN_SHARE", "CheckRow", "Report", "Status", "parse_threshold",
-           "thresholds_for"]
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "WARN_SHARE",
+    "CheckRow",
+    "Report",
+    "Status",
+    "parse_threshold",
+    "thresholds_for",
+]
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -73,8 +80,10 @@ def thresholds_for(twin: Any, overrides: Mapping[str, float] | None = None) -> d
         ConfigError: a name that is not a threshold (the message lists them).
     """
     out = dict(DEFAULT_THRESHOLDS)
-    for source, values in (("check_thresholds", twin.check_thresholds),
-                           ("threshold overrides", overrides or {})):
+    for source, values in (
+        ("check_thresholds", twin.check_thresholds),
+        ("threshold overrides", overrides or {}),
+    ):
         unknown = set(values) - set(DEFAULT_THRESHOLDS)
         if unknown:
             raise ConfigError(
@@ -129,8 +138,17 @@ class Report:
     settings: dict[str, Any] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
 
-    def add(self, check: str, name: str, status: Status, figure: str = "", threshold: str = "",
-            note: str = "", value: float | None = None, crashed: bool = False) -> CheckRow:
+    def add(
+        self,
+        check: str,
+        name: str,
+        status: Status,
+        figure: str = "",
+        threshold: str = "",
+        note: str = "",
+        value: float | None = None,
+        crashed: bool = False,
+    ) -> CheckRow:
         """Append a row and return it."""
         row = CheckRow(check, name, status, figure, threshold, note, value, crashed)
         self.rows.append(row)
@@ -161,15 +179,23 @@ class Report:
         bad = self.failures()
         if bad:
             lines = [f"twin check {self.twin}: {len(bad)} check(s) failed"]
-            lines += [f"- {r.check} / {r.name}: {r.figure} (needs {r.threshold}) {r.note}".rstrip()
-                      for r in bad]
+            lines += [
+                f"- {r.check} / {r.name}: {r.figure} (needs {r.threshold}) {r.note}".rstrip()
+                for r in bad
+            ]
             raise AssertionError("\n".join(lines))
 
     # -- rendering -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-able)."""
-        return {"twin": self.twin, "ok": self.ok, "rows": [asdict(r) for r in self.rows],
-                "thresholds": self.thresholds, "settings": self.settings, "details": self.details}
+        return {
+            "twin": self.twin,
+            "ok": self.ok,
+            "rows": [asdict(r) for r in self.rows],
+            "thresholds": self.thresholds,
+            "settings": self.settings,
+            "details": self.details,
+        }
 
     def to_json(self) -> str:
         """:meth:`to_dict` as indented JSON."""
@@ -182,11 +208,19 @@ class Report:
 
     def to_markdown(self) -> str:
         """The report as Markdown: the check table, the thresholds and the details."""
-        out = [f"# twin check {self.twin}", "", f"**{self.summary_line()}**", "",
-               "| check | name | status | figure | threshold | note |",
-               "| --- | --- | --- | --- | --- | --- |"]
-        out += [f"| {r.check} | {_md(r.name)} | {r.status.upper()} | {_md(r.figure)} | "
-                f"{_md(r.threshold)} | {_md(r.note)} |" for r in self.rows]
+        out = [
+            f"# twin check {self.twin}",
+            "",
+            f"**{self.summary_line()}**",
+            "",
+            "| check | name | status | figure | threshold | note |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        out += [
+            f"| {r.check} | {_md(r.name)} | {r.status.upper()} | {_md(r.figure)} | "
+            f"{_md(r.threshold)} | {_md(r.note)} |"
+            for r in self.rows
+        ]
         out += ["", "## Thresholds", "", "| name | value |", "| --- | --- |"]
         out += [f"| {k} | {v:g} |" for k, v in self.thresholds.items()]
         out += ["", "## Settings", "", "| name | value |", "| --- | --- |"]
@@ -207,10 +241,17 @@ class Report:
         style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
         table = Table(title=f"twin check {self.twin}", show_lines=False)
         for col in ("check", "status", "figure", "threshold", "note"):
-            table.add_column(col, overflow="fold", no_wrap=col == "status", ratio=2 if col == "note" else 1)
+            table.add_column(
+                col, overflow="fold", no_wrap=col == "status", ratio=2 if col == "note" else 1
+            )
         for r in self.rows:
-            table.add_row(f"{r.check}: {escape(r.name)}", f"[{style[r.status]}]{r.status.upper()}[/]",
-                          escape(r.figure), escape(r.threshold), escape(r.note))
+            table.add_row(
+                f"{r.check}: {escape(r.name)}",
+                f"[{style[r.status]}]{r.status.upper()}[/]",
+                escape(r.figure),
+                escape(r.threshold),
+                escape(r.note),
+            )
         console.print(table)
         knobs = ", ".join(f"{k}={v:g}" for k, v in self.thresholds.items())
         console.print(f"thresholds: {escape(knobs)}")

@@ -68,7 +68,6 @@ __all__ = ["TwinEnv"]
 logger = logging.getLogger("twin.env")
 
 
-
 def _dumps(value: Any) -> str:
     """Compact JSON with non-ASCII kept (pydantic-core's encoder: 3x faster than ``json``)."""
     return to_json(value, fallback=str).decode()
@@ -182,14 +181,17 @@ class TwinEnv(gym.Env[list, Any]):
         self._done = False
         self._end = (False, False)
         self._late_invalid = 0
-        self._traj = _with_defaults(Trajectory, {
-            "twin": twin.name,
-            "case_id": case.id,
-            "split": split,
-            "index": index,
-            "case_kind": case.kind,
-            "messages": list(prompt),
-        })
+        self._traj = _with_defaults(
+            Trajectory,
+            {
+                "twin": twin.name,
+                "case_id": case.id,
+                "split": split,
+                "index": index,
+                "case_kind": case.kind,
+                "messages": list(prompt),
+            },
+        )
         return list(prompt), {
             "tools": list(self._schemas),
             "case_id": case.id,
@@ -289,7 +291,9 @@ class TwinEnv(gym.Env[list, Any]):
                 record, content = self._run(call, turn, terminated)
             else:
                 record, content = _failed(
-                    call.id, short_text(call.name), call.arguments,
+                    call.id,
+                    short_text(call.name),
+                    call.arguments,
                     f"not run: at most {max_calls} tool calls are run per turn; "
                     "call it again in your next turn",
                     turn,
@@ -370,7 +374,9 @@ class TwinEnv(gym.Env[list, Any]):
             )
         if after_terminal:
             return _failed(
-                call.id, name, args,
+                call.id,
+                name,
+                args,
                 f"{name} was not run: a terminal call already ended the episode in this turn; "
                 "only one terminal call is allowed",
                 turn,
@@ -382,7 +388,9 @@ class TwinEnv(gym.Env[list, Any]):
             close = difflib.get_close_matches(name, self._tools, n=1) if len(name) <= 100 else []
             hint = f" Did you mean {close[0]!r}?" if close else ""
             return _failed(
-                call.id, shown, args,
+                call.id,
+                shown,
+                args,
                 f"unknown tool {shown!r}.{hint} Available tools: {self._names_text}",
                 turn,
             )
@@ -396,7 +404,9 @@ class TwinEnv(gym.Env[list, Any]):
         except Exception as exc:  # a bug in the tool, not the agent's fault: log it, tell the agent
             logger.warning("tool %s raised %s on %r", name, type(exc).__name__, args, exc_info=True)
             return _failed(
-                call.id, name, args,
+                call.id,
+                name,
+                args,
                 f"{name} failed with an internal error ({type(exc).__name__}); this is not your "
                 "fault. Try other arguments or another tool",
                 turn,
@@ -405,7 +415,9 @@ class TwinEnv(gym.Env[list, Any]):
         latency = time.perf_counter() - started
         try:
             kind = type(result)
-            text = result.json_text() if kind is FrozenDict or kind is FrozenList else _dumps(result)
+            text = (
+                result.json_text() if kind is FrozenDict or kind is FrozenList else _dumps(result)
+            )
             if kind not in _SHAREABLE:
                 # the episode's own copy: the tool may have handed out shared, mutable data
                 result = from_json(text)
@@ -420,10 +432,20 @@ class TwinEnv(gym.Env[list, Any]):
             )
         if tool.terminal:
             self._traj.submission = submission  # type: ignore[union-attr]
-        record = _construct(ToolCallRecord, {
-            "id": call.id, "name": name, "arguments": args, "ok": True, "error": None,
-            "result": result, "terminal": tool.terminal, "turn": turn, "latency_s": latency,
-        })
+        record = _construct(
+            ToolCallRecord,
+            {
+                "id": call.id,
+                "name": name,
+                "arguments": args,
+                "ok": True,
+                "error": None,
+                "result": result,
+                "terminal": tool.terminal,
+                "turn": turn,
+                "latency_s": latency,
+            },
+        )
         return record, text
 
     def _fetch_world(self) -> Any:
@@ -455,8 +477,12 @@ class TwinEnv(gym.Env[list, Any]):
             raise ResetNeeded("call env.reset() before env.truncate()")
         if self._done:
             raise gym.error.Error("the episode has already ended; truncate() ends a running one")
-        info: dict[str, Any] = {"calls": [], "errors": [], "invalid_calls": self._traj.invalid_calls,
-                                "turn": self._turn}
+        info: dict[str, Any] = {
+            "calls": [],
+            "errors": [],
+            "invalid_calls": self._traj.invalid_calls,
+            "turn": self._turn,
+        }
         self._end = (False, True)
         reward = self._finish(False, True, info)
         if note:
@@ -473,7 +499,9 @@ class TwinEnv(gym.Env[list, Any]):
         traj.truncated = truncated
         traj.timings["tools"] = sum(c.latency_s for c in traj.calls)
         twin = self._twin
-        result = twin.score(traj, case, defer_group=True) if twin.needs_group else twin.score(traj, case)
+        result = (
+            twin.score(traj, case, defer_group=True) if twin.needs_group else twin.score(traj, case)
+        )
         total = float(result.total)
         traj.reward = total
         traj.components = dict(result.components)
@@ -587,10 +615,20 @@ def _with_defaults(cls: type[Any], values: dict[str, Any]) -> Any:
 def _failed(
     call_id: str, name: str, arguments: Any, error: str, turn: int, latency: float = 0.0
 ) -> tuple[ToolCallRecord, str]:
-    record = _construct(ToolCallRecord, {
-        "id": call_id, "name": name, "arguments": arguments, "ok": False, "error": error,
-        "result": None, "terminal": False, "turn": turn, "latency_s": latency,
-    })
+    record = _construct(
+        ToolCallRecord,
+        {
+            "id": call_id,
+            "name": name,
+            "arguments": arguments,
+            "ok": False,
+            "error": error,
+            "result": None,
+            "terminal": False,
+            "turn": turn,
+            "latency_s": latency,
+        },
+    )
     return record, f"Error: {error}"
 
 
@@ -600,10 +638,14 @@ def _read_options(options: Any, twin: Twin) -> tuple[str, int | None]:
     if options is None:
         return "train", None
     if not isinstance(options, Mapping):
-        raise CaseError(f"{allowed}, got {short_text(_describe(options))} ({type(options).__name__})")
+        raise CaseError(
+            f"{allowed}, got {short_text(_describe(options))} ({type(options).__name__})"
+        )
     unknown = [k for k in options if k not in _OPTIONS]
     if unknown:
-        raise CaseError(f"{allowed}; unknown option(s) {short_text(', '.join(map(_describe, unknown)))}")
+        raise CaseError(
+            f"{allowed}; unknown option(s) {short_text(', '.join(map(_describe, unknown)))}"
+        )
     split = options.get("split", "train")
     if split is None:
         split = "train"
@@ -660,7 +702,9 @@ def _parse(action: Any, turn: int, tools: Any = None) -> ParsedTurn:
     try:
         return parse_tool_calls(action, turn=turn, tools=tools)
     except Exception as exc:  # noqa: BLE001 - e.g. an object inside the dict whose methods raise
-        logger.warning("unreadable action of type %s: %s", type(action).__name__, type(exc).__name__)
+        logger.warning(
+            "unreadable action of type %s: %s", type(action).__name__, type(exc).__name__
+        )
         return ParsedTurn(
             "",
             errors=[

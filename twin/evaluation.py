@@ -142,6 +142,7 @@ def evaluate(
                     await asyncio.to_thread(score_group, twin, group)  # the judge may take seconds
                     if store_group is not None:
                         store_group(group)
+
         try:
             if backend == "ray":
                 from twin.ray_eval import run_on_ray  # Ray is imported only on this path

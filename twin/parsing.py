@@ -93,7 +93,9 @@ QWEN_XML_FORMAT = (
 )
 LLAMA_FORMAT = '<|python_tag|>{"name": "<tool>", "parameters": {...}}'
 MISTRAL_FORMAT = '[TOOL_CALLS][{"name": "<tool>", "arguments": {...}}]'
-HARMONY_FORMAT = "<|channel|>commentary to=functions.<tool> <|constrain|>json<|message|>{...}<|call|>"
+HARMONY_FORMAT = (
+    "<|channel|>commentary to=functions.<tool> <|constrain|>json<|message|>{...}<|call|>"
+)
 
 #: Tool schemas for typing Qwen3-Coder XML values: OpenAI tool specs (``[{"type": "function",
 #: "function": {"name", "parameters"}}]``, what ``Twin.tool_schemas`` gives) or a mapping from tool
@@ -108,7 +110,9 @@ _FENCE = re.compile(r"\A```(?:json|JSON)?[ \t]*\n?(.*?)\n?```\Z", re.DOTALL)
 def _no_constant(name: str) -> Any:
     # Python's json reads NaN / Infinity, which JSON does not allow and which would not survive
     # the trajectory's own JSON round trip (they come back as null).
-    raise ValueError(f"is not valid JSON: {name} is not a JSON value (use a finite number or a string)")
+    raise ValueError(
+        f"is not valid JSON: {name} is not a JSON value (use a finite number or a string)"
+    )
 
 
 _py_decoder = json.JSONDecoder(parse_constant=_no_constant)
@@ -221,7 +225,9 @@ def split_reasoning(text: str) -> tuple[str, str]:
     return "".join(reasoning), "".join(outside)
 
 
-def _parse_text(text: str, turn: int, first: int = 0, tools: ToolSchemas | None = None) -> ParsedTurn:
+def _parse_text(
+    text: str, turn: int, first: int = 0, tools: ToolSchemas | None = None
+) -> ParsedTurn:
     if not text.strip():
         return ParsedTurn("", errors=[f"the turn is empty; call a tool like {CALL_FORMAT}"])
     if "think>" in text:
@@ -235,7 +241,9 @@ def _parse_text(text: str, turn: int, first: int = 0, tools: ToolSchemas | None 
     return _parse_outside(text, turn, first, tools)
 
 
-def _parse_outside(text: str, turn: int, first: int = 0, tools: ToolSchemas | None = None) -> ParsedTurn:
+def _parse_outside(
+    text: str, turn: int, first: int = 0, tools: ToolSchemas | None = None
+) -> ParsedTurn:
     # Fast path: a call needs a '<' (tag), a '[' (Mistral) or a '{' (bare JSON); prose has none
     # of them most of the time.
     if "<" in text:
@@ -358,7 +366,9 @@ def _call_from_fields(
             return ParsedCall(call_id, name, args, raw)
     where = _label(where)
     if name is None:
-        return ParsedCall(call_id, "", None, raw, f'{where}: missing "name"; expected {CALL_FORMAT}')
+        return ParsedCall(
+            call_id, "", None, raw, f'{where}: missing "name"; expected {CALL_FORMAT}'
+        )
     if not isinstance(name, str):
         return ParsedCall(
             call_id, "", None, raw, f'{where}: "name" must be a string, got {_json_type(name)}'
@@ -375,7 +385,10 @@ def _call_from_fields(
                 args = _loads(text)
             except (ValueError, RecursionError) as exc:
                 return ParsedCall(
-                    call_id, name, None, args,
+                    call_id,
+                    name,
+                    None,
+                    args,
                     f'{where} ({short_text(name)}): "arguments" {_json_error(exc)}',
                 )
     elif isinstance(args, dict) and from_message:
@@ -383,9 +396,16 @@ def _call_from_fields(
         try:
             args = json.loads(json.dumps(args, allow_nan=False))
         except (TypeError, ValueError, RecursionError) as exc:
-            why = "nested too deeply" if isinstance(exc, RecursionError) else short_text(str(exc), 120)
+            why = (
+                "nested too deeply"
+                if isinstance(exc, RecursionError)
+                else short_text(str(exc), 120)
+            )
             return ParsedCall(
-                call_id, name, None, _safe_repr(args),
+                call_id,
+                name,
+                None,
+                _safe_repr(args),
                 f'{where} ({short_text(name)}): "arguments" must be JSON data ({why})',
             )
     if args is None:
@@ -400,7 +420,10 @@ def _call_from_fields(
         )
     if not _shallow(args):
         return ParsedCall(
-            call_id, name, None, raw if isinstance(raw, str) else _safe_repr(raw),
+            call_id,
+            name,
+            None,
+            raw if isinstance(raw, str) else _safe_repr(raw),
             f'{where} ({short_text(name)}): "arguments" are nested more than {MAX_DEPTH} levels '
             "deep; send flat JSON arguments",
         )
@@ -503,7 +526,9 @@ def _parse_mistral(text: str, turn: int) -> ParsedTurn:
             content.append(seg[end:])
             items = obj if isinstance(obj, list) else [obj]
             if not items:
-                errors.append(f"{_MISTRAL} holds an empty list; put the calls in it: {MISTRAL_FORMAT}")
+                errors.append(
+                    f"{_MISTRAL} holds an empty list; put the calls in it: {MISTRAL_FORMAT}"
+                )
             for item in items:
                 k = len(calls)
                 given = item.get("id") if isinstance(item, dict) else None
@@ -513,9 +538,14 @@ def _parse_mistral(text: str, turn: int) -> ParsedTurn:
         named = _MISTRAL_NAMED.match(seg)
         if named is None:
             calls.append(
-                ParsedCall(call_id, "", None, seg,
-                           f"{_label(k)}: expected a tool name or a JSON list after {_MISTRAL}; write "
-                           f"{MISTRAL_FORMAT} or [TOOL_CALLS]<tool>[ARGS]{{...}}")
+                ParsedCall(
+                    call_id,
+                    "",
+                    None,
+                    seg,
+                    f"{_label(k)}: expected a tool name or a JSON list after {_MISTRAL}; write "
+                    f"{MISTRAL_FORMAT} or [TOOL_CALLS]<tool>[ARGS]{{...}}",
+                )
             )
             continue
         name, given, args_tag, args = named.groups()
@@ -524,9 +554,14 @@ def _parse_mistral(text: str, turn: int) -> ParsedTurn:
             call_id = given
         if not args and args_tag is None:
             calls.append(
-                ParsedCall(call_id, name, None, seg,
-                           f"{_label(k)} ({short_text(name)}): the arguments are missing; write "
-                           f"[TOOL_CALLS]{short_text(name)}[ARGS]{{...}}")
+                ParsedCall(
+                    call_id,
+                    name,
+                    None,
+                    seg,
+                    f"{_label(k)} ({short_text(name)}): the arguments are missing; write "
+                    f"[TOOL_CALLS]{short_text(name)}[ARGS]{{...}}",
+                )
             )
             continue
         calls.append(_call_from_fields({"name": name, "arguments": args}, call_id, args, k))
@@ -571,9 +606,14 @@ def _parse_harmony(text: str, turn: int) -> ParsedTurn:
             name = name[len("functions.") :] if name.startswith("functions.") else name
             if stop is None or stop.group() == "<|start|>":
                 calls.append(
-                    ParsedCall(call_id, name, None, body,
-                               f"{_label(k)} ({short_text(name)}): the call is not closed; end it with "
-                               f"<|call|>: {HARMONY_FORMAT}")
+                    ParsedCall(
+                        call_id,
+                        name,
+                        None,
+                        body,
+                        f"{_label(k)} ({short_text(name)}): the call is not closed; end it with "
+                        f"<|call|>: {HARMONY_FORMAT}",
+                    )
                 )
             else:
                 calls.append(_call_from_fields({"name": name, "arguments": body}, call_id, body, k))
@@ -590,20 +630,34 @@ def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -
     where = _label(k)
     close = body.find(">")
     if not body.startswith("<function=") or close < 0 or "\n" in body[:close]:
-        return ParsedCall(call_id, "", None, body,
-                          f"{where}: malformed <function=...> tag; write {QWEN_XML_FORMAT}")
+        return ParsedCall(
+            call_id,
+            "",
+            None,
+            body,
+            f"{where}: malformed <function=...> tag; write {QWEN_XML_FORMAT}",
+        )
     name = body[10:close].strip()  # 10 == len("<function=")
     if not name:
         return ParsedCall(call_id, "", None, body, f'{where}: "name" is empty; give the tool name')
     where = f"{where} ({short_text(name)})"
     end = body.rfind("</function>")
     if end < 0:
-        return ParsedCall(call_id, name, None, body,
-                          f"{where}: <function=...> is not closed; end it with </function>: "
-                          f"{QWEN_XML_FORMAT}")
+        return ParsedCall(
+            call_id,
+            name,
+            None,
+            body,
+            f"{where}: <function=...> is not closed; end it with </function>: {QWEN_XML_FORMAT}",
+        )
     if body[end + 11 :].strip():  # 11 == len("</function>")
-        return ParsedCall(call_id, name, None, body,
-                          f"{where}: text after </function>; write one function per <tool_call>")
+        return ParsedCall(
+            call_id,
+            name,
+            None,
+            body,
+            f"{where}: text after </function>; write one function per <tool_call>",
+        )
     inner = body[close + 1 : end]
     values: dict[str, str] = {}
     pos = 0
@@ -612,26 +666,42 @@ def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -
         start = inner.find("<parameter=", pos)
         gap = inner[pos : start if start >= 0 else len(inner)]
         if gap.strip():
-            return ParsedCall(call_id, name, None, body,
-                              f"{where}: unexpected text {short_text(gap.strip())!r}; {usage}")
+            return ParsedCall(
+                call_id,
+                name,
+                None,
+                body,
+                f"{where}: unexpected text {short_text(gap.strip())!r}; {usage}",
+            )
         if start < 0:
             break
         tag_end = inner.find(">", start)
         if tag_end < 0 or "\n" in inner[start:tag_end]:
-            return ParsedCall(call_id, name, None, body,
-                              f"{where}: malformed <parameter=...> tag; {usage}")
+            return ParsedCall(
+                call_id, name, None, body, f"{where}: malformed <parameter=...> tag; {usage}"
+            )
         arg = inner[start + 11 : tag_end].strip()  # 11 == len("<parameter=")
         if not arg:
-            return ParsedCall(call_id, name, None, body, f"{where}: a parameter name is empty; {usage}")
+            return ParsedCall(
+                call_id, name, None, body, f"{where}: a parameter name is empty; {usage}"
+            )
         value_end = inner.find("</parameter>", tag_end)
         if value_end < 0:
-            return ParsedCall(call_id, name, None, body,
-                              f"{where}: <parameter={short_text(arg)}> is not closed; end it "
-                              "with </parameter>")
+            return ParsedCall(
+                call_id,
+                name,
+                None,
+                body,
+                f"{where}: <parameter={short_text(arg)}> is not closed; end it with </parameter>",
+            )
         if arg in values:
-            return ParsedCall(call_id, name, None, body,
-                              f"{where}: parameter {short_text(arg)!r} is given twice; give each "
-                              "argument once")
+            return ParsedCall(
+                call_id,
+                name,
+                None,
+                body,
+                f"{where}: parameter {short_text(arg)!r} is given twice; give each argument once",
+            )
         value = inner[tag_end + 1 : value_end]
         # The template puts the value on lines of its own: one newline each side is layout.
         if value.startswith("\n"):
@@ -646,9 +716,14 @@ def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -
         for arg, value in values.items()
     }
     if not _shallow(args):
-        return ParsedCall(call_id, name, None, body,
-                          f'{where}: "arguments" are nested more than {MAX_DEPTH} levels deep; '
-                          "send flat JSON arguments")
+        return ParsedCall(
+            call_id,
+            name,
+            None,
+            body,
+            f'{where}: "arguments" are nested more than {MAX_DEPTH} levels deep; '
+            "send flat JSON arguments",
+        )
     return ParsedCall(call_id, name, args, body)
 
 
@@ -747,12 +822,16 @@ def _parse_message(msg: dict[str, Any], turn: int, tools: ToolSchemas | None = N
             return ParsedTurn("", errors=[f"the turn is empty; call a tool like {CALL_FORMAT}"])
         return ParsedTurn(
             "",
-            errors=['the assistant message has neither "content" nor "tool_calls"; send one of them'],
+            errors=[
+                'the assistant message has neither "content" nor "tool_calls"; send one of them'
+            ],
         )
     content = msg.get("content")
     if isinstance(content, list):  # OpenAI content parts: keep the text ones
         content = "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            p.get("text", "")
+            for p in content
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
         )
     if content is not None and not isinstance(content, str):
         return ParsedTurn(
@@ -772,8 +851,13 @@ def _parse_message(msg: dict[str, Any], turn: int, tools: ToolSchemas | None = N
         call_id = _call_id(turn, k)
         if not isinstance(item, dict):
             calls.append(
-                ParsedCall(call_id, "", None, _safe_repr(item),
-                           f"{where}: expected an object, got {type(item).__name__}")
+                ParsedCall(
+                    call_id,
+                    "",
+                    None,
+                    _safe_repr(item),
+                    f"{where}: expected an object, got {type(item).__name__}",
+                )
             )
             continue
         given = item.get("id")
@@ -782,8 +866,13 @@ def _parse_message(msg: dict[str, Any], turn: int, tools: ToolSchemas | None = N
         fn = item.get("function", item if "name" in item else None)
         if not isinstance(fn, dict):
             calls.append(
-                ParsedCall(call_id, "", None, _safe_repr(item),
-                           f'{where}: missing "function": {{"name": ..., "arguments": "<json>"}}')
+                ParsedCall(
+                    call_id,
+                    "",
+                    None,
+                    _safe_repr(item),
+                    f'{where}: missing "function": {{"name": ..., "arguments": "<json>"}}',
+                )
             )
             continue
         raw = fn.get("arguments")

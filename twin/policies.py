@@ -56,7 +56,6 @@ __all__ = [
 ]
 
 
-
 @runtime_checkable
 class Policy(Protocol):
     """What the runner drives: a name and an async ``act``."""
@@ -576,7 +575,7 @@ class OpenAIChatPolicy:
                 response = await asyncio.wait_for(
                     client.post(self.url, json=body), timeout=self.timeout
                 )
-            except (httpx.ReadTimeout, httpx.WriteTimeout, asyncio.TimeoutError) as exc:
+            except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout) as exc:
                 # The deadline and httpx's read timeout are the same length: whichever fires, the
                 # reply did not arrive in time, and it is reported the same way.
                 cause = "WriteTimeout" if isinstance(exc, httpx.WriteTimeout) else "ReadTimeout"
@@ -659,7 +658,10 @@ def _unsupported_parameter(response: httpx.Response) -> str | None:
         error = response.json().get("error") or {}
     except (ValueError, AttributeError):
         error = {}
-    if isinstance(error, dict) and error.get("code") in ("unsupported_parameter", "unsupported_value"):
+    if isinstance(error, dict) and error.get("code") in (
+        "unsupported_parameter",
+        "unsupported_value",
+    ):
         if isinstance(error.get("param"), str):
             return error["param"]
     found = _UNSUPPORTED.search(response.text)
@@ -849,7 +851,9 @@ def make_policy(
                 "installed; install the training extra: pip install 'twinrl[train]'"
             ) from None
     forms = list(POLICY_FORMS) + [f"{name} (a baseline of this twin)" for name in baselines]
-    forms += [f"{name}:... (plugin {ep.value})" for name, ep in sorted(plugins.items()) if name != "hf"]
+    forms += [
+        f"{name}:... (plugin {ep.value})" for name, ep in sorted(plugins.items()) if name != "hf"
+    ]
     raise ConfigError(f"unknown policy spec {spec!r}; allowed: " + "; ".join(forms))
 
 

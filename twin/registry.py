@@ -181,11 +181,14 @@ def spec(id_or_name: str) -> TwinSpec:
         name = m.group("name").lower()
         version = m.group("version")
         found = [
-            s for s in registry.values()
+            s
+            for s in registry.values()
             if s.name.lower() == name and (version is None or s.version == int(version))
         ]
         if found:
-            if version is None:  # the latest version that is not a preview (a class's `preview = True`)
+            if (
+                version is None
+            ):  # the latest version that is not a preview (a class's `preview = True`)
                 found = [s for s in found if not _is_preview(s)] or found
             return max(found, key=lambda s: s.version)
     known = sorted(registry)

@@ -80,7 +80,9 @@ class ChatMessages(Space[list]):
         seed: Seed of :meth:`sample`.
     """
 
-    def __init__(self, max_messages: int = 4, seed: int | np.random.Generator | None = None) -> None:
+    def __init__(
+        self, max_messages: int = 4, seed: int | np.random.Generator | None = None
+    ) -> None:
         if not isinstance(max_messages, int) or max_messages < 1:
             raise ValueError(f"max_messages must be a positive int, got {max_messages!r}")
         self.max_messages = max_messages
@@ -159,8 +161,10 @@ class AssistantTurn(Space[Any]):
         """True for any str, or a dict that is a valid assistant message."""
         if isinstance(x, str):
             return True
-        return isinstance(x, dict) and x.get("role", "assistant") == "assistant" and is_message(
-            {"role": "assistant", **x}
+        return (
+            isinstance(x, dict)
+            and x.get("role", "assistant") == "assistant"
+            and is_message({"role": "assistant", **x})
         )
 
     def sample(self, mask: Any = None, probability: Any = None) -> str | dict[str, Any]:

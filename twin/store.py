@@ -110,7 +110,7 @@ class RunNotFoundError(TwinError, KeyError):
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class _UTCDateTime(TypeDecorator[dt.datetime]):
@@ -127,8 +127,8 @@ class _UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
 
     def process_result_value(
         self, value: dt.datetime | None, dialect: Dialect
@@ -136,8 +136,8 @@ class _UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if value.tzinfo is None:  # SQLite keeps no zone: what it holds was written as UTC
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
 
 
 class _JSONText(TypeDecorator[Any]):
@@ -363,9 +363,7 @@ class RunStore:
                 "e.g. 'sqlite:///runs/twinrl.db' or 'postgresql+psycopg://user@host/db'"
             ) from None
         #: The store's URL as shown to people (``twin runs``, summaries): password masked.
-        self.url = (
-            parsed.render_as_string(hide_password=True) if parsed.password else full_url
-        )
+        self.url = parsed.render_as_string(hide_password=True) if parsed.password else full_url
         backend = parsed.get_backend_name()
         if backend == "sqlite" and parsed.database not in (None, "", ":memory:"):
             if not create and not Path(parsed.database).is_file():
@@ -818,7 +816,9 @@ def _info(row: _Run, count: int, mean: float | None) -> RunInfo:
 def damaged_store_message(url: str, exc: DatabaseError) -> str:
     """One line for a database error while reading a store (a SQLite file with corrupted pages,
     a table a foreign tool altered): what failed and what to do, without the SQL."""
-    reason = (str(getattr(exc, "orig", exc) or exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    reason = (str(getattr(exc, "orig", exc) or exc).strip().splitlines() or [type(exc).__name__])[
+        0
+    ][:200]
     return (
         f"the run store {url!r} cannot be read: {reason}; it may be damaged (a SQLite file can be "
         "checked with `sqlite3 FILE 'PRAGMA integrity_check'`); give another --store to keep working"

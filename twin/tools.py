@@ -118,11 +118,16 @@ class Tool:
                 injected.append(pname)
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise TypeError(f"tool {tool_name!r}: *args/**kwargs cannot be described to an agent")
+                raise TypeError(
+                    f"tool {tool_name!r}: *args/**kwargs cannot be described to an agent"
+                )
             if pname not in hints:
                 raise TypeError(f"tool {tool_name!r}: parameter {pname!r} needs a type hint")
             default = ... if param.default is inspect.Parameter.empty else param.default
-            fields[pname] = (hints[pname], Field(default, description=param_docs.get(pname) or None))
+            fields[pname] = (
+                hints[pname],
+                Field(default, description=param_docs.get(pname) or None),
+            )
         model = pydantic.create_model(  # type: ignore[call-overload]
             f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
         )
@@ -223,7 +228,9 @@ class Tool:
     def example_arguments(self) -> str:
         """A JSON object with the required parameter names, for error messages."""
         params = self.schema["function"]["parameters"]
-        example = {p: f"<{_type_text(params['properties'][p])}>" for p in params.get("required", [])}
+        example = {
+            p: f"<{_type_text(params['properties'][p])}>" for p in params.get("required", [])
+        }
         return json.dumps(example)
 
     def _explain(self, exc: pydantic.ValidationError) -> str:
@@ -234,7 +241,9 @@ class Tool:
             loc = _short_name(".".join(str(p) for p in err["loc"])) or "(arguments)"
             top = str(err["loc"][0]) if err["loc"] else ""
             if err["type"] == "missing":
-                lines.append(f"missing required argument {loc!r} ({_type_text(props.get(top, {}))})")
+                lines.append(
+                    f"missing required argument {loc!r} ({_type_text(props.get(top, {}))})"
+                )
             elif err["type"] == "extra_forbidden":
                 allowed = ", ".join(props) or "none"
                 lines.append(f"unknown argument {loc!r}; allowed: {allowed}")

@@ -144,7 +144,9 @@ def load_yaml_file(
             raise ConfigError(f"{name} is a folder; give a YAML file")
         size = p.stat().st_size
         if size > max_bytes:
-            raise ConfigError(f"{name} is {size:,} bytes; YAML files up to {max_bytes:,} bytes are read")
+            raise ConfigError(
+                f"{name} is {size:,} bytes; YAML files up to {max_bytes:,} bytes are read"
+            )
         raw = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{name} could not be read: {exc.strerror or exc}") from None

@@ -24,7 +24,7 @@ The commands live by group: ``twins.py`` (list, show, check, play), ``eval.py``,
 from __future__ import annotations
 
 # Importing a command group registers its commands on the app.
-from twinrl_cli import twins, eval, runs, ui, demo, bench, reward, train, serve, openenv, package  # noqa: F401, I001  (help order)
+from twinrl_cli import bench, demo, eval, openenv, package, reward, runs, serve, train, twins, ui  # noqa: F401, I001  (help order)
 from twinrl_cli.app import app, main, parse_overrides
 
 __all__ = ["app", "main", "parse_overrides"]

@@ -16,9 +16,12 @@ import yaml
 from twinrl_cli.app import bench_app, needs, run_target
 
 #: ``--json FILE`` and ``--output-dir DIR`` of the trainer benches.
-FiguresJsonOpt = Annotated[str | None, typer.Option("--json", help="Also write the figures as JSON to this file.")]
+FiguresJsonOpt = Annotated[
+    str | None, typer.Option("--json", help="Also write the figures as JSON to this file.")
+]
 RunsDirOpt = Annotated[
-    str | None, typer.Option("--output-dir", help="Where the runs write (default: a temporary folder).")
+    str | None,
+    typer.Option("--output-dir", help="Where the runs write (default: a temporary folder)."),
 ]
 
 __all__ = ["bench_catalog", "bench_openenv", "bench_trainer", "bench_trl"]
@@ -34,21 +37,30 @@ def bench_catalog(
     seed: Annotated[int, typer.Option("--seed", help="World seed.")] = 0,
     taxonomy: Annotated[
         str | None,
-        typer.Option("--taxonomy", help="A Shopify taxonomy checkout instead of the generated world."),
+        typer.Option(
+            "--taxonomy", help="A Shopify taxonomy checkout instead of the generated world."
+        ),
     ] = None,
     cold: Annotated[
         bool,
-        typer.Option("--cold/--no-cold", help="Time a cold world build in a fresh process, empty cache."),
+        typer.Option(
+            "--cold/--no-cold", help="Time a cold world build in a fresh process, empty cache."
+        ),
     ] = True,
     warm: Annotated[
         bool,
-        typer.Option("--warm/--no-warm", help="Time a warm (cached) world build in a fresh process."),
+        typer.Option(
+            "--warm/--no-warm", help="Time a warm (cached) world build in a fresh process."
+        ),
     ] = True,
     out: Annotated[
         str | None, typer.Option("--out", help="Also write the figures as JSON to this file.")
     ] = None,
     version: Annotated[
-        int, typer.Option("--version", min=0, max=1, help="Catalog version to time: 1 (the latest) or 0.")
+        int,
+        typer.Option(
+            "--version", min=0, max=1, help="Catalog version to time: 1 (the latest) or 0."
+        ),
     ] = 1,
 ) -> None:
     """Catalog twin benchmarks: tool latency, reset/step overhead, world build, memory."""
@@ -82,7 +94,8 @@ def bench_trainer(
     warmup: Annotated[
         int,
         typer.Option(
-            "--warmup", min=0,
+            "--warmup",
+            min=0,
             help="Steps run first and left out of the figures (start-up, first LoRA request); the "
             "first run calibrates the update passes on them.",
         ),
@@ -100,7 +113,8 @@ def bench_trainer(
     epochs: Annotated[
         int | None,
         typer.Option(
-            "--epochs", min=1,
+            "--epochs",
+            min=1,
             help="Update passes per lot (default: calibrated so that learner + sync ~= rollout).",
         ),
     ] = None,
@@ -133,30 +147,43 @@ def bench_trainer(
 # -- trl ---------------------------------------------------------------------------------------
 @bench_app.command("trl")
 def bench_trl(
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Measured optimizer steps per side.")] = 5,
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, help="Measured optimizer steps per side.")
+    ] = 5,
     warmup: Annotated[
-        int, typer.Option("--warmup", min=1, help="Steps run first and left out (first-call overheads).")
+        int,
+        typer.Option(
+            "--warmup", min=1, help="Steps run first and left out (first-call overheads)."
+        ),
     ] = 1,
-    prompts: Annotated[int, typer.Option("--prompts", min=1, help="Prompts (groups) per step.")] = 4,
+    prompts: Annotated[
+        int, typer.Option("--prompts", min=1, help="Prompts (groups) per step.")
+    ] = 4,
     group: Annotated[
         int, typer.Option("--group", min=1, help="Completions per prompt (TRL's num_generations).")
     ] = 8,
     max_tokens: Annotated[
         int,
         typer.Option(
-            "--max-tokens", min=1,
+            "--max-tokens",
+            min=1,
             help="Completion limit (TRL's max_completion_length, our max_new_tokens).",
         ),
     ] = 16,
     lr: Annotated[
         float, typer.Option("--lr", min=0.0, help="Learning rate (constant) on both sides.")
     ] = 5e-3,
-    threads: Annotated[int, typer.Option("--threads", min=1, help="torch CPU threads on both sides.")] = 1,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of both runs and of the prompt draw.")] = 0,
+    threads: Annotated[
+        int, typer.Option("--threads", min=1, help="torch CPU threads on both sides.")
+    ] = 1,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of both runs and of the prompt draw.")
+    ] = 0,
     rounds: Annotated[
         int,
         typer.Option(
-            "--rounds", min=1,
+            "--rounds",
+            min=1,
             help="Runs per side in ABBA order (TRL, ours, ours, TRL, ...), pooled; 2 or more even "
             "out a drift in machine load.",
         ),
@@ -182,7 +209,9 @@ def _transports(raw: str) -> str:
     names = [t.strip() for t in raw.split(",") if t.strip()]
     unknown = [t for t in names if t not in TRANSPORTS]
     if not names or unknown:
-        raise typer.BadParameter(f"{raw!r}: expected a comma-separated list of {', '.join(TRANSPORTS)}")
+        raise typer.BadParameter(
+            f"{raw!r}: expected a comma-separated list of {', '.join(TRANSPORTS)}"
+        )
     return raw
 
 
@@ -199,7 +228,7 @@ def _arguments(raw: str | None) -> str | None:
         value = raw
     if raw is not None and not isinstance(value, dict):
         raise typer.BadParameter(
-            f"{raw!r}: expected a JSON object of the tool's arguments, e.g. '{{\"query\": \"boxes\"}}'"
+            f'{raw!r}: expected a JSON object of the tool\'s arguments, e.g. \'{{"query": "boxes"}}\''
         )
     return raw
 
@@ -207,7 +236,9 @@ def _arguments(raw: str | None) -> str | None:
 @bench_app.command("openenv")
 def bench_openenv(
     twin: Annotated[str, typer.Option("--twin", help="The registered twin to serve.")] = "Catalog",
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per server and transport.")] = 300,
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, help="Timed steps per server and transport.")
+    ] = 300,
     tool: Annotated[
         str, typer.Option("--tool", help="The tool each timed step of the twin calls.")
     ] = "search_taxonomy",
@@ -225,7 +256,9 @@ def bench_openenv(
     transports: Annotated[
         str,
         typer.Option(
-            "--transports", help="Comma-separated: ws (WebSocket client) and/or http.", callback=_transports
+            "--transports",
+            help="Comma-separated: ws (WebSocket client) and/or http.",
+            callback=_transports,
         ),
     ] = ",".join(TRANSPORTS),
 ) -> None:

@@ -18,7 +18,9 @@ def demo(
     episodes: Annotated[
         int | None,
         typer.Option(
-            "--episodes", min=1, help="Test cases to run, each --group-size times (default: the whole split)."
+            "--episodes",
+            min=1,
+            help="Test cases to run, each --group-size times (default: the whole split).",
         ),
     ] = None,
     group_size: Annotated[
@@ -27,16 +29,22 @@ def demo(
     split: Annotated[str, typer.Option("--split", help="Split to run on.")] = "test",
     taxonomy: Annotated[
         str | None,
-        typer.Option("--taxonomy", help="A Shopify taxonomy checkout instead of the generated world."),
+        typer.Option(
+            "--taxonomy", help="A Shopify taxonomy checkout instead of the generated world."
+        ),
     ] = None,
-    out: Annotated[str, typer.Option("--out", help="Folder for report.md and the plots.")] = "reports/demo",
+    out: Annotated[
+        str, typer.Option("--out", help="Folder for report.md and the plots.")
+    ] = "reports/demo",
     store: Annotated[
         str | None,
         typer.Option(
             "--store", help="Run store URL or file (default $TWINRL_STORE or runs/twinrl.db)."
         ),
     ] = None,
-    no_store: Annotated[bool, typer.Option("--no-store", help="Do not write the run store.")] = False,
+    no_store: Annotated[
+        bool, typer.Option("--no-store", help="Do not write the run store.")
+    ] = False,
     policies: Annotated[
         str | None,
         typer.Option(
@@ -46,7 +54,9 @@ def demo(
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="World and case seed.")] = 0,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bars.")] = True,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Progress bars.")
+    ] = True,
     version: Annotated[
         int, typer.Option("--version", min=0, max=1, help="Catalog version: 1 (the latest) or 0.")
     ] = 1,

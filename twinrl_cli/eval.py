@@ -17,8 +17,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from twinrl_cli.app import (
-    JsonOpt, SetOpt, SplitOpt, StoreOpt, TaxonomyOpt, app, console, dump, err_console, errors,
-    make_twin, twin_config,
+    JsonOpt,
+    SetOpt,
+    SplitOpt,
+    StoreOpt,
+    TaxonomyOpt,
+    app,
+    console,
+    dump,
+    err_console,
+    errors,
+    make_twin,
+    twin_config,
 )
 
 __all__ = ["eval_", "print_error_reasons", "print_summary"]
@@ -45,7 +55,7 @@ def _extra_body(raw: str | None) -> dict[str, Any] | None:
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"--extra-body must be a JSON object, e.g. "
-            f"'{{\"chat_template_kwargs\": {{\"enable_thinking\": false}}}}'; got {raw!r} ({exc})"
+            f'\'{{"chat_template_kwargs": {{"enable_thinking": false}}}}\'; got {raw!r} ({exc})'
         ) from None
     if not isinstance(value, dict):
         raise ConfigError(f"--extra-body must be a JSON object, got {type(value).__name__}")
@@ -84,9 +94,7 @@ def eval_(
     ] = 1,
     concurrency: Annotated[
         int | None,
-        typer.Option(
-            "--concurrency", "-c", min=1, help="Episodes in flight at once (default 64)."
-        ),
+        typer.Option("--concurrency", "-c", min=1, help="Episodes in flight at once (default 64)."),
     ] = None,
     store: StoreOpt = None,
     no_store: Annotated[

@@ -27,18 +27,27 @@ _LIMIT = "Limit (default: the server's, docs/security.md): "
 
 @app.command()
 def serve(
-    model: Annotated[str, typer.Argument(help="Model: tiny, smollm2, a local HF dir or a checkpoint.")],
+    model: Annotated[
+        str, typer.Argument(help="Model: tiny, smollm2, a local HF dir or a checkpoint.")
+    ],
     host: Annotated[
-        str, typer.Option("--host", help="Interface to bind (loopback; docs/security.md before exposing it).")
+        str,
+        typer.Option(
+            "--host", help="Interface to bind (loopback; docs/security.md before exposing it)."
+        ),
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port.")] = 8000,
     dtype: Annotated[
         str, typer.Option("--dtype", help="float32 (CPU default), bfloat16 or float16.")
     ] = "float32",
-    max_loras: Annotated[int, typer.Option("--max-loras", min=1, help="Adapters resident at once.")] = 4,
+    max_loras: Annotated[
+        int, typer.Option("--max-loras", min=1, help="Adapters resident at once.")
+    ] = 4,
     served_model_name: Annotated[
         str | None,
-        typer.Option("--served-model-name", help="The base model's name in requests (default: MODEL)."),
+        typer.Option(
+            "--served-model-name", help="The base model's name in requests (default: MODEL)."
+        ),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda:N.")] = "cpu",
     logprobs_mode: Annotated[
@@ -50,11 +59,14 @@ def serve(
     max_batch_rows: Annotated[
         int, typer.Option("--max-batch-rows", min=1, help="Most sequences sampled together.")
     ] = 64,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for requests without their own seed.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed for requests without their own seed.")
+    ] = 0,
     threads: Annotated[
         int | None,
         typer.Option(
-            "--threads", min=1,
+            "--threads",
+            min=1,
             help="CPU threads (default: one per core of --cpus when pinned, else torch's).",
         ),
     ] = None,
@@ -83,10 +95,12 @@ def serve(
         int | None, typer.Option("--max-prompts", help=_LIMIT + "most prompts in one request.")
     ] = None,
     max_rows: Annotated[
-        int | None, typer.Option("--max-rows", help=_LIMIT + "most sequences in one request (prompts x n).")
+        int | None,
+        typer.Option("--max-rows", help=_LIMIT + "most sequences in one request (prompts x n)."),
     ] = None,
     max_tokens: Annotated[
-        int | None, typer.Option("--max-tokens", help=_LIMIT + "most completion tokens per sequence.")
+        int | None,
+        typer.Option("--max-tokens", help=_LIMIT + "most completion tokens per sequence."),
     ] = None,
     max_prompt_tokens: Annotated[
         int | None, typer.Option("--max-prompt-tokens", help=_LIMIT + "most tokens in one prompt.")
@@ -94,7 +108,8 @@ def serve(
     max_logprobs: Annotated[
         int | None,
         typer.Option(
-            "--max-logprobs", help=_LIMIT + "most alternatives per token (logprobs, prompt_logprobs)."
+            "--max-logprobs",
+            help=_LIMIT + "most alternatives per token (logprobs, prompt_logprobs).",
         ),
     ] = None,
     max_stop_token_ids: Annotated[
@@ -106,21 +121,26 @@ def serve(
     body_budget_bytes: Annotated[
         int | None,
         typer.Option(
-            "--body-budget-bytes", help=_LIMIT + "bytes of request bodies read or being answered at once."
+            "--body-budget-bytes",
+            help=_LIMIT + "bytes of request bodies read or being answered at once.",
         ),
     ] = None,
     read_timeout: Annotated[
         float | None,
         typer.Option(
-            "--read-timeout", help=_LIMIT + "seconds a whole request may take to arrive; also the idle limit."
+            "--read-timeout",
+            help=_LIMIT + "seconds a whole request may take to arrive; also the idle limit.",
         ),
     ] = None,
     http_threads: Annotated[
-        int | None, typer.Option("--http-threads", help=_LIMIT + "requests handled at once (handler threads).")
+        int | None,
+        typer.Option("--http-threads", help=_LIMIT + "requests handled at once (handler threads)."),
     ] = None,
     max_connections: Annotated[
         int | None,
-        typer.Option("--max-connections", help=_LIMIT + "open connections (served + waiting); more get 503."),
+        typer.Option(
+            "--max-connections", help=_LIMIT + "open connections (served + waiting); more get 503."
+        ),
     ] = None,
 ) -> None:
     """Serve a local model over an OpenAI-compatible API (trainer/serving/)."""
@@ -143,9 +163,12 @@ def serve(
 
 @app.command("mcp")
 def mcp(
-    twin_name: Annotated[str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Returns.")],
+    twin_name: Annotated[
+        str, typer.Argument(metavar="TWIN", help="Registered twin, e.g. Returns.")
+    ],
     http: Annotated[
-        bool, typer.Option("--http", help="Streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
+        bool,
+        typer.Option("--http", help="Streamable HTTP at http://HOST:PORT/mcp instead of stdio."),
     ] = False,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port")] = 8765,
@@ -154,16 +177,24 @@ def mcp(
     ] = None,
     api_key: Annotated[
         str | None,
-        typer.Option("--api-key", envvar="TWINRL_API_KEY", show_envvar=True,
-                     help="HTTP: Bearer key every request must send (prefer the variable)."),
+        typer.Option(
+            "--api-key",
+            envvar="TWINRL_API_KEY",
+            show_envvar=True,
+            help="HTTP: Bearer key every request must send (prefer the variable).",
+        ),
     ] = None,
     max_sessions: Annotated[
-        int, typer.Option("--max-sessions", min=1, help="HTTP: most live sessions; more are refused.")
+        int,
+        typer.Option("--max-sessions", min=1, help="HTTP: most live sessions; more are refused."),
     ] = 1024,
     idle_timeout: Annotated[
         float,
-        typer.Option("--idle-timeout", min=0.001, help="HTTP: seconds without requests before a "
-                     "session expires with its episode."),
+        typer.Option(
+            "--idle-timeout",
+            min=0.001,
+            help="HTTP: seconds without requests before a session expires with its episode.",
+        ),
     ] = 1800.0,
     store: StoreOpt = None,
     no_store: Annotated[

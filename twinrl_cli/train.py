@@ -9,8 +9,18 @@ import typer
 from rich.markup import escape
 
 from twinrl_cli.app import (
-    JsonOpt, SetOpt, SplitOpt, StoreOpt, app, console, dump, errors, make_twin, needs,
-    parse_overrides, run_target,
+    JsonOpt,
+    SetOpt,
+    SplitOpt,
+    StoreOpt,
+    app,
+    console,
+    dump,
+    errors,
+    make_twin,
+    needs,
+    parse_overrides,
+    run_target,
 )
 
 __all__ = ["collect", "plan", "sft", "train"]
@@ -29,7 +39,8 @@ def train(
     overwrite: Annotated[
         bool,
         typer.Option(
-            "--overwrite", help="Start over in an output folder that holds checkpoints (deletes them)."
+            "--overwrite",
+            help="Start over in an output folder that holds checkpoints (deletes them).",
         ),
     ] = False,
 ) -> None:
@@ -42,12 +53,14 @@ def train(
 @app.command()
 def collect(
     name: Annotated[
-        str | None, typer.Argument(metavar="TWIN", help="Twin name or id (optional with --from-run).")
+        str | None,
+        typer.Argument(metavar="TWIN", help="Twin name or id (optional with --from-run)."),
     ] = None,
     policy: Annotated[
         str | None,
         typer.Option(
-            "--policy", "-p",
+            "--policy",
+            "-p",
             help="A twin baseline (heuristic, oracle) | openai:MODEL | hf:PATH (a checkpoint too) | "
             "replay:FILE | random.",
         ),
@@ -56,27 +69,42 @@ def collect(
     episodes: Annotated[int, typer.Option("--episodes", "-n", min=1, help="Episodes to run.")] = 64,
     start: Annotated[int, typer.Option("--start", min=0, help="First case index.")] = 0,
     min_reward: Annotated[
-        float | None, typer.Option("--min-reward", help="Keep only episodes with at least this reward.")
+        float | None,
+        typer.Option("--min-reward", help="Keep only episodes with at least this reward."),
     ] = None,
     out: Annotated[
         str | None,
-        typer.Option("--out", "-o", help="Dataset folder (default runs/datasets/<twin>-<policy>-<split>-run<ID>)."),
+        typer.Option(
+            "--out",
+            "-o",
+            help="Dataset folder (default runs/datasets/<twin>-<policy>-<split>-run<ID>).",
+        ),
     ] = None,
     from_run: Annotated[
-        int | None, typer.Option("--from-run", help="Export the episodes of this stored run instead of running.")
+        int | None,
+        typer.Option(
+            "--from-run", help="Export the episodes of this stored run instead of running."
+        ),
     ] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Episodes in flight.")] = 64,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Episodes in flight.")
+    ] = 64,
     base_url: Annotated[
-        str | None, typer.Option("--base-url", help="OpenAI-compatible base URL of openai: policies.")
+        str | None,
+        typer.Option("--base-url", help="OpenAI-compatible base URL of openai: policies."),
     ] = None,
     api_key: Annotated[
         str | None,
-        typer.Option("--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Key of openai: policies."),
+        typer.Option(
+            "--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Key of openai: policies."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random policy.")] = 0,
     store: StoreOpt = None,
     overrides: SetOpt = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")] = True,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Progress bar on stderr.")
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a policy's episodes as a trajectory dataset (JSONL + Hugging Face) for `twin sft`.
@@ -98,11 +126,15 @@ def collect(
                     twin = make_twin(name, parse_overrides(overrides))
                     info = run_store.run(from_run)
                     if info.twin != twin.name:
-                        raise ConfigError(f"run {from_run} is of twin {info.twin!r}, not {twin.name!r}; drop TWIN or fix it")
+                        raise ConfigError(
+                            f"run {from_run} is of twin {info.twin!r}, not {twin.name!r}; drop TWIN or fix it"
+                        )
                 result = export_run(run_store, from_run, out=out, min_reward=min_reward, twin=twin)
             else:
                 if name is None or policy is None:
-                    raise ConfigError("give TWIN and --policy to run episodes, or --from-run RUN_ID to export a run")
+                    raise ConfigError(
+                        "give TWIN and --policy to run episodes, or --from-run RUN_ID to export a run"
+                    )
                 config = parse_overrides(overrides)
                 twin = make_twin(name, config)
                 agent = make_policy(policy, twin, seed=seed, base_url=base_url, api_key=api_key)
@@ -113,17 +145,36 @@ def collect(
                     )
                 cases = [(split, start + i) for i in range(episodes)]
                 result = collect_episodes(
-                    twin, agent, cases, out=out, store=run_store, min_reward=min_reward, concurrency=concurrency,
-                    policy_spec=policy, progress=progress,
-                    config={"twin_config": config, "split": split, "start": start, "episodes": episodes, "seed": seed},
+                    twin,
+                    agent,
+                    cases,
+                    out=out,
+                    store=run_store,
+                    min_reward=min_reward,
+                    concurrency=concurrency,
+                    policy_spec=policy,
+                    progress=progress,
+                    config={
+                        "twin_config": config,
+                        "split": split,
+                        "start": start,
+                        "episodes": episodes,
+                        "seed": seed,
+                    },
                 )
         finally:
             run_store.close()
     report = {
-        "out": str(result.out), "rows": result.rows, "episodes": result.episodes,
-        "dropped_reward": result.dropped_reward, "dropped_failed": result.dropped_failed,
-        "run_id": result.run_id, "jsonl": str(result.jsonl), "hf": str(result.hf) if result.hf else None,
-        "note": result.note, "reward_mean": result.summary.get("reward_mean"),
+        "out": str(result.out),
+        "rows": result.rows,
+        "episodes": result.episodes,
+        "dropped_reward": result.dropped_reward,
+        "dropped_failed": result.dropped_failed,
+        "run_id": result.run_id,
+        "jsonl": str(result.jsonl),
+        "hf": str(result.hf) if result.hf else None,
+        "note": result.note,
+        "reward_mean": result.summary.get("reward_mean"),
     }
     if as_json:
         dump(report)
@@ -131,7 +182,8 @@ def collect(
     mean = report["reward_mean"]
     console.print(
         f"{result.rows} of {result.episodes} episodes -> {escape(str(result.out))} (run {result.run_id}"
-        + (f", mean reward {mean:.3f}" if isinstance(mean, (int, float)) else "") + ")"
+        + (f", mean reward {mean:.3f}" if isinstance(mean, (int, float)) else "")
+        + ")"
         + (f"; {result.dropped_reward} under --min-reward" if result.dropped_reward else "")
         + (f"; {result.dropped_failed} failed" if result.dropped_failed else "")
     )
@@ -144,21 +196,30 @@ def collect(
 
 @app.command()
 def sft(
-    recipe: Annotated[str, typer.Argument(help="Recipe YAML with a data: section (algorithm: sft is implied).")],
+    recipe: Annotated[
+        str, typer.Argument(help="Recipe YAML with a data: section (algorithm: sft is implied).")
+    ],
     overrides: Annotated[
         list[str] | None,
         typer.Option("--set", help="Recipe override KEY=VALUE (dotted keys), repeatable."),
     ] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint.")
+    ] = False,
     overwrite: Annotated[
         bool,
-        typer.Option("--overwrite", help="Start over in an output folder that holds checkpoints (deletes them)."),
+        typer.Option(
+            "--overwrite",
+            help="Start over in an output folder that holds checkpoints (deletes them).",
+        ),
     ] = False,
 ) -> None:
     """Supervised warm start on a trajectory dataset: `twin train` with algorithm.name=sft."""
     with needs("sft", "trainer.cli:train"):
         from trainer.cli import train as run_recipe
-    run_target(run_recipe, recipe, [*(overrides or []), "algorithm.name=sft"], resume, overwrite=overwrite)
+    run_target(
+        run_recipe, recipe, [*(overrides or []), "algorithm.name=sft"], resume, overwrite=overwrite
+    )
 
 
 @app.command()
@@ -167,7 +228,9 @@ def plan(
     gpu_memory_gb: Annotated[
         float,
         typer.Option(
-            "--gpu-memory-gb", min=0.0, help="Memory of a GPU that is not visible here (decimal GB)."
+            "--gpu-memory-gb",
+            min=0.0,
+            help="Memory of a GPU that is not visible here (decimal GB).",
         ),
     ] = 96.0,
     gradient_checkpointing: Annotated[
@@ -179,31 +242,42 @@ def plan(
     ] = None,
     vllm_utilization: Annotated[
         float,
-        typer.Option("--vllm-utilization", min=0.0, max=1.0, help="vLLM's --gpu-memory-utilization."),
+        typer.Option(
+            "--vllm-utilization", min=0.0, max=1.0, help="vLLM's --gpu-memory-utilization."
+        ),
     ] = 0.9,
     gpus: Annotated[
         int,
         typer.Option(
-            "--gpus", help="GPUs of the machine planned for when none is visible here.",
+            "--gpus",
+            help="GPUs of the machine planned for when none is visible here.",
         ),
     ] = 2,
     nodes: Annotated[
-        int | None, typer.Option("--nodes", min=1, help="Also plan a Ray cluster of this many nodes.")
+        int | None,
+        typer.Option("--nodes", min=1, help="Also plan a Ray cluster of this many nodes."),
     ] = None,
     gpus_per_node: Annotated[
-        int | None, typer.Option("--gpus-per-node", min=1, help="GPUs of each node of that cluster.")
+        int | None,
+        typer.Option("--gpus-per-node", min=1, help="GPUs of each node of that cluster."),
     ] = None,
     bench: Annotated[
         str | None,
-        typer.Option("--bench", help="A `twin bench trainer --json` report: the measured per-side seconds."),
+        typer.Option(
+            "--bench", help="A `twin bench trainer --json` report: the measured per-side seconds."
+        ),
     ] = None,
     rollout_s: Annotated[
         float | None,
-        typer.Option("--rollout-s", min=0.0, help="Seconds of one lot on one engine (over --bench's)."),
+        typer.Option(
+            "--rollout-s", min=0.0, help="Seconds of one lot on one engine (over --bench's)."
+        ),
     ] = None,
     learner_s: Annotated[
         float | None,
-        typer.Option("--learner-s", min=0.0, help="Seconds of one learner update (over --bench's)."),
+        typer.Option(
+            "--learner-s", min=0.0, help="Seconds of one learner update (over --bench's)."
+        ),
     ] = None,
 ) -> None:
     """Print the per-device memory plan of a recipe (trainer.plan); exit 1 when a device does not fit."""

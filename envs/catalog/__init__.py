@@ -13,4 +13,11 @@ from envs.catalog.twin import CatalogConfig, CatalogTwin
 from envs.catalog.v1_twin import CatalogConfigV1, CatalogTwinV1
 from envs.catalog.v2 import CatalogConfigV2, CatalogTwinV2
 
-__all__ = ["CatalogConfig", "CatalogConfigV1", "CatalogConfigV2", "CatalogTwin", "CatalogTwinV1", "CatalogTwinV2"]
+__all__ = [
+    "CatalogConfig",
+    "CatalogConfigV1",
+    "CatalogConfigV2",
+    "CatalogTwin",
+    "CatalogTwinV1",
+    "CatalogTwinV2",
+]

@@ -39,8 +39,9 @@ def _features(texts: list[str], vocab: dict[str, int]) -> np.ndarray:
     return x
 
 
-def bow_audit(twin: Any, train_cases: int = 3000, test_split: str = "test", epochs: int = 200,
-              seed: int = 0) -> dict[str, Any]:
+def bow_audit(
+    twin: Any, train_cases: int = 3000, test_split: str = "test", epochs: int = 200, seed: int = 0
+) -> dict[str, Any]:
     """Train bag-of-words verdict classifiers on train prompts, score them on ``test_split``.
 
     Two classifiers, the better one reported: multinomial naive Bayes and L2 logistic regression
@@ -65,7 +66,9 @@ def bow_audit(twin: Any, train_cases: int = 3000, test_split: str = "test", epoc
     for k in range(len(labels)):
         rows = xtr[ytr == k]
         counts = rows.sum(axis=0) + 1.0
-        logp.append((np.log(counts / counts.sum()), np.log((len(rows) + 1) / (len(ytr) + len(labels)))))
+        logp.append(
+            (np.log(counts / counts.sum()), np.log((len(rows) + 1) / (len(ytr) + len(labels))))
+        )
     nb_scores = np.stack([xte @ lp + prior for lp, prior in logp], axis=1)
     nb_acc = float((nb_scores.argmax(axis=1) == yte).mean())
     # logistic regression
@@ -84,9 +87,15 @@ def bow_audit(twin: Any, train_cases: int = 3000, test_split: str = "test", epoc
     lr_acc = float(((xte @ w + b).argmax(axis=1) == yte).mean())
     majority = max(Counter(yte.tolist()).values()) / len(yte)
     acc = max(nb_acc, lr_acc)
-    return {"accuracy": round(acc, 3), "naive_bayes": round(nb_acc, 3), "logistic": round(lr_acc, 3),
-            "majority_rate": round(majority, 3), "margin": round(acc - majority, 3),
-            "train_cases": n_train, "test_cases": len(yte)}
+    return {
+        "accuracy": round(acc, 3),
+        "naive_bayes": round(nb_acc, 3),
+        "logistic": round(lr_acc, 3),
+        "majority_rate": round(majority, 3),
+        "margin": round(acc - majority, 3),
+        "train_cases": n_train,
+        "test_cases": len(yte),
+    }
 
 
 def entity_overlap(twin: Any, test_split: str = "test") -> dict[str, dict[str, int]]:

@@ -29,9 +29,40 @@ Message = dict[str, Any]
 
 # Words in listing titles that say nothing about the category.
 _NOISE = {
-    "new", "nwt", "bnib", "brand", "hot", "genuine", "authentic", "original", "free", "shipping",
-    "fast", "dispatch", "sealed", "great", "gift", "w", "box", "limited", "stock", "us", "seller",
-    "top", "rated", "with", "for", "the", "and", "of", "a", "an", "in", "on", "to", "by",
+    "new",
+    "nwt",
+    "bnib",
+    "brand",
+    "hot",
+    "genuine",
+    "authentic",
+    "original",
+    "free",
+    "shipping",
+    "fast",
+    "dispatch",
+    "sealed",
+    "great",
+    "gift",
+    "w",
+    "box",
+    "limited",
+    "stock",
+    "us",
+    "seller",
+    "top",
+    "rated",
+    "with",
+    "for",
+    "the",
+    "and",
+    "of",
+    "a",
+    "an",
+    "in",
+    "on",
+    "to",
+    "by",
 }
 _REPLICA = re.compile(
     r"(\b1:1\b|mirror quality|inspired by|\bdupe\b|lookalike|look-alike|\baaa\b|top grade replica|"
@@ -54,8 +85,14 @@ TYPO_SIMILARITY = 85.0
 def parse_prompt(messages: Sequence[Message]) -> dict[str, Any]:
     """Read the listing fields back from the catalog twin's user message."""
     text = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
-    listing: dict[str, Any] = {"title": "", "brand": "", "seller": "", "price": 0.0,
-                               "specifics": {}, "description": ""}
+    listing: dict[str, Any] = {
+        "title": "",
+        "brand": "",
+        "seller": "",
+        "price": 0.0,
+        "specifics": {},
+        "description": "",
+    }
     for line in text.splitlines():
         match = _FIELD.match(line)
         if not match:
@@ -102,8 +139,11 @@ def _results(messages: Sequence[Message]) -> list[tuple[str, dict[str, Any], Any
 
 
 def _call(name: str, args: dict[str, Any], call_id: str) -> dict[str, Any]:
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+    }
 
 
 def _turn(calls: list[dict[str, Any]], content: str | None = None) -> Message:
@@ -128,7 +168,9 @@ class HeuristicPolicy:
         done = _results(messages)
         step = sum(1 for m in messages if m.get("role") == "assistant")
         if step == 0:
-            calls = [_call("search_taxonomy", {"query": self.query(listing), "limit": 5}, "h0_search")]
+            calls = [
+                _call("search_taxonomy", {"query": self.query(listing), "limit": 5}, "h0_search")
+            ]
             if listing["brand"].lower() not in _GENERIC:
                 calls.append(_call("lookup_brand", {"name": listing["brand"]}, "h0_brand"))
             return _turn(calls)
@@ -143,8 +185,12 @@ class HeuristicPolicy:
             category = (schema or {}).get("category_id") or "aa"
         verdict, why = self.verdict(listing, brand, schema, category)
         attrs = self.attributes(listing, schema) if schema else {}
-        args = {"category_id": (schema or {}).get("category_id", category), "attributes": attrs,
-                "verdict": verdict, "reason": why}
+        args = {
+            "category_id": (schema or {}).get("category_id", category),
+            "attributes": attrs,
+            "verdict": verdict,
+            "reason": why,
+        }
         return _turn([_call("submit", args, f"h{step}_submit")])
 
     # -- rules ---------------------------------------------------------------------------------
@@ -158,8 +204,12 @@ class HeuristicPolicy:
         return " ".join(words) or listing["title"]
 
     @staticmethod
-    def verdict(listing: dict[str, Any], brand: dict[str, Any] | None, schema: dict[str, Any] | None,
-                category: str) -> tuple[str, str]:
+    def verdict(
+        listing: dict[str, Any],
+        brand: dict[str, Any] | None,
+        schema: dict[str, Any] | None,
+        category: str,
+    ) -> tuple[str, str]:
         """``(verdict, reason)`` from the checklist, most severe finding first."""
         text = f"{listing['title']} {listing['description']}"
         low = text.lower()
@@ -168,8 +218,13 @@ class HeuristicPolicy:
             return "prohibited", f"category {schema['category_id']} is prohibited by policy"
         for recall in (exact or {}).get("recalls", []):
             batches = recall.get("batches") or [recall.get("batch", "")]  # v1 lists several
-            if recall["model_number"].lower() in low or any(b and b.lower() in low for b in batches):
-                return "prohibited", f"matches recall {recall['recall_id']} ({recall['model_number']})"
+            if recall["model_number"].lower() in low or any(
+                b and b.lower() in low for b in batches
+            ):
+                return (
+                    "prohibited",
+                    f"matches recall {recall['recall_id']} ({recall['model_number']})",
+                )
         if _REPLICA.search(text) and not _LEGIT_REPLICA.search(text):
             return "counterfeit", "replica wording next to a brand"
         if exact is None and brand is not None:
@@ -178,16 +233,25 @@ class HeuristicPolicy:
                 close = sim["similarity"] >= TYPO_SIMILARITY
                 sized = 0.7 <= len(name) / max(len(sim["name"]), 1) <= 1.4
                 if sim["registered"] and close and sized:
-                    return "counterfeit", f"brand {name!r} imitates registered brand {sim['name']!r}"
+                    return (
+                        "counterfeit",
+                        f"brand {name!r} imitates registered brand {sim['name']!r}",
+                    )
         if exact is not None:
             if exact["protected"] and listing["seller"] not in exact["authorized_sellers"]:
                 return "counterfeit", f"{listing['seller']} is not authorized for {exact['name']}"
-            ranges = [r for r in exact.get("msrp", [])
-                      if category == r["category_id"] or category.startswith(r["category_id"] + "-")]
+            ranges = [
+                r
+                for r in exact.get("msrp", [])
+                if category == r["category_id"] or category.startswith(r["category_id"] + "-")
+            ]
             if ranges:
                 deepest = max(ranges, key=lambda r: len(r["category_id"]))
                 if listing["price"] < PRICE_FLOOR * deepest["low"]:
-                    return "counterfeit", f"price {listing['price']} far under MSRP {deepest['low']}"
+                    return (
+                        "counterfeit",
+                        f"price {listing['price']} far under MSRP {deepest['low']}",
+                    )
         return "ok", "no counterfeit or policy signal found"
 
     @staticmethod
@@ -207,7 +271,11 @@ class HeuristicPolicy:
             if labelled and labelled.group(1).strip() in values:
                 found[attr["handle"]] = values[labelled.group(1).strip()]
                 continue
-            hits = [v for v in values if re.search(r"(?<![a-z0-9])" + re.escape(v) + r"(?![a-z0-9])", text)]
+            hits = [
+                v
+                for v in values
+                if re.search(r"(?<![a-z0-9])" + re.escape(v) + r"(?![a-z0-9])", text)
+            ]
             if hits:
                 found[attr["handle"]] = values[max(hits, key=len)]
         return found
@@ -228,8 +296,12 @@ class OraclePolicy:
         if case is None:
             return {"role": "assistant", "content": "no listing id of this twin in the prompt"}
         truth = case.truth
-        args = {"category_id": truth["category_id"], "attributes": dict(truth["attributes"]),
-                "verdict": truth["verdict"], "reason": "oracle: " + ", ".join(truth["signals"])}
+        args = {
+            "category_id": truth["category_id"],
+            "attributes": dict(truth["attributes"]),
+            "verdict": truth["verdict"],
+            "reason": "oracle: " + ", ".join(truth["signals"]),
+        }
         return _turn([_call("submit", args, "oracle_submit")])
 
 

@@ -30,15 +30,56 @@ from envs.catalog.baselines import _call, _results, _turn, parse_prompt
 from envs.catalog.v1_policy import assess, copy_mentions, decide, extract_attributes, listing_text
 
 __all__ = [
-    "DEGENERATE", "CarefulPolicy", "CompactCarefulPolicy", "ConstantVerdictPolicy", "FirstHitPolicy", "NoToolsPolicy",
+    "DEGENERATE",
+    "CarefulPolicy",
+    "CompactCarefulPolicy",
+    "ConstantVerdictPolicy",
+    "FirstHitPolicy",
+    "NoToolsPolicy",
 ]
 
 Message = dict[str, Any]
 
-_NOISE = {"new", "nwt", "bnib", "brand", "hot", "genuine", "authentic", "original", "free",
-          "shipping", "fast", "dispatch", "sealed", "great", "gift", "w", "box", "limited", "stock",
-          "us", "seller", "top", "rated", "sale", "deal", "quality", "premium", "best", "in", "ships",
-          "today", "easy", "returns", "must", "see", "item", "warehouse", "ready"}
+_NOISE = {
+    "new",
+    "nwt",
+    "bnib",
+    "brand",
+    "hot",
+    "genuine",
+    "authentic",
+    "original",
+    "free",
+    "shipping",
+    "fast",
+    "dispatch",
+    "sealed",
+    "great",
+    "gift",
+    "w",
+    "box",
+    "limited",
+    "stock",
+    "us",
+    "seller",
+    "top",
+    "rated",
+    "sale",
+    "deal",
+    "quality",
+    "premium",
+    "best",
+    "in",
+    "ships",
+    "today",
+    "easy",
+    "returns",
+    "must",
+    "see",
+    "item",
+    "warehouse",
+    "ready",
+}
 
 
 def _listing(messages: Sequence[Message]) -> dict[str, Any]:
@@ -48,7 +89,7 @@ def _listing(messages: Sequence[Message]) -> dict[str, Any]:
     specifics: dict[str, str] = {}
     for line in text.splitlines():
         if line.startswith("Item specifics: ") and line != "Item specifics: (none)":
-            for part in line[len("Item specifics: "):].split("; "):
+            for part in line[len("Item specifics: ") :].split("; "):
                 k, _, v = part.partition(": ")
                 specifics[k.strip()] = v.strip()
     listing["specifics"] = specifics
@@ -112,31 +153,67 @@ class CarefulPolicy:
         schema = next((r for n, _, r in done if n == "get_attribute_schema" and r), None)
         if schema is None:
             if category is None:  # nothing found: a top-level guess keeps the episode scored
-                return _turn([_call("submit", {"category_id": "aa", "attributes": {}, "verdict": "ok",
-                                               "reason": "no category found"}, "c_submit")])
+                return _turn(
+                    [
+                        _call(
+                            "submit",
+                            {
+                                "category_id": "aa",
+                                "attributes": {},
+                                "verdict": "ok",
+                                "reason": "no category found",
+                            },
+                            "c_submit",
+                        )
+                    ]
+                )
             calls = [_call("get_attribute_schema", {"category_id": category}, "c1_schema")]
             if listing["brand"]:
-                calls.append(_call("lookup_brand", {"name": listing["brand"], "category_id": category},
-                                   "c1_brand"))
+                calls.append(
+                    _call(
+                        "lookup_brand",
+                        {"name": listing["brand"], "category_id": category},
+                        "c1_brand",
+                    )
+                )
             return _turn(calls)
-        brand = next((r for n, a, r in done if n == "lookup_brand" and r and a.get("category_id")), None)
+        brand = next(
+            (r for n, a, r in done if n == "lookup_brand" and r and a.get("category_id")), None
+        )
         if brand is None:
-            brand = next((r for n, a, r in done if n == "lookup_brand" and r
-                          and a.get("name") == listing["brand"]), None)
+            brand = next(
+                (
+                    r
+                    for n, a, r in done
+                    if n == "lookup_brand" and r and a.get("name") == listing["brand"]
+                ),
+                None,
+            )
         seller = next((r for n, _, r in done if n == "get_seller" and r and "name" in r), None)
-        mentions = {a.get("name"): r for n, a, r in done if n == "lookup_brand" and r
-                    and not a.get("category_id")}
+        mentions = {
+            a.get("name"): r
+            for n, a, r in done
+            if n == "lookup_brand" and r and not a.get("category_id")
+        }
         evidence = assess(listing, schema, brand, seller, mentions)
         verdict, reason = decide(evidence)
         if self.fixed_verdict is not None:
             verdict, reason = self.fixed_verdict, "constant verdict"
-        args = {"category_id": schema["category_id"], "attributes": extract_attributes(listing, schema),
-                "verdict": verdict, "reason": reason}
+        args = {
+            "category_id": schema["category_id"],
+            "attributes": extract_attributes(listing, schema),
+            "verdict": verdict,
+            "reason": reason,
+        }
         return _turn([_call("submit", args, f"c{step}_submit")])
 
     @staticmethod
     def _title_words(listing: dict[str, Any]) -> str:
-        words = [w for w in re.findall(r"[A-Za-z][A-Za-z'&]+", listing["title"]) if w.lower() not in _NOISE]
+        words = [
+            w
+            for w in re.findall(r"[A-Za-z][A-Za-z'&]+", listing["title"])
+            if w.lower() not in _NOISE
+        ]
         return " ".join(words) or listing["title"]
 
 
@@ -183,9 +260,13 @@ class CompactCarefulPolicy(CarefulPolicy):
                 return super().turn(messages)  # careful's fallback submit
             calls = [_call("get_attribute_schema", {"category_id": category}, "c")]
             if listing["brand"]:
-                calls.append(_call("lookup_brand", {"name": listing["brand"], "category_id": category}, "b"))
+                calls.append(
+                    _call("lookup_brand", {"name": listing["brand"], "category_id": category}, "b")
+                )
             for i, name in enumerate(copy_mentions(listing_text(listing))[:4]):
-                calls.append(_call("lookup_brand", {"name": name, "category_id": category}, f"m{i}"))
+                calls.append(
+                    _call("lookup_brand", {"name": name, "category_id": category}, f"m{i}")
+                )
             return _turn(calls)
         message = super().turn(self._as_careful(messages))
         call = message["tool_calls"][0]
@@ -259,10 +340,17 @@ class FirstHitPolicy:
         hits = (search or {}).get("results") or []
         schema = next((r for n, _, r in done if n == "get_attribute_schema" and r), None)
         if schema is None and hits and step == 1:
-            return _turn([_call("get_attribute_schema", {"category_id": hits[0]["id"]}, "f1_schema")])
+            return _turn(
+                [_call("get_attribute_schema", {"category_id": hits[0]["id"]}, "f1_schema")]
+            )
         category = (schema or {}).get("category_id") or (hits[0]["id"] if hits else "aa")
         attrs = extract_attributes(listing, schema) if schema else {}
-        args = {"category_id": category, "attributes": attrs, "verdict": "ok", "reason": "first hit"}
+        args = {
+            "category_id": category,
+            "attributes": attrs,
+            "verdict": "ok",
+            "reason": "first hit",
+        }
         return _turn([_call("submit", args, f"f{step}_submit")])
 
 

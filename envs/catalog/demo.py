@@ -20,8 +20,17 @@ from envs.catalog.v1_listings import KINDS as KINDS_V1
 __all__ = ["DEFAULT_EPISODES", "V1_POLICIES", "main", "select_cases", "twin_class"]
 
 #: The policies the v1 demo runs: baselines, the careful reference and the degenerate ones.
-V1_POLICIES = ("random", "heuristic", "careful", "oracle", "always_ok", "always_counterfeit",
-               "always_prohibited", "no_tools", "first_hit")
+V1_POLICIES = (
+    "random",
+    "heuristic",
+    "careful",
+    "oracle",
+    "always_ok",
+    "always_counterfeit",
+    "always_prohibited",
+    "no_tools",
+    "first_hit",
+)
 
 
 def twin_class(version: int) -> Any:
@@ -37,6 +46,7 @@ def twin_class(version: int) -> Any:
     if version not in classes:
         raise ValueError(f"catalog version must be 0 or 1, got {version!r}")
     return classes[version]
+
 
 #: Cases in the default demo: None runs the whole split (200 test cases x group size).
 DEFAULT_EPISODES: int | None = None
@@ -98,15 +108,17 @@ def main(
         progress: Show progress bars.
         version: Catalog version (1, the latest, or 0).
     """
+    from envs.catalog.report import catalog_metrics, print_tables, write_report
     from twin.rollout import run_episodes, summarize
 
-    from envs.catalog.report import catalog_metrics, print_tables, write_report
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
         console = Console(width=160)
     if policies is None:
         policies = V1_POLICIES if int(version) >= 1 else ("random", "heuristic", "oracle")
-    names = [p.strip() for p in policies.split(",")] if isinstance(policies, str) else list(policies)
+    names = (
+        [p.strip() for p in policies.split(",")] if isinstance(policies, str) else list(policies)
+    )
     started = time.perf_counter()
     twin = twin_class(int(version))(seed=seed, taxonomy_path=taxonomy, progress=progress)
     console.print(f"[bold]twinrl demo[/]: {twin!r} on the {split} split")
@@ -152,7 +164,7 @@ def main(
         "world digest": world.digest()[:16],
         "split": split,
         "cases": f"{len(cases)} ({len({twin.kind_of(s, i) for s, i in cases})} case types), "
-                 f"group size {group_size}",
+        f"group size {group_size}",
         "world build (s)": f"{build_s:.2f}",
         "total wall time (s)": f"{total_s:.1f}",
         "run store": f"{run_store.url} runs {run_ids}" if run_store is not None else "not written",

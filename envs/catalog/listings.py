@@ -41,10 +41,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from envs.catalog.mix import KindMix
 from twin.errors import ConfigError
 from twin.resources import data_path
-
-from envs.catalog.mix import KindMix
 
 __all__ = [
     "DEFAULT_MIX",
@@ -114,18 +113,98 @@ _INJECTABLE = (
     "prohibited_recall",
 )
 
-_SMALL_WORDS = ("charm", "charms", "keychain", "keychains", "sticker", "stickers", "decal", "decals",
-                "magnet", "magnets", "ornament", "ornaments", "figurine", "figurines", "pin", "pins",
-                "patch", "patches", "poster", "posters", "topper", "toppers", "plush", "mug", "mugs",
-                "costume", "costumes", "bookmark", "bookmarks", "print", "prints")
-_REPLICA_WORDS = ("painting", "paintings", "art", "artwork", "print", "prints", "poster", "posters",
-                  "prop", "props", "collectible", "collectibles", "figurine", "figurines",
-                  "sculpture", "sculptures", "memorabilia", "reproduction", "reproductions",
-                  "replica", "replicas", "model", "models", "statue", "statues")
-_ACCESSORY_WORDS = ("case", "cases", "cover", "covers", "charger", "chargers", "cable", "cables",
-                    "strap", "straps", "band", "bands", "adapter", "adapters", "protector",
-                    "protectors", "accessory", "accessories", "holder", "holders", "mount", "mounts",
-                    "stand", "stands", "sleeve", "sleeves", "skin", "skins", "replacement", "parts")
+_SMALL_WORDS = (
+    "charm",
+    "charms",
+    "keychain",
+    "keychains",
+    "sticker",
+    "stickers",
+    "decal",
+    "decals",
+    "magnet",
+    "magnets",
+    "ornament",
+    "ornaments",
+    "figurine",
+    "figurines",
+    "pin",
+    "pins",
+    "patch",
+    "patches",
+    "poster",
+    "posters",
+    "topper",
+    "toppers",
+    "plush",
+    "mug",
+    "mugs",
+    "costume",
+    "costumes",
+    "bookmark",
+    "bookmarks",
+    "print",
+    "prints",
+)
+_REPLICA_WORDS = (
+    "painting",
+    "paintings",
+    "art",
+    "artwork",
+    "print",
+    "prints",
+    "poster",
+    "posters",
+    "prop",
+    "props",
+    "collectible",
+    "collectibles",
+    "figurine",
+    "figurines",
+    "sculpture",
+    "sculptures",
+    "memorabilia",
+    "reproduction",
+    "reproductions",
+    "replica",
+    "replicas",
+    "model",
+    "models",
+    "statue",
+    "statues",
+)
+_ACCESSORY_WORDS = (
+    "case",
+    "cases",
+    "cover",
+    "covers",
+    "charger",
+    "chargers",
+    "cable",
+    "cables",
+    "strap",
+    "straps",
+    "band",
+    "bands",
+    "adapter",
+    "adapters",
+    "protector",
+    "protectors",
+    "accessory",
+    "accessories",
+    "holder",
+    "holders",
+    "mount",
+    "mounts",
+    "stand",
+    "stands",
+    "sleeve",
+    "sleeves",
+    "skin",
+    "skins",
+    "replacement",
+    "parts",
+)
 _LEET = {"i": "1", "o": "0", "e": "3", "a": "4", "s": "5", "l": "1", "t": "7"}
 
 
@@ -267,9 +346,18 @@ def world_index(world: Any) -> WorldIndex:
         for node in brand.msrp:
             by_node.setdefault(node, set()).add(brand.name)
     index = WorldIndex(
-        ok_leaves=(), prohibited_leaves=(), branded_leaves=(), protected_leaves=(),
-        registered_leaves=(), required_leaves=(), small_leaves=(), replica_leaves=(),
-        accessory_leaves=(), recalls=(), recalls_by_brand={}, recalled_models=frozenset(),
+        ok_leaves=(),
+        prohibited_leaves=(),
+        branded_leaves=(),
+        protected_leaves=(),
+        registered_leaves=(),
+        required_leaves=(),
+        small_leaves=(),
+        replica_leaves=(),
+        accessory_leaves=(),
+        recalls=(),
+        recalls_by_brand={},
+        recalled_models=frozenset(),
         generic_brands=(),
         _brands_by_node={k: tuple(sorted(v)) for k, v in by_node.items()},
     )
@@ -317,7 +405,9 @@ def world_index(world: Any) -> WorldIndex:
     index.recalled_models = frozenset(r.model_number for r in recalls)
     index.generic_brands = generic or ("Unbranded",)
     index.lower_brands = frozenset(_lower_brands(world))
-    index.gated_brands = tuple(sorted(b.name for b in world.brands.values() if b.protected and b.registered))
+    index.gated_brands = tuple(
+        sorted(b.name for b in world.brands.values() if b.protected and b.registered)
+    )
     if not branded:
         raise ConfigError(
             f"catalog world {world!r} has no brand with an MSRP range on any ok leaf; "
@@ -411,7 +501,11 @@ def _item_name(rng: random.Random, cat: Any) -> str:
 
 
 def state_value(
-    rng: random.Random, name: str, value: str, specifics: dict[str, str], desc: list[str],
+    rng: random.Random,
+    name: str,
+    value: str,
+    specifics: dict[str, str],
+    desc: list[str],
     free_phrases: Sequence[str],
 ) -> None:
     """Write an attribute's value where a seller would: item specifics (70%), a plain
@@ -451,8 +545,9 @@ def _fill_attributes(world: Any, rng: random.Random, draft: _Draft, drop_require
     return len(dropped)
 
 
-def _compose(rng: random.Random, draft: _Draft, *, brand_in_title: bool = True,
-             model: str | None = None) -> tuple[str, str]:
+def _compose(
+    rng: random.Random, draft: _Draft, *, brand_in_title: bool = True, model: str | None = None
+) -> tuple[str, str]:
     p = phrases()
     if draft.title is None:
         parts = [draft.brand_text] if brand_in_title and draft.brand_text else []
@@ -491,7 +586,9 @@ class _ListingBuilder:
             names = self.index.brands_wanted(w, leaf, want)
             if names:
                 return leaf, w.brands[rng.choice(names)]
-        raise ConfigError(f"catalog world has no leaf with a {want} brand among {len(leaves)} leaves")
+        raise ConfigError(
+            f"catalog world has no leaf with a {want} brand among {len(leaves)} leaves"
+        )
 
     def pick(self, pool: Sequence[_T], what: str, kind: str) -> _T:
         """One of ``pool``; a world without any cannot plant ``kind``."""
@@ -519,11 +616,23 @@ class _ListingBuilder:
             return lo, round(lo * self.rng.uniform(1.2, 2.5), 2)
         return found
 
-    def draft(self, leaf: str, brand: Any, seller: str, price: float, brand_text: str | None = None,
-              drop_required: bool = False) -> _Draft:
+    def draft(
+        self,
+        leaf: str,
+        brand: Any,
+        seller: str,
+        price: float,
+        brand_text: str | None = None,
+        drop_required: bool = False,
+    ) -> _Draft:
         cat = self.world.categories[leaf]
-        d = _Draft(leaf=leaf, brand_text=brand.name if brand_text is None else brand_text,
-                   seller=seller, price=_fmt_price(self.rng, price), item=_item_name(self.rng, cat))
+        d = _Draft(
+            leaf=leaf,
+            brand_text=brand.name if brand_text is None else brand_text,
+            seller=seller,
+            price=_fmt_price(self.rng, price),
+            item=_item_name(self.rng, cat),
+        )
         words = d.item.split()
         if len(words) >= 2 and self.rng.random() < 0.3:
             # sellers drop qualifiers in titles ("Dirndls" for "Boys' Dirndls"); the
@@ -533,15 +642,24 @@ class _ListingBuilder:
         return d
 
     def maybe_model(self) -> str | None:
-        return _model_number(self.rng, self.index.recalled_models) if self.rng.random() < 0.35 else None
+        return (
+            _model_number(self.rng, self.index.recalled_models)
+            if self.rng.random() < 0.35
+            else None
+        )
 
     # kinds
     def clean(self, drop_required: bool = False) -> tuple[_Draft, str]:
         pool = self.index.required_leaves if drop_required else self.index.branded_leaves
         leaf, brand = self.leaf_brand(pool or self.index.branded_leaves)
         lo, hi = self.msrp(brand, leaf)
-        d = self.draft(leaf, brand, self.honest_seller(brand), self.rng.uniform(lo, hi),
-                       drop_required=drop_required)
+        d = self.draft(
+            leaf,
+            brand,
+            self.honest_seller(brand),
+            self.rng.uniform(lo, hi),
+            drop_required=drop_required,
+        )
         if self.rng.random() < 0.15:  # bargain talk on genuine listings too: no phrase decides
             d.desc.append(self.rng.choice(self.p["cheap_phrases"]))
         if drop_required:
@@ -558,7 +676,9 @@ class _ListingBuilder:
 
     def sale_phrase(self, d: _Draft, frac: float) -> None:
         """Open the description with a sale phrase that states the discount."""
-        d.desc.insert(0, self.rng.choice(self.p["sale_phrases"]).format(percent=int(round((1 - frac) * 100))))
+        d.desc.insert(
+            0, self.rng.choice(self.p["sale_phrases"]).format(percent=int(round((1 - frac) * 100)))
+        )
 
     def hard_negative_sale(self) -> tuple[_Draft, str]:
         d, frac = self.below_msrp(0.6, 0.85)
@@ -569,7 +689,9 @@ class _ListingBuilder:
     def hard_negative_authorized(self) -> tuple[_Draft, str]:
         leaf, brand = self.leaf_brand(self.index.protected_leaves, "protected")
         lo, hi = self.msrp(brand, leaf)
-        d = self.draft(leaf, brand, self.rng.choice(brand.authorized_sellers), self.rng.uniform(lo, hi))
+        d = self.draft(
+            leaf, brand, self.rng.choice(brand.authorized_sellers), self.rng.uniform(lo, hi)
+        )
         if self.rng.random() < 0.6:
             d.desc.append(self.rng.choice(self.p["authorized_phrases"]).format(brand=brand.name))
         d.signals.append("authorized_reseller")
@@ -578,14 +700,20 @@ class _ListingBuilder:
     def hard_negative_replica(self) -> tuple[_Draft, str]:
         rng = self.rng
         leaf = rng.choice(self.index.replica_leaves)
-        names = [n for n in self.index.brands_for(self.world, leaf)
-                 if not self.world.brands[n].protected]
+        names = [
+            n for n in self.index.brands_for(self.world, leaf) if not self.world.brands[n].protected
+        ]
         brand = self.world.brands[rng.choice(names)] if names and rng.random() < 0.5 else None
         brand_text = brand.name if brand else rng.choice(self.index.generic_brands)
         lo, hi = self.msrp(brand, leaf)
-        d = self.draft(leaf, brand, self.honest_seller(brand), rng.uniform(lo, hi), brand_text=brand_text)
-        fill = {"artwork": rng.choice(self.p["artworks"]), "film": rng.choice(self.p["films"]),
-                "item": d.item}
+        d = self.draft(
+            leaf, brand, self.honest_seller(brand), rng.uniform(lo, hi), brand_text=brand_text
+        )
+        fill = {
+            "artwork": rng.choice(self.p["artworks"]),
+            "film": rng.choice(self.p["films"]),
+            "item": d.item,
+        }
         film = rng.random() < 0.5
         titles = [t for t in self.p["legit_replica"]["title"] if ("{film}" in t) == film]
         descs = [t for t in self.p["legit_replica"]["description"] if ("{film}" in t) == film]
@@ -606,15 +734,19 @@ class _ListingBuilder:
         target_name = target.name if target else "major brands"
         brand_text = maker.name if maker else rng.choice(self.index.generic_brands)
         lo, hi = self.msrp(maker, leaf)
-        seller = (self.unauthorized_seller(target) if target else self.honest_seller(maker))
+        seller = self.unauthorized_seller(target) if target else self.honest_seller(maker)
         d = self.draft(leaf, maker, seller, rng.uniform(lo, hi), brand_text=brand_text)
         d.title = rng.choice(self.p["accessory"]["title"]).format(item=d.item, target=target_name)
         if d.title_parts:
             d.title = " ".join(d.title_parts) + " " + d.title
         if rng.random() < 0.5:
             d.title = f"{brand_text} {d.title}"
-        d.desc.insert(0, rng.choice(self.p["accessory"]["description"]).format(
-            item=d.item, target=target_name, brand=brand_text))
+        d.desc.insert(
+            0,
+            rng.choice(self.p["accessory"]["description"]).format(
+                item=d.item, target=target_name, brand=brand_text
+            ),
+        )
         d.signals.append("accessory_for_other_brand")
         return d, "ok"
 
@@ -641,8 +773,13 @@ class _ListingBuilder:
                 # plant only typos whose nearest registry entry is the brand they imitate
                 if hits and hits[0][0].name == brand.name:
                     lo, hi = self.msrp(brand, leaf)
-                    d = self.draft(leaf, brand, self.rng.choice(w.sellers),
-                                   self.rng.uniform(lo * 0.7, hi), brand_text=typo)
+                    d = self.draft(
+                        leaf,
+                        brand,
+                        self.rng.choice(w.sellers),
+                        self.rng.uniform(lo * 0.7, hi),
+                        brand_text=typo,
+                    )
                     d.signals.append(f"typosquat_of:{brand.name}")
                     return d, "counterfeit"
         raise ConfigError("could not plant a typosquatted brand: registry brands are too similar")
@@ -653,13 +790,20 @@ class _ListingBuilder:
         lo, hi = self.msrp(brand, leaf)
         generic = rng.random() < 0.4
         brand_text = rng.choice(self.index.generic_brands) if generic else brand.name
-        d = self.draft(leaf, brand, self.honest_seller(brand), rng.uniform(lo * 0.5, hi),
-                       brand_text=brand_text)
-        d.title = rng.choice(self.p["replica_counterfeit"]["title"]).format(brand=brand.name, item=d.item)
+        d = self.draft(
+            leaf, brand, self.honest_seller(brand), rng.uniform(lo * 0.5, hi), brand_text=brand_text
+        )
+        d.title = rng.choice(self.p["replica_counterfeit"]["title"]).format(
+            brand=brand.name, item=d.item
+        )
         if d.title_parts:
             d.title += " " + " ".join(d.title_parts)
-        d.desc.insert(0, rng.choice(self.p["replica_counterfeit"]["description"]).format(
-            brand=brand.name, item=d.item))
+        d.desc.insert(
+            0,
+            rng.choice(self.p["replica_counterfeit"]["description"]).format(
+                brand=brand.name, item=d.item
+            ),
+        )
         d.signals.append("replica_wording")
         return d, "counterfeit"
 
@@ -679,7 +823,9 @@ class _ListingBuilder:
         brand = w.brands[rng.choice(names)] if names and rng.random() < 0.6 else None
         brand_text = brand.name if brand else rng.choice(self.index.generic_brands)
         lo, hi = self.msrp(brand, leaf)
-        d = self.draft(leaf, brand, self.honest_seller(brand), rng.uniform(lo, hi), brand_text=brand_text)
+        d = self.draft(
+            leaf, brand, self.honest_seller(brand), rng.uniform(lo, hi), brand_text=brand_text
+        )
         d.desc.insert(0, rng.choice(self.p["prohibited_openers"]).format(item=d.item))
         d.signals.append("prohibited_category")
         return d, "prohibited"
@@ -693,10 +839,13 @@ class _ListingBuilder:
         d = self.draft(leaf, brand, self.honest_seller(brand), rng.uniform(lo, hi))
         product = recall.product
         if product.lower().startswith(brand.name.lower()):  # the notice names the brand too
-            product = product[len(brand.name):].strip()
+            product = product[len(brand.name) :].strip()
         d.title_parts.insert(0, product)
-        d.desc.append(rng.choice(self.p["recall_phrases"]).format(model=recall.model_number,
-                                                                 batch=recall.batch))
+        d.desc.append(
+            rng.choice(self.p["recall_phrases"]).format(
+                model=recall.model_number, batch=recall.batch
+            )
+        )
         if rng.random() < 0.5:
             d.title_parts.append(recall.model_number)
         d.signals.append(f"recall:{recall.recall_id}")
@@ -706,8 +855,11 @@ class _ListingBuilder:
         rng, w = self.rng, self.world
         leaf = rng.choice(self.index.small_leaves)
         cat = w.categories[leaf]
-        pool = self.index.prohibited_leaves if rng.random() < 0.25 and self.index.prohibited_leaves \
+        pool = (
+            self.index.prohibited_leaves
+            if rng.random() < 0.25 and self.index.prohibited_leaves
             else self.index.ok_leaves
+        )
         decoy = cat
         for _ in range(30):
             decoy = w.categories[rng.choice(pool)]
@@ -717,7 +869,9 @@ class _ListingBuilder:
         brand = w.brands[rng.choice(names)] if names else None
         brand_text = brand.name if brand else rng.choice(self.index.generic_brands)
         lo, hi = self.msrp(brand, leaf)
-        d = self.draft(leaf, brand, self.honest_seller(brand), rng.uniform(lo, hi), brand_text=brand_text)
+        d = self.draft(
+            leaf, brand, self.honest_seller(brand), rng.uniform(lo, hi), brand_text=brand_text
+        )
         decoy_name = _item_name(rng, decoy)
         fill = {"decoy": decoy_name, "decoy_lower": decoy_name.lower(), "item": d.item}
         d.title = rng.choice(self.p["wrong_category"]["title"]).format(**fill)
@@ -738,7 +892,9 @@ class _ListingBuilder:
         return d, verdict
 
 
-def make_listing(world: Any, rng: random.Random, kind: str, lid: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def make_listing(
+    world: Any, rng: random.Random, kind: str, lid: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build one listing of ``kind``: return ``(task, truth)``.
 
     Args:
@@ -762,7 +918,11 @@ def make_listing(world: Any, rng: random.Random, kind: str, lid: str) -> tuple[d
         draft, verdict = gen.clean(drop_required=True)
     else:
         draft, verdict = getattr(gen, kind)()
-    model = gen.maybe_model() if kind in ("clean", "hard_negative_sale", "hard_negative_authorized") else None
+    model = (
+        gen.maybe_model()
+        if kind in ("clean", "hard_negative_sale", "hard_negative_authorized")
+        else None
+    )
     title, description = _compose(rng, draft, model=model)
     task = {
         "listing_id": lid,

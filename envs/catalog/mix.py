@@ -24,7 +24,9 @@ __all__ = ["KindMix"]
 
 
 @lru_cache(maxsize=64)
-def _slots(kinds: tuple[str, ...], cycle: int, mix_items: tuple[tuple[str, float], ...]) -> tuple[str, ...]:
+def _slots(
+    kinds: tuple[str, ...], cycle: int, mix_items: tuple[tuple[str, float], ...]
+) -> tuple[str, ...]:
     """One cycle of kinds: largest-remainder counts over ``cycle`` slots, each kind at least once."""
     raw = {k: w * cycle for k, w in mix_items}
     counts = {k: max(1, int(v)) for k, v in raw.items()}
@@ -36,7 +38,14 @@ def _slots(kinds: tuple[str, ...], cycle: int, mix_items: tuple[tuple[str, float
 
 @lru_cache(maxsize=4096)
 def _order(
-    kinds: tuple[str, ...], cycle: int, salt: str, twin: str, seed: int, split: str, n: int, mix_items: tuple
+    kinds: tuple[str, ...],
+    cycle: int,
+    salt: str,
+    twin: str,
+    seed: int,
+    split: str,
+    n: int,
+    mix_items: tuple,
 ) -> tuple[str, ...]:
     order = list(_slots(kinds, cycle, mix_items))
     random.Random(stable_seed(twin, seed, split, salt, n)).shuffle(order)
@@ -65,18 +74,26 @@ class KindMix:
         """
         unknown = sorted(set(mix) - set(self.kinds))
         if unknown:
-            raise ConfigError(f"case_mix: unknown case kinds {unknown}; known kinds: {', '.join(self.kinds)}")
+            raise ConfigError(
+                f"case_mix: unknown case kinds {unknown}; known kinds: {', '.join(self.kinds)}"
+            )
         bad = {k: v for k, v in mix.items() if not v >= 0}
         if bad:
             raise ConfigError(f"case_mix: shares must be >= 0, got {bad}")
         total = float(sum(mix.values()))
         if total <= 0:
-            raise ConfigError(f"case_mix: at least one kind needs a positive share, got {dict(mix)}")
+            raise ConfigError(
+                f"case_mix: at least one kind needs a positive share, got {dict(mix)}"
+            )
         return {k: float(mix[k]) / total for k in self.kinds if mix.get(k, 0) > 0}
 
-    def kind_for(self, twin: str, seed: int, split: str, index: int, mix: Mapping[str, float]) -> str:
+    def kind_for(
+        self, twin: str, seed: int, split: str, index: int, mix: Mapping[str, float]
+    ) -> str:
         """The kind of case ``(split, index)``: a seeded shuffle of the mix in cycles of slots."""
         items = tuple(sorted(self.validate(mix).items()))
         slots = _slots(self.kinds, self.cycle, items)
-        order = _order(self.kinds, self.cycle, self.salt, twin, seed, split, index // len(slots), items)
+        order = _order(
+            self.kinds, self.cycle, self.salt, twin, seed, split, index // len(slots), items
+        )
         return order[index % len(slots)]

@@ -64,7 +64,8 @@ def render_reason(trajectory: Any, case: Any) -> str:
         f"True decision: {truth.get('verdict')}",
         f"Evidence that decided it: {truth.get('reason')}",
         f"Signals: {', '.join(truth.get('signals') or []) or '(none)'}",
-        "Involved: " + json.dumps({k: list(v) for k, v in dict(entities).items()}, ensure_ascii=False),
+        "Involved: "
+        + json.dumps({k: list(v) for k, v in dict(entities).items()}, ensure_ascii=False),
         f"Agent's verdict: {sub.get('verdict', '(no submission)')}",
         f"Agent's reason: {sub.get('reason', '') or '(empty)'}",
     ]
@@ -73,8 +74,14 @@ def render_reason(trajectory: Any, case: Any) -> str:
 
 def reason_term(judge: Any) -> RubricTerm:
     """The ``reason_cites`` rubric term asked of ``judge``."""
-    return rubric_term("reason_cites", judge, REASON_QUESTION, scale=(1, 5), render=render_reason,
-                       description="judge: the submitted reason cites the evidence that decided the case")
+    return rubric_term(
+        "reason_cites",
+        judge,
+        REASON_QUESTION,
+        scale=(1, 5),
+        render=render_reason,
+        description="judge: the submitted reason cites the evidence that decided the case",
+    )
 
 
 def with_reason_term(base: Reward, term: RubricTerm, weight: float) -> Reward:
@@ -128,8 +135,13 @@ class CatalogJudgeTwin(CatalogTwinV1):
             if cfg.reason_judge_cache_dir is not None:
                 options["cache_dir"] = cfg.reason_judge_cache_dir
             self.judge = Judge(
-                cfg.reason_judge, base_url=cfg.reason_judge_base_url, timeout=cfg.reason_judge_timeout,
+                cfg.reason_judge,
+                base_url=cfg.reason_judge_base_url,
+                timeout=cfg.reason_judge_timeout,
                 max_calls_per_step=cfg.reason_judge_max_calls_per_step,
-                max_tokens_per_step=cfg.reason_judge_max_tokens_per_step, **options,
+                max_tokens_per_step=cfg.reason_judge_max_tokens_per_step,
+                **options,
             )
-            self.reward = with_reason_term(self.reward, reason_term(self.judge), cfg.reason_judge_weight)
+            self.reward = with_reason_term(
+                self.reward, reason_term(self.judge), cfg.reason_judge_weight
+            )

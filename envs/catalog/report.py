@@ -17,11 +17,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from twin.trajectory import Group, Trajectory
-
 from envs.catalog.listings import KINDS as KINDS_V0
 from envs.catalog.listings import VERDICTS
 from envs.catalog.v1_listings import KINDS as KINDS_V1
+from twin.trajectory import Group, Trajectory
 
 #: Every case kind of every version, in table order.
 KINDS: tuple[str, ...] = KINDS_V0 + tuple(k for k in KINDS_V1 if k not in KINDS_V0)
@@ -75,7 +74,11 @@ def catalog_metrics(groups: Iterable[Group], twin: Any) -> dict[str, Any]:
             missed += 1
         elif truth["verdict"] == "ok" and sub in ("counterfeit", "prohibited"):
             alarms += 1
-        elif truth["verdict"] != "ok" and sub in ("counterfeit", "prohibited") and sub != truth["verdict"]:
+        elif (
+            truth["verdict"] != "ok"
+            and sub in ("counterfeit", "prohibited")
+            and sub != truth["verdict"]
+        ):
             swapped += 1
         if t.submission:
             cat_exact += t.submission.get("category_id") == truth["category_id"]
@@ -123,38 +126,67 @@ def _rate(num: float, den: int) -> float:
 
 
 # -- terminal ----------------------------------------------------------------------------------
-def print_tables(console: Console, policy: str, summary: dict[str, Any], metrics: dict[str, Any]) -> None:
+def print_tables(
+    console: Console, policy: str, summary: dict[str, Any], metrics: dict[str, Any]
+) -> None:
     """Print the figures of one policy: overall, per-kind, and the verdict confusion matrix."""
-    top = Table(title=f"[bold]{policy}[/]: {summary['episodes']} episodes, "
-                f"{summary['groups']} groups of {summary['group_size']}", show_header=True)
+    top = Table(
+        title=f"[bold]{policy}[/]: {summary['episodes']} episodes, "
+        f"{summary['groups']} groups of {summary['group_size']}",
+        show_header=True,
+    )
     top.add_column("metric")
     top.add_column("value", justify="right")
-    top.add_row("reward (mean +- std)", f"{summary['reward_mean']:.3f} +- {summary['reward_std']:.3f}")
+    top.add_row(
+        "reward (mean +- std)", f"{summary['reward_mean']:.3f} +- {summary['reward_std']:.3f}"
+    )
     for name, value in summary["components"].items():
         top.add_row(f"  {name}", f"{value:.3f}")
     for k, v in summary["pass@k"].items():
         top.add_row(f"pass@{k} / pass^{k}", f"{v:.3f} / {summary['pass^k'][k]:.3f}")
     top.add_row("verdict accuracy", f"{metrics['verdict_accuracy']:.3f}")
-    top.add_row("category exact / attributes exact",
-                f"{metrics['category_exact']:.3f} / {metrics['attributes_exact']:.3f}")
+    top.add_row(
+        "category exact / attributes exact",
+        f"{metrics['category_exact']:.3f} / {metrics['attributes_exact']:.3f}",
+    )
     top.add_row("missed counterfeit+prohibited (-> ok)", str(metrics["missed"]))
     top.add_row("false alarms (ok -> flagged)", str(metrics["false_alarms"]))
     top.add_row("counterfeit <-> prohibited", str(metrics["bad_verdict_type"]))
     top.add_row("no submit", str(metrics["no_submit"]))
-    top.add_row("mean turns / invalid calls", f"{summary['mean_turns']:.2f} / {summary['invalid_calls']:.2f}")
+    top.add_row(
+        "mean turns / invalid calls",
+        f"{summary['mean_turns']:.2f} / {summary['invalid_calls']:.2f}",
+    )
     console.print(top)
 
     kinds = Table(title=f"{policy}: per case type (verdict: true -> submitted counts)")
     kinds.add_column("case type", no_wrap=True, min_width=max(map(len, KINDS)))
-    for col, just in (("n", "right"), ("reward", "right"), ("acc", "right"),
-                      ("cat=", "right"), ("true", "left"), ("ok", "right"), ("counterfeit", "right"),
-                      ("prohibited", "right"), ("none", "right")):
+    for col, just in (
+        ("n", "right"),
+        ("reward", "right"),
+        ("acc", "right"),
+        ("cat=", "right"),
+        ("true", "left"),
+        ("ok", "right"),
+        ("counterfeit", "right"),
+        ("prohibited", "right"),
+        ("none", "right"),
+    ):
         kinds.add_column(col, justify=just)  # type: ignore[arg-type]
     for kind, row in metrics["by_kind"].items():
         for i, true in enumerate(row["true_verdicts"]):
             counts = row["confusion"][true]
-            head = (kind, str(row["episodes"]), f"{row['reward_mean']:.3f}", f"{row['accuracy']:.2f}",
-                    f"{row['category_exact']:.2f}") if i == 0 else ("", "", "", "", "")
+            head = (
+                (
+                    kind,
+                    str(row["episodes"]),
+                    f"{row['reward_mean']:.3f}",
+                    f"{row['accuracy']:.2f}",
+                    f"{row['category_exact']:.2f}",
+                )
+                if i == 0
+                else ("", "", "", "", "")
+            )
             kinds.add_row(*head, true, *(str(counts.get(s, 0)) for s in _SUBMITTED))
     console.print(kinds)
 
@@ -181,10 +213,14 @@ def write_report(out: str | Path, results: dict[str, dict[str, Any]], meta: dict
     plots = _plots(folder, results)
     lines = ["# Catalog twin demo", ""]
     lines += [f"- **{k}**: {v}" for k, v in meta.items()]
-    lines += ["", "## Policies", "",
-              "| policy | reward | category | attributes | policy term | pass@1 | pass@k | pass^k | "
-              "verdict acc | missed | false alarms |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [
+        "",
+        "## Policies",
+        "",
+        "| policy | reward | category | attributes | policy term | pass@1 | pass@k | pass^k | "
+        "verdict acc | missed | false alarms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, res in results.items():
         s, m = res["summary"], res["metrics"]
         k = str(s["group_size"])
@@ -198,16 +234,29 @@ def write_report(out: str | Path, results: dict[str, dict[str, Any]], meta: dict
     lines += ["", f"k = group size. ![mean reward]({plots['reward']})", ""]
     for name, res in results.items():
         m = res["metrics"]
-        lines += [f"## {name}: per case type", "",
-                  "| case type | n | reward | verdict acc | category exact | true | ok | counterfeit | "
-                  "prohibited | none |",
-                  "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+        lines += [
+            f"## {name}: per case type",
+            "",
+            "| case type | n | reward | verdict acc | category exact | true | ok | counterfeit | "
+            "prohibited | none |",
+            "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        ]
         for kind, row in m["by_kind"].items():
             for i, true in enumerate(row["true_verdicts"]):
                 counts = row["confusion"][true]
-                head = (f"{kind} | {row['episodes']} | {row['reward_mean']:.3f} | {row['accuracy']:.2f} | "
-                        f"{row['category_exact']:.2f}") if i == 0 else " |  |  |  | "
-                lines.append(f"| {head} | {true} | " + " | ".join(str(counts.get(s, 0)) for s in _SUBMITTED) + " |")
+                head = (
+                    (
+                        f"{kind} | {row['episodes']} | {row['reward_mean']:.3f} | {row['accuracy']:.2f} | "
+                        f"{row['category_exact']:.2f}"
+                    )
+                    if i == 0
+                    else " |  |  |  | "
+                )
+                lines.append(
+                    f"| {head} | {true} | "
+                    + " | ".join(str(counts.get(s, 0)) for s in _SUBMITTED)
+                    + " |"
+                )
         lines += ["", f"![confusion]({plots['confusion_' + name]})", ""]
     lines += [f"![reward by case type]({plots['by_kind']})", ""]
     path = folder / "report.md"
@@ -228,8 +277,12 @@ def _plots(folder: Path, results: dict[str, dict[str, Any]]) -> dict[str, str]:
     comps = ("category", "attributes", "policy")
     width = 0.8 / (len(comps) + 1)
     for j, comp in enumerate(("reward", *comps)):
-        vals = [results[n]["summary"]["reward_mean"] if comp == "reward"
-                else results[n]["summary"]["components"].get(comp, 0.0) for n in names]
+        vals = [
+            results[n]["summary"]["reward_mean"]
+            if comp == "reward"
+            else results[n]["summary"]["components"].get(comp, 0.0)
+            for n in names
+        ]
         ax.bar([i + j * width for i in range(len(names))], vals, width, label=comp)
     ax.set_xticks([i + 1.5 * width for i in range(len(names))], names)
     ax.axhline(0, color="black", linewidth=0.5)
@@ -246,10 +299,19 @@ def _plots(folder: Path, results: dict[str, dict[str, Any]]) -> dict[str, str]:
     width = 0.8 / max(len(names), 1)
     for j, n in enumerate(names):
         bk = results[n]["metrics"]["by_kind"]
-        ax.bar([i + j * width for i in range(len(kinds))],
-               [bk.get(k, {}).get("reward_mean", 0.0) for k in kinds], width, label=n)
-    ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(kinds))], kinds,
-                  rotation=60, ha="right", fontsize=7)
+        ax.bar(
+            [i + j * width for i in range(len(kinds))],
+            [bk.get(k, {}).get("reward_mean", 0.0) for k in kinds],
+            width,
+            label=n,
+        )
+    ax.set_xticks(
+        [i + width * (len(names) - 1) / 2 for i in range(len(kinds))],
+        kinds,
+        rotation=60,
+        ha="right",
+        fontsize=7,
+    )
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_ylabel("mean reward")
     ax.set_title("Reward by case type")

@@ -33,7 +33,15 @@ from rewards import (
     term,
 )
 
-__all__ = ["CLIP", "CLIP_V1", "VERDICTS", "VERDICT_COSTS", "VERDICT_COSTS_V1", "WEIGHTS", "make_catalog_reward"]
+__all__ = [
+    "CLIP",
+    "CLIP_V1",
+    "VERDICTS",
+    "VERDICT_COSTS",
+    "VERDICT_COSTS_V1",
+    "WEIGHTS",
+    "make_catalog_reward",
+]
 
 #: The decisions an analyst can take.
 VERDICTS: tuple[str, ...] = ("ok", "counterfeit", "prohibited")
@@ -115,7 +123,9 @@ def make_catalog_reward(
     @term(low=0.0, high=1.0)
     def attributes(trajectory: Any, case: Any) -> float:
         """F1 over (attribute, value) pairs vs the values the true category requires."""
-        return attribute_f1(case.truth.get("attributes") or {}, trajectory.submission.get("attributes") or {})
+        return attribute_f1(
+            case.truth.get("attributes") or {}, trajectory.submission.get("attributes") or {}
+        )
 
     worst = max(costs.costs.values())
 
@@ -128,11 +138,17 @@ def make_catalog_reward(
             # The submit tool rejects unknown verdicts; a hand-built trajectory may not. Score the
             # worst decision for this truth rather than guessing what was meant.
             cost = costs.max_cost(true)
-            return Scored(1.0 - cost, f"policy: unknown verdict {sub!r} scored as the worst decision")
+            return Scored(
+                1.0 - cost, f"policy: unknown verdict {sub!r} scored as the worst decision"
+            )
         return Scored(1.0 - costs.cost(true, sub), f"policy: true {true!r}, submitted {sub!r}")
 
     return Reward(
-        {category: WEIGHTS["category"], attributes: WEIGHTS["attributes"], policy: WEIGHTS["policy"]},
+        {
+            category: WEIGHTS["category"],
+            attributes: WEIGHTS["attributes"],
+            policy: WEIGHTS["policy"],
+        },
         penalties=[invalid_call_penalty(0.01, cap=0.05)],
         gates=[
             submitted_gate(

@@ -88,10 +88,18 @@ def catalog_cost_ratios(costs: CostMatrix = VERDICT_COSTS) -> tuple[tuple[str, s
     for t in VERDICTS:
         if t == "ok":
             continue
-        ratios.append((f"verdict_{t}_as_ok", f"verdict_ok_as_{t}", costs.ratio((t, "ok"), ("ok", t))))
+        ratios.append(
+            (f"verdict_{t}_as_ok", f"verdict_ok_as_{t}", costs.ratio((t, "ok"), ("ok", t)))
+        )
         for other in VERDICTS:
             if other not in ("ok", t):
-                ratios.append((f"verdict_{t}_as_ok", f"verdict_{t}_as_{other}", costs.ratio((t, "ok"), (t, other))))
+                ratios.append(
+                    (
+                        f"verdict_{t}_as_ok",
+                        f"verdict_{t}_as_{other}",
+                        costs.ratio((t, "ok"), (t, other)),
+                    )
+                )
     return tuple(ratios)
 
 
@@ -133,6 +141,11 @@ def check_catalog_reward(
 
     kwargs.setdefault("random_trajectories", near_the_truth)
     return check_reward_properties(
-        reward, source, oracle=catalog_oracle, mistakes=catalog_mistakes, cost_ratios=cost_ratios,
-        max_examples=max_examples, **kwargs,
+        reward,
+        source,
+        oracle=catalog_oracle,
+        mistakes=catalog_mistakes,
+        cost_ratios=cost_ratios,
+        max_examples=max_examples,
+        **kwargs,
     )

@@ -33,7 +33,9 @@ _HANDLES = ("color", "size", "material", "pattern", "age_group", "target_gender"
 _VALUES = ("red", "Red", " blue ", "cotton", "XL", "adult", "unisex", "500 ml", "striped", "steel")
 
 
-def category_ids(verticals: tuple[str, ...] = _VERTICALS, max_depth: int = 7) -> st.SearchStrategy[str]:
+def category_ids(
+    verticals: tuple[str, ...] = _VERTICALS, max_depth: int = 7
+) -> st.SearchStrategy[str]:
     """Shopify-style path ids such as ``aa-1-13-8`` (depth 1 to ``max_depth``)."""
     return st.builds(
         lambda v, rest: "-".join([v, *map(str, rest)]),
@@ -54,15 +56,21 @@ def catalog_truths() -> st.SearchStrategy[dict[str, Any]]:
             "category_id": category_ids(),
             "attributes": attribute_dicts(),
             "verdict": st.sampled_from(VERDICTS),
-            "signals": st.lists(st.sampled_from(["price_anomaly", "typosquat", "replica_wording"]), max_size=2),
+            "signals": st.lists(
+                st.sampled_from(["price_anomaly", "typosquat", "replica_wording"]), max_size=2
+            ),
         }
     )
 
 
-def catalog_cases(truths: st.SearchStrategy[dict[str, Any]] | None = None) -> st.SearchStrategy[Case]:
+def catalog_cases(
+    truths: st.SearchStrategy[dict[str, Any]] | None = None,
+) -> st.SearchStrategy[Case]:
     """Catalog cases (``twin="Catalog"``) with the given truths (default :func:`catalog_truths`)."""
     return st.builds(
-        lambda truth, index: Case(twin="Catalog", split="test", index=index, kind="generated", task={}, truth=truth),
+        lambda truth, index: Case(
+            twin="Catalog", split="test", index=index, kind="generated", task={}, truth=truth
+        ),
         truths if truths is not None else catalog_truths(),
         st.integers(0, 10_000),
     )

@@ -31,14 +31,20 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from envs.catalog.listings import (
+    CASE_KINDS,
+    DEFAULT_MIX,
+    kind_for,
+    listing_id,
+    make_listing,
+    validate_mix,
+)
+from envs.catalog.mix import KindMix
 from twin.cases import Case
 from twin.core import Twin, TwinConfig
 from twin.errors import ToolError
 from twin.tools import freeze, tool
 from twin.trajectory import Trajectory
-
-from envs.catalog.listings import CASE_KINDS, DEFAULT_MIX, kind_for, listing_id, make_listing, validate_mix
-from envs.catalog.mix import KindMix
 
 __all__ = ["CatalogConfig", "CatalogTwin", "SYSTEM_PROMPT"]
 
@@ -157,7 +163,9 @@ class CatalogTwin(Twin):
         ident = (cfg.seed, cfg.taxonomy_path)
         memo = getattr(self, "_world_key", None)  # None also while Twin.__init__ runs
         if memo is None or memo[0] != ident:
-            text = json.dumps({"seed": cfg.seed, "taxonomy_path": cfg.taxonomy_path}, sort_keys=True)
+            text = json.dumps(
+                {"seed": cfg.seed, "taxonomy_path": cfg.taxonomy_path}, sort_keys=True
+            )
             memo = self._world_key = (ident, text)
         return memo[1]
 
@@ -182,7 +190,9 @@ class CatalogTwin(Twin):
         """The planted kind of case ``(split, index)`` without building the listing."""
         return kind_for(self.name, self.config.seed, split, index, self._mix)
 
-    def make_case(self, rng: Any, split: str, index: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    def make_case(
+        self, rng: Any, split: str, index: int
+    ) -> tuple[str, dict[str, Any], dict[str, Any]]:
         """Plant one listing: the kind comes from the mix schedule, the rest from ``rng``."""
         kind = self.kind_of(split, index)
         lid = listing_id(self.name, self.config.seed, split, index)
@@ -254,13 +264,21 @@ class CatalogTwin(Twin):
             return cached
         hits = self.world.search(query, limit)
         results = [
-            {"id": h["id"], "name": h["name"], "full_name": h["full_name"], "score": round(h["score"], 2)}
+            {
+                "id": h["id"],
+                "name": h["name"],
+                "full_name": h["full_name"],
+                "score": round(h["score"], 2),
+            }
             for h in hits
         ]
         if results:
             found: dict[str, Any] = {"results": results}
         else:
-            found = {"results": [], "note": f"no category matches {query!r}; try fewer or more general words"}
+            found = {
+                "results": [],
+                "note": f"no category matches {query!r}; try fewer or more general words",
+            }
         found = self._search_cache[key] = freeze(found)
         # bounded (a result is ~2 KB): group episodes repeat a search within a few steps
         if len(self._search_cache) > 4096:
@@ -339,7 +357,9 @@ class CatalogTwin(Twin):
             result["children"] = [
                 {"id": c, "name": self.world.categories[c].name} for c in cat.children[:30]
             ]
-            result["note"] = "not a leaf: listings belong in the most specific category; see children"
+            result["note"] = (
+                "not a leaf: listings belong in the most specific category; see children"
+            )
         return result
 
     @tool(terminal=True)
@@ -381,7 +401,9 @@ class CatalogTwin(Twin):
                 close = difflib.get_close_matches(str(value), list(attr.values), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 shown = ", ".join(attr.values[:25]) + (" ..." if len(attr.values) > 25 else "")
-                problems.append(f"{value!r} is not an allowed value of {handle!r}{hint}; allowed: {shown}")
+                problems.append(
+                    f"{value!r} is not an allowed value of {handle!r}{hint}; allowed: {shown}"
+                )
         if problems:
             raise ToolError("submit: " + "; ".join(problems) + ". See get_attribute_schema")
         return {
@@ -406,14 +428,21 @@ class CatalogTwin(Twin):
         if self._recalls is None:
             table: dict[str, list[dict[str, Any]]] = {}
             for r in self.world.recalls:
-                table.setdefault(r.brand, []).append({
-                    "recall_id": r.recall_id, "product": r.product, "model_number": r.model_number,
-                    "batch": r.batch, "reason": r.reason,
-                })
+                table.setdefault(r.brand, []).append(
+                    {
+                        "recall_id": r.recall_id,
+                        "product": r.product,
+                        "model_number": r.model_number,
+                        "batch": r.batch,
+                        "reason": r.reason,
+                    }
+                )
             self._recalls = table
         return self._recalls.get(brand, [])
 
-    def _brand_view(self, brand: Any, category_id: str | None, short: bool = False) -> dict[str, Any]:
+    def _brand_view(
+        self, brand: Any, category_id: str | None, short: bool = False
+    ) -> dict[str, Any]:
         view: dict[str, Any] = {
             "name": brand.name,
             "registered": brand.registered,
@@ -422,11 +451,18 @@ class CatalogTwin(Twin):
         }
         if category_id is not None:
             rng = self.world.msrp(brand.name, category_id)
-            view["msrp"] = [{"category_id": category_id, "low": rng[0], "high": rng[1]}] if rng else []
+            view["msrp"] = (
+                [{"category_id": category_id, "low": rng[0], "high": rng[1]}] if rng else []
+            )
         else:
             ranges = sorted(brand.msrp.items())
             view["msrp"] = [
-                {"category_id": cid, "category": self.world.categories[cid].name, "low": lo, "high": hi}
+                {
+                    "category_id": cid,
+                    "category": self.world.categories[cid].name,
+                    "low": lo,
+                    "high": hi,
+                }
                 for cid, (lo, hi) in ranges[: 6 if short else 40]
                 if cid in self.world.categories
             ]

@@ -48,9 +48,6 @@ from typing import Any
 
 import yaml
 
-from twin.errors import ConfigError
-from twin.resources import data_path
-
 from envs.catalog.listings import _fmt_price, _model_number, state_value
 from envs.catalog.mix import KindMix
 from envs.catalog.v1_policy import (
@@ -63,9 +60,19 @@ from envs.catalog.v1_policy import (
     good_standing,
 )
 from envs.catalog.v1_world import HOMOGLYPHS, SPLIT_PART, V1World
+from twin.errors import ConfigError
+from twin.resources import data_path
 
-__all__ = ["CYCLE", "DEFAULT_MIX", "KINDS", "KIND_VERDICT", "kind_for", "make_listing", "phrases",
-           "validate_mix"]
+__all__ = [
+    "CYCLE",
+    "DEFAULT_MIX",
+    "KINDS",
+    "KIND_VERDICT",
+    "kind_for",
+    "make_listing",
+    "phrases",
+    "validate_mix",
+]
 
 KIND_VERDICT: dict[str, str] = {
     "clean": "ok",
@@ -114,18 +121,99 @@ DEFAULT_MIX: dict[str, float] = {
 CYCLE = 100
 _TRIES = 40
 
-_SMALL_WORDS = {"charm", "charms", "keychain", "keychains", "sticker", "stickers", "decal", "decals",
-                "magnet", "magnets", "ornament", "ornaments", "figurine", "figurines", "pin", "pins",
-                "patch", "patches", "poster", "posters", "plush", "mug", "mugs", "print", "prints",
-                "costume", "costumes", "bookmark", "bookmarks", "toppers", "topper"}
-_REPLICA_WORDS = {"painting", "paintings", "art", "artwork", "print", "prints", "poster", "posters",
-                  "prop", "props", "collectible", "collectibles", "figurine", "figurines",
-                  "sculpture", "sculptures", "memorabilia", "reproduction", "reproductions",
-                  "replica", "replicas", "model", "models", "statue", "statues", "decor"}
-_ACCESSORY_WORDS = {"case", "cases", "cover", "covers", "charger", "chargers", "cable", "cables",
-                    "strap", "straps", "band", "bands", "adapter", "adapters", "protector",
-                    "protectors", "accessory", "accessories", "holder", "holders", "mount", "mounts",
-                    "stand", "stands", "sleeve", "sleeves", "skin", "skins", "replacement", "parts"}
+_SMALL_WORDS = {
+    "charm",
+    "charms",
+    "keychain",
+    "keychains",
+    "sticker",
+    "stickers",
+    "decal",
+    "decals",
+    "magnet",
+    "magnets",
+    "ornament",
+    "ornaments",
+    "figurine",
+    "figurines",
+    "pin",
+    "pins",
+    "patch",
+    "patches",
+    "poster",
+    "posters",
+    "plush",
+    "mug",
+    "mugs",
+    "print",
+    "prints",
+    "costume",
+    "costumes",
+    "bookmark",
+    "bookmarks",
+    "toppers",
+    "topper",
+}
+_REPLICA_WORDS = {
+    "painting",
+    "paintings",
+    "art",
+    "artwork",
+    "print",
+    "prints",
+    "poster",
+    "posters",
+    "prop",
+    "props",
+    "collectible",
+    "collectibles",
+    "figurine",
+    "figurines",
+    "sculpture",
+    "sculptures",
+    "memorabilia",
+    "reproduction",
+    "reproductions",
+    "replica",
+    "replicas",
+    "model",
+    "models",
+    "statue",
+    "statues",
+    "decor",
+}
+_ACCESSORY_WORDS = {
+    "case",
+    "cases",
+    "cover",
+    "covers",
+    "charger",
+    "chargers",
+    "cable",
+    "cables",
+    "strap",
+    "straps",
+    "band",
+    "bands",
+    "adapter",
+    "adapters",
+    "protector",
+    "protectors",
+    "accessory",
+    "accessories",
+    "holder",
+    "holders",
+    "mount",
+    "mounts",
+    "stand",
+    "stands",
+    "sleeve",
+    "sleeves",
+    "skin",
+    "skins",
+    "replacement",
+    "parts",
+}
 
 
 # -- phrases, split by part --------------------------------------------------------------------
@@ -169,14 +257,14 @@ class PartIndex:
 
     ok_leaves: tuple[str, ...]
     prohibited_leaves: tuple[str, ...]
-    branded: tuple[str, ...]          # ok leaves with a registered brand of the part priced there
+    branded: tuple[str, ...]  # ok leaves with a registered brand of the part priced there
     small: tuple[str, ...]
     replica: tuple[str, ...]
     accessory: tuple[str, ...]
-    brands_at: dict[str, tuple[str, ...]]   # leaf -> the part's registry brands priced on its path
+    brands_at: dict[str, tuple[str, ...]]  # leaf -> the part's registry brands priced on its path
     gated: tuple[str, ...]
     lookalikes: tuple[str, ...]
-    takedowns: dict[str, tuple[str, ...]]   # brand -> sellers taken down for faking it
+    takedowns: dict[str, tuple[str, ...]]  # brand -> sellers taken down for faking it
     recalls: tuple[Any, ...]
     sellers: tuple[str, ...]
     longtail: tuple[str, ...]
@@ -249,15 +337,26 @@ def part_index(world: V1World, part: str) -> PartIndex:
             else:
                 context[x] = " > ".join(paths[x])
     idx = PartIndex(
-        ok_leaves=tuple(ok), prohibited_leaves=tuple(prohibited), branded=tuple(branded),
-        small=tuple(small) or tuple(branded), replica=tuple(replica) or tuple(ok),
-        accessory=tuple(accessory) or tuple(branded), brands_at=brands_at,
-        gated=tuple(sorted(n for n, b in world.brands.items()
-                           if b.protected and b.registered and world.brand_part[n] == part)),
+        ok_leaves=tuple(ok),
+        prohibited_leaves=tuple(prohibited),
+        branded=tuple(branded),
+        small=tuple(small) or tuple(branded),
+        replica=tuple(replica) or tuple(ok),
+        accessory=tuple(accessory) or tuple(branded),
+        brands_at=brands_at,
+        gated=tuple(
+            sorted(
+                n
+                for n, b in world.brands.items()
+                if b.protected and b.registered and world.brand_part[n] == part
+            )
+        ),
         lookalikes=tuple(sorted(n for n in world.lookalike_of if world.brand_part[n] == part)),
         takedowns={k: tuple(v) for k, v in takedowns.items()},
         recalls=tuple(r for r in world.recalls if r.part == part),
-        sellers=world.sellers_by_part[part], longtail=world.longtail[part], context=context,
+        sellers=world.sellers_by_part[part],
+        longtail=world.longtail[part],
+        context=context,
     )
     if not (idx.ok_leaves and idx.branded and idx.recalls and idx.prohibited_leaves):
         raise ConfigError(f"catalog v1 world part {part!r} cannot host every case kind: {world!r}")
@@ -266,10 +365,14 @@ def part_index(world: V1World, part: str) -> PartIndex:
 
 
 # -- tool views (what the tools return; the generator reads the same) --------------------------
-def brand_view(world: V1World, brand: Any, category_id: str | None, short: bool = False) -> dict[str, Any]:
+def brand_view(
+    world: V1World, brand: Any, category_id: str | None, short: bool = False
+) -> dict[str, Any]:
     """A registry entry as ``lookup_brand`` shows it."""
     view: dict[str, Any] = {
-        "name": brand.name, "registered": brand.registered, "protected": brand.protected,
+        "name": brand.name,
+        "registered": brand.registered,
+        "protected": brand.protected,
         "authorized_sellers": list(brand.authorized_sellers),
     }
     if category_id is not None:
@@ -283,8 +386,13 @@ def brand_view(world: V1World, brand: Any, category_id: str | None, short: bool 
         ]
     if not short:
         view["recalls"] = [
-            {"recall_id": r.recall_id, "product": r.product, "model_number": r.model_number,
-             "batches": list(r.batches), "reason": r.reason}
+            {
+                "recall_id": r.recall_id,
+                "product": r.product,
+                "model_number": r.model_number,
+                "batches": list(r.batches),
+                "reason": r.reason,
+            }
             for r in world.recalls_by_brand.get(brand.name, ())
         ]
     return view
@@ -298,8 +406,11 @@ def lookup_view(world: V1World, name: str, category_id: str | None = None) -> di
     result: dict[str, Any] = {
         "query": text,
         "exact": brand_view(world, exact, category_id) if exact is not None else None,
-        "similar": [{**brand_view(world, b, category_id, short=True), "similarity": s}
-                    for b, s in found["matches"] if exact is None or b.name != exact.name],
+        "similar": [
+            {**brand_view(world, b, category_id, short=True), "similarity": s}
+            for b, s in found["matches"]
+            if exact is None or b.name != exact.name
+        ],
     }
     if exact is None:
         result["note"] = "no brand is registered under exactly this name"
@@ -310,13 +421,20 @@ def schema_view(world: V1World, category_id: str) -> dict[str, Any]:
     """What ``get_attribute_schema(category_id)`` returns."""
     cat = world.categories[category_id]
     result = {
-        "category_id": cat.id, "name": cat.name, "full_name": cat.full_name, "is_leaf": cat.is_leaf,
+        "category_id": cat.id,
+        "name": cat.name,
+        "full_name": cat.full_name,
+        "is_leaf": cat.is_leaf,
         "policy": cat.policy,
-        "attributes": [{"handle": a.handle, "name": a.name, "required": req, "values": list(a.values)}
-                       for a, req in world.schema(category_id)],
+        "attributes": [
+            {"handle": a.handle, "name": a.name, "required": req, "values": list(a.values)}
+            for a, req in world.schema(category_id)
+        ],
     }
     if not cat.is_leaf:
-        result["children"] = [{"id": c, "name": world.categories[c].name} for c in cat.children[:30]]
+        result["children"] = [
+            {"id": c, "name": world.categories[c].name} for c in cat.children[:30]
+        ]
         result["note"] = "not a leaf: listings belong in the most specific category; see children"
     return result
 
@@ -368,12 +486,18 @@ class _ListingBuilder:
             names = [n for n in self.ix.brands_at.get(leaf, ()) if self._wanted(w.brands[n], want)]
             if names:
                 return leaf, w.brands[rng.choice(names)]
-        raise ConfigError(f"catalog v1: no {want} brand priced on {len(leaves)} leaves of part {self.part}")
+        raise ConfigError(
+            f"catalog v1: no {want} brand priced on {len(leaves)} leaves of part {self.part}"
+        )
 
     @staticmethod
     def _wanted(b: Any, want: str) -> bool:
-        return {"any": True, "registered": b.registered, "gated": b.protected and b.registered,
-                "open": b.registered and not b.protected}[want]
+        return {
+            "any": True,
+            "registered": b.registered,
+            "gated": b.protected and b.registered,
+            "open": b.registered and not b.protected,
+        }[want]
 
     def seller_any(self) -> str:
         return self.rng.choice(self.ix.sellers)
@@ -400,14 +524,20 @@ class _ListingBuilder:
         return self.rng.uniform(0.8 * lo, hi)
 
     # -- text ----------------------------------------------------------------------------------
-    def draft(self, leaf: str, brand_text: str, seller: str, price: float, drop: bool = False) -> _Draft:
+    def draft(
+        self, leaf: str, brand_text: str, seller: str, price: float, drop: bool = False
+    ) -> _Draft:
         rng, w = self.rng, self.world
         cat = w.categories[leaf]
         item = rng.choice(cat.synonyms) if cat.synonyms and rng.random() < 0.3 else cat.name
-        d = _Draft(leaf=leaf, brand_text=brand_text, seller=seller, price=_fmt_price(rng, price), item=item)
+        d = _Draft(
+            leaf=leaf, brand_text=brand_text, seller=seller, price=_fmt_price(rng, price), item=item
+        )
         d.specifics["Item type"] = item
         if leaf in self.ix.context or rng.random() < 0.2:
-            d.specifics["Department"] = self.ix.context.get(leaf) or cat.full_name.split(" > ")[-2:][0]
+            d.specifics["Department"] = (
+                self.ix.context.get(leaf) or cat.full_name.split(" > ")[-2:][0]
+            )
         self.fill(d, drop)
         return d
 
@@ -441,8 +571,14 @@ class _ListingBuilder:
     def compose(self, d: _Draft) -> dict[str, Any]:
         rng, p = self.rng, self.p
         if d.title is None:
-            parts = ([d.brand_text] if d.brand_text and rng.random() < 0.85 else []) + d.title_parts + [d.item]
-            title = rng.choice(p["title_prefixes"]) + " ".join(parts) + rng.choice(p["title_suffixes"])
+            parts = (
+                ([d.brand_text] if d.brand_text and rng.random() < 0.85 else [])
+                + d.title_parts
+                + [d.item]
+            )
+            title = (
+                rng.choice(p["title_prefixes"]) + " ".join(parts) + rng.choice(p["title_suffixes"])
+            )
         else:
             title = d.title
         if rng.random() < 0.07:
@@ -476,33 +612,47 @@ class _ListingBuilder:
         if d.brand_text and rng.random() < 0.06:
             d.desc.append(rng.choice(p["authorized_claims"]).format(brand=d.brand_text))
         if rng.random() < 0.06:
-            d.desc.append(rng.choice(p["compatible_noise"]).format(target=rng.choice(self.ix.gated)))
+            d.desc.append(
+                rng.choice(p["compatible_noise"]).format(target=rng.choice(self.ix.gated))
+            )
 
     def style_claim(self) -> str:
         rng, p = self.rng, self.p
-        return rng.choice(p["style_claims"]).format(style=rng.choice(p["styles"]),
-                                                    artwork=rng.choice(p["artworks"]),
-                                                    film=rng.choice(p["films"]))
+        return rng.choice(p["style_claims"]).format(
+            style=rng.choice(p["styles"]),
+            artwork=rng.choice(p["artworks"]),
+            film=rng.choice(p["films"]),
+        )
 
     # -- kinds: ok -----------------------------------------------------------------------------
     def clean(self, drop: bool = False) -> _Draft:
         leaf, brand = self.registry_brand(self.ix.branded, "any")
-        seller = (self.rng.choice(brand.authorized_sellers) if brand.protected and brand.authorized_sellers
-                  else self.seller_any())
+        seller = (
+            self.rng.choice(brand.authorized_sellers)
+            if brand.protected and brand.authorized_sellers
+            else self.seller_any()
+        )
         d = self.draft(leaf, brand.name, seller, self.full_price(brand, leaf), drop=drop)
         d.signals.append("genuine_listing")
         return d
 
     def missing_attributes(self) -> _Draft:
         if self.rng.random() < 0.35:
-            d = self.draft(self.rng.choice(self.ix.ok_leaves), self.longtail(), self.seller_any(),
-                           self.rng.uniform(5, 300), drop=True)
+            d = self.draft(
+                self.rng.choice(self.ix.ok_leaves),
+                self.longtail(),
+                self.seller_any(),
+                self.rng.uniform(5, 300),
+                drop=True,
+            )
             return d
         return self.clean(drop=True)
 
     def longtail_kind(self) -> _Draft:
         rng = self.rng
-        d = self.draft(rng.choice(self.ix.ok_leaves), self.longtail(), self.seller_any(), rng.uniform(4, 400))
+        d = self.draft(
+            rng.choice(self.ix.ok_leaves), self.longtail(), self.seller_any(), rng.uniform(4, 400)
+        )
         if rng.random() < 0.3:  # small makers sell cheap too: no MSRP to compare with
             d.desc.append(rng.choice(self.p["discount_talk"]).format(percent=rng.randint(20, 70)))
         d.signals.append("brand_not_in_registry")
@@ -515,13 +665,16 @@ class _ListingBuilder:
         if brand.protected or rng.random() < 0.4:
             seller = rng.choice(brand.authorized_sellers)
         else:
-            seller = self.seller_where(lambda s: good_standing(s, brand.name)
-                                       and not _took_down(s, brand.name))
+            seller = self.seller_where(
+                lambda s: good_standing(s, brand.name) and not _took_down(s, brand.name)
+            )
         frac = rng.uniform(0.36, 0.70)
         d = self.draft(leaf, brand.name, seller, lo * frac)
         d.desc.insert(0, rng.choice(self.p["conditions"]))
         if rng.random() < 0.5:
-            d.desc.append(rng.choice(self.p["discount_talk"]).format(percent=int(round((1 - frac) * 100))))
+            d.desc.append(
+                rng.choice(self.p["discount_talk"]).format(percent=int(round((1 - frac) * 100)))
+            )
         d.signals.append("genuine_discount_with_condition")
         return d
 
@@ -594,7 +747,9 @@ class _ListingBuilder:
         d = self.recall_draft(recall, brand)
         if rng.random() < 0.5:
             model = _near_model(rng, recall.model_number, w.recalled_models)
-            line = rng.choice(self.p["lot_lines"]).format(model=model, batch=rng.choice(recall.batches))
+            line = rng.choice(self.p["lot_lines"]).format(
+                model=model, batch=rng.choice(recall.batches)
+            )
             d.signals.append(f"near_miss_model:{recall.recall_id}")
         else:
             batch = _unaffected_batch(rng, recall.batches)
@@ -605,12 +760,17 @@ class _ListingBuilder:
 
     def recall_draft(self, recall: Any, brand: Any) -> _Draft:
         rng = self.rng
-        seller = (rng.choice(brand.authorized_sellers) if brand.protected and brand.authorized_sellers
-                  else self.seller_any())
-        d = self.draft(recall.category_id, brand.name, seller, self.full_price(brand, recall.category_id))
+        seller = (
+            rng.choice(brand.authorized_sellers)
+            if brand.protected and brand.authorized_sellers
+            else self.seller_any()
+        )
+        d = self.draft(
+            recall.category_id, brand.name, seller, self.full_price(brand, recall.category_id)
+        )
         product = recall.product
         if product.lower().startswith(brand.name.lower()):
-            product = product[len(brand.name):].strip()
+            product = product[len(brand.name) :].strip()
         if rng.random() < 0.6:
             d.title_parts.insert(0, product)
         return d
@@ -628,8 +788,11 @@ class _ListingBuilder:
         names = self.ix.brands_at.get(leaf, ())
         brand = w.brands[rng.choice(names)] if names and rng.random() < 0.6 else None
         brand_text = brand.name if brand else self.longtail()
-        seller = (rng.choice(brand.authorized_sellers) if brand is not None and brand.protected
-                  and brand.authorized_sellers else self.seller_any())
+        seller = (
+            rng.choice(brand.authorized_sellers)
+            if brand is not None and brand.protected and brand.authorized_sellers
+            else self.seller_any()
+        )
         d = self.draft(leaf, brand_text, seller, self.full_price(brand, leaf))
         fill = {"decoy": decoy.name, "decoy_lower": decoy.name.lower(), "item": d.item}
         d.title = rng.choice(self.p["wrong_category"]["title"]).format(**fill)
@@ -645,18 +808,27 @@ class _ListingBuilder:
         leaf, brand = self.registry_brand(self.ix.branded, "open")
         lo, _ = self.msrp(brand, leaf)
         frac = rng.uniform(0.2, 0.6)
-        if rng.random() < 0.5:  # two weak signals: a condition story from a seller not in good standing
-            seller = self.seller_where(lambda s: not good_standing(s, brand.name)
-                                       and not _took_down(s, brand.name))
+        if (
+            rng.random() < 0.5
+        ):  # two weak signals: a condition story from a seller not in good standing
+            seller = self.seller_where(
+                lambda s: not good_standing(s, brand.name) and not _took_down(s, brand.name)
+            )
             d = self.draft(leaf, brand.name, seller, lo * frac)
             d.desc.insert(0, rng.choice(self.p["conditions"]))
             d.signals.append("discount_from_seller_not_in_good_standing")
         else:
-            d = self.draft(leaf, brand.name, self.seller_where(lambda s: not _took_down(s, brand.name)),
-                           lo * frac)
+            d = self.draft(
+                leaf,
+                brand.name,
+                self.seller_where(lambda s: not _took_down(s, brand.name)),
+                lo * frac,
+            )
             d.signals.append("unexplained_discount")
         if rng.random() < 0.5:
-            d.desc.append(rng.choice(self.p["discount_talk"]).format(percent=int(round((1 - frac) * 100))))
+            d.desc.append(
+                rng.choice(self.p["discount_talk"]).format(percent=int(round((1 - frac) * 100)))
+            )
         return d
 
     def counterfeit_takedown(self) -> _Draft:
@@ -706,11 +878,16 @@ class _ListingBuilder:
     def counterfeit_copy_claim(self) -> _Draft:
         rng = self.rng
         leaf, brand = self.registry_brand(self.ix.branded, "registered")
-        brand_text = brand.name if rng.random() < 0.3 else (
-            self.longtail() if rng.random() < 0.5 else rng.choice(self.p["generic_brands"]))
+        brand_text = (
+            brand.name
+            if rng.random() < 0.3
+            else (self.longtail() if rng.random() < 0.5 else rng.choice(self.p["generic_brands"]))
+        )
         lo, hi = self.msrp(brand, leaf)
         d = self.draft(leaf, brand_text, self.seller_any(), rng.uniform(0.3 * lo, hi))
-        d.desc.insert(rng.randint(0, len(d.desc)), rng.choice(self.p["copy_claims"]).format(brand=brand.name))
+        d.desc.insert(
+            rng.randint(0, len(d.desc)), rng.choice(self.p["copy_claims"]).format(brand=brand.name)
+        )
         d.signals.append(f"copy_of:{brand.name}")
         return d
 
@@ -721,9 +898,16 @@ class _ListingBuilder:
         names = [n for n in self.ix.brands_at.get(leaf, ())]
         roll = rng.random()
         brand = w.brands[rng.choice(names)] if names and roll < 0.4 else None
-        brand_text = brand.name if brand else (self.longtail() if roll < 0.8 else rng.choice(self.p["generic_brands"]))
-        seller = (rng.choice(brand.authorized_sellers) if brand is not None and brand.protected
-                  and brand.authorized_sellers else self.seller_any())
+        brand_text = (
+            brand.name
+            if brand
+            else (self.longtail() if roll < 0.8 else rng.choice(self.p["generic_brands"]))
+        )
+        seller = (
+            rng.choice(brand.authorized_sellers)
+            if brand is not None and brand.protected and brand.authorized_sellers
+            else self.seller_any()
+        )
         d = self.draft(leaf, brand_text, seller, self.full_price(brand, leaf))
         if rng.random() < 0.7:  # under another category's words: only the schema's policy tells
             decoy = w.categories[rng.choice(self.ix.ok_leaves)]
@@ -738,8 +922,9 @@ class _ListingBuilder:
         brand = w.brands[recall.brand]
         d = self.recall_draft(recall, brand)
         if rng.random() < 0.7:
-            line = rng.choice(self.p["lot_lines"]).format(model=recall.model_number,
-                                                          batch=rng.choice(recall.batches))
+            line = rng.choice(self.p["lot_lines"]).format(
+                model=recall.model_number, batch=rng.choice(recall.batches)
+            )
         else:
             line = rng.choice(self.p["model_lines"]).format(model=recall.model_number)
         d.tail.append(line)
@@ -752,7 +937,9 @@ class _Retry(Exception):
 
 
 def _took_down(seller: Mapping[str, Any], brand: str) -> bool:
-    return any(t["brand"] == brand and t["reason"] == "counterfeit" for t in seller.get("takedowns") or ())
+    return any(
+        t["brand"] == brand and t["reason"] == "counterfeit" for t in seller.get("takedowns") or ()
+    )
 
 
 def _batch(rng: random.Random) -> str:
@@ -831,8 +1018,9 @@ _GENERATORS = {
 }
 
 
-def make_listing(world: V1World, split: str, rng: random.Random, kind: str,
-                 lid: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def make_listing(
+    world: V1World, split: str, rng: random.Random, kind: str, lid: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build one v1 listing of ``kind`` for ``split``: return ``(task, truth)``.
 
     Args:
@@ -865,8 +1053,14 @@ def make_listing(world: V1World, split: str, rng: random.Random, kind: str,
             continue
         gen.noise(d)
         task = gen.compose(d)
-        listing = {"title": task["title"], "description": task["description"], "brand": task["brand"],
-                   "seller": task["seller"], "price": task["price"], "specifics": task["attributes"]}
+        listing = {
+            "title": task["title"],
+            "description": task["description"],
+            "brand": task["brand"],
+            "seller": task["seller"],
+            "price": task["price"],
+            "specifics": task["attributes"],
+        }
         schema = schema_view(world, d.leaf)
         brand = lookup_view(world, d.brand_text, d.leaf) if d.brand_text else None
         seller = seller_view(world, d.seller)
@@ -898,7 +1092,9 @@ def _text(listing: Mapping[str, Any]) -> str:
     return listing_text(listing)
 
 
-def _entities(world: V1World, d: _Draft, brand: Mapping[str, Any] | None, e: Any) -> dict[str, list[str]]:
+def _entities(
+    world: V1World, d: _Draft, brand: Mapping[str, Any] | None, e: Any
+) -> dict[str, list[str]]:
     """The world entities a listing draws on (what the held-out check compares across splits)."""
     brands = set()
     exact = (brand or {}).get("exact")
@@ -909,9 +1105,12 @@ def _entities(world: V1World, d: _Draft, brand: Mapping[str, Any] | None, e: Any
     for s in d.signals:
         for prefix in ("lookalike_of:", "copy_of:", "compatible_with:", "registered_lookalike_of:"):
             if s.startswith(prefix):
-                brands.add(s[len(prefix):])
-    recalls = {s.split(":", 1)[1] for s in d.signals if s.split(":", 1)[0] in
-               ("recall", "near_miss_model", "unaffected_batch")}
+                brands.add(s[len(prefix) :])
+    recalls = {
+        s.split(":", 1)[1]
+        for s in d.signals
+        if s.split(":", 1)[0] in ("recall", "near_miss_model", "unaffected_batch")
+    }
     return {"brands": sorted(brands), "sellers": [d.seller], "recalls": sorted(recalls)}
 
 
@@ -920,5 +1119,14 @@ def listing_part(split: str) -> str:
     return SPLIT_PART[split]
 
 
-__all__ += ["PartIndex", "brand_view", "listing_part", "lookup_view", "part_index", "schema_view",
-            "seller_view", "DISCOUNT", "DEEP_DISCOUNT"]
+__all__ += [
+    "PartIndex",
+    "brand_view",
+    "listing_part",
+    "lookup_view",
+    "part_index",
+    "schema_view",
+    "seller_view",
+    "DISCOUNT",
+    "DEEP_DISCOUNT",
+]

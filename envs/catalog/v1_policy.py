@@ -90,7 +90,9 @@ _CONDITION_RE = re.compile(
     re.IGNORECASE,
 )
 _MODEL_RE = re.compile(r"\b[A-Z]{2,3}-\d{3,5}[A-Z]?\b")
-_BATCH_RE = re.compile(r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b", re.IGNORECASE)
+_BATCH_RE = re.compile(
+    r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b", re.IGNORECASE
+)
 
 
 def copy_mentions(text: str) -> list[str]:
@@ -106,8 +108,27 @@ def copy_mentions(text: str) -> list[str]:
     return out
 
 
-_STOP = {"at", "for", "with", "in", "and", "but", "from", "quality", "design", "style", "look",
-         "looks", "same", "nobody", "made", "sold", "original", "-", "—"}
+_STOP = {
+    "at",
+    "for",
+    "with",
+    "in",
+    "and",
+    "but",
+    "from",
+    "quality",
+    "design",
+    "style",
+    "look",
+    "looks",
+    "same",
+    "nobody",
+    "made",
+    "sold",
+    "original",
+    "-",
+    "—",
+}
 
 
 def stated_condition(text: str) -> bool:
@@ -132,8 +153,11 @@ def good_standing(seller: Mapping[str, Any] | None, brand: str | None) -> bool:
     if brand and brand in (seller.get("authorized_brands") or ()):
         return True
     fakes = [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
-    return (not fakes and seller.get("account_age_days", 0) >= GOOD_STANDING_AGE_DAYS
-            and seller.get("rating", 0) >= GOOD_STANDING_RATING)
+    return (
+        not fakes
+        and seller.get("account_age_days", 0) >= GOOD_STANDING_AGE_DAYS
+        and seller.get("rating", 0) >= GOOD_STANDING_RATING
+    )
 
 
 @dataclass
@@ -185,7 +209,10 @@ def decide(e: Evidence) -> tuple[str, str]:
             return "counterfeit", f"{e.brand} is gated and the seller is not authorized"
         if e.price_ratio is not None:
             if e.price_ratio < DEEP_DISCOUNT:
-                return "counterfeit", f"price {e.price_ratio:.0%} of MSRP: no genuine sale goes that low"
+                return (
+                    "counterfeit",
+                    f"price {e.price_ratio:.0%} of MSRP: no genuine sale goes that low",
+                )
             if e.price_ratio < DISCOUNT and not (e.condition and e.standing):
                 why = "no condition stated" if not e.condition else "seller not in good standing"
                 return "counterfeit", f"price {e.price_ratio:.0%} of MSRP, {why}"
@@ -209,8 +236,13 @@ def assess(
         mentions: ``lookup_brand`` of every name in :func:`copy_mentions` of the text.
     """
     specifics = listing.get("specifics") or {}
-    text = " ".join([str(listing.get("title", "")), str(listing.get("description", "")),
-                     *(f"{k}: {v}." for k, v in specifics.items())])
+    text = " ".join(
+        [
+            str(listing.get("title", "")),
+            str(listing.get("description", "")),
+            *(f"{k}: {v}." for k, v in specifics.items()),
+        ]
+    )
     e = Evidence()
     e.category_prohibited = bool(schema and schema.get("policy") == "prohibited")
     exact = (brand or {}).get("exact")
@@ -234,8 +266,10 @@ def assess(
         e.brand = exact["name"]
         e.gated = bool(exact.get("protected"))
         e.seller_authorized = listing.get("seller") in (exact.get("authorized_sellers") or ())
-        e.takedown = any(t.get("brand") == e.brand and t.get("reason") == "counterfeit"
-                         for t in (seller or {}).get("takedowns") or ())
+        e.takedown = any(
+            t.get("brand") == e.brand and t.get("reason") == "counterfeit"
+            for t in (seller or {}).get("takedowns") or ()
+        )
         e.standing = good_standing(seller, e.brand)
         ranges = exact.get("msrp") or []
         if ranges and ranges[0].get("low"):
@@ -273,8 +307,11 @@ def extract_attributes(listing: Mapping[str, Any], schema: Mapping[str, Any]) ->
             if match is not None:
                 found[attr["handle"]] = values[match]
                 continue
-        hits = [v for v in values
-                if re.search(r"(?<![a-z0-9])" + re.escape(_norm_word(v)) + r"(?![a-z0-9])", text)]
+        hits = [
+            v
+            for v in values
+            if re.search(r"(?<![a-z0-9])" + re.escape(_norm_word(v)) + r"(?![a-z0-9])", text)
+        ]
         hits = [v for v in hits if not any(v != o and _norm_word(v) in _norm_word(o) for o in hits)]
         if len(hits) == 1:
             found[attr["handle"]] = values[hits[0]]
@@ -284,8 +321,13 @@ def extract_attributes(listing: Mapping[str, Any], schema: Mapping[str, Any]) ->
 def listing_text(listing: Mapping[str, Any]) -> str:
     """Title, description and item specifics as one text."""
     specifics: Mapping[str, Any] = listing.get("specifics") or {}
-    return " ".join([str(listing.get("title", "")), str(listing.get("description", "")),
-                     *(f"{k}: {v}." for k, v in specifics.items())])
+    return " ".join(
+        [
+            str(listing.get("title", "")),
+            str(listing.get("description", "")),
+            *(f"{k}: {v}." for k, v in specifics.items()),
+        ]
+    )
 
 
 def names_in(seq: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -37,9 +37,8 @@ from typing import Any
 
 from rapidfuzz import fuzz, process, utils
 
-from twin.cases import stable_seed
-
 from envs.catalog.world.model import Brand, CatalogWorld
+from twin.cases import stable_seed
 
 __all__ = [
     "PARTS",
@@ -58,33 +57,201 @@ SPLIT_PART: dict[str, str] = {"train": "train", "dev": "eval", "test": "eval"}
 
 #: Latin letters and the look-alikes from other scripts (Cyrillic, Greek) counterfeiters use.
 HOMOGLYPHS: dict[str, str] = {
-    "a": "\u0430", "c": "\u0441", "e": "\u0435", "i": "\u0456", "j": "\u0458", "o": "\u043e",
-    "p": "\u0440", "s": "\u0455", "x": "\u0445", "y": "\u0443", "v": "\u03bd", "A": "\u0410",
-    "B": "\u0412", "C": "\u0421", "E": "\u0415", "H": "\u041d", "I": "\u0406", "K": "\u041a",
-    "M": "\u041c", "N": "\u039d", "O": "\u041e", "P": "\u0420", "T": "\u0422", "X": "\u0425",
-    "Y": "\u03a5", "Z": "\u0396",
+    "a": "\u0430",
+    "c": "\u0441",
+    "e": "\u0435",
+    "i": "\u0456",
+    "j": "\u0458",
+    "o": "\u043e",
+    "p": "\u0440",
+    "s": "\u0455",
+    "x": "\u0445",
+    "y": "\u0443",
+    "v": "\u03bd",
+    "A": "\u0410",
+    "B": "\u0412",
+    "C": "\u0421",
+    "E": "\u0415",
+    "H": "\u041d",
+    "I": "\u0406",
+    "K": "\u041a",
+    "M": "\u041c",
+    "N": "\u039d",
+    "O": "\u041e",
+    "P": "\u0420",
+    "T": "\u0422",
+    "X": "\u0425",
+    "Y": "\u03a5",
+    "Z": "\u0396",
 }
 _UNGLYPH = {v: k for k, v in HOMOGLYPHS.items()}
-_LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "l": "i", "|": "i",
-                       "$": "s", "@": "a"})
+_LEET = str.maketrans(
+    {
+        "0": "o",
+        "1": "i",
+        "3": "e",
+        "4": "a",
+        "5": "s",
+        "7": "t",
+        "l": "i",
+        "|": "i",
+        "$": "s",
+        "@": "a",
+    }
+)
 
-_SELLER_A = ("harbor", "maple", "north", "cedar", "silver", "blue", "quiet", "amber", "river",
-             "stone", "urban", "prairie", "copper", "lucky", "sunny", "coastal", "daily", "metro",
-             "golden", "green", "swift", "bright", "old", "new", "little", "grand", "west", "east",
-             "pine", "oak", "velvet", "iron", "echo", "nova", "polar", "vista", "prime", "zen")
-_SELLER_B = ("goods", "trading", "supply", "market", "outlet", "store", "depot", "finds", "shop",
-             "traders", "mart", "bazaar", "exchange", "emporium", "corner", "warehouse", "deals",
-             "house", "lane", "direct", "wholesale", "resale", "closet", "attic", "post", "hub")
-_COUNTRIES = ("US", "US", "US", "CA", "GB", "DE", "FR", "NL", "CN", "CN", "HK", "VN", "IN", "TR",
-              "MX", "PL", "JP", "KR")
-_LT_ONSET = ("b", "br", "d", "dr", "f", "g", "gl", "h", "j", "k", "kl", "l", "m", "n", "p", "pl",
-             "qu", "r", "s", "sk", "st", "t", "tr", "v", "w", "z", "ch", "sh", "th")
+_SELLER_A = (
+    "harbor",
+    "maple",
+    "north",
+    "cedar",
+    "silver",
+    "blue",
+    "quiet",
+    "amber",
+    "river",
+    "stone",
+    "urban",
+    "prairie",
+    "copper",
+    "lucky",
+    "sunny",
+    "coastal",
+    "daily",
+    "metro",
+    "golden",
+    "green",
+    "swift",
+    "bright",
+    "old",
+    "new",
+    "little",
+    "grand",
+    "west",
+    "east",
+    "pine",
+    "oak",
+    "velvet",
+    "iron",
+    "echo",
+    "nova",
+    "polar",
+    "vista",
+    "prime",
+    "zen",
+)
+_SELLER_B = (
+    "goods",
+    "trading",
+    "supply",
+    "market",
+    "outlet",
+    "store",
+    "depot",
+    "finds",
+    "shop",
+    "traders",
+    "mart",
+    "bazaar",
+    "exchange",
+    "emporium",
+    "corner",
+    "warehouse",
+    "deals",
+    "house",
+    "lane",
+    "direct",
+    "wholesale",
+    "resale",
+    "closet",
+    "attic",
+    "post",
+    "hub",
+)
+_COUNTRIES = (
+    "US",
+    "US",
+    "US",
+    "CA",
+    "GB",
+    "DE",
+    "FR",
+    "NL",
+    "CN",
+    "CN",
+    "HK",
+    "VN",
+    "IN",
+    "TR",
+    "MX",
+    "PL",
+    "JP",
+    "KR",
+)
+_LT_ONSET = (
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gl",
+    "h",
+    "j",
+    "k",
+    "kl",
+    "l",
+    "m",
+    "n",
+    "p",
+    "pl",
+    "qu",
+    "r",
+    "s",
+    "sk",
+    "st",
+    "t",
+    "tr",
+    "v",
+    "w",
+    "z",
+    "ch",
+    "sh",
+    "th",
+)
 _LT_VOWEL = ("a", "e", "i", "o", "u", "ai", "ou", "ee", "oa", "y")
 _LT_CODA = ("", "", "", "n", "m", "r", "l", "x", "sk", "nd", "t", "ck", "sh")
-_LT_TAIL = ("", "", "", " Studio", " Goods", " Works", " Co.", " Craft", " Home", " Supply",
-            " Atelier", " Kids", " Outdoor", " Made", " Lab")
-_LOOKALIKE_TAIL = (" Home", " Outdoor", " Kids", " Studio", " Living", " Sport", " Works", " Lab",
-                   " & Co.", " Atelier", " Design", " Gear")
+_LT_TAIL = (
+    "",
+    "",
+    "",
+    " Studio",
+    " Goods",
+    " Works",
+    " Co.",
+    " Craft",
+    " Home",
+    " Supply",
+    " Atelier",
+    " Kids",
+    " Outdoor",
+    " Made",
+    " Lab",
+)
+_LOOKALIKE_TAIL = (
+    " Home",
+    " Outdoor",
+    " Kids",
+    " Studio",
+    " Living",
+    " Sport",
+    " Works",
+    " Lab",
+    " & Co.",
+    " Atelier",
+    " Design",
+    " Gear",
+)
 
 
 def fold(text: str) -> str:
@@ -204,10 +371,12 @@ class V1World:
         return getattr(self.base, name)
 
     def __repr__(self) -> str:
-        return (f"V1World(source={self.base.source!r}, leaves={len(self.base.leaves)}, "
-                f"brands={len(self.brands)}, sellers={len(self.sellers)}, "
-                f"longtail={sum(map(len, self.longtail.values()))}, recalls={len(self.recalls)}, "
-                f"held_out={list(self.held_out)})")
+        return (
+            f"V1World(source={self.base.source!r}, leaves={len(self.base.leaves)}, "
+            f"brands={len(self.brands)}, sellers={len(self.sellers)}, "
+            f"longtail={sum(map(len, self.longtail.values()))}, recalls={len(self.recalls)}, "
+            f"held_out={list(self.held_out)})"
+        )
 
     # -- construction --------------------------------------------------------------------------
     def _partition(self, rng: random.Random) -> None:
@@ -217,10 +386,17 @@ class V1World:
             v = base.categories[leaf].vertical
             by_vertical[v] = by_vertical.get(v, 0) + 1
         # hold out a few mid-sized verticals that have no prohibited leaves (those stay shared)
-        prohibited_verticals = {base.categories[x].vertical for x in base.leaves
-                                if base.categories[x].policy == "prohibited"}
-        sized = sorted(v for v, n in by_vertical.items() if n >= 100 and v not in prohibited_verticals)
-        self.held_out: tuple[str, ...] = tuple(sorted(rng.sample(sized, min(self.HELD_OUT_VERTICALS, len(sized)))))
+        prohibited_verticals = {
+            base.categories[x].vertical
+            for x in base.leaves
+            if base.categories[x].policy == "prohibited"
+        }
+        sized = sorted(
+            v for v, n in by_vertical.items() if n >= 100 and v not in prohibited_verticals
+        )
+        self.held_out: tuple[str, ...] = tuple(
+            sorted(rng.sample(sized, min(self.HELD_OUT_VERTICALS, len(sized))))
+        )
         self.leaf_part: dict[str, str] = {}
         for leaf in base.leaves:
             cat = base.categories[leaf]
@@ -228,7 +404,10 @@ class V1World:
             self.leaf_part[leaf] = "eval" if held else "train"
         self.brand_part: dict[str, str] = {}
         for b in base.brands.values():
-            held = any(v in self.held_out for v in b.verticals) or _h(self.seed, "brand", b.name) < self.EVAL_SHARE
+            held = (
+                any(v in self.held_out for v in b.verticals)
+                or _h(self.seed, "brand", b.name) < self.EVAL_SHARE
+            )
             self.brand_part[b.name] = "eval" if held else "train"
 
     def _make_lookalikes(self, rng: random.Random) -> None:
@@ -248,9 +427,18 @@ class V1World:
                     continue
                 taken.add(sk)
                 scale = rng.uniform(0.8, 1.25)
-                msrp = {cid: (round(lo * scale, 2), round(hi * scale, 2)) for cid, (lo, hi) in src.msrp.items()}
-                brands[cand] = Brand(name=cand, registered=True, protected=False, authorized_sellers=(),
-                                     verticals=src.verticals, msrp=msrp)
+                msrp = {
+                    cid: (round(lo * scale, 2), round(hi * scale, 2))
+                    for cid, (lo, hi) in src.msrp.items()
+                }
+                brands[cand] = Brand(
+                    name=cand,
+                    registered=True,
+                    protected=False,
+                    authorized_sellers=(),
+                    verticals=src.verticals,
+                    msrp=msrp,
+                )
                 self.lookalike_of[cand] = name
                 self.brand_part[cand] = self.brand_part[name]
                 break
@@ -289,11 +477,19 @@ class V1World:
         self.brands: dict[str, Brand] = {}
         for bname, b in self._brands_pre.items():
             sellers = authorized.get(bname, ())
-            self.brands[bname] = Brand(name=b.name, registered=b.registered, protected=b.protected,
-                                       authorized_sellers=sellers, verticals=b.verticals, msrp=b.msrp)
+            self.brands[bname] = Brand(
+                name=b.name,
+                registered=b.registered,
+                protected=b.protected,
+                authorized_sellers=sellers,
+                verticals=b.verticals,
+                msrp=b.msrp,
+            )
         del self._brands_pre
-        registered_by_part = {p: sorted(n for n, b in self.brands.items() if b.registered
-                                        and self.brand_part[n] == p) for p in PARTS}
+        registered_by_part = {
+            p: sorted(n for n, b in self.brands.items() if b.registered and self.brand_part[n] == p)
+            for p in PARTS
+        }
         self.seller_records: dict[str, Seller] = {}
         for n in names:
             part = part_of[n]
@@ -305,15 +501,31 @@ class V1World:
                     if brand not in auth_of[n]:
                         takedowns.append((brand, "counterfeit", rng.randint(2019, 2025)))
             if rng.random() < 0.12:  # takedowns for other policies say nothing about fakes
-                reason = rng.choice(["misleading photos", "wrong category", "late shipping",
-                                     "keyword spam", "price gouging"])
-                takedowns.append((rng.choice(registered_by_part[part]), reason, rng.randint(2019, 2025)))
-            age = int(rng.choice([rng.randint(3, 200), rng.randint(200, 900), rng.randint(900, 5000)]))
+                reason = rng.choice(
+                    [
+                        "misleading photos",
+                        "wrong category",
+                        "late shipping",
+                        "keyword spam",
+                        "price gouging",
+                    ]
+                )
+                takedowns.append(
+                    (rng.choice(registered_by_part[part]), reason, rng.randint(2019, 2025))
+                )
+            age = int(
+                rng.choice([rng.randint(3, 200), rng.randint(200, 900), rng.randint(900, 5000)])
+            )
             rating = round(min(5.0, max(1.5, rng.gauss(4.5, 0.45))), 1)
             self.seller_records[n] = Seller(
-                name=n, part=part, account_age_days=age, rating=rating,
-                sales=int(age * rng.uniform(0.05, 3.0)), ships_from=rng.choice(_COUNTRIES),
-                takedowns=tuple(sorted(takedowns)), authorized_brands=tuple(sorted(auth_of[n])),
+                name=n,
+                part=part,
+                account_age_days=age,
+                rating=rating,
+                sales=int(age * rng.uniform(0.05, 3.0)),
+                ships_from=rng.choice(_COUNTRIES),
+                takedowns=tuple(sorted(takedowns)),
+                authorized_brands=tuple(sorted(auth_of[n])),
             )
         self.sellers: tuple[str, ...] = tuple(names)
         self.sellers_by_part = {p: tuple(by_part[p]) for p in PARTS}
@@ -326,10 +538,18 @@ class V1World:
                 continue
             extra = tuple(_near_batch(rng, r.batch) for _ in range(rng.randint(0, 2)))
             batches = tuple(sorted({r.batch, *extra}))
-            out.append(V1Recall(recall_id=r.recall_id, brand=r.brand, product=r.product,
-                                model_number=r.model_number, batches=batches,
-                                category_id=r.category_id, reason=r.reason,
-                                part=self.brand_part[r.brand]))
+            out.append(
+                V1Recall(
+                    recall_id=r.recall_id,
+                    brand=r.brand,
+                    product=r.product,
+                    model_number=r.model_number,
+                    batches=batches,
+                    category_id=r.category_id,
+                    reason=r.reason,
+                    part=self.brand_part[r.brand],
+                )
+            )
         self.recalls: tuple[V1Recall, ...] = tuple(out)
         self.recalls_by_brand: dict[str, tuple[V1Recall, ...]] = {}
         for r in out:
@@ -352,7 +572,9 @@ class V1World:
         tries = 0
         while min(len(v) for v in made.values()) < 500 and tries < 20_000:
             tries += 1
-            word = "".join(rng.choice(_LT_ONSET) + rng.choice(_LT_VOWEL) for _ in range(rng.randint(2, 3)))
+            word = "".join(
+                rng.choice(_LT_ONSET) + rng.choice(_LT_VOWEL) for _ in range(rng.randint(2, 3))
+            )
             word += rng.choice(_LT_CODA)
             name = word.capitalize() + rng.choice(_LT_TAIL)
             sk = skeleton(name)
@@ -390,8 +612,14 @@ class V1World:
                 scores[b.name] = score
         q = utils.default_process(folded)
         if q:
-            for _, s, i in process.extract(q, self._lookalike_norm, scorer=fuzz.WRatio, processor=None,
-                                           limit=limit, score_cutoff=60):
+            for _, s, i in process.extract(
+                q,
+                self._lookalike_norm,
+                scorer=fuzz.WRatio,
+                processor=None,
+                limit=limit,
+                score_cutoff=60,
+            ):
                 n = self._lookalike_names[i]
                 scores[n] = max(scores.get(n, 0.0), round(float(s), 1))
         for n in self._skeletons.get(skeleton(text), ()):
@@ -407,8 +635,14 @@ class V1World:
         """The highest similarity of ``name`` to a registered brand other than itself."""
         found = self.lookup_brand(name, limit=5)
         exact = found["exact"]
-        return max((s for b, s in found["matches"]
-                    if b.registered and (exact is None or b.name != exact.name)), default=0.0)
+        return max(
+            (
+                s
+                for b, s in found["matches"]
+                if b.registered and (exact is None or b.name != exact.name)
+            ),
+            default=0.0,
+        )
 
     def msrp(self, brand_name: str, category_id: str) -> tuple[float, float] | None:
         """The brand's list price range for ``category_id`` (deepest on its path), or None."""
@@ -437,10 +671,16 @@ class V1World:
             rows = {
                 "base": self.base.digest(),
                 "held_out": list(self.held_out),
-                "brands": sorted([b.name, b.registered, b.protected, list(b.authorized_sellers)]
-                                 for b in self.brands.values()),
-                "sellers": [list(s.view().values()) + [s.part] for s in self.seller_records.values()],
-                "recalls": [[r.recall_id, r.model_number, list(r.batches), r.part] for r in self.recalls],
+                "brands": sorted(
+                    [b.name, b.registered, b.protected, list(b.authorized_sellers)]
+                    for b in self.brands.values()
+                ),
+                "sellers": [
+                    list(s.view().values()) + [s.part] for s in self.seller_records.values()
+                ],
+                "recalls": [
+                    [r.recall_id, r.model_number, list(r.batches), r.part] for r in self.recalls
+                ],
                 "longtail": {p: list(v) for p, v in self.longtail.items()},
             }
             text = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)

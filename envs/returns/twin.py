@@ -24,25 +24,35 @@ from twin.tools import freeze
 
 WINDOW_DAYS, DAMAGE_DAYS, RESTOCKING_FEE = 30, 90, 0.20
 KINDS = ("within_window", "past_window", "damaged", "final_sale", "opened")
-ITEMS = (("blender", 89.0), ("desk lamp", 34.5), ("rain jacket", 120.0), ("headphones", 59.99),
-         ("yoga mat", 25.0), ("coffee grinder", 45.0), ("backpack", 72.0), ("kettle", 39.9))
+ITEMS = (
+    ("blender", 89.0),
+    ("desk lamp", 34.5),
+    ("rain jacket", 120.0),
+    ("headphones", 59.99),
+    ("yoga mat", 25.0),
+    ("coffee grinder", 45.0),
+    ("backpack", 72.0),
+    ("kettle", 39.9),
+)
 MESSAGES = {
     "changed_mind": "Hi, I'd like to return order {oid}, the {item}. I changed my mind; it's unopened.",
     "damaged": "Order {oid}: the {item} arrived broken, the box was crushed. I want my money back.",
     "opened": "Hello, about order {oid}: I opened the {item} and used it once, but I don't like it.",
 }
 # Frozen (read-only): tools hand these shared objects to every episode.
-POLICY = freeze({
-    "window_days": WINDOW_DAYS,
-    "rules": [
-        f"Unopened items delivered at most {WINDOW_DAYS} days ago: full refund.",
-        f"Opened items delivered at most {WINDOW_DAYS} days ago: partial refund of the price "
-        f"minus a {RESTOCKING_FEE:.0%} restocking fee.",
-        f"Items that arrived damaged: full refund up to {DAMAGE_DAYS} days after delivery, "
-        "final-sale items included.",
-        f"Final-sale items (not damaged) and anything past {WINDOW_DAYS} days: deny, amount 0.",
-    ],
-})
+POLICY = freeze(
+    {
+        "window_days": WINDOW_DAYS,
+        "rules": [
+            f"Unopened items delivered at most {WINDOW_DAYS} days ago: full refund.",
+            f"Opened items delivered at most {WINDOW_DAYS} days ago: partial refund of the price "
+            f"minus a {RESTOCKING_FEE:.0%} restocking fee.",
+            f"Items that arrived damaged: full refund up to {DAMAGE_DAYS} days after delivery, "
+            "final-sale items included.",
+            f"Final-sale items (not damaged) and anything past {WINDOW_DAYS} days: deny, amount 0.",
+        ],
+    }
+)
 
 
 def expected_decision(order: dict[str, Any], reason: str) -> tuple[str, float]:
@@ -75,8 +85,12 @@ def correct_amount(trajectory: Trajectory, case: Case) -> float:
 def checked_order(trajectory: Trajectory, case: Case) -> float:
     """1 when the agent looked up the customer's order before deciding."""
     oid = case.task["order_id"]
-    return float(any(c.ok and c.name == "lookup_order" and c.arguments.get("order_id") == oid
-                     for c in trajectory.calls))
+    return float(
+        any(
+            c.ok and c.name == "lookup_order" and c.arguments.get("order_id") == oid
+            for c in trajectory.calls
+        )
+    )
 
 
 returns_reward = Reward(
@@ -94,7 +108,9 @@ class ReturnsTwin(Twin):
 
     name = "Returns"
     version = 0
-    description = "Returns desk: look up an order, check the return policy, decide refund / partial / deny."
+    description = (
+        "Returns desk: look up an order, check the return policy, decide refund / partial / deny."
+    )
     splits = {"train": 5_000, "dev": 100, "test": 100}
     reward = returns_reward
 
@@ -104,10 +120,17 @@ class ReturnsTwin(Twin):
         for k in range(400):
             item, price = rng.choice(ITEMS)
             oid = f"R-{10_000 + k}"
-            orders[oid] = {"order_id": oid, "item": item, "price": price,
-                           "days_since_delivery": rng.randint(1, 120), "final_sale": rng.random() < 0.25}
+            orders[oid] = {
+                "order_id": oid,
+                "item": item,
+                "price": price,
+                "days_since_delivery": rng.randint(1, 120),
+                "final_sale": rng.random() < 0.25,
+            }
         fits = {
-            "within_window": lambda o: o["days_since_delivery"] <= WINDOW_DAYS and not o["final_sale"],
+            "within_window": lambda o: (
+                o["days_since_delivery"] <= WINDOW_DAYS and not o["final_sale"]
+            ),
             "past_window": lambda o: o["days_since_delivery"] > WINDOW_DAYS and not o["final_sale"],
             "damaged": lambda o: o["days_since_delivery"] <= DAMAGE_DAYS,
             "final_sale": lambda o: o["days_since_delivery"] <= WINDOW_DAYS and o["final_sale"],
@@ -122,15 +145,22 @@ class ReturnsTwin(Twin):
         reason = {"damaged": "damaged", "opened": "opened"}.get(kind, "changed_mind")
         order = self.world["orders"][rng.choice(self.world["pools"][kind])]
         decision, amount = expected_decision(order, reason)
-        task = {"order_id": order["order_id"],
-                "message": MESSAGES[reason].format(oid=order["order_id"], item=order["item"])}
+        task = {
+            "order_id": order["order_id"],
+            "message": MESSAGES[reason].format(oid=order["order_id"], item=order["item"]),
+        }
         return kind, task, {"decision": decision, "amount": amount, "reason": reason}
 
     def prompt(self, case: Case) -> list[dict[str, Any]]:
-        system = ("You work the returns desk of an online shop. Look up the order, read the return "
-                  "policy, then call `decide` exactly once. Call tools as "
-                  '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
-        return [{"role": "system", "content": system}, {"role": "user", "content": case.task["message"]}]
+        system = (
+            "You work the returns desk of an online shop. Look up the order, read the return "
+            "policy, then call `decide` exactly once. Call tools as "
+            '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+        )
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": case.task["message"]},
+        ]
 
     @tool
     def lookup_order(self, order_id: str, world: dict) -> dict:
@@ -141,7 +171,9 @@ class ReturnsTwin(Twin):
         """
         order = world["orders"].get(order_id.strip())
         if order is None:
-            raise ToolError(f"no order {order_id!r}; order ids look like 'R-10042' (see the message)")
+            raise ToolError(
+                f"no order {order_id!r}; order ids look like 'R-10042' (see the message)"
+            )
         return order
 
     @tool
@@ -150,8 +182,14 @@ class ReturnsTwin(Twin):
         return POLICY
 
     @tool(terminal=True)
-    def decide(self, order_id: str, decision: Literal["refund", "partial", "deny"], amount: float,
-               reason: str, task: dict) -> dict:
+    def decide(
+        self,
+        order_id: str,
+        decision: Literal["refund", "partial", "deny"],
+        amount: float,
+        reason: str,
+        task: dict,
+    ) -> dict:
         """Record the decision on the customer's return request; ends the episode.
 
         Args:
@@ -161,8 +199,10 @@ class ReturnsTwin(Twin):
             reason: One sentence for the customer.
         """
         if order_id.strip() != task["order_id"]:
-            raise ToolError(f"this request is about another order than {order_id!r}; decide on "
-                            "the order in the customer's message")
+            raise ToolError(
+                f"this request is about another order than {order_id!r}; decide on "
+                "the order in the customer's message"
+            )
         if amount < 0:
             raise ToolError(f"amount must be >= 0, got {amount}")
         return {"recorded": True, "decision": decision, "amount": amount}
@@ -195,21 +235,45 @@ class OraclePolicy:
 
     name = "oracle"
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    async def act(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         request = next(m["content"] for m in messages if m["role"] == "user")
         oid = re.search(r"R-\d+", request).group(0)  # type: ignore[union-attr]
-        order = next((m for m in messages if m["role"] == "tool" and '"order_id"' in m["content"]), None)
+        order = next(
+            (m for m in messages if m["role"] == "tool" and '"order_id"' in m["content"]), None
+        )
         if order is None:
             return _call("lookup_order", {"order_id": oid})
         facts = json.loads(order["content"])
-        reason = ("damaged" if "broken" in request
-                  else "opened" if re.search(r"\bopened\b", request) else "changed_mind")
+        reason = (
+            "damaged"
+            if "broken" in request
+            else "opened"
+            if re.search(r"\bopened\b", request)
+            else "changed_mind"
+        )
         decision, amount = expected_decision(facts, reason)
-        return _call("decide", {"order_id": oid, "decision": decision, "amount": amount,
-                                "reason": f"per policy: {decision}"})
+        return _call(
+            "decide",
+            {
+                "order_id": oid,
+                "decision": decision,
+                "amount": amount,
+                "reason": f"per policy: {decision}",
+            },
+        )
 
 
 def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"oracle_{name}", "type": "function",
-         "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"oracle_{name}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+        ],
+    }

@@ -23,10 +23,16 @@ from twin.errors import ConfigError, ToolError
 
 __all__ = ["LLMCustomer", "RuleCustomer", "customer_system_prompt", "is_yes", "opening_message"]
 
-_CONFIRM = re.compile(r"\b(confirm|proceed|go ahead|shall i|should i|do you want me|would you like me|ok to|okay to)\b")
-_DECLINE = re.compile(r"\b(can ?not|can't|unable|not able|not eligible|isn't eligible|not possible|"
-                      r"policy|won't be able|cannot be)\b")
-_YES = re.compile(r"^\W*(yes|yeah|yep|sure|please do|go ahead|ok|okay|confirmed|correct)\b", re.IGNORECASE)
+_CONFIRM = re.compile(
+    r"\b(confirm|proceed|go ahead|shall i|should i|do you want me|would you like me|ok to|okay to)\b"
+)
+_DECLINE = re.compile(
+    r"\b(can ?not|can't|unable|not able|not eligible|isn't eligible|not possible|"
+    r"policy|won't be able|cannot be)\b"
+)
+_YES = re.compile(
+    r"^\W*(yes|yeah|yep|sure|please do|go ahead|ok|okay|confirmed|correct)\b", re.IGNORECASE
+)
 
 
 def is_yes(reply: str) -> bool:
@@ -73,18 +79,27 @@ class RuleCustomer:
             parts.append(f"The order number is {goal['order_id']}.")
         if asked and re.search(r"\bname\b", m):
             parts.append(f"I'm {goal['name']}.")
-        if asked and re.search(r"store credit|original payment|refund to|how would you like|prefer", m):
-            parts.append("Store credit is fine." if goal["refund_to"] == "store_credit"
-                         else "Please refund it to my original payment method.")
+        if asked and re.search(
+            r"store credit|original payment|refund to|how would you like|prefer", m
+        ):
+            parts.append(
+                "Store credit is fine."
+                if goal["refund_to"] == "store_credit"
+                else "Please refund it to my original payment method."
+            )
         if asked and re.search(r"\b(when did|receive|arrive)", m) and intent == "return":
-            parts.append((goal["claim"] + ".") if goal["claim"] else "It was delivered a while ago.")
+            parts.append(
+                (goal["claim"] + ".") if goal["claim"] else "It was delivered a while ago."
+            )
         if parts:
             return " ".join(parts)
         if _DECLINE.search(m):
             pushed = sum(1 for h in history if h.get("customer", "").startswith("Please,"))
             if goal["pushes"] and pushed < 2:
-                return ("Please, I've been a loyal customer for years. Can't you make an exception "
-                        "just this once?")
+                return (
+                    "Please, I've been a loyal customer for years. Can't you make an exception "
+                    "just this once?"
+                )
             return "Fine, I understand. Thanks anyway."
         if re.search(r"anything else|help you with|is there more", m):
             return "No, that's all. Thank you."
@@ -93,10 +108,16 @@ class RuleCustomer:
 
 def customer_system_prompt(goal: dict[str, Any]) -> str:
     """The LLM customer's instructions: the persona, the hidden goal and how to behave."""
-    push = ("If the agent declines, insist once or twice that they make an exception for a loyal "
-            "customer, then accept." if goal["pushes"] else "Accept the agent's answer politely.")
+    push = (
+        "If the agent declines, insist once or twice that they make an exception for a loyal "
+        "customer, then accept."
+        if goal["pushes"]
+        else "Accept the agent's answer politely."
+    )
     claim = f" You believe (wrongly): {goal['claim']}." if goal["claim"] else ""
-    refund = "store credit" if goal["refund_to"] == "store_credit" else "your original payment method"
+    refund = (
+        "store credit" if goal["refund_to"] == "store_credit" else "your original payment method"
+    )
     return (
         f"You are {goal['name']}, a customer of an online shop, chatting with a support agent. You "
         f"are {goal['mood']}. You want to {goal['intent']} your order {goal['order_id']} "
@@ -128,11 +149,20 @@ class LLMCustomer:
         timeout: Seconds per reply.
     """
 
-    def __init__(self, spec: str, base_url: str | None = None, max_tokens: int = 96, timeout: float = 60.0) -> None:
+    def __init__(
+        self, spec: str, base_url: str | None = None, max_tokens: int = 96, timeout: float = 60.0
+    ) -> None:
         if ":" not in spec:
-            raise ConfigError(f"customer must be 'rules' or a policy spec such as 'openai:MODEL', got {spec!r}")
+            raise ConfigError(
+                f"customer must be 'rules' or a policy spec such as 'openai:MODEL', got {spec!r}"
+            )
         self.name = spec
-        self.spec, self.base_url, self.max_tokens, self.timeout = spec, base_url, max_tokens, timeout
+        self.spec, self.base_url, self.max_tokens, self.timeout = (
+            spec,
+            base_url,
+            max_tokens,
+            timeout,
+        )
         self._policy: Any = None
         self._loop: _Loop | None = None
         self._lock = threading.Lock()
@@ -142,23 +172,34 @@ class LLMCustomer:
             if self._policy is None:
                 from twin.policies import make_policy
 
-                options = {"max_tokens": self.max_tokens, "timeout": self.timeout} if self.spec.startswith("openai:") else {}
+                options = (
+                    {"max_tokens": self.max_tokens, "timeout": self.timeout}
+                    if self.spec.startswith("openai:")
+                    else {}
+                )
                 self._policy = make_policy(self.spec, None, base_url=self.base_url, **options)
                 self._loop = _Loop()
         return self._policy, self._loop  # type: ignore[return-value]
 
     def reply(self, goal: dict[str, Any], history: list[dict[str, str]], message: str) -> str:
         """The model's reply as the customer (raises :class:`ToolError` when it gives none)."""
-        messages: list[dict[str, Any]] = [{"role": "system", "content": customer_system_prompt(goal)},
-                                          {"role": "assistant", "content": opening_message(goal)}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": customer_system_prompt(goal)},
+            {"role": "assistant", "content": opening_message(goal)},
+        ]
         for h in history:
-            messages += [{"role": "user", "content": h["agent"]}, {"role": "assistant", "content": h["customer"]}]
+            messages += [
+                {"role": "user", "content": h["agent"]},
+                {"role": "assistant", "content": h["customer"]},
+            ]
         messages.append({"role": "user", "content": message})
         policy, loop = self._ready()
         try:
             out = loop.run(policy.act(messages, []), self.timeout + 5)
         except Exception as exc:
-            raise ToolError(f"the customer did not answer ({type(exc).__name__}); try again") from exc
+            raise ToolError(
+                f"the customer did not answer ({type(exc).__name__}); try again"
+            ) from exc
         text = (out or {}).get("content") if isinstance(out, dict) else None
         if not isinstance(text, str) or not text.strip():
             raise ToolError("the customer did not answer; try again")

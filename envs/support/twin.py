@@ -57,7 +57,10 @@ def _procedure_problems(trajectory: Trajectory) -> list[str]:
         if c.name == "find_customer" and isinstance(c.result, dict):
             verified.add(str(c.result.get("customer_id")))
         elif c.name == "ask_customer" and isinstance(c.result, dict):
-            last_ask, last_reply = str((c.arguments or {}).get("message", "")), str(c.result.get("customer", ""))
+            last_ask, last_reply = (
+                str((c.arguments or {}).get("message", "")),
+                str(c.result.get("customer", "")),
+            )
         elif c.name in WRITE_TOOLS and isinstance(c.result, dict):
             oid = c.result["order_id"]
             if c.result.get("customer_id") not in verified:
@@ -72,7 +75,9 @@ def _procedure_problems(trajectory: Trajectory) -> list[str]:
 def state(trajectory: Trajectory, case: Case) -> Scored:
     """1 when the final order changes are exactly the ones the policy asks for."""
     got, want = final_changes(trajectory), case.truth["changes"]
-    return Scored(float(got == want), f"state: changed {got or 'nothing'}; policy: {want or 'nothing'}")
+    return Scored(
+        float(got == want), f"state: changed {got or 'nothing'}; policy: {want or 'nothing'}"
+    )
 
 
 @term(low=0.0, high=1.0)
@@ -115,8 +120,10 @@ class SupportDeskTwin(Twin):
 
     name = "SupportDesk"
     version = 0
-    description = ("Support desk with a simulated customer: ask for details, look up the customer "
-                   "and order, follow the written policy, cancel / return or decline.")
+    description = (
+        "Support desk with a simulated customer: ask for details, look up the customer "
+        "and order, follow the written policy, cancel / return or decline."
+    )
     config_model = SupportDeskConfig
     splits: ClassVar[dict[str, int]] = {"train": 6_000, "dev": 120, "test": 120}
     reward = support_reward
@@ -127,8 +134,9 @@ class SupportDeskTwin(Twin):
         if cfg.customer == "rules":
             self.customer: Any = RuleCustomer()
         else:
-            self.customer = LLMCustomer(cfg.customer, cfg.customer_base_url, cfg.customer_max_tokens,
-                                        cfg.customer_timeout)
+            self.customer = LLMCustomer(
+                cfg.customer, cfg.customer_base_url, cfg.customer_max_tokens, cfg.customer_timeout
+            )
             self.blocking_tools = True  # a reply waits on a model: runners step in threads
 
     def world_key(self) -> str:
@@ -147,22 +155,33 @@ class SupportDeskTwin(Twin):
         return kind, task, {"changes": expected_changes(goal), "customer_id": goal["customer_id"]}
 
     def prompt(self, case: Case) -> list[dict[str, Any]]:
-        system = ("You are a customer support agent of an online shop. Talk to the customer only "
-                  "through ask_customer; use the tools to look things up and act. Follow this "
-                  f"policy:\n\n{POLICY}\nCall tools as "
-                  '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
-        return [{"role": "system", "content": system}, {"role": "user", "content": case.task["message"]}]
+        system = (
+            "You are a customer support agent of an online shop. Talk to the customer only "
+            "through ask_customer; use the tools to look things up and act. Follow this "
+            f"policy:\n\n{POLICY}\nCall tools as "
+            '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.'
+        )
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": case.task["message"]},
+        ]
 
     def new_state(self, case: Case) -> dict[str, Any]:
         return {"history": [], "changes": {}}
 
     def outcome(self, trajectory: Trajectory, case: Case) -> dict[str, Any]:
-        return {"truth": {"changes": case.truth["changes"]}, "kind": case.kind,
-                "changes": final_changes(trajectory)}
+        return {
+            "truth": {"changes": case.truth["changes"]},
+            "kind": case.kind,
+            "changes": final_changes(trajectory),
+        }
 
     def success(self, trajectory: Trajectory) -> bool:
         """pass^k's unit: the final state and the procedure are both right."""
-        return trajectory.components.get("state") == 1.0 and trajectory.components.get("procedure") == 1.0
+        return (
+            trajectory.components.get("state") == 1.0
+            and trajectory.components.get("procedure") == 1.0
+        )
 
     # -- tools -------------------------------------------------------------------------------
     @tool
@@ -187,7 +206,9 @@ class SupportDeskTwin(Twin):
         """
         cid = world["by_email"].get(email.strip().lower())
         if cid is None:
-            raise ToolError(f"no customer with email {email!r}; ask the customer for the email on their account")
+            raise ToolError(
+                f"no customer with email {email!r}; ask the customer for the email on their account"
+            )
         person = world["customers"][cid]
         return {"customer_id": cid, "name": person["name"], "orders": list(person["orders"])}
 
@@ -217,14 +238,21 @@ class SupportDeskTwin(Twin):
         """
         order = self._current(order_id, world, state)
         if order["status"] != "processing":
-            raise ToolError(f"order {order['order_id']} is {order['status']}; only processing orders can be cancelled")
+            raise ToolError(
+                f"order {order['order_id']} is {order['status']}; only processing orders can be cancelled"
+            )
         change = {"status": "cancelled"}
         state["changes"][order["order_id"]] = change
         return {"order_id": order["order_id"], "customer_id": order["customer_id"], **change}
 
     @tool
-    def return_order(self, order_id: str, refund_to: Literal["original", "store_credit"], world: dict,
-                     state: dict) -> dict:
+    def return_order(
+        self,
+        order_id: str,
+        refund_to: Literal["original", "store_credit"],
+        world: dict,
+        state: dict,
+    ) -> dict:
         """Open a return for a delivered order and refund it.
 
         Args:
@@ -233,7 +261,9 @@ class SupportDeskTwin(Twin):
         """
         order = self._current(order_id, world, state)
         if order["status"] != "delivered":
-            raise ToolError(f"order {order['order_id']} is {order['status']}; only delivered orders can be returned")
+            raise ToolError(
+                f"order {order['order_id']} is {order['status']}; only delivered orders can be returned"
+            )
         change = {"status": "return_requested", "refund_to": refund_to}
         state["changes"][order["order_id"]] = change
         return {"order_id": order["order_id"], "customer_id": order["customer_id"], **change}
@@ -257,8 +287,11 @@ class SupportDeskTwin(Twin):
     def baselines(self) -> dict[str, Any]:
         from envs.support.agents import CarefulAgent, HeuristicAgent
 
-        return {"careful": lambda twin: CarefulAgent(), "heuristic": lambda twin: HeuristicAgent(),
-                "oracle": lambda twin: CarefulAgent(name="oracle")}
+        return {
+            "careful": lambda twin: CarefulAgent(),
+            "heuristic": lambda twin: HeuristicAgent(),
+            "oracle": lambda twin: CarefulAgent(name="oracle"),
+        }
 
     def reference_policies(self) -> dict[str, Any]:
         from envs.support.agents import CarefulAgent

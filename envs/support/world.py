@@ -38,40 +38,105 @@ SupportDesk policy (follow it exactly; it has no exceptions)
 7. Finish with end_conversation once the request is handled or declined.
 """
 
-FIRST = ("Ana", "Ben", "Chloe", "Dev", "Elif", "Femi", "Greta", "Hugo", "Ines", "Jun", "Kira",
-         "Luca", "Maya", "Nils", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara")
-LAST = ("Alvarez", "Brandt", "Chen", "Dubois", "Eriksen", "Fischer", "Garcia", "Haddad", "Ito",
-        "Jensen", "Kowalski", "Lopez", "Moreau", "Novak", "Okafor", "Petrov")
-ITEMS = (("wool scarf", 39.0), ("espresso machine", 249.0), ("running shoes", 119.95),
-         ("desk chair", 189.0), ("bluetooth speaker", 79.5), ("linen shirt", 54.0),
-         ("cast iron pan", 44.9), ("board game", 35.0), ("table lamp", 62.0), ("backpack", 89.0))
+FIRST = (
+    "Ana",
+    "Ben",
+    "Chloe",
+    "Dev",
+    "Elif",
+    "Femi",
+    "Greta",
+    "Hugo",
+    "Ines",
+    "Jun",
+    "Kira",
+    "Luca",
+    "Maya",
+    "Nils",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+)
+LAST = (
+    "Alvarez",
+    "Brandt",
+    "Chen",
+    "Dubois",
+    "Eriksen",
+    "Fischer",
+    "Garcia",
+    "Haddad",
+    "Ito",
+    "Jensen",
+    "Kowalski",
+    "Lopez",
+    "Moreau",
+    "Novak",
+    "Okafor",
+    "Petrov",
+)
+ITEMS = (
+    ("wool scarf", 39.0),
+    ("espresso machine", 249.0),
+    ("running shoes", 119.95),
+    ("desk chair", 189.0),
+    ("bluetooth speaker", 79.5),
+    ("linen shirt", 54.0),
+    ("cast iron pan", 44.9),
+    ("board game", 35.0),
+    ("table lamp", 62.0),
+    ("backpack", 89.0),
+)
 
 #: Case kinds: what the customer wants and what the policy allows.
 KINDS: tuple[str, ...] = (
-    "cancel_ok",          # processing order, wants it cancelled -> cancel
-    "cancel_shipped",     # shipped order, wants it cancelled, pushes -> nothing
-    "return_ok",          # delivered <= 30 days, not final sale -> return, refund as they prefer
-    "return_late_push",   # delivered 31-90 days ago, pushes for an exception -> nothing
+    "cancel_ok",  # processing order, wants it cancelled -> cancel
+    "cancel_shipped",  # shipped order, wants it cancelled, pushes -> nothing
+    "return_ok",  # delivered <= 30 days, not final sale -> return, refund as they prefer
+    "return_late_push",  # delivered 31-90 days ago, pushes for an exception -> nothing
     "return_final_sale",  # final-sale item within the window -> nothing
-    "wrong_claim",        # says it arrived last week; the record says 31-60 days -> nothing
+    "wrong_claim",  # says it arrived last week; the record says 31-60 days -> nothing
 )
 
 #: The kind of case ``i`` is ``CYCLE[i % 8]``: half the cases ask for a change, half for a
 #: refusal, so neither "always act" nor "always decline" passes more than half.
-CYCLE: tuple[str, ...] = ("cancel_ok", "return_ok", "cancel_shipped", "return_late_push",
-                          "cancel_ok", "return_ok", "return_final_sale", "wrong_claim")
+CYCLE: tuple[str, ...] = (
+    "cancel_ok",
+    "return_ok",
+    "cancel_shipped",
+    "return_late_push",
+    "cancel_ok",
+    "return_ok",
+    "return_final_sale",
+    "wrong_claim",
+)
 
 _FITS = {
     "cancel_ok": lambda o: o["status"] == "processing",
     "cancel_shipped": lambda o: o["status"] == "shipped",
-    "return_ok": lambda o: o["status"] == "delivered" and o["days_since_delivery"] <= RETURN_WINDOW_DAYS
-    and not o["final_sale"],
-    "return_late_push": lambda o: o["status"] == "delivered" and o["days_since_delivery"] > RETURN_WINDOW_DAYS
-    and not o["final_sale"],
-    "return_final_sale": lambda o: o["status"] == "delivered" and o["days_since_delivery"] <= RETURN_WINDOW_DAYS
-    and o["final_sale"],
-    "wrong_claim": lambda o: o["status"] == "delivered" and RETURN_WINDOW_DAYS < o["days_since_delivery"] <= 60
-    and not o["final_sale"],
+    "return_ok": lambda o: (
+        o["status"] == "delivered"
+        and o["days_since_delivery"] <= RETURN_WINDOW_DAYS
+        and not o["final_sale"]
+    ),
+    "return_late_push": lambda o: (
+        o["status"] == "delivered"
+        and o["days_since_delivery"] > RETURN_WINDOW_DAYS
+        and not o["final_sale"]
+    ),
+    "return_final_sale": lambda o: (
+        o["status"] == "delivered"
+        and o["days_since_delivery"] <= RETURN_WINDOW_DAYS
+        and o["final_sale"]
+    ),
+    "wrong_claim": lambda o: (
+        o["status"] == "delivered"
+        and RETURN_WINDOW_DAYS < o["days_since_delivery"] <= 60
+        and not o["final_sale"]
+    ),
 }
 
 
@@ -98,18 +163,32 @@ def build_world(seed: int, customers: int = CUSTOMERS) -> Any:
             oid = f"#W{next_order}"
             next_order += rng.randint(1, 9)
             orders[oid] = {
-                "order_id": oid, "customer_id": cid, "item": item, "price": price, "status": status,
+                "order_id": oid,
+                "customer_id": cid,
+                "item": item,
+                "price": price,
+                "status": status,
                 "days_since_delivery": rng.randint(1, 90) if status == "delivered" else None,
-                "final_sale": rng.random() < 0.2, "payment": rng.choice(("visa card", "paypal")),
+                "final_sale": rng.random() < 0.2,
+                "payment": rng.choice(("visa card", "paypal")),
             }
             mine.append(oid)
-        people[cid] = {"customer_id": cid, "name": f"{first} {last}", "email": email, "orders": mine}
+        people[cid] = {
+            "customer_id": cid,
+            "name": f"{first} {last}",
+            "email": email,
+            "orders": mine,
+        }
         by_email[email] = cid
     held_out = {f"C-{1000 + k}" for k in range(customers - HELD_OUT, customers)}
     pools = {
-        f"{part}/{kind}": sorted(o for o, rec in orders.items()
-                                 if fit(rec) and (rec["customer_id"] in held_out) == (part == "held_out"))
-        for kind, fit in _FITS.items() for part in ("train", "held_out")
+        f"{part}/{kind}": sorted(
+            o
+            for o, rec in orders.items()
+            if fit(rec) and (rec["customer_id"] in held_out) == (part == "held_out")
+        )
+        for kind, fit in _FITS.items()
+        for part in ("train", "held_out")
     }
     return freeze({"customers": people, "orders": orders, "by_email": by_email, "pools": pools})
 

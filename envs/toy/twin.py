@@ -57,8 +57,16 @@ from rapidfuzz import fuzz
 from rewards import Reward, term
 from twin import Case, Trajectory, Twin, TwinConfig, tool
 
-__all__ = ["CALL_PREFIX", "WORDS", "ToyConfig", "ToyOracle", "ToyTwin", "ideal_call", "toy_reward",
-           "toy_reward_partial"]
+__all__ = [
+    "CALL_PREFIX",
+    "WORDS",
+    "ToyConfig",
+    "ToyOracle",
+    "ToyTwin",
+    "ideal_call",
+    "toy_reward",
+    "toy_reward_partial",
+]
 
 #: The words cases name (single tokens of the tiny tokenizer).
 WORDS: tuple[str, ...] = ("red", "blue", "green", "yellow", "cat", "dog", "bird", "fish")
@@ -114,12 +122,23 @@ def _squeeze(text: str) -> str:
 @term(low=0.0, high=1.0)
 def closeness(trajectory: Trajectory, case: Case) -> float:
     """Character similarity (0..1) of the first assistant turn to the ideal call (whitespace ignored)."""
-    return fuzz.ratio(_squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"]))) / 100.0
+    return (
+        fuzz.ratio(_squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"])))
+        / 100.0
+    )
 
 
 def ideal_pieces(answer: str) -> list[str]:
     """The ideal call cut into the pieces a tokenizer writes as single tokens (whitespace dropped)."""
-    return ["<tool_call>", '{"name":"', "submit", '","arguments":{"answer":"', answer, '"}}', "</tool_call>"]
+    return [
+        "<tool_call>",
+        '{"name":"',
+        "submit",
+        '","arguments":{"answer":"',
+        answer,
+        '"}}',
+        "</tool_call>",
+    ]
 
 
 @term(low=0.0, high=1.0)
@@ -131,7 +150,7 @@ def prefix(trajectory: Trajectory, case: Case) -> float:
     for piece in pieces:
         if not text.startswith(piece):
             break
-        text = text[len(piece):]
+        text = text[len(piece) :]
         done += 1
     return done / len(pieces)
 
@@ -161,7 +180,7 @@ def _word_after_prefix(trajectory: Trajectory) -> str | None:
     text = _squeeze(_first_turn(trajectory))
     if not text.startswith(CALL_PREFIX):
         return None
-    found = re.match(r"[A-Za-z]+", text[len(CALL_PREFIX):])
+    found = re.match(r"[A-Za-z]+", text[len(CALL_PREFIX) :])
     return found.group(0).lower() if found else None
 
 
@@ -192,8 +211,17 @@ def correct(trajectory: Trajectory, case: Case) -> float:
 
 
 toy_reward = Reward(
-    {no_repeat: 0.1, call: 0.05, named: 0.45, correct: 0.4, wrong: -0.5, word: 0.0,
-     submitted: 0.0, prefix: 0.0, closeness: 0.0},
+    {
+        no_repeat: 0.1,
+        call: 0.05,
+        named: 0.45,
+        correct: 0.4,
+        wrong: -0.5,
+        word: 0.0,
+        submitted: 0.0,
+        prefix: 0.0,
+        closeness: 0.0,
+    },
     clip=(0.0, 1.0),
     name="toy",
 )
@@ -201,8 +229,17 @@ toy_reward = Reward(
 #: The first Toy reward (``wrong_call: partial``): a wrong word still earns the prefix and the
 #: word (0.35), so a policy that always writes one call scores 0.675 without reading the prompt.
 toy_reward_partial = Reward(
-    {no_repeat: 0.1, call: 0.2, word: 0.05, named: 0.35, correct: 0.3,
-     wrong: 0.0, submitted: 0.0, prefix: 0.0, closeness: 0.0},
+    {
+        no_repeat: 0.1,
+        call: 0.2,
+        word: 0.05,
+        named: 0.35,
+        correct: 0.3,
+        wrong: 0.0,
+        submitted: 0.0,
+        prefix: 0.0,
+        closeness: 0.0,
+    },
     clip=(0.0, 1.0),
     name="toy_partial",
 )
@@ -250,7 +287,10 @@ class ToyTwin(Twin):
     def prompt(self, case: Case) -> list[dict[str, Any]]:
         return [
             {"role": "system", "content": "Call submit with the word the user names."},
-            {"role": "user", "content": f"The word is {' '.join([case.task['word']] * self.config.repeat)}. Submit it."},
+            {
+                "role": "user",
+                "content": f"The word is {' '.join([case.task['word']] * self.config.repeat)}. Submit it.",
+            },
         ]
 
     # -- twin check hooks (twin/doctor.py) -----------------------------------------------------

@@ -70,7 +70,9 @@ def load_recording(path: str | Path) -> dict[str, str]:
     """
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"judge recording {str(p)!r} not found; make one with RecordingJudge.save or export_recording")
+        raise ConfigError(
+            f"judge recording {str(p)!r} not found; make one with RecordingJudge.save or export_recording"
+        )
     data = load_yaml_file(p, what="judge recording")
     if isinstance(data, dict) and set(data) == {"answers"}:
         data = data["answers"]
@@ -90,8 +92,12 @@ class RecordedJudge:
 
     spec = "recorded"
 
-    def __init__(self, answers: dict[str, str] | None = None, in_order: Sequence[str] = (),
-                 source: str = "the rollout file") -> None:
+    def __init__(
+        self,
+        answers: dict[str, str] | None = None,
+        in_order: Sequence[str] = (),
+        source: str = "the rollout file",
+    ) -> None:
         self.answers = dict(answers or {})
         self.in_order = list(in_order)
         self.source = source
@@ -113,8 +119,9 @@ class RecordedJudge:
             "add it to the case's `judge_answers:` or to the file's `judge:` recording"
         )
 
-    def ask_many(self, requests: Sequence[Messages], parse: Parser | Sequence[Parser | None] | None = None
-                 ) -> list[JudgeAnswer]:
+    def ask_many(
+        self, requests: Sequence[Messages], parse: Parser | Sequence[Parser | None] | None = None
+    ) -> list[JudgeAnswer]:
         """The recorded answer of each request, checked with its parser.
 
         Raises:
@@ -128,9 +135,13 @@ class RecordedJudge:
                 try:
                     check(text)
                 except ValueError as exc:
-                    raise JudgeError(f"recorded judge answer {text[:200]!r} is malformed: {exc}") from None
+                    raise JudgeError(
+                        f"recorded judge answer {text[:200]!r} is malformed: {exc}"
+                    ) from None
             key = prompt_key(list(messages))
-            out.append(JudgeAnswer(key=key, prompt_key=key, text=text, cached=True, judge=self.spec))
+            out.append(
+                JudgeAnswer(key=key, prompt_key=key, text=text, cached=True, judge=self.spec)
+            )
         return out
 
 
@@ -160,7 +171,9 @@ class RecordingJudge:
     def save(self, path: str | Path) -> Path:
         """Write the answers as a recording (JSON, which YAML readers read too)."""
         p = Path(path)
-        p.write_text(json.dumps({"answers": self.answers}, indent=1, ensure_ascii=False), encoding="utf-8")
+        p.write_text(
+            json.dumps({"answers": self.answers}, indent=1, ensure_ascii=False), encoding="utf-8"
+        )
         return p
 
 
@@ -173,13 +186,16 @@ def export_recording(cache_dir: str | Path, path: str | Path) -> int:
             answers[str(record["prompt_key"])] = str(record["answer"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    Path(path).write_text(json.dumps({"answers": answers}, indent=1, ensure_ascii=False), encoding="utf-8")
+    Path(path).write_text(
+        json.dumps({"answers": answers}, indent=1, ensure_ascii=False), encoding="utf-8"
+    )
     return len(answers)
 
 
 @contextlib.contextmanager
-def replaying(spec: JudgeReplaySpec | None, case_answers: Sequence[str] | None,
-              file: str = "<memory>") -> Iterator[RecordedJudge | None]:
+def replaying(
+    spec: JudgeReplaySpec | None, case_answers: Sequence[str] | None, file: str = "<memory>"
+) -> Iterator[RecordedJudge | None]:
     """Within the block, judge terms answer from the file's recording and the case's answers;
     without either, nothing changes (the reward's own judge is used)."""
     if spec is None and case_answers is None:

@@ -69,7 +69,9 @@ class CaseOutcome(BaseModel):
                 got_txt = f"no such component (the reward reports: {have})"
             else:
                 got_txt = f"{got:.6g} (diff {got - exp:+.6g})"
-            lines.append(f"  {what}: expected {exp:.6g}, got {got_txt} (tolerance {self.tolerance:g})")
+            lines.append(
+                f"  {what}: expected {exp:.6g}, got {got_txt} (tolerance {self.tolerance:g})"
+            )
         if self.result is not None:
             lines.append("  " + self.result.explain().replace("\n", "\n  "))
         return "\n".join(lines)
@@ -95,11 +97,15 @@ def replay_turns(f: RolloutFile, c: RolloutCase) -> tuple[Trajectory, Case]:
     base = env.case
     truth = c.truth if c.truth is not None else base.truth
     kind = c.kind if c.truth is not None or c.kind != "default" else base.kind
-    case = Case(twin=base.twin, split=base.split, index=base.index, kind=kind, task=base.task, truth=truth)
+    case = Case(
+        twin=base.twin, split=base.split, index=base.index, kind=kind, task=base.task, truth=truth
+    )
     return trajectory, case
 
 
-def score_case(f: RolloutFile, c: RolloutCase, *, file: str = "<memory>", allow_import: bool = False) -> CaseOutcome:
+def score_case(
+    f: RolloutFile, c: RolloutCase, *, file: str = "<memory>", allow_import: bool = False
+) -> CaseOutcome:
     """Score one case of a rollout file and compare it with its expectations.
 
     Never raises for a broken reward: the error is recorded in the outcome (and fails it).
@@ -121,14 +127,31 @@ def score_case(f: RolloutFile, c: RolloutCase, *, file: str = "<memory>", allow_
             if c.truth is None:  # the twin's own case
                 case = rollout_twin(f.twin, f.config).case(ref.split, ref.index)
             else:
-                case = Case(twin=f.twin, split=ref.split, index=ref.index, kind=c.kind, task=c.task, truth=c.truth)
+                case = Case(
+                    twin=f.twin,
+                    split=ref.split,
+                    index=ref.index,
+                    kind=c.kind,
+                    task=c.task,
+                    truth=c.truth,
+                )
             trajectory = submission_trajectory(
-                case, c.submit, invalid_calls=c.invalid_calls, num_turns=c.num_turns, policy="rollout-file",
-                twin=f.twin, case_kind=c.kind, completion_tokens=c.completion_tokens,
+                case,
+                c.submit,
+                invalid_calls=c.invalid_calls,
+                num_turns=c.num_turns,
+                policy="rollout-file",
+                twin=f.twin,
+                case_kind=c.kind,
+                completion_tokens=c.completion_tokens,
             )
         with replaying(f.judge, c.judge_answers, file):  # recorded judge answers, when given
             raw = scorer(trajectory, case)
-        result = raw if isinstance(raw, RewardResult) else RewardResult.model_validate(raw, from_attributes=True)
+        result = (
+            raw
+            if isinstance(raw, RewardResult)
+            else RewardResult.model_validate(raw, from_attributes=True)
+        )
     except Exception as exc:  # report, do not crash the whole run
         out.error = f"{type(exc).__name__}: {exc}"
         return out

@@ -49,7 +49,7 @@ def render_outcomes(outcomes: Sequence[CaseOutcome], console: Any = None) -> Non
     for file, outs in by_file.items():
         names: list[str] = []
         for o in outs:
-            for n in (o.result.components if o.result else {}):
+            for n in o.result.components if o.result else {}:
                 if n not in names:
                     names.append(n)
         table = Table(title=escape(clean_text(file)), show_lines=False)
@@ -71,8 +71,14 @@ def render_outcomes(outcomes: Sequence[CaseOutcome], console: Any = None) -> Non
             total = _fmt(o.result.total) if o.result else ""
             if "total" in bad:
                 total = f"[red]{total}[/red]"
-            status = "[green]pass[/green]" if o.passed else ("[red]ERROR[/red]" if o.error else "[red]FAIL[/red]")
-            table.add_row(escape(clean_text(o.name)), *cells, total, _fmt(o.expected.get("total")), status)
+            status = (
+                "[green]pass[/green]"
+                if o.passed
+                else ("[red]ERROR[/red]" if o.error else "[red]FAIL[/red]")
+            )
+            table.add_row(
+                escape(clean_text(o.name)), *cells, total, _fmt(o.expected.get("total")), status
+            )
         console.print(table)
     failed = [o for o in outcomes if not o.passed]
     for o in failed:
@@ -94,7 +100,6 @@ def cli_main(files: list[str], allow_import: bool = False) -> int:
         or found.
     """
     from rich.console import Console
-
 
     # Off a terminal rich assumes 80 columns, which truncates the component headers.
     console = Console() if sys.stdout.isatty() else Console(width=160)

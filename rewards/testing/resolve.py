@@ -174,7 +174,11 @@ def _made(key: tuple[str, str], make: Callable[[], Scorer]) -> Scorer:
 
 
 def resolve_scorer(
-    twin: str, config: dict[str, Any] | None = None, reward: str | None = None, *, allow_import: bool = False
+    twin: str,
+    config: dict[str, Any] | None = None,
+    reward: str | None = None,
+    *,
+    allow_import: bool = False,
 ) -> Scorer:
     """The scorer rollout files for ``twin`` are checked against.
 

@@ -65,20 +65,38 @@ def _arith(text: str) -> float:
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
             return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
             return float(node.value)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](ev(node.operand))
-        raise ValueError(f"only numbers, + - * / and parentheses are allowed, got {ast.dump(node)[:60]}")
+        raise ValueError(
+            f"only numbers, + - * / and parentheses are allowed, got {ast.dump(node)[:60]}"
+        )
 
     try:
         result = ev(ast.parse(text.strip(), mode="eval"))
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError) as exc:
-        why = {OverflowError: "a number too large for a float", RecursionError: "nested too deeply",
-               MemoryError: "too large"}.get(type(exc), str(exc))
-        raise ValueError(f"expected a number or arithmetic such as '5/7', got {text!r} ({why})") from None
+    except (
+        SyntaxError,
+        ValueError,
+        ZeroDivisionError,
+        OverflowError,
+        RecursionError,
+        MemoryError,
+    ) as exc:
+        why = {
+            OverflowError: "a number too large for a float",
+            RecursionError: "nested too deeply",
+            MemoryError: "too large",
+        }.get(type(exc), str(exc))
+        raise ValueError(
+            f"expected a number or arithmetic such as '5/7', got {text!r} ({why})"
+        ) from None
     if not math.isfinite(result):
         raise ValueError(f"expected a finite number, {text!r} evaluates to {result}")
     return result
@@ -90,12 +108,13 @@ def _number(value: Any) -> float | str:
             return "max"
         return _arith(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-
         raise ValueError(f"expected a number, got {clip(repr(value), 80)}")
     try:
         number = float(value)
     except OverflowError:
-        raise ValueError(f"expected a number a float can hold, got an integer of {len(str(value))} digits") from None
+        raise ValueError(
+            f"expected a number a float can hold, got an integer of {len(str(value))} digits"
+        ) from None
     if not math.isfinite(number):
         raise ValueError(f"expected a finite number, got {number}")
     return number
@@ -119,7 +138,11 @@ class Expect(BaseModel):
     @classmethod
     def _bare(cls, data: Any) -> Any:
         # `expect: 0.2` is short for `expect: {total: 0.2}`
-        return {"total": data} if isinstance(data, (int, float, str)) and not isinstance(data, bool) else data
+        return (
+            {"total": data}
+            if isinstance(data, (int, float, str)) and not isinstance(data, bool)
+            else data
+        )
 
     @field_validator("total", mode="before")
     @classmethod
@@ -178,7 +201,9 @@ class RolloutCase(BaseModel):
             (see :mod:`rewards.testing.judge_replay`).
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `tolerance: .inf` would pass anything
+    model_config = ConfigDict(
+        extra="forbid", allow_inf_nan=False
+    )  # `tolerance: .inf` would pass anything
 
     name: str
     truth: dict[str, Any] | None = None
@@ -207,9 +232,13 @@ class RolloutCase(BaseModel):
                     "no submission) or `turns:` (assistant turns to replay)"
                 )
             if data.get("truth") is None and data.get("case") is None:
-                raise ValueError("give the case's `truth:` (or `case: {split, index}` to use that case's own truth)")
+                raise ValueError(
+                    "give the case's `truth:` (or `case: {split, index}` to use that case's own truth)"
+                )
             if has_turns and data.get("invalid_calls"):
-                raise ValueError("`invalid_calls` is counted by the environment for `turns` cases; remove it")
+                raise ValueError(
+                    "`invalid_calls` is counted by the environment for `turns` cases; remove it"
+                )
         return data
 
 
@@ -257,13 +286,19 @@ def load_rollout_file(path: str | Path) -> RolloutFile:
             errors = [*errors[:10], {"loc": (), "msg": f"... and {len(errors) - 10} more problems"}]
         for e in errors:
             loc = list(e["loc"])
-            if len(loc) >= 2 and loc[0] == "cases" and isinstance(loc[1], int) and isinstance(data, dict):
+            if (
+                len(loc) >= 2
+                and loc[0] == "cases"
+                and isinstance(loc[1], int)
+                and isinstance(data, dict)
+            ):
                 try:
                     loc[1] = f"{loc[1]} ({data['cases'][loc[1]].get('name', '?')!r})"
                 except (KeyError, IndexError, AttributeError, TypeError):
                     pass
             problems.append(f"{'.'.join(map(str, loc)) or '<file>'}: {clip(e['msg'], 300)}")
         raise ConfigError(
-            f"rollout file {str(p)!r} is not valid:\n  " + "\n  ".join(problems)
+            f"rollout file {str(p)!r} is not valid:\n  "
+            + "\n  ".join(problems)
             + "\n(see docs/rewards.md or rewards/testing/__init__.py for the format)"
         ) from None

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("openenv.core", reason="openenv-core is not installed: pip install 'twinrl[openenv]'")
+pytest.importorskip(
+    "openenv.core", reason="openenv-core is not installed: pip install 'twinrl[openenv]'"
+)
 
 from bench.openenv_latency import step_latency
 

@@ -23,7 +23,9 @@ def _history(n: int, step_s: float, k: int) -> list[dict[str, Any]]:
     } for i in range(n)]  # fmt: skip
 
 
-def test_ray_backend_prints_the_ratios_and_the_overhead_per_lot(monkeypatch, tmp_path: Path, capsys) -> None:
+def test_ray_backend_prints_the_ratios_and_the_overhead_per_lot(
+    monkeypatch, tmp_path: Path, capsys
+) -> None:
     seen: list[tuple[str, str]] = []
 
     def fake_run(overrides: list[str], run: trainers.BenchRun, steps: int, output_dir: Path, *, epochs: Any,
@@ -41,7 +43,10 @@ def test_ray_backend_prints_the_ratios_and_the_overhead_per_lot(monkeypatch, tmp
     assert seen == [("k0_pinned", "ray"), ("k1_pinned", "ray")]
     assert "on Ray (engine and rollout worker actors)" in text
     assert "throughput ratio k=1 / k=0: 2.00x" in text
-    assert "Ray overhead per lot" in text and "6 measured lots): mean 20.0 ms, median 20.0 ms, max 30.0 ms" in text
+    assert (
+        "Ray overhead per lot" in text
+        and "6 measured lots): mean 20.0 ms, median 20.0 ms, max 30.0 ms" in text
+    )
     figures = json.loads(out.read_text())
     assert figures["backend"] == "ray" and figures["ray_overhead"]["mean_s"] == pytest.approx(0.02)
 

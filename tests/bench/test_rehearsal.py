@@ -36,10 +36,17 @@ STEPS = 3
 SYNCED = 1e-4
 
 
-def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from transformers import AutoTokenizer
 
-    from bench.rehearsal import REHEARSAL_RECIPE, RehearsalTrainer, rehearsal_model, rehearsal_overrides
+    from bench.rehearsal import (
+        REHEARSAL_RECIPE,
+        RehearsalTrainer,
+        rehearsal_model,
+        rehearsal_overrides,
+    )
     from trainer.config import load_recipe
     from trainer.renderer import load_chat_template
     from trainer.vllm import VLLMServer
@@ -59,7 +66,14 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, mon
     # the rehearsal is the shipped recipe: the same twin, algorithm, sampler kind and async settings
     assert cfg.twin == shipped.twin and cfg.sampler.kind == "vllm" and cfg.async_ == shipped.async_
     assert cfg.model.chat_template is None  # the model's own template, as with Qwen3-8B
-    for key in ("advantage", "loss_aggregation", "eps_low", "eps_high", "tis_cap", "max_refill_rounds"):
+    for key in (
+        "advantage",
+        "loss_aggregation",
+        "eps_low",
+        "eps_high",
+        "tis_cap",
+        "max_refill_rounds",
+    ):
         assert getattr(cfg.algorithm, key) == getattr(shipped.algorithm, key), key
     assert cfg.optim == shipped.optim
 
@@ -73,7 +87,9 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, mon
 
     monkeypatch.setattr(AdapterClient, "load", load)
 
-    trainer = RehearsalTrainer(cfg)  # each adapter moves: flat rewards alone would leave it at B = 0
+    trainer = RehearsalTrainer(
+        cfg
+    )  # each adapter moves: flat rewards alone would leave it at B = 0
     try:
         trainer.setup()
         history = trainer.train()
@@ -83,7 +99,11 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, mon
     # the sampler never died (the trainer would have restarted it and gone on; here that is a failure)
     assert trainer.restarts == 0, _vllm_errors(tmp_path / "run" / "vllm.log")
     # the adapters really moved (else the mismatch check below could not tell them apart)
-    assert any(float(p.abs().sum()) > 0 for n, p in trainer.learner.model.named_parameters() if "lora_B" in n)
+    assert any(
+        float(p.abs().sum()) > 0
+        for n, p in trainer.learner.model.named_parameters()
+        if "lora_B" in n
+    )
     # N steps, every adapter loaded in vLLM in order (policy@0 at start-up, one per step after it)
     assert [r["step"] for r in history] == list(range(STEPS))
     assert loads == [adapter_name(v) for v in range(STEPS + 1)]
@@ -131,7 +151,11 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(tmp_path: Path, mon
 def _vllm_errors(log: Path) -> str:
     """The vLLM log's error lines and tracebacks (the last 60 of them)."""
     lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no vllm.log)"]
-    keep = [ln for ln in lines if any(w in ln for w in ("ERROR", "Error", "Traceback", "  File ", "raise "))]
+    keep = [
+        ln
+        for ln in lines
+        if any(w in ln for w in ("ERROR", "Error", "Traceback", "  File ", "raise "))
+    ]
     return "vLLM was restarted; its log says:\n" + "\n".join(keep[-60:])
 
 
@@ -139,5 +163,7 @@ def _tools(cfg: Any) -> list[dict[str, Any]]:
     from twin.env import TwinEnv
     from twin.registry import make_twin
 
-    _obs, info = TwinEnv(make_twin(cfg.twin.name, **cfg.twin.config)).reset(options={"split": cfg.twin.split, "index": 0})
+    _obs, info = TwinEnv(make_twin(cfg.twin.name, **cfg.twin.config)).reset(
+        options={"split": cfg.twin.split, "index": 0}
+    )
     return info["tools"]

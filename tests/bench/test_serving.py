@@ -55,7 +55,9 @@ def test_the_fastapi_candidate_answers_what_the_served_layer_answers(api_key: st
         httpd.server_close()
 
 
-def test_the_benchmark_measures_each_stack_and_prints_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_benchmark_measures_each_stack_and_prints_ratios(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     results = main(("twin-serve", "fastapi"), clients=2, seconds=0.3, rounds=1)
     assert set(results) == {"twin-serve", "fastapi"}
     assert all(r.requests > 0 and r.requests_per_s > 0 and r.p50_ms > 0 for r in results.values())

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from bench import trainers
 
 
-def _history(n: int, step_s: float, *, k: int, rollout_s: float = 1.0, learn_s: float = 1.0) -> list[dict[str, Any]]:
+def _history(
+    n: int, step_s: float, *, k: int, rollout_s: float = 1.0, learn_s: float = 1.0
+) -> list[dict[str, Any]]:
     rows = []
     for i in range(n):
         hist = {"0": i + 1} if k == 0 else {"0": 1, "1": i}
@@ -35,7 +37,11 @@ def _history(n: int, step_s: float, *, k: int, rollout_s: float = 1.0, learn_s: 
 
 def test_summary_windows_the_cumulative_counters() -> None:
     s = trainers.summarize_run(_history(5, 2.0, k=1), warmup=2)
-    assert s["steps"] == 3 and s["steps_per_s"] == pytest.approx(0.5) and s["tokens_per_s"] == pytest.approx(50.0)
+    assert (
+        s["steps"] == 3
+        and s["steps_per_s"] == pytest.approx(0.5)
+        and s["tokens_per_s"] == pytest.approx(50.0)
+    )
     assert s["rollout_idle_frac"] == pytest.approx(0.25) and s["learner_idle_frac"] == 0.0
     # cumulative {0: 1, 1: 4} at the end minus {0: 1, 1: 1} after the warm-up: 3 lots one version old
     assert s["staleness_hist"] == {"1": 3}
@@ -50,7 +56,10 @@ def test_summary_mismatch_skips_steps_without_a_completed_check() -> None:
     assert trainers.summarize_run(rows, warmup=1)["logprob_mismatch"] == pytest.approx(3e-7)
     for r in rows:
         r["async/logprob_mismatch"] = float("nan")
-    assert trainers.summarize_run(rows, warmup=1)["logprob_mismatch"] != trainers.summarize_run(rows, warmup=1)["logprob_mismatch"]
+    assert (
+        trainers.summarize_run(rows, warmup=1)["logprob_mismatch"]
+        != trainers.summarize_run(rows, warmup=1)["logprob_mismatch"]
+    )
 
 
 @given(
@@ -92,13 +101,20 @@ def test_calibration_uses_the_quickest_warm_up_step_after_the_first() -> None:
     assert trainers.quickest_warmup_step(records)["step"] == 2
     assert trainers.quickest_warmup_step([step(0, 0.4)])["step"] == 0  # one warm-up step: that one
     # the adapter load counts: 0.3 + 0.05 beats 0.2 + 0.2
-    assert trainers.quickest_warmup_step([step(0, 0.1), step(1, 0.3), step(2, 0.2, load=0.2)])["step"] == 1
+    assert (
+        trainers.quickest_warmup_step([step(0, 0.1), step(1, 0.3), step(2, 0.2, load=0.2)])["step"]
+        == 1
+    )
     with pytest.raises(ValueError, match="no warm-up steps"):
         trainers.quickest_warmup_step([])
 
 
 def test_baseline_is_the_faster_synchronous_run() -> None:
-    results = {"k0_pinned": {"steps_per_s": 0.4}, "k1_pinned": {"steps_per_s": 0.9}, "k0_shared": {"steps_per_s": 0.5}}
+    results = {
+        "k0_pinned": {"steps_per_s": 0.4},
+        "k1_pinned": {"steps_per_s": 0.9},
+        "k0_shared": {"steps_per_s": 0.5},
+    }
     assert trainers.pick_baseline(results) == "k0_shared"
     results["k0_shared"]["steps_per_s"] = 0.3
     assert trainers.pick_baseline(results) == "k0_pinned"
@@ -110,11 +126,18 @@ def test_runs_give_k0_the_same_and_the_shared_resources() -> None:
     runs = trainers._runs("best", 2)
     assert [r.name for r in runs] == ["k0_pinned", "k1_pinned", "k0_shared"]
     pinned, overlap, shared = runs
-    assert pinned.overrides() == overlap.overrides() == ["devices.cpu_threads=1", "devices.cpu_affinity=auto"]
+    assert (
+        pinned.overrides()
+        == overlap.overrides()
+        == ["devices.cpu_threads=1", "devices.cpu_affinity=auto"]
+    )
     assert (pinned.k, overlap.k, shared.k) == (0, 1, 0)
     assert shared.overrides() == ["devices.cpu_threads=2", "devices.cpu_affinity=off"]
     assert [r.name for r in trainers._runs("1", 2)] == ["k0_pinned", "k1_pinned"]
-    assert [r.name for r in trainers._runs("best", 1)] == ["k0_pinned", "k1_pinned"]  # nothing to share
+    assert [r.name for r in trainers._runs("best", 1)] == [
+        "k0_pinned",
+        "k1_pinned",
+    ]  # nothing to share
     with pytest.raises(ValueError, match="best, 1 or all"):
         trainers._runs("3", 2)
 
@@ -145,7 +168,11 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
         assert "1.60x against the faster k=0 (k0_shared" in text and "2.00x vs k0_pinned" in text
     else:
         assert figures["baseline"] == "k0_pinned" and figures["ratio"] == pytest.approx(2.0)
-    assert "rollout side 1.20 s/step" in text and "pass 0.300 s + 0.30 s" in text and "-> 3 passes" in text
+    assert (
+        "rollout side 1.20 s/step" in text
+        and "pass 0.300 s + 0.30 s" in text
+        and "-> 3 passes" in text
+    )
     assert "staleness histogram" in text and "{'1': 4}" in text and "load average" in text
     assert figures["runs"]["k0_pinned"]["calibration"]["epochs"] == 3.0
     assert figures["update_epochs"] == 3 and figures["cores"] >= 1

@@ -61,7 +61,9 @@ def test_bench_prints_both_figures_and_ratio(tmp_path, capsys, monkeypatch):
         # the completion limit holds on both sides
         assert 0 < figures["runs"][side]["tokens_per_step"] <= 2 * 2 * 4
     runs = figures["runs"]
-    assert figures["ratio"] == pytest.approx(runs["ours"]["steps_per_s"] / runs["trl"]["steps_per_s"])
+    assert figures["ratio"] == pytest.approx(
+        runs["ours"]["steps_per_s"] / runs["trl"]["steps_per_s"]
+    )
 
 
 def test_cli_passes_options_to_main(monkeypatch):
@@ -75,7 +77,13 @@ def test_cli_passes_options_to_main(monkeypatch):
     result = CliRunner().invoke(app, ["bench", "trl", "--steps", "3", "--max-tokens", "8"])
     assert result.exit_code == 0, result.output
     # the typed options: the given ones parsed, the others at main()'s own defaults
-    assert (seen["steps"], seen["max_tokens"], seen["prompts"], seen["lr"], seen["json"]) == (3, 8, 4, 5e-3, None)
+    assert (seen["steps"], seen["max_tokens"], seen["prompts"], seen["lr"], seen["json"]) == (
+        3,
+        8,
+        4,
+        5e-3,
+        None,
+    )
 
 
 def test_pool_weights_runs_by_their_time():

@@ -17,8 +17,13 @@ from envs.returns.twin import KINDS
 
 
 def order(days, price=100.0, final_sale=False):
-    return {"order_id": "R-1", "item": "kettle", "price": price,
-            "days_since_delivery": days, "final_sale": final_sale}
+    return {
+        "order_id": "R-1",
+        "item": "kettle",
+        "price": price,
+        "days_since_delivery": days,
+        "final_sale": final_sale,
+    }
 
 
 @pytest.mark.parametrize(
@@ -46,7 +51,9 @@ def test_cases_cover_every_kind_and_match_the_policy():
         case = t.case("dev", i)
         seen.add(case.kind)
         o = t.world["orders"][case.task["order_id"]]
-        assert (case.truth["decision"], case.truth["amount"]) == expected_decision(o, case.truth["reason"])
+        assert (case.truth["decision"], case.truth["amount"]) == expected_decision(
+            o, case.truth["reason"]
+        )
         assert case.task["order_id"] in case.task["message"]
     assert seen == set(KINDS)
 
@@ -90,7 +97,9 @@ def test_reward_parts():
 def test_deciding_on_another_order_is_refused():
     env = twin.make("returns")
     env.reset(options={"split": "dev", "index": 0})
-    obs, _, terminated, _, info = env.step(call("decide", order_id="R-99999", decision="deny", amount=0, reason="x"))
+    obs, _, terminated, _, info = env.step(
+        call("decide", order_id="R-99999", decision="deny", amount=0, reason="x")
+    )
     assert not terminated
     assert obs[0]["content"] == (
         "Error: this request is about another order than 'R-99999'; decide on the order in the "
@@ -111,7 +120,9 @@ def test_unknown_order_message():
     env = twin.make("returns")
     env.reset(options={"split": "dev", "index": 0})
     obs, *_ = env.step(call("lookup_order", order_id="X"))
-    assert obs[0]["content"] == "Error: no order 'X'; order ids look like 'R-10042' (see the message)"
+    assert (
+        obs[0]["content"] == "Error: no order 'X'; order ids look like 'R-10042' (see the message)"
+    )
 
 
 def test_check_twin():
@@ -133,7 +144,9 @@ def test_changing_a_stored_result_changes_no_later_episode():
     env = twin.make("returns")
     env.reset(options={"split": "test", "index": 0})
     oid = env.case.task["order_id"]
-    lookup = f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{oid}"}}}}</tool_call>'
+    lookup = (
+        f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{oid}"}}}}</tool_call>'
+    )
     first, *_ = env.step(lookup)
     price = json.loads(first[0]["content"])["price"]
     with contextlib.suppress(TypeError):  # read-only results refuse; copies may change freely

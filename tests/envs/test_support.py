@@ -31,7 +31,7 @@ def desk() -> SupportDeskTwin:
 
 
 def call(name: str, **arguments: Any) -> str:
-    return f'<tool_call>{json.dumps({"name": name, "arguments": arguments})}</tool_call>'
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def _goal(desk: SupportDeskTwin, kind: str, split: str = "dev") -> tuple[Any, dict[str, Any]]:
@@ -70,7 +70,9 @@ def test_rule_customer_reveals_details_only_when_asked_and_pushes_twice(desk) ->
     assert [r.startswith("Please,") for r in replies] == [True, True, False, False]  # bounded push
     assert is_yes(c.reply(goal, [], f"To confirm: shall I return order {goal['order_id']}?"))
     assert not is_yes(c.reply(goal, [], f"To confirm: shall I cancel order {goal['order_id']}?"))
-    assert c.reply(goal, [], "Do you have a question?") == c.reply(goal, [], "Do you have a question?")
+    assert c.reply(goal, [], "Do you have a question?") == c.reply(
+        goal, [], "Do you have a question?"
+    )
 
 
 def test_wrong_claim_customer_misremembers_the_date(desk) -> None:
@@ -95,15 +97,23 @@ def _play(desk: SupportDeskTwin, index: int, turns: list[str]) -> Any:
 def test_reward_reads_the_world_state_not_the_wording(desk) -> None:
     case, goal = _goal(desk, "cancel_ok")
     oid, email = goal["order_id"], goal["email"]
-    careful = [call("find_customer", email=email), call("ask_customer", message=f"To confirm: shall I cancel order {oid}?"),
-               call("cancel_order", order_id=oid), call("end_conversation", summary="cancelled")]
+    careful = [
+        call("find_customer", email=email),
+        call("ask_customer", message=f"To confirm: shall I cancel order {oid}?"),
+        call("cancel_order", order_id=oid),
+        call("end_conversation", summary="cancelled"),
+    ]
     traj, info = _play(desk, case.index, careful)
     assert final_changes(traj) == {oid: {"status": "cancelled"}}
     assert info["reward"]["total"] == 1.0
-    hasty = [call("cancel_order", order_id=oid), call("end_conversation", summary="Cancelled as you asked, per policy!")]
+    hasty = [
+        call("cancel_order", order_id=oid),
+        call("end_conversation", summary="Cancelled as you asked, per policy!"),
+    ]
     traj, info = _play(desk, case.index, hasty)
-    assert info["reward"]["components"] == pytest.approx({"state": 1.0, "procedure": 0.0, "submitted": 1.0,
-                                                          "invalid_calls": 0.0, "penalty": 0.0})
+    assert info["reward"]["components"] == pytest.approx(
+        {"state": 1.0, "procedure": 0.0, "submitted": 1.0, "invalid_calls": 0.0, "penalty": 0.0}
+    )
     assert "not looked up by email" in " ".join(info["reward"]["notes"])
     nothing = [call("end_conversation", summary="I cancelled your order.")]  # words change nothing
     assert _play(desk, case.index, nothing)[1]["reward"]["components"]["state"] == 0.0
@@ -114,7 +124,10 @@ def test_policy_edge_cases_tools_refuse_and_exceptions_fail(desk) -> None:
     traj, _ = _play(desk, case.index, [call("cancel_order", order_id=goal["order_id"])])
     assert "only processing orders can be cancelled" in traj.messages[-1]["content"]
     case, goal = _goal(desk, "return_late_push")  # the tool allows it; the policy does not
-    turns = [call("return_order", order_id=goal["order_id"], refund_to="original"), call("end_conversation", summary="x")]
+    turns = [
+        call("return_order", order_id=goal["order_id"], refund_to="original"),
+        call("end_conversation", summary="x"),
+    ]
     assert _play(desk, case.index, turns)[1]["reward"]["components"]["state"] == 0.0
 
 
@@ -172,7 +185,11 @@ class _Server(BaseHTTPRequestHandler):
             if "to confirm" in said:
                 text = "Yes, please do that."
             elif "refund" in said:
-                text = "Store credit is fine." if "prefer store credit" in persona else "Original payment, please."
+                text = (
+                    "Store credit is fine."
+                    if "prefer store credit" in persona
+                    else "Original payment, please."
+                )
             elif "email" in said:
                 text = f"Sure: {email}, and the order is {order}."
             else:
@@ -200,12 +217,30 @@ def server_url():
 def test_twin_eval_with_an_llm_customer_on_the_same_server(server_url, tmp_path) -> None:
     from twinrl_cli import app
 
-    result = CliRunner().invoke(app, [
-        "eval", "SupportDesk", "--policy", "openai:agent", "--base-url", server_url, "--episodes", "12",
-        "--group-size", "2",
-        "--split", "dev", "--store", str(tmp_path / "runs.db"), "--no-progress",
-        "--set", "customer=openai:customer", "--set", f"customer_base_url={server_url}",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "SupportDesk",
+            "--policy",
+            "openai:agent",
+            "--base-url",
+            server_url,
+            "--episodes",
+            "12",
+            "--group-size",
+            "2",
+            "--split",
+            "dev",
+            "--store",
+            str(tmp_path / "runs.db"),
+            "--no-progress",
+            "--set",
+            "customer=openai:customer",
+            "--set",
+            f"customer_base_url={server_url}",
+        ],
+    )
     out = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
     assert _Server.customer_requests and _Server.agent_requests
@@ -219,7 +254,12 @@ def test_twin_eval_with_an_llm_customer_on_the_same_server(server_url, tmp_path)
 
     store = RunStore(tmp_path / "runs.db")
     (run,) = store.runs()
-    replies = [m["content"] for t in store.episodes(run.id) for m in t.messages if m.get("name") == "ask_customer"]
+    replies = [
+        m["content"]
+        for t in store.episodes(run.id)
+        for m in t.messages
+        if m.get("name") == "ask_customer"
+    ]
     assert any("Sure:" in r for r in replies)  # the customer's words came from the model
     store.close()
 
@@ -236,11 +276,17 @@ def test_grpo_on_the_customer_twin_runs_end_to_end_on_cpu(tmp_path, monkeypatch)
 
     monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "store.db"))
     buffer = io.StringIO()
-    code = train("data/recipes/support-tiny-cpu.yaml", [f"train.output_dir={tmp_path / 'run'}"], False,
-                 console=Console(file=buffer, width=120))
+    code = train(
+        "data/recipes/support-tiny-cpu.yaml",
+        [f"train.output_dir={tmp_path / 'run'}"],
+        False,
+        console=Console(file=buffer, width=120),
+    )
     assert code == 0, buffer.getvalue()
     history = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert len(history) == 2 and all("rewards/state" in h and "rewards/procedure" in h for h in history)
+    assert len(history) == 2 and all(
+        "rewards/state" in h and "rewards/procedure" in h for h in history
+    )
 
 
 def test_the_simulated_user_example_in_the_twin_guide_runs() -> None:
@@ -251,6 +297,8 @@ def test_the_simulated_user_example_in_the_twin_guide_runs() -> None:
     root = Path(__file__).resolve().parents[2]
     doc = (root / "docs" / "define_your_own_twin.md").read_text()
     (code,) = re.findall(r"```py\n(.*?)```", doc, re.DOTALL)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1.0"

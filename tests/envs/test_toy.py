@@ -22,15 +22,20 @@ def test_cases_are_deterministic_and_hide_the_truth() -> None:
     assert t.case("train", 5).canonical_json() == make_twin("Toy").case("train", 5).canonical_json()
     words = {t.case("train", i).truth["answer"] for i in range(200)}
     assert words == set(WORDS[:4])
-    assert {make_twin("Toy", num_words=2).case("train", i).truth["answer"] for i in range(50)} == set(WORDS[:2])
+    assert {
+        make_twin("Toy", num_words=2).case("train", i).truth["answer"] for i in range(50)
+    } == set(WORDS[:2])
 
 
-@pytest.mark.parametrize("action, expected", [
-    (None, 1.0),
-    ("<tool_call>{\"name\": \"submit\", \"arguments\": {\"answer\": \"red\"}}</tool_call>", 1.0),
-    ("<tool_call>\n{\"name\": \"submit\", \"arguments\": {\"answer\": \"blue\"}}\n</tool_call>", None),
-    ("hello there", None),
-])
+@pytest.mark.parametrize(
+    "action, expected",
+    [
+        (None, 1.0),
+        ('<tool_call>{"name": "submit", "arguments": {"answer": "red"}}</tool_call>', 1.0),
+        ('<tool_call>\n{"name": "submit", "arguments": {"answer": "blue"}}\n</tool_call>', None),
+        ("hello there", None),
+    ],
+)
 def test_reward_levels(action, expected) -> None:
     env = make("Toy")
     obs, info = env.reset(options={"split": "train", "index": 0})
@@ -77,8 +82,13 @@ def test_prefix_counts_whole_pieces_in_order() -> None:
     env.reset(options={"split": "train", "index": 0})
     word = env.case.truth["answer"]
     levels = []
-    for text in ["</tool_call>", "<tool_call>", '<tool_call>\n{"name": "', '<tool_call>{"name": "submit"',
-                 f'<tool_call>{{"name": "submit", "arguments": {{"answer": "{word}'] :
+    for text in [
+        "</tool_call>",
+        "<tool_call>",
+        '<tool_call>\n{"name": "',
+        '<tool_call>{"name": "submit"',
+        f'<tool_call>{{"name": "submit", "arguments": {{"answer": "{word}',
+    ]:
         env.reset(options={"split": "train", "index": 0})
         levels.append(env.step(text)[4]["reward"]["components"]["prefix"])
     assert levels == sorted(levels) and levels[0] == 0.0 and len(set(levels)) == 5
@@ -91,19 +101,21 @@ def test_each_step_towards_the_call_earns_more() -> None:
     other = next(w for w in WORDS if w != named)
     prefix = ideal_call(named).split(named)[0]
     texts = [
-        "hello",                    # random text: no_repeat only
-        prefix,                     # the call's fixed prefix
-        prefix + "zebra",           # ... followed by a word that is not one of WORDS
-        prefix + other,             # ... by another of the toy's words (below random text)
-        prefix + named,             # ... by the named word, not closed
-        ideal_call(named),          # the right call
+        "hello",  # random text: no_repeat only
+        prefix,  # the call's fixed prefix
+        prefix + "zebra",  # ... followed by a word that is not one of WORDS
+        prefix + other,  # ... by another of the toy's words (below random text)
+        prefix + named,  # ... by the named word, not closed
+        ideal_call(named),  # the right call
     ]
     totals = []
     for text in texts:
         env.reset(options={"split": "train", "index": 0})
         totals.append(env.step(text)[1])
     assert totals[0] == pytest.approx(0.1) and totals[-1] == pytest.approx(1.0)
-    assert totals[1] == pytest.approx(totals[2]) and totals[0] < totals[1] < totals[4] < totals[5], totals
+    assert (
+        totals[1] == pytest.approx(totals[2]) and totals[0] < totals[1] < totals[4] < totals[5]
+    ), totals
     # a wrong call earns less than random text: only reading the prompt's word pays
     assert totals[3] < totals[0], totals
 
@@ -152,9 +164,17 @@ def test_a_structured_call_is_shaped_like_the_same_call_written_as_text(argument
     env.reset(options={"split": "train", "index": 0})
     answer = env.case.truth["answer"]
     args = {"answer": answer}
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "submit", "arguments": json.dumps(args) if arguments_as == "json" else args}}
-    _, reward, terminated, _, info = env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "arguments": json.dumps(args) if arguments_as == "json" else args,
+        },
+    }
+    _, reward, terminated, _, info = env.step(
+        {"role": "assistant", "content": "", "tool_calls": [call]}
+    )
     assert terminated and reward == pytest.approx(1.0), info["reward"]
     env.reset(options={"split": "train", "index": 0})
     wrong = next(w for w in WORDS if w != answer)

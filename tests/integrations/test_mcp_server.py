@@ -21,7 +21,9 @@ from integrations._episode import ToolCallEpisode
 from integrations.mcp_server import EPISODE_URI
 from twin.registry import make_twin
 
-pytest.importorskip("mcp", reason="the MCP SDK (a twinrl dependency) is not installed: pip install 'mcp>=2,<3'")
+pytest.importorskip(
+    "mcp", reason="the MCP SDK (a twinrl dependency) is not installed: pip install 'mcp>=2,<3'"
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,8 +33,15 @@ def _calls(twin, split: str, index: int) -> list[tuple[str, dict]]:
     truth = twin.case(split, index).truth
     return [
         ("search_taxonomy", {"query": "electrical boxes", "limit": 3}),
-        ("submit", {"category_id": truth["category_id"], "attributes": dict(truth["attributes"]),
-                    "verdict": truth["verdict"], "reason": "checked"}),
+        (
+            "submit",
+            {
+                "category_id": truth["category_id"],
+                "attributes": dict(truth["attributes"]),
+                "verdict": truth["verdict"],
+                "reason": "checked",
+            },
+        ),
     ]
 
 
@@ -46,7 +55,9 @@ async def _play(client, twin) -> dict:
     prompt = await client.get_prompt("case", {"split": "test", "index": "0"})
     assert "LST-" in prompt.messages[-1].content.text
     running = json.loads((await client.read_resource(EPISODE_URI)).contents[0].text)
-    assert running["status"] == "running" and running["reward"] is None and running["outcome"] is None
+    assert (
+        running["status"] == "running" and running["reward"] is None and running["outcome"] is None
+    )
     for name, args in _calls(twin, "test", 0):
         result = await client.call_tool(name, args)
         assert not result.is_error, result.content[0].text
@@ -93,8 +104,9 @@ def test_stdio_plays_a_catalog_episode_and_reads_the_reward(env):
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
     twin = make_twin("Catalog")
-    params = StdioServerParameters(command=sys.executable, args=["-m", "twinrl_cli", "mcp", "Catalog"],
-                                   cwd=str(ROOT), env=env)
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "twinrl_cli", "mcp", "Catalog"], cwd=str(ROOT), env=env
+    )
 
     async def main() -> dict:
         async with Client(stdio_client(params)) as client:
@@ -118,7 +130,10 @@ def test_streamable_http_plays_a_catalog_episode_and_reads_the_reward(env):
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "twinrl_cli", "mcp", "Catalog", "--http", "--port", str(port)],
-        cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=str(ROOT),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
         deadline = time.monotonic() + 60
@@ -128,7 +143,9 @@ def test_streamable_http_plays_a_catalog_episode_and_reads_the_reward(env):
                 break
             except httpx.TransportError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(proc.stdout.read().decode() if proc.stdout else "no output")
+                    raise AssertionError(
+                        proc.stdout.read().decode() if proc.stdout else "no output"
+                    )
                 time.sleep(0.2)
 
         async def main() -> dict:
@@ -254,7 +271,9 @@ def test_session_book_expires_idle_sessions_and_never_evicts_live_ones():
     from integrations.mcp_server import SessionBook, SessionGone
 
     now = [0.0]
-    book = SessionBook(make_twin("Returns"), max_sessions=2, idle_timeout_s=10, clock=lambda: now[0])
+    book = SessionBook(
+        make_twin("Returns"), max_sessions=2, idle_timeout_s=10, clock=lambda: now[0]
+    )
     for key in ("a", "b"):
         assert book.admit()
         book.opened(key)
@@ -270,7 +289,9 @@ def test_session_book_expires_idle_sessions_and_never_evicts_live_ones():
         book.episode("b")
 
 
-def test_a_server_error_reaches_the_client_as_a_tool_error_with_its_message(env, monkeypatch, caplog):
+def test_a_server_error_reaches_the_client_as_a_tool_error_with_its_message(
+    env, monkeypatch, caplog
+):
     from mcp.client import Client
 
     from integrations.mcp_server import build_app
@@ -341,13 +362,21 @@ def test_an_api_key_is_required_when_set_and_open_binds_warn(env):
     from integrations.mcp_server import build_app, open_warning
 
     with _http_server(build_app("Returns", api_key="s3cret")) as url:
-        hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "t", "version": "0"}}}
+        hello = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"},
+            },
+        }
         headers = {"accept": "application/json, text/event-stream"}
         refused = httpx.post(url, json=hello, headers=headers, timeout=10)
-        allowed = httpx.post(url, json=hello, timeout=10,
-                             headers={**headers, "authorization": "Bearer s3cret"})
+        allowed = httpx.post(
+            url, json=hello, timeout=10, headers={**headers, "authorization": "Bearer s3cret"}
+        )
     assert refused.status_code == 401 and "API key" in refused.text
     assert allowed.status_code == 200
     assert open_warning("twin mcp", "0.0.0.0", None) is not None
@@ -363,15 +392,26 @@ def test_stdio_serves_even_where_the_default_store_cannot_be_opened(env, tmp_pat
 
     (tmp_path / "runs").write_text("a file where the store's folder would go")
     no_store_env = {k: v for k, v in env.items() if k != "TWINRL_STORE"}
-    params = StdioServerParameters(command=sys.executable, args=["-m", "twinrl_cli", "mcp", "Returns"],
-                                   cwd=str(tmp_path), env=no_store_env)
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "twinrl_cli", "mcp", "Returns"],
+        cwd=str(tmp_path),
+        env=no_store_env,
+    )
 
     async def main() -> list[str]:
         async with Client(stdio_client(params)) as client:
             return [t.name for t in (await client.list_tools()).tools]
 
     assert anyio.run(main) == [t.name for t in make_twin("Returns").tools]
-    bad = subprocess.run([sys.executable, "-m", "twinrl_cli", "mcp", "Returns", "--store", "runs/x.db"],
-                         cwd=tmp_path, env=no_store_env, capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL, check=False)
+    bad = subprocess.run(
+        [sys.executable, "-m", "twinrl_cli", "mcp", "Returns", "--store", "runs/x.db"],
+        cwd=tmp_path,
+        env=no_store_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert bad.returncode == 2 and "cannot open the run store" in bad.stderr

@@ -11,7 +11,9 @@ import pytest
 from integrations._episode import ToolCallEpisode
 from twin.registry import make_twin
 
-pytest.importorskip("openenv.core", reason="openenv-core is not installed: pip install 'twinrl[openenv]'")
+pytest.importorskip(
+    "openenv.core", reason="openenv-core is not installed: pip install 'twinrl[openenv]'"
+)
 
 from integrations.openenv_server import (  # noqa: E402 - after the skip
     TwinAction,
@@ -47,8 +49,15 @@ def _calls(twin) -> list[tuple[str, dict]]:
     return [
         ("search_taxonomy", {"query": "electrical boxes", "limit": 3}),
         ("search_taxonomy", {"limit": "many"}),  # a failed call counts as in the twin
-        ("submit", {"category_id": truth["category_id"], "attributes": dict(truth["attributes"]),
-                    "verdict": truth["verdict"], "reason": "checked"}),
+        (
+            "submit",
+            {
+                "category_id": truth["category_id"],
+                "attributes": dict(truth["attributes"]),
+                "verdict": truth["verdict"],
+                "reason": "checked",
+            },
+        ),
     ]
 
 
@@ -74,7 +83,9 @@ def test_openenv_client_plays_a_catalog_episode_over_websocket(twin, url):
             for name, args in _calls(twin):
                 seen["steps"].append(await env.step(TwinAction(tool=name, arguments=args)))
             seen["after"] = await env.state()
-            seen["late"] = await env.step(TwinAction(tool="search_taxonomy", arguments={"query": "x"}))
+            seen["late"] = await env.step(
+                TwinAction(tool="search_taxonomy", arguments={"query": "x"})
+            )
         return seen
 
     seen = asyncio.run(play())
@@ -84,7 +95,11 @@ def test_openenv_client_plays_a_catalog_episode_over_websocket(twin, url):
     for tool in first.observation.tools:
         assert not set(tool["function"]["parameters"].get("properties", {})) & HIDDEN
     assert (first.reward, first.done) == (None, False)
-    assert seen["before"].status == "running" and seen["before"].reward is None and seen["before"].outcome is None
+    assert (
+        seen["before"].status == "running"
+        and seen["before"].reward is None
+        and seen["before"].outcome is None
+    )
     search, bad, submit = seen["steps"]
     assert (search.observation.error, search.done, search.reward) == (False, False, None)
     assert bad.observation.error and "query" in bad.observation.text and bad.reward is None
@@ -104,7 +119,10 @@ def test_http_reset_step_and_state_play_the_same_episode(twin, url):
         episode_id = first.json()["observation"]["episode_id"]
         last = None
         for name, args in _calls(twin):
-            last = http.post("/step", json={"action": {"tool": name, "arguments": args}, "episode_id": episode_id})
+            last = http.post(
+                "/step",
+                json={"action": {"tool": name, "arguments": args}, "episode_id": episode_id},
+            )
             assert last.status_code == 200, last.text
         assert last.json()["done"] and last.json()["reward"] == pytest.approx(_expected(twin))
         state = http.get(f"/episodes/{episode_id}").json()
@@ -114,19 +132,36 @@ def test_http_reset_step_and_state_play_the_same_episode(twin, url):
 def test_bad_requests_say_what_is_wrong(url):
     with httpx.Client(base_url=url, timeout=30.0) as http:
         r = http.post("/reset", json={"split": "nope"})
-        assert (r.status_code, r.json()["detail"]) == (400, "Catalog: unknown split 'nope'; splits: train, dev, test")
+        assert (r.status_code, r.json()["detail"]) == (
+            400,
+            "Catalog: unknown split 'nope'; splits: train, dev, test",
+        )
         for index in (1.5, True, "2x"):  # issue 24: 1.5 was played as case 1
             r = http.post("/reset", json={"split": "test", "index": index})
-            assert r.status_code == 400 and "index must be a whole number" in r.json()["detail"], index
+            assert r.status_code == 400 and "index must be a whole number" in r.json()["detail"], (
+                index
+            )
         r = http.post("/reset", json={"split": "test", "indx": 1})
-        assert r.json()["detail"] == "unknown reset option(s) indx; the options are seed, episode_id, split and index"
+        assert (
+            r.json()["detail"]
+            == "unknown reset option(s) indx; the options are seed, episode_id, split and index"
+        )
         r = http.post("/step", json={"action": {"tool": "search_taxonomy", "arguments": {}}})
-        assert r.status_code == 400 and "send the reset's episode_id with the step" in r.json()["detail"]
+        assert (
+            r.status_code == 400
+            and "send the reset's episode_id with the step" in r.json()["detail"]
+        )
         r = http.post("/step", json={"action": {"tool": "search_taxonomy"}, "episode_id": "gone"})
-        assert r.status_code == 404 and r.json()["detail"].startswith("no episode 'gone' on this server")
+        assert r.status_code == 404 and r.json()["detail"].startswith(
+            "no episode 'gone' on this server"
+        )
         # The server keeps max_http_episodes (2 here): the oldest is dropped.
-        ids = [http.post("/reset", json={"split": "test", "index": 0}).json()["observation"]["episode_id"]
-               for _ in range(3)]
+        ids = [
+            http.post("/reset", json={"split": "test", "index": 0}).json()["observation"][
+                "episode_id"
+            ]
+            for _ in range(3)
+        ]
         assert http.get(f"/episodes/{ids[0]}").status_code == 404
         assert http.get(f"/episodes/{ids[2]}").status_code == 200
 
@@ -172,15 +207,30 @@ def test_init_writes_a_layout_whose_client_needs_only_openenv(twin, tmp_path):
     from integrations.openenv_layout import write_layout
 
     root = write_layout("Catalog", tmp_path / "catalog_gen_env", config={"max_turns": 6})
-    for rel in ("openenv.yaml", "pyproject.toml", "server/app.py", "server/Dockerfile", "README.md"):
+    for rel in (
+        "openenv.yaml",
+        "pyproject.toml",
+        "server/app.py",
+        "server/Dockerfile",
+        "README.md",
+    ):
         assert (root / rel).is_file(), rel
     # OpenEnv's own check: everything but the lock file (`--lock` runs uv; the slow test does)
     _ok, issues = validate_multi_mode_deployment(root)
     assert [i for i in issues if "uv.lock" not in i] == []
     for rel in ("models.py", "client.py", "__init__.py"):  # the client side imports no twinrl
         tree = ast.parse((root / rel).read_text())
-        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+        names = {
+            a.name.split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import)
+            for a in n.names
+        }
+        names |= {
+            (n.module or "").split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and not n.level
+        }
         assert names <= {"openenv", "pydantic", "typing", "urllib", "models", ""}, (rel, names)
     generated = _load_generated(root)
 

@@ -8,7 +8,11 @@ import pytest
 from transformers.utils import get_json_schema
 
 from integrations.trl import (
-    prepare_tokenizer, trl_dataset, trl_environment, trl_reward_funcs, trl_rows,
+    prepare_tokenizer,
+    trl_dataset,
+    trl_environment,
+    trl_reward_funcs,
+    trl_rows,
 )
 from twin.evaluation import evaluate
 from twin.policies import ReplayPolicy
@@ -110,12 +114,16 @@ def test_grpo_trainer_two_steps_logs_the_twins_reward(tmp_path, monkeypatch):
 def test_term_functions_hold_each_terms_share_of_the_reward():
     twin = make_twin("Returns")
     funcs, weights = trl_reward_funcs(twin)
-    assert weights == [0.0] * len(funcs) and {"correct_decision", "invalid_calls"} <= {f.__name__ for f in funcs}
+    assert weights == [0.0] * len(funcs) and {"correct_decision", "invalid_calls"} <= {
+        f.__name__ for f in funcs
+    }
     env = trl_environment(twin)()
     env.reset(**trl_rows(twin, split="test", indices=[0])[0])
     env.lookup_order(order_id="R-10273")
     env.decide(order_id="R-10273", decision="refund", amount=72.0, reason="ok")
-    completion = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "decide"}}]}]
+    completion = [
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "decide"}}]}
+    ]
     values = [f(completions=[completion], environments=[env, object()]) for f in funcs]
     assert all(v[1] is None for v in values)  # not an environment of this twin
     assert sum(v[0] for v in values) == pytest.approx(env.get_reward())
@@ -138,8 +146,9 @@ def test_a_rollout_ending_in_text_scores_as_twin_eval_scores_that_turn():
 
 
 def test_prepare_tokenizer_sets_a_tool_call_parser_trl_would_not():
-    from trainer.models import load_model
     from trl import chat_template_utils as ctu
+
+    from trainer.models import load_model
 
     _model, tokenizer = load_model("tiny", "float32", device="cpu")
     tokenizer.response_template = tokenizer.response_schema = None

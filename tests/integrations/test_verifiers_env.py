@@ -10,7 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-pytest.importorskip("verifiers.v1", reason="verifiers not installed: pip install 'twinrl[verifiers]'")
+pytest.importorskip(
+    "verifiers.v1", reason="verifiers not installed: pip install 'twinrl[verifiers]'"
+)
 
 from integrations.verifiers_env import TASKSET_ID, load_environment  # noqa: E402
 from twin.evaluation import evaluate  # noqa: E402
@@ -22,8 +24,15 @@ from twin.registry import make_twin  # noqa: E402
 TURNS = [
     {"name": "lookup_order", "arguments": {"order_id": "R-10273"}},
     {"name": "return_policy", "arguments": {}},
-    {"name": "decide", "arguments": {"order_id": "R-10273", "decision": "refund", "amount": 50.0,
-                                     "reason": "unopened"}},
+    {
+        "name": "decide",
+        "arguments": {
+            "order_id": "R-10273",
+            "decision": "refund",
+            "amount": 50.0,
+            "reason": "unopened",
+        },
+    },
 ]
 CASES = 4
 
@@ -42,10 +51,17 @@ class _FakeOpenAI(BaseHTTPRequestHandler):
         self.requests.append(body)
         message = asyncio.run(self.policy.act(body["messages"], body.get("tools") or []))
         reply = {
-            "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": 0,
+            "id": f"chatcmpl-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": 0,
             "model": body["model"],
-            "choices": [{"index": 0, "message": message,
-                         "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                }
+            ],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
         data = json.dumps(reply).encode()
@@ -74,24 +90,39 @@ def test_vf_eval_rewards_equal_twin_eval_with_the_same_actions(fake_openai, tmp_
     from verifiers.v1.configs.cli.eval import EvalConfig
 
     monkeypatch.setenv("FAKE_OPENAI_KEY", "not-a-secret")
-    config = EvalConfig.model_validate({
-        "env": {"taskset": {"id": TASKSET_ID, "twin": "returns", "split": "test",
-                            "num_cases": CASES},
-                "agent": {"runtime": {"type": "subprocess"}}},
-        "model": "replay", "client": {"base_url": fake_openai, "api_key_var": "FAKE_OPENAI_KEY"},
-        "num_rollouts": 1, "rich": None, "push": False, "output_dir": str(tmp_path / "vf"),
-    })
+    config = EvalConfig.model_validate(
+        {
+            "env": {
+                "taskset": {
+                    "id": TASKSET_ID,
+                    "twin": "returns",
+                    "split": "test",
+                    "num_cases": CASES,
+                },
+                "agent": {"runtime": {"type": "subprocess"}},
+            },
+            "model": "replay",
+            "client": {"base_url": fake_openai, "api_key_var": "FAKE_OPENAI_KEY"},
+            "num_rollouts": 1,
+            "rich": None,
+            "push": False,
+            "output_dir": str(tmp_path / "vf"),
+        }
+    )
     episodes = asyncio.run(run_eval(config))
 
     twin = make_twin("returns")
-    expected = evaluate(twin, ReplayPolicy(TURNS), [("test", i) for i in range(CASES)],
-                        progress=False)
+    expected = evaluate(
+        twin, ReplayPolicy(TURNS), [("test", i) for i in range(CASES)], progress=False
+    )
     by_index = {g.trajectories[0].case_id: g.trajectories[0] for g in expected.groups}
     assert len(episodes) == CASES
     weights = dict(twin.reward.weights)
     totals = []
     for episode in episodes:
-        (trace,) = list(episode.traces.values()) if isinstance(episode.traces, dict) else episode.traces
+        (trace,) = (
+            list(episode.traces.values()) if isinstance(episode.traces, dict) else episode.traces
+        )
         assert trace.ok, trace.errors
         want = by_index[episode.task.data.case_id]
         assert trace.reward == pytest.approx(want.reward, abs=1e-9)
@@ -123,7 +154,9 @@ def test_unknown_split_is_a_clear_error():
         list(env.taskset)
 
 
-def test_a_generated_package_runs_with_twin_options_passed_through(fake_openai, tmp_path, monkeypatch):
+def test_a_generated_package_runs_with_twin_options_passed_through(
+    fake_openai, tmp_path, monkeypatch
+):
     """`twin package Returns DIR`: its own taskset id, the twin options (max_turns) reaching the
     twin, train as the default split, and rewards equal to twin eval's with the same options."""
     from verifiers.v1.cli.eval.runner import run_eval
@@ -139,20 +172,37 @@ def test_a_generated_package_runs_with_twin_options_passed_through(fake_openai, 
     env = twinrl_returns.load_environment(num_cases=1, max_turns=2, max_result_chars=4000)
     (task,) = list(env.taskset)
     assert task.data.split == "train" and task.data.twin_config == {
-        "max_result_chars": 4000, "max_turns": 2}
-    config = EvalConfig.model_validate({
-        "env": {"taskset": {"id": "twinrl-returns", "split": "test", "num_cases": 3, "max_turns": 2},
-                "agent": {"runtime": {"type": "subprocess"}}},
-        "model": "replay", "client": {"base_url": fake_openai, "api_key_var": "FAKE_OPENAI_KEY"},
-        "num_rollouts": 1, "rich": None, "push": False, "output_dir": str(tmp_path / "vf"),
-    })
+        "max_result_chars": 4000,
+        "max_turns": 2,
+    }
+    config = EvalConfig.model_validate(
+        {
+            "env": {
+                "taskset": {
+                    "id": "twinrl-returns",
+                    "split": "test",
+                    "num_cases": 3,
+                    "max_turns": 2,
+                },
+                "agent": {"runtime": {"type": "subprocess"}},
+            },
+            "model": "replay",
+            "client": {"base_url": fake_openai, "api_key_var": "FAKE_OPENAI_KEY"},
+            "num_rollouts": 1,
+            "rich": None,
+            "push": False,
+            "output_dir": str(tmp_path / "vf"),
+        }
+    )
     episodes = asyncio.run(run_eval(config))
     twin = make_twin("returns", max_turns=2)
     expected = evaluate(twin, ReplayPolicy(TURNS), [("test", i) for i in range(3)], progress=False)
     want = {g.trajectories[0].case_id: g.trajectories[0] for g in expected.groups}
     assert len(episodes) == 3
     for episode in episodes:
-        (trace,) = list(episode.traces.values()) if isinstance(episode.traces, dict) else episode.traces
+        (trace,) = (
+            list(episode.traces.values()) if isinstance(episode.traces, dict) else episode.traces
+        )
         assert trace.ok, trace.errors
         assert trace.reward == pytest.approx(want[episode.task.data.case_id].reward, abs=1e-9)
         assert len(trace.info["twin"]["actions"]) <= 2  # the twin's budget was max_turns=2

@@ -29,8 +29,11 @@ from twin.errors import ConfigError
 CASE = Case(twin="Toy", split="test", index=0, task={}, truth={})
 
 # Path ids as category_credit reads them (a root, then dash-separated children), e.g. "aa-1-3".
-PATH_IDS = st.builds(lambda root, rest: "-".join([root, *map(str, rest)]),
-                     st.sampled_from(["aa", "el", "zz"]), st.lists(st.integers(1, 4), max_size=6))
+PATH_IDS = st.builds(
+    lambda root, rest: "-".join([root, *map(str, rest)]),
+    st.sampled_from(["aa", "el", "zz"]),
+    st.lists(st.integers(1, 4), max_size=6),
+)
 M = {"ok": {"ok": 0, "bad": 1.0}, "bad": {"ok": 7.0}}
 
 
@@ -134,38 +137,60 @@ def test_set_f1_and_normalize():
 # -- shaping -------------------------------------------------------------------------------------------
 def test_invalid_call_penalty_and_cap():
     p = invalid_call_penalty(0.01, cap=0.05)
-    assert [p.amount(T(invalid_calls=n), CASE) for n in (0, 1, 3, 5, 9)] == pytest.approx([0, 0.01, 0.03, 0.05, 0.05])
+    assert [p.amount(T(invalid_calls=n), CASE) for n in (0, 1, 3, 5, 9)] == pytest.approx(
+        [0, 0.01, 0.03, 0.05, 0.05]
+    )
     assert invalid_call_penalty(0.5, cap=None).amount(T(invalid_calls=9), CASE) == 4.5
 
 
 def test_turn_cost():
     p = turn_cost(0.02, free_turns=2, cap=0.1)
-    assert [p.amount(T(num_turns=n), CASE) for n in (1, 2, 4, 20)] == pytest.approx([0, 0, 0.04, 0.1])
+    assert [p.amount(T(num_turns=n), CASE) for n in (1, 2, 4, 20)] == pytest.approx(
+        [0, 0, 0.04, 0.1]
+    )
     with pytest.raises(ConfigError):
         turn_cost(0.1, free_turns=-1)
 
 
 def test_overlong_is_linear_over_the_buffer():
     # DAPO: 0 up to L_max - L_cache, then (L - (L_max - L_cache)) / L_cache, then 1
-    assert [overlong_fraction(n, 100, 20) for n in (0, 80, 85, 90, 100, 150)] == [0, 0, 0.25, 0.5, 1, 1]
+    assert [overlong_fraction(n, 100, 20) for n in (0, 80, 85, 90, 100, 150)] == [
+        0,
+        0,
+        0.25,
+        0.5,
+        1,
+        1,
+    ]
     p = overlong_penalty(100, 20, penalty=0.5)
     assert p.amount(T(completion_tokens=90), CASE) == 0.25
     tt = [TokenTurn(completion_ids=list(range(45))), TokenTurn(completion_ids=list(range(50)))]
     assert p.amount(T(token_turns=tt), CASE) == pytest.approx(0.5 * 15 / 20)
     hard = overlong_penalty(100, 0)
-    assert hard.amount(T(completion_tokens=100), CASE) == 0 and hard.amount(T(completion_tokens=101), CASE) == 1
+    assert (
+        hard.amount(T(completion_tokens=100), CASE) == 0
+        and hard.amount(T(completion_tokens=101), CASE) == 1
+    )
     with pytest.raises(ConfigError):
         overlong_penalty(10, 20)
 
 
 def test_useful_tool_bonus_counts_distinct_useful_calls_with_a_cap():
     calls = [
-        ToolCallRecord(id="1", name="search", arguments={"q": "shoe"}, ok=True, result=[{"id": "aa-1"}]),
-        ToolCallRecord(id="2", name="search", arguments={"q": "shoe"}, ok=True, result=[{"id": "aa-1"}]),  # repeat
-        ToolCallRecord(id="3", name="search", arguments={"q": "zzz"}, ok=True, result=[]),  # nothing found
+        ToolCallRecord(
+            id="1", name="search", arguments={"q": "shoe"}, ok=True, result=[{"id": "aa-1"}]
+        ),
+        ToolCallRecord(
+            id="2", name="search", arguments={"q": "shoe"}, ok=True, result=[{"id": "aa-1"}]
+        ),  # repeat
+        ToolCallRecord(
+            id="3", name="search", arguments={"q": "zzz"}, ok=True, result=[]
+        ),  # nothing found
         ToolCallRecord(id="4", name="brand", arguments={"n": "x"}, ok=False, error="unknown"),
         ToolCallRecord(id="5", name="brand", arguments={"n": "y"}, ok=True, result={"name": "y"}),
-        ToolCallRecord(id="6", name="submit", arguments={}, ok=True, result={"ok": 1}, terminal=True),
+        ToolCallRecord(
+            id="6", name="submit", arguments={}, ok=True, result={"ok": 1}, terminal=True
+        ),
     ]
     b = useful_tool_bonus(0.02, cap=0.1)
     assert b.bonus and b.amount(T(calls=calls), CASE) == pytest.approx(0.04)
@@ -179,9 +204,14 @@ def test_bonus_is_added_and_reported():
         return 0.5
 
     calls = [ToolCallRecord(id="1", name="s", arguments={}, ok=True, result={"a": 1})]
-    r = Reward({half: 1.0}, penalties=[useful_tool_bonus(0.1, cap=0.2), invalid_call_penalty(0.1, cap=1)],
-               gates=[submitted_gate()])
+    r = Reward(
+        {half: 1.0},
+        penalties=[useful_tool_bonus(0.1, cap=0.2), invalid_call_penalty(0.1, cap=1)],
+        gates=[submitted_gate()],
+    )
     res = r(T(calls=calls, submission={}, invalid_calls=2), CASE)
-    assert res.components["bonus"] == pytest.approx(0.1) and res.components["penalty"] == pytest.approx(0.2)
+    assert res.components["bonus"] == pytest.approx(0.1) and res.components[
+        "penalty"
+    ] == pytest.approx(0.2)
     assert res.total == pytest.approx(0.4) and res.components["submitted"] == 1.0
     assert r.bounds == pytest.approx((-1.0, 1.2))  # term range [0, 1] + bonus cap 0.2; -penalty cap

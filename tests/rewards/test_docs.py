@@ -28,8 +28,12 @@ def test_python_examples_run(capsys):
     scope: dict = {}
     exec(compile(properties, str(DOC), "exec"), scope)
     assert scope["report"].examples == 20
-    assert scope["report"].ratios[("verdict_counterfeit_as_ok", "verdict_ok_as_counterfeit")] == pytest.approx(7.0)
-    assert "('verdict_counterfeit_as_ok', 'verdict_ok_as_counterfeit'): 7.0" in capsys.readouterr().out
+    assert scope["report"].ratios[
+        ("verdict_counterfeit_as_ok", "verdict_ok_as_counterfeit")
+    ] == pytest.approx(7.0)
+    assert (
+        "('verdict_counterfeit_as_ok', 'verdict_ok_as_counterfeit'): 7.0" in capsys.readouterr().out
+    )
 
 
 def test_yaml_example_is_a_valid_rollout_file():
@@ -45,13 +49,21 @@ def test_own_twin_reward_examples_check_a_twin_the_kit_knows_only_through_the_re
     (rollouts,) = blocks("yaml", OWN_TWIN)
     path = tmp_path / "mini.rollouts.yaml"
     path.write_text(rollouts)
-    code = "\n".join([
-        define, properties,
-        "from rewards.testing import run_rollout_file",
-        f"outcomes = run_rollout_file({str(path)!r})",
-        "print('rollouts', [o.passed for o in outcomes], [o.error for o in outcomes])",
-    ])
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    code = "\n".join(
+        [
+            define,
+            properties,
+            "from rewards.testing import run_rollout_file",
+            f"outcomes = run_rollout_file({str(path)!r})",
+            "print('rollouts', [o.passed for o in outcomes], [o.error for o in outcomes])",
+        ]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 0, done.stderr
-    assert "{'wrong_decision': [1.0], 'invalid_call': [0.020000000000000018], 'no_decision': [1.0]}" in done.stdout
+    assert (
+        "{'wrong_decision': [1.0], 'invalid_call': [0.020000000000000018], 'no_decision': [1.0]}"
+        in done.stdout
+    )
     assert "rollouts [True, True, True] [None, None, None]" in done.stdout

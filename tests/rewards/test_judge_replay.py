@@ -36,7 +36,9 @@ class _Judge(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         type(self).calls += 1
-        agent_reason = body["messages"][-1]["content"].split("Agent's reason:", 1)[-1].split("\n")[0]
+        agent_reason = (
+            body["messages"][-1]["content"].split("Agent's reason:", 1)[-1].split("\n")[0]
+        )
         score = 5 if "taken down" in agent_reason else 2
         data = json.dumps({"choices": [{"message": {"content": f"SCORE: {score}"}}]}).encode()
         self.send_response(200)
@@ -61,9 +63,14 @@ def test_the_shipped_judge_rollout_file_passes_offline() -> None:
 
 
 CASE = {
-    "truth": {"category_id": "aa-5-2", "attributes": {}, "verdict": "counterfeit",
-              "reason": "seller was taken down for counterfeit Nikey before",
-              "signals": ["seller_taken_down_for_this_brand"], "entities": {"brands": ["Nikey"], "sellers": ["Zen"]}},
+    "truth": {
+        "category_id": "aa-5-2",
+        "attributes": {},
+        "verdict": "counterfeit",
+        "reason": "seller was taken down for counterfeit Nikey before",
+        "signals": ["seller_taken_down_for_this_brand"],
+        "entities": {"brands": ["Nikey"], "sellers": ["Zen"]},
+    },
 }
 SUBMITS = {"cites": "Zen was taken down for Nikey fakes", "vague": "looks off"}
 
@@ -71,8 +78,17 @@ SUBMITS = {"cites": "Zen was taken down for Nikey fakes", "vague": "looks off"}
 def _rollout_file(path: Path, judge_section: str, answers: dict[str, str] | None = None) -> Path:
     cases = []
     for name, reason in SUBMITS.items():
-        case = {"name": name, **CASE, "expect": {"components": {"reason_cites": 1.0 if name == "cites" else 0.25}},
-                "submit": {"category_id": "aa-5-2", "attributes": {}, "verdict": "counterfeit", "reason": reason}}
+        case = {
+            "name": name,
+            **CASE,
+            "expect": {"components": {"reason_cites": 1.0 if name == "cites" else 0.25}},
+            "submit": {
+                "category_id": "aa-5-2",
+                "attributes": {},
+                "verdict": "counterfeit",
+                "reason": reason,
+            },
+        }
         if answers and name in answers:
             case["judge_answers"] = [answers[name]]
         cases.append(case)
@@ -81,21 +97,33 @@ def _rollout_file(path: Path, judge_section: str, answers: dict[str, str] | None
     return path
 
 
-def test_a_recording_made_against_a_live_judge_replays_with_the_judge_gone(judge_url, tmp_path) -> None:
+def test_a_recording_made_against_a_live_judge_replays_with_the_judge_gone(
+    judge_url, tmp_path
+) -> None:
     from envs.catalog.reason_judge import reason_judge_reward
 
     live = Judge("openai:judge", base_url=judge_url, cache_dir=tmp_path / "cache")
     reward = reason_judge_reward(live)
     case = Case(twin="CatalogJudge", split="test", index=0, task={}, truth=CASE["truth"])
-    episodes = [(submission_trajectory(case, {"category_id": "aa-5-2", "attributes": {}, "verdict": "counterfeit",
-                                              "reason": r}), case) for r in SUBMITS.values()]
+    episodes = [
+        (
+            submission_trajectory(
+                case,
+                {"category_id": "aa-5-2", "attributes": {}, "verdict": "counterfeit", "reason": r},
+            ),
+            case,
+        )
+        for r in SUBMITS.values()
+    ]
     recorder = RecordingJudge(live)
     with judge_override(recorder):
         live_values = [r.components["reason_cites"] for r in score_episodes(reward, episodes)]
     assert live_values == [1.0, 0.25] and _Judge.calls == 2
     recorder.save(tmp_path / "judge.answers.json")
     assert export_recording(tmp_path / "cache", tmp_path / "exported.json") == 2
-    assert load_recording(tmp_path / "exported.json") == load_recording(tmp_path / "judge.answers.json")
+    assert load_recording(tmp_path / "exported.json") == load_recording(
+        tmp_path / "judge.answers.json"
+    )
 
     path = _rollout_file(tmp_path / "j.rollouts.yaml", "judge: {recording: judge.answers.json}")
     outcomes = run_rollout_file(path)  # the server is still up: count that it is not asked
@@ -104,7 +132,9 @@ def test_a_recording_made_against_a_live_judge_replays_with_the_judge_gone(judge
 
 
 def test_a_request_without_a_recorded_answer_fails_and_names_it(tmp_path) -> None:
-    path = _rollout_file(tmp_path / "j.rollouts.yaml", "judge: {answers: {}}", {"cites": "SCORE: 5"})
+    path = _rollout_file(
+        tmp_path / "j.rollouts.yaml", "judge: {answers: {}}", {"cites": "SCORE: 5"}
+    )
     cites, vague = run_rollout_file(path)
     assert cites.passed
     assert not vague.passed and "no recorded judge answer for request" in vague.error
@@ -112,7 +142,9 @@ def test_a_request_without_a_recorded_answer_fails_and_names_it(tmp_path) -> Non
 
 
 def test_a_malformed_recorded_answer_fails_like_a_live_one(tmp_path) -> None:
-    path = _rollout_file(tmp_path / "j.rollouts.yaml", "", {"cites": "fine by me", "vague": "SCORE: 2"})
+    path = _rollout_file(
+        tmp_path / "j.rollouts.yaml", "", {"cites": "fine by me", "vague": "SCORE: 2"}
+    )
     cites, vague = run_rollout_file(path)
     assert "malformed" in cites.error and vague.passed
 

@@ -28,8 +28,12 @@ class KitToy(Twin):
     version = 0
     description = "Guess a number."
     splits = {"train": 5, "test": 5}
-    reward = Reward({right: 1.0}, penalties=[invalid_call_penalty(0.1, cap=0.3)],
-                    gates=[submitted_gate()], clip=(-0.3, 1.0))
+    reward = Reward(
+        {right: 1.0},
+        penalties=[invalid_call_penalty(0.1, cap=0.3)],
+        gates=[submitted_gate()],
+        clip=(-0.3, 1.0),
+    )
 
     def __init__(self, **config):
         super().__init__(**config)
@@ -66,7 +70,8 @@ def toy():
 
 def test_turns_are_replayed_and_scored_with_the_file_truth(toy, tmp_path):
     p = tmp_path / "toy.rollouts.yaml"
-    p.write_text(textwrap.dedent(f"""
+    p.write_text(
+        textwrap.dedent(f"""
         twin: KitToy
         cases:
           - name: peek then submit (the file's truth, not the case's)
@@ -89,14 +94,18 @@ def test_turns_are_replayed_and_scored_with_the_file_truth(toy, tmp_path):
               - '{call("submit", answer=0)}'
               - 'ignored'
             expect: {{total: 1.0}}
-        """))
+        """)
+    )
     outcomes = run_rollout_file(p)
-    assert [o.passed for o in outcomes] == [True, True, True], "\n".join(o.describe() for o in outcomes)
+    assert [o.passed for o in outcomes] == [True, True, True], "\n".join(
+        o.describe() for o in outcomes
+    )
 
 
 def test_shorthand_and_turns_can_use_the_twins_own_truth(toy, tmp_path):
     p = tmp_path / "own.rollouts.yaml"
-    p.write_text(textwrap.dedent(f"""
+    p.write_text(
+        textwrap.dedent(f"""
         twin: KitToy
         description: the truth comes from the twin's case 4 (answer 4)
         cases:
@@ -112,10 +121,14 @@ def test_shorthand_and_turns_can_use_the_twins_own_truth(toy, tmp_path):
             case: {{split: test, index: 3}}
             submit: {{answer: 3}}
             expect: {{components: {{correct: 1}}}}
-        """))
+        """)
+    )
     good1, good2, bad = run_rollout_file(p)
     assert good1.passed and good2.passed, good1.describe() + good2.describe()
-    assert not bad.passed and "no such component (the reward reports: right, invalid_calls" in bad.describe()
+    assert (
+        not bad.passed
+        and "no such component (the reward reports: right, invalid_calls" in bad.describe()
+    )
 
 
 class KitToyDoubled(KitToy):
@@ -160,7 +173,9 @@ def test_registering_the_id_again_replays_on_the_new_twin(toy, tmp_path):
 
 def test_an_unregistered_twin_is_an_error_outcome_naming_the_registry(tmp_path):
     p = tmp_path / "gone.rollouts.yaml"
-    p.write_text(textwrap.dedent(OWN_TRUTH))  # the toy fixture is not used: KitToy is not registered
+    p.write_text(
+        textwrap.dedent(OWN_TRUTH)
+    )  # the toy fixture is not used: KitToy is not registered
     (outcome,) = run_rollout_file(p)
     assert not outcome.passed and "no reward for twin 'KitToy'" in outcome.error
     assert "twin.register" in outcome.error  # the registry's own hint on how to register one

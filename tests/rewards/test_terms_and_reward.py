@@ -17,7 +17,9 @@ CASE = Case(twin="Toy", split="test", index=3, task={}, truth={"answer": 7})
 
 def traj(answer=None, invalid=0, turns=1) -> Trajectory:
     sub = {"answer": answer} if answer is not None else None
-    return Trajectory(twin="Toy", case_id=CASE.id, submission=sub, invalid_calls=invalid, num_turns=turns)
+    return Trajectory(
+        twin="Toy", case_id=CASE.id, submission=sub, invalid_calls=invalid, num_turns=turns
+    )
 
 
 @term
@@ -49,7 +51,9 @@ def test_term_decorator_names_and_describes():
 
 def test_term_out_of_range_is_an_error_not_zero():
     bad = Term("bad", lambda t, c: 1.5)
-    with pytest.raises(TermError, match=r"'bad' returned 1.5, outside its declared range \[0.0, 1.0\].*Toy/test/3"):
+    with pytest.raises(
+        TermError, match=r"'bad' returned 1.5, outside its declared range \[0.0, 1.0\].*Toy/test/3"
+    ):
         bad(traj(1), CASE)
 
 
@@ -64,8 +68,17 @@ def test_term_that_raises_is_an_error():
         correct(traj(None), CASE)  # submission is None -> subscript fails
 
 
-@pytest.mark.parametrize("kwargs", [{"name": ""}, {"name": "a b"}, {"name": "total"}, {"name": "x", "low": 2.0, "high": 1.0},
-                                    {"name": "x", "low": math.inf}, {"name": "x", "fn": 3}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"name": ""},
+        {"name": "a b"},
+        {"name": "total"},
+        {"name": "x", "low": 2.0, "high": 1.0},
+        {"name": "x", "low": math.inf},
+        {"name": "x", "fn": 3},
+    ],
+)
 def test_term_construction_is_validated(kwargs):
     args = {"name": "x", "fn": lambda t, c: 0.0, **kwargs}
     with pytest.raises(ConfigError):
@@ -76,9 +89,15 @@ def test_weighted_sum_penalties_after_sum_and_clip():
     pen = Penalty("invalid", lambda t, c: float(t.invalid_calls), per_unit=0.1, cap=0.25)
     r = Reward({correct: 0.5, close: 0.5}, penalties=[pen], clip=(-0.2, 1.0))
     res = r(traj(9, invalid=1), CASE)
-    assert res.components == {"correct": 0.0, "closeness": pytest.approx(0.6), "invalid": pytest.approx(0.1),
-                              "penalty": pytest.approx(0.1)}
-    assert res.weighted["closeness"] == pytest.approx(0.3) and res.weighted["invalid"] == pytest.approx(-0.1)
+    assert res.components == {
+        "correct": 0.0,
+        "closeness": pytest.approx(0.6),
+        "invalid": pytest.approx(0.1),
+        "penalty": pytest.approx(0.1),
+    }
+    assert res.weighted["closeness"] == pytest.approx(0.3) and res.weighted[
+        "invalid"
+    ] == pytest.approx(-0.1)
     assert res.total == pytest.approx(0.2)
     assert "off by 2" in res.notes
     # the cap holds and the clip applies after the penalties
@@ -115,7 +134,12 @@ def test_reward_rejects_plain_functions_duplicates_and_bad_clip():
 
 
 def test_gate_zeroes_the_rest_and_sets_the_total():
-    gate = Gate("submitted", lambda t, c: t.submission is not None, fail_values={"closeness": -1.0}, total=-0.5)
+    gate = Gate(
+        "submitted",
+        lambda t, c: t.submission is not None,
+        fail_values={"closeness": -1.0},
+        total=-0.5,
+    )
     pen = Penalty("invalid", lambda t, c: float(t.invalid_calls), per_unit=0.1)
     r = Reward({correct: 1.0, close: 1.0}, gates=[gate], penalties=[pen], clip=(-1.0, 2.0))
     res = r(traj(None, invalid=2), CASE)  # terms would raise without a submission: not run
@@ -155,7 +179,9 @@ def test_bounds():
 def test_with_overrides_and_from_yaml(tmp_path):
     pen = Penalty("invalid", lambda t, c: float(t.invalid_calls), per_unit=0.1, cap=0.25)
     r = Reward({correct: 0.5, close: 0.5}, penalties=[pen], clip=(-1.0, 1.0))
-    r2 = r.with_overrides({"weights": {"correct": 1.0}, "penalties": {"invalid": {"cap": 0.5}}, "clip": None})
+    r2 = r.with_overrides(
+        {"weights": {"correct": 1.0}, "penalties": {"invalid": {"cap": 0.5}}, "clip": None}
+    )
     assert r2.weights == {"correct": 1.0, "closeness": 0.5} and r2.clip is None
     assert r2.penalties[0].cap == 0.5 and r2.penalties[0].per_unit == 0.1
     assert r.weights == {"correct": 0.5, "closeness": 0.5}  # the original is untouched
@@ -196,17 +222,34 @@ def test_from_yaml_refuses_alias_bombs_and_binary_files(tmp_path):
 
 
 def test_explain_and_metrics():
-    r = Reward({correct: 0.5, close: 0.5}, penalties=[Penalty("invalid", lambda t, c: 1.0, per_unit=0.1)])
+    r = Reward(
+        {correct: 0.5, close: 0.5}, penalties=[Penalty("invalid", lambda t, c: 1.0, per_unit=0.1)]
+    )
     res = r(traj(9, invalid=1), CASE)
     text = res.explain()
-    for needle in ("correct", "closeness", "invalid", "penalty", "total", "note: off by 2", "+0.3000", "-0.1000"):
+    for needle in (
+        "correct",
+        "closeness",
+        "invalid",
+        "penalty",
+        "total",
+        "note: off by 2",
+        "+0.3000",
+        "-0.1000",
+    ):
         assert needle in text
-    assert res.metrics() == {"rewards/total": res.total, **{f"rewards/{k}": v for k, v in res.components.items()}}
+    assert res.metrics() == {
+        "rewards/total": res.total,
+        **{f"rewards/{k}": v for k, v in res.components.items()},
+    }
     assert RewardResult.model_validate_json(res.model_dump_json()) == res
 
 
 def test_reward_is_deterministic_and_thread_safe():
-    r = Reward({correct: 0.5, close: 0.5}, penalties=[Penalty("invalid", lambda t, c: float(t.invalid_calls), 0.1, 0.3)])
+    r = Reward(
+        {correct: 0.5, close: 0.5},
+        penalties=[Penalty("invalid", lambda t, c: float(t.invalid_calls), 0.1, 0.3)],
+    )
     episodes = [traj(a, invalid=a % 4) for a in range(3, 12)] * 50
     expected = [r(t, CASE) for t in episodes]
     with ThreadPoolExecutor(8) as pool:

@@ -12,7 +12,13 @@ import pytest
 
 from envs.catalog.reward import make_catalog_reward
 from rewards import testing
-from rewards.testing import cli_main, load_rollout_file, register_reward, run_rollout_file, unregister_reward
+from rewards.testing import (
+    cli_main,
+    load_rollout_file,
+    register_reward,
+    run_rollout_file,
+    unregister_reward,
+)
 from twin.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +74,15 @@ def test_good_file_passes_and_prints_the_table(tmp_path, capsys):
     p = write(tmp_path, GOOD)
     assert cli_main([str(p)]) == 0
     out = capsys.readouterr().out
-    for needle in ("gold", "miss with two bad calls", "category", "attributes", "policy", "penalty", "3/3 rollouts pass"):
+    for needle in (
+        "gold",
+        "miss with two bad calls",
+        "category",
+        "attributes",
+        "policy",
+        "penalty",
+        "3/3 rollouts pass",
+    ):
         assert needle in out
     assert all(o.passed for o in run_rollout_file(p))
 
@@ -95,11 +109,26 @@ def test_glob_patterns_and_missing_files(tmp_path, capsys):
     ("text", "match"),
     [
         ("twin: X\ncases: []\n", "cases"),
-        ("twin: X\ncases:\n  - {name: a, truth: {}, expect: {total: 1}}\n", "exactly one of `submit:`"),
-        ("twin: X\ncases:\n  - {name: a, truth: {}, submit: null, turns: [hi], expect: {total: 1}}\n", "exactly one"),
-        ("twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {}}\n", "total and/or components"),
-        ("twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 'import os'}}\n", "arithmetic"),
-        ("twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 1}, typo: 1}\n", r"cases.0 \('a'\).typo"),
+        (
+            "twin: X\ncases:\n  - {name: a, truth: {}, expect: {total: 1}}\n",
+            "exactly one of `submit:`",
+        ),
+        (
+            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, turns: [hi], expect: {total: 1}}\n",
+            "exactly one",
+        ),
+        (
+            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {}}\n",
+            "total and/or components",
+        ),
+        (
+            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 'import os'}}\n",
+            "arithmetic",
+        ),
+        (
+            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 1}, typo: 1}\n",
+            r"cases.0 \('a'\).typo",
+        ),
         ("twin: [unclosed\n", "not valid YAML"),
     ],
 )
@@ -121,14 +150,17 @@ def test_unknown_twin_is_an_error_outcome(tmp_path):
 
 def test_a_term_that_raises_fails_the_case(tmp_path):
     # the truth lacks `verdict`: the policy term raises, and the case fails instead of scoring 0
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         twin: KitCatalog
         cases:
           - name: broken truth
             truth: {category_id: aa-5-1, attributes: {}}
             submit: {category_id: aa-5-1, attributes: {}, verdict: ok, reason: ""}
             expect: {total: 0.6}
-        """)
+        """,
+    )
     (outcome,) = run_rollout_file(p)
     assert not outcome.passed and "TermError" in outcome.error and "policy" in outcome.error
 
@@ -141,7 +173,9 @@ def test_reward_entry_in_the_file(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     p = write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: Other\nreward: my_rewards:catalog"))
     refused = run_rollout_file(p)  # a module outside the reward library and the twins' packages
-    assert all("--allow-import" in (o.error or "") and "my_rewards" in (o.error or "") for o in refused)
+    assert all(
+        "--allow-import" in (o.error or "") and "my_rewards" in (o.error or "") for o in refused
+    )
     assert all(o.passed for o in run_rollout_file(p, allow_import=True))
     # the permission is checked each time, not cached with the scorer
     assert not any(o.passed for o in run_rollout_file(p))
@@ -150,14 +184,18 @@ def test_reward_entry_in_the_file(tmp_path, monkeypatch):
 def test_a_rollout_file_cannot_call_arbitrary_callables(tmp_path, monkeypatch, capsys):
     made = []
     monkeypatch.setattr("tempfile.mkdtemp", lambda *a, **k: made.append(1) or str(tmp_path))
-    p = write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: KitCatalog\nreward: 'tempfile:mkdtemp'"))
+    p = write(
+        tmp_path, GOOD.replace("twin: KitCatalog", "twin: KitCatalog\nreward: 'tempfile:mkdtemp'")
+    )
     assert cli_main([str(p)]) == 1
     assert made == []
     assert "allow-import" in capsys.readouterr().out
 
 
 def test_rewards_of_registered_twins_load_without_the_flag(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         twin: Other
         reward: envs.returns.twin:returns_reward
         cases:
@@ -166,19 +204,29 @@ def test_rewards_of_registered_twins_load_without_the_flag(tmp_path):
             task: {order_id: R-1}
             submit: {order_id: R-1, decision: refund, amount: 25.0, reason: policy}
             expect: {total: 0.9, components: {correct_decision: 1, correct_amount: 1, checked_order: 0}}
-        """)
+        """,
+    )
     (outcome,) = run_rollout_file(p)
     assert outcome.passed, outcome.describe()
-    assert "envs" in testing.trusted_reward_packages() and "rewards" in testing.trusted_reward_packages()
+    assert (
+        "envs" in testing.trusted_reward_packages()
+        and "rewards" in testing.trusted_reward_packages()
+    )
 
 
 BAD_FILES = {
     "binary.rollouts.yaml": bytes(range(256)) * 8,
-    "deep.rollouts.yaml": GOOD.replace("{total: -0.4}", "{total: '" + "*".join(["99"] * 2000) + "'}").encode(),
+    "deep.rollouts.yaml": GOOD.replace(
+        "{total: -0.4}", "{total: '" + "*".join(["99"] * 2000) + "'}"
+    ).encode(),
     "huge.rollouts.yaml": GOOD.replace("{total: -0.4}", "{total: " + "9" * 401 + "}").encode(),
-    "huge-text.rollouts.yaml": GOOD.replace("{total: -0.4}", "{total: '" + "9" * 401 + "'}").encode(),
+    "huge-text.rollouts.yaml": GOOD.replace(
+        "{total: -0.4}", "{total: '" + "9" * 401 + "'}"
+    ).encode(),
     "inf.rollouts.yaml": GOOD.replace("{total: -0.4}", "{total: '1e308*10'}").encode(),
-    "tolerance.rollouts.yaml": GOOD.replace("twin: KitCatalog", "twin: KitCatalog\ntolerance: .inf").encode(),
+    "tolerance.rollouts.yaml": GOOD.replace(
+        "twin: KitCatalog", "twin: KitCatalog\ntolerance: .inf"
+    ).encode(),
 }
 
 
@@ -193,7 +241,10 @@ def test_bad_files_are_per_file_errors_and_the_others_still_run(tmp_path, capsys
     assert "3/9 rollouts pass" in out  # the good file's three cases; one error per bad file
     for name in BAD_FILES:
         (outcome,) = run_rollout_file(tmp_path / name)
-        assert outcome.name == "<file>" and outcome.error and len(outcome.error) < 1500, (name, outcome)
+        assert outcome.name == "<file>" and outcome.error and len(outcome.error) < 1500, (
+            name,
+            outcome,
+        )
     assert "not UTF-8" in run_rollout_file(tmp_path / "binary.rollouts.yaml")[0].error
     assert "at most 200" in run_rollout_file(tmp_path / "deep.rollouts.yaml")[0].error
     assert "float can hold" in run_rollout_file(tmp_path / "huge.rollouts.yaml")[0].error
@@ -202,8 +253,11 @@ def test_bad_files_are_per_file_errors_and_the_others_still_run(tmp_path, capsys
 
 
 def test_the_shipped_rollouts_pass_against_the_catalog_reward():
-    files = sorted(str(p) for p in (ROOT / "data" / "rollouts").glob("catalog-v0-*.rollouts.yaml")
-                   if "replay" not in p.name)
+    files = sorted(
+        str(p)
+        for p in (ROOT / "data" / "rollouts").glob("catalog-v0-*.rollouts.yaml")
+        if "replay" not in p.name
+    )
     cases = sum(len(load_rollout_file(f).cases) for f in files)
     assert cases >= 25
     for f in files:
@@ -222,15 +276,29 @@ def _run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 def test_pytest_plugin_collects_rollout_files(tmp_path):
-    write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"), "good.rollouts.yaml")
-    write(tmp_path, WRONG.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"), "wrong.rollouts.yaml")
+    write(
+        tmp_path,
+        GOOD.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"),
+        "good.rollouts.yaml",
+    )
+    write(
+        tmp_path,
+        WRONG.replace("twin: KitCatalog", "twin: Catalog\nreward: kit_rewards:catalog"),
+        "wrong.rollouts.yaml",
+    )
     # one subprocess (pytest start-up is the slow part): every case is an item, one fails
-    done = _run_pytest(tmp_path, "-rA", "--rollouts-allow-import", "good.rollouts.yaml", "wrong.rollouts.yaml")
+    done = _run_pytest(
+        tmp_path, "-rA", "--rollouts-allow-import", "good.rollouts.yaml", "wrong.rollouts.yaml"
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed, 4 passed" in done.stdout
     assert "PASSED good.rollouts.yaml::gold" in done.stdout
@@ -277,7 +345,10 @@ def test_a_rollout_file_names_rewards_only_and_calls_nothing_else(tmp_path, monk
     for i, spec in enumerate(refused):
         files.append(write(tmp_path, RETURNS_CASE.format(spec=spec), f"r{i}.rollouts.yaml"))
         (outcome,) = run_rollout_file(files[-1])
-        assert not outcome.passed and "not a Reward, a term or a reward factory" in outcome.error, (spec, outcome)
+        assert not outcome.passed and "not a Reward, a term or a reward factory" in outcome.error, (
+            spec,
+            outcome,
+        )
         assert refused[spec] in outcome.error
     assert calls == []
     # the CLI reports every file and its summary; nothing exits the run
@@ -304,10 +375,17 @@ def test_a_term_and_a_declared_factory_are_rewards(tmp_path, monkeypatch):
     monkeypatch.setattr(returns_module, "refunded", refunded, raising=False)
     monkeypatch.setattr(returns_module, "make_reward", make_reward, raising=False)
     monkeypatch.setattr(returns_module, "__reward_factories__", ("make_reward",), raising=False)
-    (outcome,) = run_rollout_file(write(tmp_path, RETURNS_CASE.format(spec="envs.returns.twin:refunded")))
+    (outcome,) = run_rollout_file(
+        write(tmp_path, RETURNS_CASE.format(spec="envs.returns.twin:refunded"))
+    )
     assert outcome.passed, outcome.describe()
     assert outcome.result.components == {"refunded": 1.0}
-    path = write(tmp_path, RETURNS_CASE.format(spec="envs.returns.twin:make_reward").replace("total: 1.0", "total: 0.9"))
+    path = write(
+        tmp_path,
+        RETURNS_CASE.format(spec="envs.returns.twin:make_reward").replace(
+            "total: 1.0", "total: 0.9"
+        ),
+    )
     (outcome,) = run_rollout_file(path)
     assert outcome.passed, outcome.describe()
     assert made == [1]
@@ -316,9 +394,16 @@ def test_a_term_and_a_declared_factory_are_rewards(tmp_path, monkeypatch):
 def test_the_report_survives_surrogates_escapes_and_huge_names(tmp_path):
     """A lone surrogate in a case name crashed the report; ANSI escapes reached the terminal."""
     good = write(tmp_path, GOOD, "good.rollouts.yaml")
-    odd = write(tmp_path, GOOD.replace("name: gold", 'name: "gold \\ud800"').replace(
-        "name: no submit", 'name: "\\e[31mred\\e[0m [bold]markup[/bold]"'), "odd.rollouts.yaml")
-    huge = write(tmp_path, GOOD.replace("twin: KitCatalog", "twin: " + "T" * 200_000), "huge.rollouts.yaml")
+    odd = write(
+        tmp_path,
+        GOOD.replace("name: gold", 'name: "gold \\ud800"').replace(
+            "name: no submit", 'name: "\\e[31mred\\e[0m [bold]markup[/bold]"'
+        ),
+        "odd.rollouts.yaml",
+    )
+    huge = write(
+        tmp_path, GOOD.replace("twin: KitCatalog", "twin: " + "T" * 200_000), "huge.rollouts.yaml"
+    )
     code = (
         "import sys; from rewards.testing import cli_main, register_reward\n"
         "from envs.catalog.reward import make_catalog_reward\n"
@@ -335,4 +420,6 @@ def test_the_report_survives_surrogates_escapes_and_huge_names(tmp_path):
     assert "\x1b" not in out and "\\x1b[31mred" in out and "[bold]markup[/bold]" in out
     assert "gold ?" in out
     assert len(run.stdout) < 30_000  # the 200,000-character twin name is cut
-    assert "6/9 rollouts pass" in out  # every file's results: the odd file's 3 and the good file's 3 pass
+    assert (
+        "6/9 rollouts pass" in out
+    )  # every file's results: the odd file's 3 and the good file's 3 pass

@@ -51,11 +51,12 @@ def make_trainable_tiny(lora: bool) -> Any:
     torch.set_num_threads(1)
     model, _ = load_model("tiny")
     if lora:
-        return build_lora_model(model, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        return build_lora_model(
+            model, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]
+        )
     for p in model.parameters():
         p.requires_grad_(True)
     return model
-
 
 
 @pytest.fixture(scope="session")
@@ -160,7 +161,12 @@ class MockSamplerServer:
         self.probes.append(body["model"])
         ids = body["prompt"]
         scored = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in ids[1:]]
-        choice = {"index": 0, "token_ids": [7], "prompt_logprobs": scored, "finish_reason": "length"}
+        choice = {
+            "index": 0,
+            "token_ids": [7],
+            "prompt_logprobs": scored,
+            "finish_reason": "length",
+        }
         return httpx.Response(200, json={"model": body["model"], "choices": [choice]})
 
     def transport(self) -> httpx.MockTransport:
@@ -218,7 +224,9 @@ class InMemoryRollout:
         events: queue.Queue[Any] = queue.Queue()
         for event in self.events:
             events.put(event)
-        self.side = RolloutSide(shared=shared, lots=lots, events=events, base_url="http://sampler", server=self.server)
+        self.side = RolloutSide(
+            shared=shared, lots=lots, events=events, base_url="http://sampler", server=self.server
+        )
         return self.side
 
 
@@ -232,8 +240,14 @@ def make_lot(index: int, version: int, rewards: tuple[float, ...] = (0.0, 1.0)) 
         turn = TokenTurn(prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.5, -0.25])
         trajs.append(
             Trajectory(
-                twin="Toy", case_id="Toy/train/0", reward=r, components={"correct": r}, token_turns=[turn],
-                completion_tokens=2, num_turns=1, info={"shaped_reward": r, "episode_tokens": 5},
+                twin="Toy",
+                case_id="Toy/train/0",
+                reward=r,
+                components={"correct": r},
+                token_turns=[turn],
+                completion_tokens=2,
+                num_turns=1,
+                info={"shaped_reward": r, "episode_tokens": 5},
             )
         )
     group = Group(case_id="Toy/train/0", trajectories=trajs, policy_version=version)
@@ -243,13 +257,22 @@ def make_lot(index: int, version: int, rewards: tuple[float, ...] = (0.0, 1.0)) 
 
 
 def make_async_trainer(
-    tmp_path: Path, k: int, lots: list[Any], steps: int, *, sampler: MockSamplerServer | None = None,
-    server: Any = None, events: list[Any] = (), overrides: list[str] = (),  # type: ignore[assignment]
-    on_step: Callable[[dict[str, Any]], None] | None = None, learner: Any = None, setup: bool = True,
+    tmp_path: Path,
+    k: int,
+    lots: list[Any],
+    steps: int,
+    *,
+    sampler: MockSamplerServer | None = None,
+    server: Any = None,
+    events: list[Any] = (),
+    overrides: list[str] = (),  # type: ignore[assignment]
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    learner: Any = None,
+    setup: bool = True,
 ) -> tuple[Any, MockSamplerServer, InMemoryRollout]:
     """An :class:`trainer.async_trainer.AsyncTrainer` of the toy recipe built with fakes (set up)."""
-    from trainer.config import load_recipe
     from trainer.async_trainer import AsyncTrainer
+    from trainer.config import load_recipe
 
     cfg = load_recipe("toy-cpu", [
         "lora.enabled=true", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",

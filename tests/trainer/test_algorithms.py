@@ -34,8 +34,12 @@ T = torch.tensor
 
 
 def close(a, b, tol: float = 1e-5) -> bool:
-    return torch.allclose(torch.as_tensor(a, dtype=torch.float32),
-                          torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=0)
+    return torch.allclose(
+        torch.as_tensor(a, dtype=torch.float32),
+        torch.as_tensor(b, dtype=torch.float32),
+        atol=tol,
+        rtol=0,
+    )
 
 
 # ================================================================== advantages
@@ -69,7 +73,8 @@ def test_groups_of_one_and_bad_shapes() -> None:
 group_rewards = st.integers(1, 6).flatmap(
     lambda g: st.lists(
         st.lists(st.floats(-10, 10, allow_nan=False, width=32), min_size=g, max_size=g),
-        min_size=1, max_size=5,
+        min_size=1,
+        max_size=5,
     )
 )
 
@@ -126,9 +131,13 @@ def test_overlong_penalty_is_the_reward_librarys(max_len: int, data, factor: flo
     from rewards import overlong_penalty as overlong_term
 
     buffer = data.draw(st.integers(0, max_len), label="buffer")
-    lengths = data.draw(st.lists(st.integers(0, 2 * max_len + 2), min_size=1, max_size=8), label="lengths")
+    lengths = data.draw(
+        st.lists(st.integers(0, 2 * max_len + 2), min_size=1, max_size=8), label="lengths"
+    )
     term = overlong_term(max_len, buffer, penalty=factor)
-    expected = [-term.amount(SimpleNamespace(completion_tokens=n, token_turns=[]), None) for n in lengths]
+    expected = [
+        -term.amount(SimpleNamespace(completion_tokens=n, token_turns=[]), None) for n in lengths
+    ]
     assert close(overlong_penalty(T(lengths), max_len, buffer, factor), expected)
 
 
@@ -142,7 +151,9 @@ def test_overlong_buffer_zero_leaves_training_rewards_alone() -> None:
 
     cfg = load_recipe({"twin": {"name": "Toy"}, "sampler": {"max_episode_tokens": 100}})
     assert cfg.algorithm.overlong_buffer == 0
-    trajs = [SimpleNamespace(completion_tokens=n) for n in (0, 50, 99)]  # at most 100 - 1 prompt token
+    trajs = [
+        SimpleNamespace(completion_tokens=n) for n in (0, 50, 99)
+    ]  # at most 100 - 1 prompt token
     group = SimpleNamespace(rewards=[1.0, 0.0, 0.5], trajectories=trajs)
     assert group_rewards(group, cfg).tolist() == [1.0, 0.0, 0.5]
 
@@ -238,7 +249,8 @@ def test_aggregations_ignore_padding_even_when_not_finite() -> None:
 @given(
     rows=st.lists(
         st.lists(st.tuples(st.floats(-3, 3, width=32), st.booleans()), min_size=4, max_size=4),
-        min_size=2, max_size=6,
+        min_size=2,
+        max_size=6,
     ),
     cut=st.integers(1, 5),
     name=st.sampled_from(sorted(LOSS_AGGREGATIONS)),
@@ -298,8 +310,16 @@ def test_gradient_flows_only_through_masked_tokens() -> None:
     ref = T([[-1.1, -2.2, 30.0], [-0.6, 5.0, -40.0]])
     for agg in LOSS_AGGREGATIONS.values():
         lp.grad = None
-        loss, _ = policy_loss(lp, ADV, LP_MASK, aggregate=agg, old_logprobs=old,
-                              sampler_logprobs=sampler, ref_logprobs=ref, kl_coef=0.1)
+        loss, _ = policy_loss(
+            lp,
+            ADV,
+            LP_MASK,
+            aggregate=agg,
+            old_logprobs=old,
+            sampler_logprobs=sampler,
+            ref_logprobs=ref,
+            kl_coef=0.1,
+        )
         loss.backward()
         assert torch.isfinite(loss)
         assert (lp.grad[LP_MASK == 0] == 0).all()
@@ -311,8 +331,16 @@ def test_policy_loss_with_tis_and_kl_by_hand() -> None:
     # sampler logprobs: weights exp(old - sampler) = exp(1) -> cap 2, exp(-.5), exp(0) = 1
     sampler = T([[-2.0, -1.5, 0.0], [-0.5, 0.0, 0.0]])
     ref = T([[-1.0, -2.0 + math.log(0.5), 0.0], [-0.5, 0.0, 0.0]])
-    loss, stats = policy_loss(lp, ADV, LP_MASK, aggregate=token_mean, sampler_logprobs=sampler,
-                              ref_logprobs=ref, kl_coef=0.1, tis_cap=2.0)
+    loss, stats = policy_loss(
+        lp,
+        ADV,
+        LP_MASK,
+        aggregate=token_mean,
+        sampler_logprobs=sampler,
+        ref_logprobs=ref,
+        kl_coef=0.1,
+        tis_cap=2.0,
+    )
     w = [2.0, math.exp(-0.5), 1.0]
     pg = (-1 * w[0] - 1 * w[1] + 0.5 * w[2]) / 3
     k3 = [0.0, 0.5 - math.log(0.5) - 1, 0.0]  # ref - lp = log .5 on the 2nd token only

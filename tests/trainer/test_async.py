@@ -12,19 +12,17 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
-import queue
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.config import load_recipe
 from trainer.async_trainer import AsyncTrainer
+from trainer.config import load_recipe
 from trainer.workers import SharedState, adapter_name
 from twin.errors import ConfigError
 
@@ -33,7 +31,11 @@ CTX = multiprocessing.get_context("spawn")
 
 # -- the staleness gate -----------------------------------------------------------------------------
 def _simulate(
-    k: int, choices: list[int], steps: int = 6, prefer: tuple[str, ...] = (), background_load: bool = False
+    k: int,
+    choices: list[int],
+    steps: int = 6,
+    prefer: tuple[str, ...] = (),
+    background_load: bool = False,
 ) -> dict[str, Any]:
     """Run worker/learner actions in the order ``choices`` (or the ``prefer`` order) picks.
 
@@ -108,7 +110,9 @@ def test_gate_bounds_staleness_and_never_deadlocks(k: int, choices: list[int]) -
 
 @settings(max_examples=60, deadline=None)
 @given(k=st.integers(1, 3), choices=st.lists(st.integers(0, 7), min_size=1, max_size=40))
-def test_gate_with_background_loads_bounds_staleness_and_never_deadlocks(k: int, choices: list[int]) -> None:
+def test_gate_with_background_loads_bounds_staleness_and_never_deadlocks(
+    k: int, choices: list[int]
+) -> None:
     # the worker samples with published versions only, and a version is published after its load
     result = _simulate(k, choices, background_load=True)
     assert len(result["staleness"]) == 6
@@ -140,7 +144,13 @@ def test_adapter_names() -> None:
 # -- the learner loop with fakes (conftest.py: a stub learner, a mock sampler, lots in memory) ------------
 def test_train_loop_drops_stale_lots_syncs_and_logs(tmp_path: Path, async_fakes: Any) -> None:
     lot = async_fakes.lot
-    lots = [lot(0, 0), lot(1, 0), lot(2, 0), lot(3, 2), lot(4, 3)]  # lot 2 would train at step 2: too old
+    lots = [
+        lot(0, 0),
+        lot(1, 0),
+        lot(2, 0),
+        lot(3, 2),
+        lot(4, 3),
+    ]  # lot 2 would train at step 2: too old
     trainer, sampler, _ = async_fakes.trainer(tmp_path, 1, lots, steps=4)
     history = trainer.train()
     assert [r["async/staleness"] for r in history] == [0.0, 1.0, 0.0, 0.0]
@@ -151,20 +161,31 @@ def test_train_loop_drops_stale_lots_syncs_and_logs(tmp_path: Path, async_fakes:
     assert sampler.probes == sampler.loads  # each probe asks for the adapter just loaded
     # every adapter is checked once, reported in the step its check completed (at most one step
     # late), and the last record reports the final adapter's
-    assert sum(r["async/checks"] for r in history) == 5 and history[-1]["async/probe_version"] == 4.0
+    assert (
+        sum(r["async/checks"] for r in history) == 5 and history[-1]["async/probe_version"] == 4.0
+    )
     for r in history:
-        assert r["step"] - 1 <= r["async/probe_version"] <= r["policy/version"] or not r["async/checks"]
+        assert (
+            r["step"] - 1 <= r["async/probe_version"] <= r["policy/version"]
+            or not r["async/checks"]
+        )
         if r["async/checks"]:
             assert r["async/logprob_mismatch"] == pytest.approx(0.25)
         assert r["async/rollout_idle_frac"] == pytest.approx(0.25)
         assert 0.0 <= r["async/learner_idle_frac"] <= 1.0
         assert r["async/sync_s"] >= 0.0 and math.isfinite(r["rewards/total"])
     assert trainer.shared.get()[:3] == (4, 4, 5)  # published, claimed, consumed
-    assert trainer.shared.max_new_tokens() == trainer.max_new_tokens(4) >= 1  # the curriculum reaches the worker
+    assert (
+        trainer.shared.max_new_tokens() == trainer.max_new_tokens(4) >= 1
+    )  # the curriculum reaches the worker
     # only the newest k + 2 adapters stay loaded and on disk
     trainer.stop_workers()
     assert sampler.unloads == ["policy@0", "policy@1"]
-    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["policy@2", "policy@3", "policy@4"]
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == [
+        "policy@2",
+        "policy@3",
+        "policy@4",
+    ]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 4 and "async/queue_depth" in json.loads(lines[0])
     assert (tmp_path / "checkpoints" / "step-000004").is_dir()  # the last step is checkpointed
@@ -219,31 +240,41 @@ def test_background_load_is_published_only_once_loaded_and_lots_name_loaded_adap
     # every probe asked for its adapter after the load (an early one would 404 and log NaN)
     assert sampler.probes == [adapter_name(v) for v in range(steps + 1)]
     assert sum(r["async/checks"] for r in history) == steps + 1
-    assert all(r["async/logprob_mismatch"] == pytest.approx(0.25) for r in history if r["async/checks"])
+    assert all(
+        r["async/logprob_mismatch"] == pytest.approx(0.25) for r in history if r["async/checks"]
+    )
 
 
 def test_failed_background_load_raises_adapter_sync_error(tmp_path: Path, async_fakes: Any) -> None:
     from trainer.workers import AdapterSyncError
 
     lot = async_fakes.lot
-    sampler = async_fakes.Sampler(load_delay=0.02, refuse="policy@2")  # up (healthy), and still refuses
+    sampler = async_fakes.Sampler(
+        load_delay=0.02, refuse="policy@2"
+    )  # up (healthy), and still refuses
     lots = [lot(0, 0), lot(1, 0), lot(2, 1), lot(3, 2), lot(4, 3)]
     trainer, _, _ = async_fakes.trainer(tmp_path, 1, lots, steps=5, sampler=sampler)
-    with pytest.raises(AdapterSyncError, match=r"(?s)loading policy@2 in the background failed.*HTTP 400"):
+    with pytest.raises(
+        AdapterSyncError, match=r"(?s)loading policy@2 in the background failed.*HTTP 400"
+    ):
         trainer.train()
     assert trainer.shared.get()[0] == 1  # policy@2 was never published: no lot can carry it
     assert "policy@3" not in sampler.loads  # surfaced no later than the next sync
     assert trainer.learner.steps <= 3
 
 
-def test_sampler_dying_during_a_background_load_is_restarted(tmp_path: Path, async_fakes: Any) -> None:
+def test_sampler_dying_during_a_background_load_is_restarted(
+    tmp_path: Path, async_fakes: Any
+) -> None:
     lot = async_fakes.lot
     server = async_fakes.Server(tmp_path / "sampler.log")
     sampler = async_fakes.Sampler(refuse="policy@2", server=server)
     lots = [lot(0, 0), lot(1, 0), lot(2, 1), lot(3, 2), lot(4, 3)]
     trainer, _, _ = async_fakes.trainer(tmp_path, 1, lots, steps=4, sampler=sampler, server=server)
     history = trainer.train()
-    assert server.starts == 2 and history[-1]["async/sampler_restarts"] == 1.0  # set-up, then one restart
+    assert (
+        server.starts == 2 and history[-1]["async/sampler_restarts"] == 1.0
+    )  # set-up, then one restart
     assert trainer.shared.get()[0] == 4 and "policy@4" in sampler.loaded
     assert trainer.shared.get()[3] == 1  # the worker was told to sample its lot again
     # the load of policy@2 died with the server; the restart's first load is the learner's current
@@ -262,23 +293,39 @@ def test_k0_loads_and_publishes_before_the_step_ends(tmp_path: Path, async_fakes
         on_step=lambda r: seen.append((r["step"], trainer.shared.get()[0], adapter_name(r["step"] + 1) in sampler.loaded)),
     )  # fmt: skip
     history = trainer.train()
-    assert seen == [(0, 1, True), (1, 2, True), (2, 3, True)]  # loaded and published within the step
-    assert all(r["async/load_wait_s"] == 0.0 for r in history)  # nothing left to a background thread
+    assert seen == [
+        (0, 1, True),
+        (1, 2, True),
+        (2, 3, True),
+    ]  # loaded and published within the step
+    assert all(
+        r["async/load_wait_s"] == 0.0 for r in history
+    )  # nothing left to a background thread
     assert [r["async/staleness"] for r in history] == [0.0, 0.0, 0.0]
 
 
-def test_check_every_probes_every_nth_version_and_the_last(tmp_path: Path, async_fakes: Any) -> None:
+def test_check_every_probes_every_nth_version_and_the_last(
+    tmp_path: Path, async_fakes: Any
+) -> None:
     from trainer.config import AsyncConfig
 
     assert AsyncConfig().check_every == 1
     lot = async_fakes.lot
     trainer, sampler, _ = async_fakes.trainer(
-        tmp_path, 1, [lot(0, 0), lot(1, 0), lot(2, 1), lot(3, 2)], steps=4, overrides=["async.check_every=2"]
+        tmp_path,
+        1,
+        [lot(0, 0), lot(1, 0), lot(2, 1), lot(3, 2)],
+        steps=4,
+        overrides=["async.check_every=2"],
     )
     history = trainer.train()
     assert sampler.probes == ["policy@0", "policy@2", "policy@4"]
-    assert sum(r["async/checks"] for r in history) == 3 and history[-1]["async/probe_version"] == 4.0
-    assert any(math.isnan(r["async/logprob_mismatch"]) and r["async/probe_version"] == -1 for r in history)
+    assert (
+        sum(r["async/checks"] for r in history) == 3 and history[-1]["async/probe_version"] == 4.0
+    )
+    assert any(
+        math.isnan(r["async/logprob_mismatch"]) and r["async/probe_version"] == -1 for r in history
+    )
 
 
 def test_a_slow_check_does_not_hold_up_the_learner(tmp_path: Path, async_fakes: Any) -> None:
@@ -294,13 +341,19 @@ def test_a_slow_check_does_not_hold_up_the_learner(tmp_path: Path, async_fakes: 
             release.set()
 
     lots = [lot(0, 0), lot(1, 0), lot(2, 1), lot(3, 2), lot(4, 3)]
-    trainer, _, _ = async_fakes.trainer(tmp_path, 1, lots, steps=5, sampler=sampler, on_step=on_step)
+    trainer, _, _ = async_fakes.trainer(
+        tmp_path, 1, lots, steps=5, sampler=sampler, on_step=on_step
+    )
     history = trainer.train()
     assert sampler.released == [True]  # released by the learner's progress, not by the timeout
     assert sum(r["async/checks"] for r in history) == 6  # none lost
-    assert all(r["async/logprob_mismatch"] == pytest.approx(0.25) for r in history if r["async/checks"])
+    assert all(
+        r["async/logprob_mismatch"] == pytest.approx(0.25) for r in history if r["async/checks"]
+    )
     by_step = {int(r["step"]): r for r in history}
-    assert by_step[2]["async/probe_version"] < 2 <= by_step[3]["async/probe_version"]  # reported a step late
+    assert (
+        by_step[2]["async/probe_version"] < 2 <= by_step[3]["async/probe_version"]
+    )  # reported a step late
 
 
 def test_worker_fatal_error_is_raised(tmp_path: Path, async_fakes: Any) -> None:
@@ -312,10 +365,14 @@ def test_worker_fatal_error_is_raised(tmp_path: Path, async_fakes: Any) -> None:
         trainer.train()
 
 
-def test_resume_restores_the_async_counters_from_the_shared_checkpoint_format(tmp_path: Path, async_fakes: Any) -> None:
+def test_resume_restores_the_async_counters_from_the_shared_checkpoint_format(
+    tmp_path: Path, async_fakes: Any
+) -> None:
     # one checkpoint format: the runtime's state plus the async loop's counters (extra_state)
     lot = async_fakes.lot
-    first, _, _ = async_fakes.trainer(tmp_path, 1, [lot(0, 0), lot(1, 0), lot(2, 0), lot(3, 2)], steps=3)
+    first, _, _ = async_fakes.trainer(
+        tmp_path, 1, [lot(0, 0), lot(1, 0), lot(2, 0), lot(3, 2)], steps=3
+    )
     first.train()
     first.stop_workers()
     again, sampler, rollout = async_fakes.trainer(
@@ -323,9 +380,17 @@ def test_resume_restores_the_async_counters_from_the_shared_checkpoint_format(tm
     )
     again.resume = True
     again.setup()
-    assert (again.step, again.lots_used, again.dropped, dict(again.staleness_hist)) == (3, 4, 1, {0: 2, 1: 1})
+    assert (again.step, again.lots_used, again.dropped, dict(again.staleness_hist)) == (
+        3,
+        4,
+        1,
+        {0: 2, 1: 1},
+    )
     assert again.learner.steps == 3  # the learner's state came back too
-    assert rollout.side.shared.get()[1:3] == (3, 4)  # the worker resumes at the next lot (claimed, consumed)
+    assert rollout.side.shared.get()[1:3] == (
+        3,
+        4,
+    )  # the worker resumes at the next lot (claimed, consumed)
     assert sampler.loads == ["policy@3"]  # the sampler starts on the restored version
     history = again.train()
     assert [r["step"] for r in history] == [0, 1, 2, 3]
@@ -343,7 +408,9 @@ def test_placement_reaches_the_sampler_server(tmp_path: Path) -> None:
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     cpu = load_recipe("toy-cpu", ["lora.enabled=true", f"train.output_dir={tmp_path}"])
     argv = make_sampler_server(cpu, tmp_path).command()
-    assert argv[argv.index("--device") + 1] == "cpu" and argv[argv.index("--dtype") + 1] == "float32"
+    assert (
+        argv[argv.index("--device") + 1] == "cpu" and argv[argv.index("--dtype") + 1] == "float32"
+    )
     vllm = load_recipe("toy-cpu", [
         "lora.enabled=true", "sampler.kind=vllm", "devices.rollout=cuda:1", f"train.output_dir={tmp_path}",
     ])  # fmt: skip
@@ -365,7 +432,9 @@ def test_bench_summary_measures_the_window_after_warmup() -> None:
     ]  # fmt: skip
     s = summarize_run(history, warmup=1)
     assert s["steps_per_s"] == pytest.approx(0.5) and s["tokens_per_s"] == pytest.approx(50.0)
-    assert s["rollout_idle_frac"] == pytest.approx(0.25) and s["learner_idle_frac"] == pytest.approx(0.25)
+    assert s["rollout_idle_frac"] == pytest.approx(0.25) and s[
+        "learner_idle_frac"
+    ] == pytest.approx(0.25)
 
 
 def test_async_trainer_needs_lora() -> None:
@@ -414,6 +483,10 @@ def test_k1_learns_the_toy_task_like_k0(tmp_path: Path) -> None:
     assert {r["async/staleness"] for r in sync} == {0.0}
     assert sum(r["async/staleness"] for r in overlapped) / LEARN_STEPS > 0.5  # it did overlap
     for h in (sync, overlapped):  # every adapter checked once (NaN: no check completed that step)
-        assert sum(r["async/checks"] for r in h) == LEARN_STEPS + 1, [r["async/probe_version"] for r in h]
+        assert sum(r["async/checks"] for r in h) == LEARN_STEPS + 1, [
+            r["async/probe_version"] for r in h
+        ]
     for r in sync + overlapped:
-        assert not r["async/logprob_mismatch"] >= 1e-3  # the sampler always ran the adapter just trained
+        assert (
+            not r["async/logprob_mismatch"] >= 1e-3
+        )  # the sampler always ran the adapter just trained

@@ -15,14 +15,20 @@ TOY = make_twin("Toy", num_words=4)
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**31), start=st.integers(0, 500), n=st.integers(0, 40),
-       cut=st.integers(0, 40), balance=st.sampled_from(["none", "kind"]))
+@given(
+    seed=st.integers(0, 2**31),
+    start=st.integers(0, 500),
+    n=st.integers(0, 40),
+    cut=st.integers(0, 40),
+    balance=st.sampled_from(["none", "kind"]),
+)
 def test_a_stream_read_in_two_pieces_equals_one_read(seed, start, n, cut, balance):
     # What makes --resume exact: the cases depend only on (seed, position), never on the reads.
     cut = min(cut, n)
     whole = draw_cases(TOY, "train", seed, start, n, balance=balance)
-    parts = (draw_cases(TOY, "train", seed, start, cut, balance=balance)
-             + draw_cases(TOY, "train", seed, start + cut, n - cut, balance=balance))
+    parts = draw_cases(TOY, "train", seed, start, cut, balance=balance) + draw_cases(
+        TOY, "train", seed, start + cut, n - cut, balance=balance
+    )
     assert whole == parts and len(whole) == n
     assert all(split == "train" and 0 <= i < TOY.num_cases("train") for split, i in whole)
 
@@ -31,7 +37,7 @@ def test_kind_balance_deals_every_kind_in_turn():
     cases = draw_cases(TOY, "train", 3, 0, 64, balance="kind")
     kinds = [TOY.case(*c).kind for c in cases]
     assert Counter(kinds) == {w: 16 for w in ("red", "blue", "green", "yellow")}
-    assert all(len(set(kinds[i:i + 4])) == 4 for i in range(0, 64, 4))  # each run of 4: all kinds
+    assert all(len(set(kinds[i : i + 4])) == 4 for i in range(0, 64, 4))  # each run of 4: all kinds
     plain = [TOY.case(*c).kind for c in draw_cases(TOY, "train", 3, 0, 64)]
     assert plain != kinds  # the plain draw is not dealt in turn
 

@@ -106,17 +106,30 @@ class FormatTeacher:
         self.twin = twin
         self.seed = seed
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    async def act(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """The next turn (see the class docstring)."""
         listing = parse_prompt(messages)
         query = listing["specifics"].get("item type") or listing["title"]
         hits = self.twin.search_taxonomy(query=query, limit=1).get("results") or [{"id": "aa"}]
         top = hits[0]["id"].split("-")[0]
         if not any(m.get("role") == "assistant" for m in messages):
-            return _turn([("search_taxonomy", {"limit": 1, "query": query}),
-                          ("get_attribute_schema", {"category_id": top})])
+            return _turn(
+                [
+                    ("search_taxonomy", {"limit": 1, "query": query}),
+                    ("get_attribute_schema", {"category_id": top}),
+                ]
+            )
         rng = random.Random(f"{self.seed}:{messages[1]['content']}")
-        return _turn([("submit", {"category_id": top, "attributes": {}, "verdict": rng.choice(NOISY_VERDICTS)})])
+        return _turn(
+            [
+                (
+                    "submit",
+                    {"category_id": top, "attributes": {}, "verdict": rng.choice(NOISY_VERDICTS)},
+                )
+            ]
+        )
 
 
 def _turn(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -138,7 +151,13 @@ def _common(seed: int, model: Path, out: Path) -> dict[str, Any]:
         "twin": {"name": "Catalog", "config": TWIN, "split": "train"},
         "model": {"path": str(model), "dtype": "float32", "chat_template": listing_only_template()},
         "lora": {"enabled": False},
-        "sampler": {"kind": "hf", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16, "max_episode_tokens": 2400},
+        "sampler": {
+            "kind": "hf",
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "max_new_tokens": 16,
+            "max_episode_tokens": 2400,
+        },
         "train": {"output_dir": str(out), "checkpoint_every": 0, "store": False},
         "devices": {"rollout": "cpu", "learner": "cpu", "cpu_threads": 1},
     }
@@ -151,11 +170,25 @@ def held_out(checkpoint: Path, seed: int) -> dict[str, Any]:
     from twin.policies import make_policy
 
     twin = make_twin("Catalog", **TWIN)
-    policy = make_policy(f"hf:{checkpoint},temperature=1.0,max_new_tokens=16,dtype=float32,seed={seed}", twin)
+    policy = make_policy(
+        f"hf:{checkpoint},temperature=1.0,max_new_tokens=16,dtype=float32,seed={seed}", twin
+    )
     tokenizer = policy.tokenizer
-    result = evaluate(twin, policy, [("dev", i) for i in range(EVAL_CASES)], group_size=EVAL_SAMPLES, progress=False)
+    result = evaluate(
+        twin,
+        policy,
+        [("dev", i) for i in range(EVAL_CASES)],
+        group_size=EVAL_SAMPLES,
+        progress=False,
+    )
     episodes = [t for g in result.groups for t in g.trajectories]
-    calls = [c for t in episodes for m in t.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+    calls = [
+        c
+        for t in episodes
+        for m in t.messages
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+    ]
     queries = []
     for c in calls:
         if c["function"]["name"] == "search_taxonomy":
@@ -171,13 +204,20 @@ def held_out(checkpoint: Path, seed: int) -> dict[str, Any]:
         "calls": len(calls) / len(episodes),
         "turns": statistics.fmean(t.num_turns for t in episodes),
         # of the episodes that submit: the share that searched in an earlier turn first
-        "searched_first": sum(_searched_before_submit(t.messages) for t in submitted) / len(submitted)
-        if submitted else 0.0,
-        "query_tokens": statistics.fmean(len(tokenizer.encode(q, add_special_tokens=False)) for q in queries)
-        if queries else 0.0,
+        "searched_first": sum(_searched_before_submit(t.messages) for t in submitted)
+        / len(submitted)
+        if submitted
+        else 0.0,
+        "query_tokens": statistics.fmean(
+            len(tokenizer.encode(q, add_special_tokens=False)) for q in queries
+        )
+        if queries
+        else 0.0,
         "verdicts": {v: verdicts.count(v) / len(episodes) for v in sorted(set(verdicts))},
-        "components": {k: statistics.fmean(t.components.get(k, 0.0) for t in episodes)
-                       for k in ("category", "attributes", "policy")},
+        "components": {
+            k: statistics.fmean(t.components.get(k, 0.0) for t in episodes)
+            for k in ("category", "attributes", "policy")
+        },
         "episodes": len(episodes),
     }
 
@@ -186,7 +226,11 @@ def _searched_before_submit(messages: list[dict[str, Any]]) -> bool:
     """A ``search_taxonomy`` call in an assistant turn before the one that holds ``submit``."""
     searched = False
     for m in messages:
-        names = [c["function"]["name"] for c in m.get("tool_calls") or []] if m.get("role") == "assistant" else []
+        names = (
+            [c["function"]["name"] for c in m.get("tool_calls") or []]
+            if m.get("role") == "assistant"
+            else []
+        )
         if "submit" in names:
             return searched
         searched = searched or "search_taxonomy" in names
@@ -197,16 +241,31 @@ def run_proof(seed: int, root: Path, *, sft_only: bool = False) -> dict[str, Any
     """Demonstrations -> tiny model -> SFT -> GRPO; the held-out figures of both checkpoints."""
     started = time.perf_counter()
     twin = make_twin("Catalog", **TWIN)
-    demos = collect(twin, FormatTeacher(twin, seed), [("train", i) for i in range(DEMOS)], out=root / "demos",
-                    progress=False)
+    demos = collect(
+        twin,
+        FormatTeacher(twin, seed),
+        [("train", i) for i in range(DEMOS)],
+        out=root / "demos",
+        progress=False,
+    )
     rows = read_dataset(demos.out)
-    model = build_tiny(root / "model", seed=seed, extra_corpus=[chat_text(r["messages"], r["tools"]) for r in rows[:48]],
-                       vocab_size=2048, shape=SHAPE, extra_tokens=EXTRA_TOKENS)
+    model = build_tiny(
+        root / "model",
+        seed=seed,
+        extra_corpus=[chat_text(r["messages"], r["tools"]) for r in rows[:48]],
+        vocab_size=2048,
+        shape=SHAPE,
+        extra_tokens=EXTRA_TOKENS,
+    )
     console = Console(file=io.StringIO(), width=120)
     sft = {
         **_common(seed, model, root / "sft"),
         "algorithm": {"name": "sft"},
-        "data": {"paths": [str(demos.out)], "epochs": SFT["epochs"], "batch_size": SFT["batch_size"]},
+        "data": {
+            "paths": [str(demos.out)],
+            "epochs": SFT["epochs"],
+            "batch_size": SFT["batch_size"],
+        },
         "eval": {"split": "dev", "cases": 0},
         "optim": {"lr": SFT["lr"], "grad_clip": 1.0, "micro_batch_tokens": 16384},
     }
@@ -217,9 +276,16 @@ def run_proof(seed: int, root: Path, *, sft_only: bool = False) -> dict[str, Any
     grpo = {
         **_common(seed, model, root / "grpo"),
         "algorithm": {
-            "name": "grpo", "advantage": "dr_grpo", "loss_aggregation": "token_mean", "kl_coef": 0.0,
-            "entropy_coef": 0.0, "dynamic_sampling": True, "max_refill_rounds": 1, "overlong_buffer": 0,
-            "group_size": GRPO["group_size"], "groups_per_step": GRPO["groups_per_step"],
+            "name": "grpo",
+            "advantage": "dr_grpo",
+            "loss_aggregation": "token_mean",
+            "kl_coef": 0.0,
+            "entropy_coef": 0.0,
+            "dynamic_sampling": True,
+            "max_refill_rounds": 1,
+            "overlong_buffer": 0,
+            "group_size": GRPO["group_size"],
+            "groups_per_step": GRPO["groups_per_step"],
         },
         "optim": {"lr": GRPO["lr"], "grad_clip": 1.0, "micro_batch_tokens": 16384},
     }
@@ -228,13 +294,22 @@ def run_proof(seed: int, root: Path, *, sft_only: bool = False) -> dict[str, Any
     assert train(_recipe(root, "grpo", grpo), [], console=console) == 0, console.file.getvalue()
     t_grpo = time.perf_counter()
     before, after = held_out(root / "sft", seed), held_out(root / "grpo", seed)
-    return {"seed": seed, "sft": before, "grpo": after, "demo_reward": demos.summary.get("reward_mean"),
-            "sft_s": t_sft - started, "grpo_s": t_grpo - t_sft, "total_s": time.perf_counter() - started}
+    return {
+        "seed": seed,
+        "sft": before,
+        "grpo": after,
+        "demo_reward": demos.summary.get("reward_mean"),
+        "sft_s": t_sft - started,
+        "grpo_s": t_grpo - t_sft,
+        "total_s": time.perf_counter() - started,
+    }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_grpo_lifts_the_held_out_catalog_reward_over_its_sft_start(seed: int, tmp_path: Path, monkeypatch) -> None:
+def test_grpo_lifts_the_held_out_catalog_reward_over_its_sft_start(
+    seed: int, tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "store.db"))
     figures = run_proof(seed, tmp_path)
     print(json.dumps(figures, indent=1))
@@ -255,14 +330,23 @@ def test_grpo_lifts_the_held_out_catalog_reward_over_its_sft_start(seed: int, tm
 def test_extra_tokens_hold_the_call_text_whole_and_shape_changes_the_model(tmp_path: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
-    path = build_tiny(tmp_path / "m", shape={"tie_word_embeddings": False, "hidden_size": 32},
-                      extra_tokens=EXTRA_TOKENS)
+    path = build_tiny(
+        tmp_path / "m",
+        shape={"tie_word_embeddings": False, "hidden_size": 32},
+        extra_tokens=EXTRA_TOKENS,
+    )
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     assert config.hidden_size == 32 and config.tie_word_embeddings is False
     text = EXTRA_TOKENS[2] + "red" + EXTRA_TOKENS[3] + "ok" + '"}}\n</tool_call>'
     ids = tok.encode(text, add_special_tokens=False)
-    assert [tok.decode([i]) for i in ids] == [EXTRA_TOKENS[2], "red", EXTRA_TOKENS[3], "ok", '"}}\n</tool_call>']
+    assert [tok.decode([i]) for i in ids] == [
+        EXTRA_TOKENS[2],
+        "red",
+        EXTRA_TOKENS[3],
+        "ok",
+        '"}}\n</tool_call>',
+    ]
     plain = AutoTokenizer.from_pretrained(build_tiny(tmp_path / "plain"), local_files_only=True)
     assert len(plain.encode(text, add_special_tokens=False)) > 2 * len(ids)
 
@@ -278,23 +362,39 @@ def test_extra_tokens_hold_the_call_text_whole_and_shape_changes_the_model(tmp_p
         ({"extra_tokens": [""]}, "sequence of non-empty strings"),
     ],
 )
-def test_build_tiny_refuses_bad_shapes_and_tokens(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+def test_build_tiny_refuses_bad_shapes_and_tokens(
+    tmp_path: Path, kwargs: dict[str, Any], match: str
+) -> None:
     with pytest.raises(ConfigError, match=match):
         build_tiny(tmp_path / "m", **kwargs)
 
 
-def test_the_demonstrator_searches_and_looks_up_then_submits_and_its_calls_are_few_tokens(tmp_path: Path) -> None:
+def test_the_demonstrator_searches_and_looks_up_then_submits_and_its_calls_are_few_tokens(
+    tmp_path: Path,
+) -> None:
     from transformers import AutoTokenizer
 
     twin = make_twin("Catalog", **TWIN)
-    result = collect(twin, FormatTeacher(twin, 0), [("train", i) for i in range(4)], out=tmp_path / "d", progress=False)
+    result = collect(
+        twin,
+        FormatTeacher(twin, 0),
+        [("train", i) for i in range(4)],
+        out=tmp_path / "d",
+        progress=False,
+    )
     rows = read_dataset(result.out)
     assert result.rows == len(rows) == 4
     corpus = [chat_text(r["messages"], r["tools"]) for r in rows]
-    path = build_tiny(tmp_path / "m", extra_corpus=corpus, vocab_size=2048, extra_tokens=EXTRA_TOKENS)
+    path = build_tiny(
+        tmp_path / "m", extra_corpus=corpus, vocab_size=2048, extra_tokens=EXTRA_TOKENS
+    )
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     for row in rows:
-        turns = [[c["function"]["name"] for c in m["tool_calls"]] for m in row["messages"] if m["role"] == "assistant"]
+        turns = [
+            [c["function"]["name"] for c in m["tool_calls"]]
+            for m in row["messages"]
+            if m["role"] == "assistant"
+        ]
         assert turns == [["search_taxonomy", "get_attribute_schema"], ["submit"]]
         assert row["components"]["submitted"] == 1.0 and row["invalid_calls"] == 0
         submit = json.loads(row["messages"][-2]["tool_calls"][0]["function"]["arguments"])
@@ -303,14 +403,20 @@ def test_the_demonstrator_searches_and_looks_up_then_submits_and_its_calls_are_f
         text = chat_text([row["messages"][-2]])
         call = text[text.index("<tool_call>") : text.index("</tool_call>") + len("</tool_call>")]
         pieces = [tok.decode([i]) for i in tok.encode(call, add_special_tokens=False)]
-        assert pieces[0] == EXTRA_TOKENS[2] and EXTRA_TOKENS[3] in pieces and pieces[-1] == '"}}\n</tool_call>'
+        assert (
+            pieces[0] == EXTRA_TOKENS[2]
+            and EXTRA_TOKENS[3] in pieces
+            and pieces[-1] == '"}}\n</tool_call>'
+        )
         assert "".join(pieces) == call and len(pieces) <= 8
     # the tokenizer's corpus holds the twin's prompt and tool schemas; the model's template neither
     assert rows[0]["messages"][0]["content"] in corpus[0] and '"name": "lookup_brand"' in corpus[0]
     from jinja2 import Environment
 
-    seen = Environment().from_string(listing_only_template()).render(
-        messages=rows[0]["messages"], tools=rows[0]["tools"], add_generation_prompt=False
+    seen = (
+        Environment()
+        .from_string(listing_only_template())
+        .render(messages=rows[0]["messages"], tools=rows[0]["tools"], add_generation_prompt=False)
     )
     assert rows[0]["messages"][0]["content"] not in seen and "lookup_brand" not in seen
     assert rows[0]["messages"][1]["content"] in seen and seen.startswith("<|im_start|>user\n")

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainer.renderer import Renderer, load_chat_template, shipped_templates
 from trainer.episodes import RolloutSettings, collect_groups
+from trainer.renderer import Renderer, load_chat_template, shipped_templates
 from trainer.tiny import build_tiny
 from twin.errors import ConfigError
 from twin.registry import make_twin
@@ -63,16 +63,27 @@ def qwen_tok():
 def llama_tok():
     return family_tokenizer(
         ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-        "<|eot_id|>", bos="<|begin_of_text|>",
+        "<|eot_id|>",
+        bos="<|begin_of_text|>",
     )
 
 
 @pytest.fixture(scope="module")
 def mistral_tok():
     return family_tokenizer(
-        ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
-         "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"],
-        "</s>", bos="<s>",
+        [
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[TOOL_CALLS]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+        ],
+        "</s>",
+        bos="<s>",
     )
 
 
@@ -108,18 +119,37 @@ EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 # (name, turns, template kwargs, the text of each answer piece, rewrites under the original)
 QWEN_CASES = [
-    ("finished think block", [(THINK + LOOKUP, True, TOOL_ANSWER), (THINK + SUBMIT, True, None)],
-     None, [QWEN_TOOL_TEXT], 0),
-    ("tool call without reasoning", [(LOOKUP, True, TOOL_ANSWER), (SUBMIT, True, None)],
-     None, [QWEN_TOOL_TEXT], 1),
-    ("turn cut off mid-think",
-     [("<think>\nThe key", False, NUDGE), (THINK + SUBMIT, True, None)], None,
-     ["<|im_end|>\n<|im_start|>user\nCall a tool.<|im_end|>\n<|im_start|>assistant\n"], 1),
-    ("enable_thinking=False", [(LOOKUP, True, TOOL_ANSWER), (LOOKUP, True, NUDGE),
-                               (SUBMIT, True, None)],
-     {"enable_thinking": False},
-     [QWEN_TOOL_TEXT + EMPTY_THINK,
-      "\n<|im_start|>user\nCall a tool.<|im_end|>\n<|im_start|>assistant\n" + EMPTY_THINK], 2),
+    (
+        "finished think block",
+        [(THINK + LOOKUP, True, TOOL_ANSWER), (THINK + SUBMIT, True, None)],
+        None,
+        [QWEN_TOOL_TEXT],
+        0,
+    ),
+    (
+        "tool call without reasoning",
+        [(LOOKUP, True, TOOL_ANSWER), (SUBMIT, True, None)],
+        None,
+        [QWEN_TOOL_TEXT],
+        1,
+    ),
+    (
+        "turn cut off mid-think",
+        [("<think>\nThe key", False, NUDGE), (THINK + SUBMIT, True, None)],
+        None,
+        ["<|im_end|>\n<|im_start|>user\nCall a tool.<|im_end|>\n<|im_start|>assistant\n"],
+        1,
+    ),
+    (
+        "enable_thinking=False",
+        [(LOOKUP, True, TOOL_ANSWER), (LOOKUP, True, NUDGE), (SUBMIT, True, None)],
+        {"enable_thinking": False},
+        [
+            QWEN_TOOL_TEXT + EMPTY_THINK,
+            "\n<|im_start|>user\nCall a tool.<|im_end|>\n<|im_start|>assistant\n" + EMPTY_THINK,
+        ],
+        2,
+    ),
 ]
 
 
@@ -136,8 +166,12 @@ def test_qwen3_episodes_are_token_exact(qwen_tok, case) -> None:
     start = dec(qwen_tok, pieces[0])
     assert start.endswith("<|im_start|>assistant\n" + (EMPTY_THINK if kwargs else ""))
     assert start == qwen_tok.apply_chat_template(
-        OPENING, tools=TOOLS, tokenize=False, add_generation_prompt=True,
-        chat_template=load_chat_template("qwen3"), **(kwargs or {}),
+        OPENING,
+        tools=TOOLS,
+        tokenize=False,
+        add_generation_prompt=True,
+        chat_template=load_chat_template("qwen3"),
+        **(kwargs or {}),
     )
     sampled = [i for i, m in zip(ep.input_ids, ep.loss_mask) if m]
     assert sampled == [i for p in pieces[1::2] for i in p]
@@ -157,7 +191,8 @@ def test_qwen3_episodes_are_token_exact(qwen_tok, case) -> None:
             st.booleans(),
             st.sampled_from([TOOL_ANSWER, NUDGE, TOOL_ANSWER + NUDGE, TOOL_ANSWER * 2]),
         ),
-        min_size=1, max_size=4,
+        min_size=1,
+        max_size=4,
     ),
     thinking=st.sampled_from([None, True, False]),
 )
@@ -175,13 +210,17 @@ def test_llama3_episode_is_token_exact(llama_tok) -> None:
     call = '{"name": "lookup", "parameters": {"key": "color"}}'
     r, pieces = run(llama_tok, "llama3", [(call, True, TOOL_ANSWER), ("It is red.", True, None)])
     first = dec(llama_tok, pieces[0])
-    assert first.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-                            "Environment: ipython\n")
+    assert first.startswith(
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+    )
     assert '"name": "lookup"' in first.split("<|start_header_id|>user")[1]  # tools in user turn
     assert r.messages[2]["tool_calls"][0]["function"]["name"] == "lookup"
-    assert dec(llama_tok, pieces[2]) == (  # a string result is JSON-encoded, as Meta's template does
-        "<|start_header_id|>ipython<|end_header_id|>\n\n" + json.dumps(RESULT) + "<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    assert (
+        dec(llama_tok, pieces[2])
+        == (  # a string result is JSON-encoded, as Meta's template does
+            "<|start_header_id|>ipython<|end_header_id|>\n\n" + json.dumps(RESULT) + "<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
     )
     assert r.episode().input_ids == [i for p in pieces for i in p]
     assert r.check_prefix().ok, r.check_prefix()
@@ -216,9 +255,13 @@ def test_llama3_refused_turn_is_an_invalid_turn_for_the_agent(llama_tok) -> None
 
     twin = make_twin("Toy", max_turns=2)
     (group,) = collect_groups(
-        twin, [("train", 2)], Twice(),
+        twin,
+        [("train", 2)],
+        Twice(),
         lambda tools: Renderer(llama_tok, tools, chat_template="llama3"),
-        group_size=1, settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=4000), seed=0,
+        group_size=1,
+        settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=4000),
+        seed=0,
     )
     (t,) = group.trajectories
     assert t.calls == [] and t.invalid_calls == 2 and t.truncated and not t.terminated
@@ -232,9 +275,17 @@ def test_llama3_refused_turn_is_an_invalid_turn_for_the_agent(llama_tok) -> None
 
 
 def test_mistral_episode_is_token_exact_and_moved_tools_are_appended(mistral_tok) -> None:
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c0", "type": "function",
-         "function": {"name": "lookup", "arguments": '{"key": "color"}'}}]}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c0",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": '{"key": "color"}'},
+            }
+        ],
+    }
     sampled = '[TOOL_CALLS] [{"name": "lookup", "arguments": {"key": "color"}, "id": "c0"}]'
     r = Renderer(mistral_tok, TOOLS, chat_template="mistral")
     prompt = r.start(OPENING)
@@ -284,10 +335,15 @@ def test_recipe_fields_reach_the_renderer(tmp_path: Path) -> None:
     from trainer.config import load_recipe
     from trainer.sync_trainer import SyncTrainer
 
-    cfg = load_recipe("toy-cpu", [
-        "model.chat_template=qwen3_append_only", "model.template_kwargs={enable_thinking: false}",
-        f"train.output_dir={tmp_path}", "train.store=false",
-    ])
+    cfg = load_recipe(
+        "toy-cpu",
+        [
+            "model.chat_template=qwen3_append_only",
+            "model.template_kwargs={enable_thinking: false}",
+            f"train.output_dir={tmp_path}",
+            "train.store=false",
+        ],
+    )
     recipe = SyncTrainer(cfg)
     recipe.setup()
     r = recipe.renderer_factory(TOOLS)
@@ -305,11 +361,29 @@ def test_llama3_renders_metas_documented_format_exactly(llama_tok) -> None:
     messages = [
         {"role": "system", "content": " Be brief. "},
         {"role": "user", "content": "Find the color."},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "color"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"key": "color"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "red"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": {"key": "shade"}}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": {"key": "shade"}},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c2", "content": {"value": "dark"}},
         {"role": "assistant", "content": "Dark red."},
     ]
@@ -322,8 +396,7 @@ def test_llama3_renders_metas_documented_format_exactly(llama_tok) -> None:
         "Given the following functions, please respond with a JSON for a function call with its proper "
         "arguments that best answers the given prompt.\n\n"
         'Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
-        'value}.Do not use variables.\n\n'
-        + tool_json + "\n\n"
+        "value}.Do not use variables.\n\n" + tool_json + "\n\n"
         "Find the color.<|eot_id|>"
         '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "lookup", "parameters": {"key": "color"}}<|eot_id|>'
         '<|start_header_id|>ipython<|end_header_id|>\n\n"red"<|eot_id|>'
@@ -334,11 +407,17 @@ def test_llama3_renders_metas_documented_format_exactly(llama_tok) -> None:
     r = Renderer(llama_tok, [tool], chat_template="llama3")
     assert r.render(messages, add_generation_prompt=False) == expected
     # tools in the system turn: the same instruction, after Meta's system sentence, no space between
-    system = Renderer(llama_tok, [tool], chat_template="llama3", template_kwargs={"tools_in_user_message": False})
+    system = Renderer(
+        llama_tok, [tool], chat_template="llama3", template_kwargs={"tools_in_user_message": False}
+    )
     text = system.render(messages[:2], add_generation_prompt=True)
     assert (
         "Today Date: 26 Jul 2024\n\nYou have access to the following functions. To call a function, please "
         'respond with JSON for a function call.Respond in the format {"name": function name, "parameters": '
-        "dictionary of argument name and its value}.Do not use variables.\n\n" + tool_json + "\n\nBe brief.<|eot_id|>"
+        "dictionary of argument name and its value}.Do not use variables.\n\n"
+        + tool_json
+        + "\n\nBe brief.<|eot_id|>"
     ) in text
-    assert text.endswith("Find the color.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert text.endswith(
+        "Find the color.<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    )

@@ -56,7 +56,9 @@ def test_checkpointing_gives_the_same_loss_and_gradients(
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["padded", "shared"])
-def test_checkpointing_keeps_fewer_tensors_for_backward(shared: bool, trainable_tiny, grouped_batch) -> None:
+def test_checkpointing_keeps_fewer_tensors_for_backward(
+    shared: bool, trainable_tiny, grouped_batch
+) -> None:
     model = trainable_tiny(lora=True)
     batch = grouped_batch()
     rows = list(range(len(batch)))
@@ -77,12 +79,18 @@ def test_checkpointing_keeps_fewer_tensors_for_backward(shared: bool, trainable_
     assert checkpointed < 0.6 * plain, figures
 
 
-def test_an_episode_longer_than_the_micro_batch_is_refused_at_run_time(trainable_tiny, grouped_batch) -> None:
+def test_an_episode_longer_than_the_micro_batch_is_refused_at_run_time(
+    trainable_tiny, grouped_batch
+) -> None:
     model = trainable_tiny(lora=True)
     batch = grouped_batch()
     longest = max(len(r) for r in batch.input_ids)
-    learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=longest - 1))
-    with pytest.raises(ConfigError, match=rf"episode of {longest} tokens exceeds optim.micro_batch_tokens"):
+    learner = Learner(
+        model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=longest - 1)
+    )
+    with pytest.raises(
+        ConfigError, match=rf"episode of {longest} tokens exceeds optim.micro_batch_tokens"
+    ):
         learner.step(batch)
 
 
@@ -92,6 +100,8 @@ def test_an_episode_budget_over_the_micro_batch_is_refused_at_load() -> None:
         "sampler": {"max_episode_tokens": 2048},
         "optim": {"micro_batch_tokens": 1024},
     }
-    with pytest.raises(ConfigError, match=r"max_episode_tokens \(2048\) exceeds optim.micro_batch_tokens \(1024\)"):
+    with pytest.raises(
+        ConfigError, match=r"max_episode_tokens \(2048\) exceeds optim.micro_batch_tokens \(1024\)"
+    ):
         load_recipe(data)
     assert load_recipe(data, ["optim.micro_batch_tokens=2048"]).optim.micro_batch_tokens == 2048

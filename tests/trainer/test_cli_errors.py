@@ -11,18 +11,31 @@ from typer.testing import CliRunner
 from twinrl_cli import app
 
 runner = CliRunner()
-TOY = "twin: {{name: {twin}, config: {config}}}\ntrain: {{output_dir: {out}, store: false}}\n{extra}"
+TOY = (
+    "twin: {{name: {twin}, config: {config}}}\ntrain: {{output_dir: {out}, store: false}}\n{extra}"
+)
 
 
-def _recipe(tmp_path: Path, *, twin: str = "Toy", config: str = "{}", out: str | None = None, extra: str = "") -> str:
+def _recipe(
+    tmp_path: Path,
+    *,
+    twin: str = "Toy",
+    config: str = "{}",
+    out: str | None = None,
+    extra: str = "",
+) -> str:
     path = tmp_path / "recipe.yaml"
-    path.write_text(TOY.format(twin=twin, config=config, out=out or str(tmp_path / "run"), extra=extra))
+    path.write_text(
+        TOY.format(twin=twin, config=config, out=out or str(tmp_path / "run"), extra=extra)
+    )
     return str(path)
 
 
 def _one_line_error(result, *needles: str) -> None:
     assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
     assert "Traceback" not in result.output
     lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, result.output
@@ -49,11 +62,15 @@ def test_output_dir_that_is_a_file(tmp_path: Path, command: str) -> None:
 
 
 @pytest.mark.parametrize("command", ["plan", "train"])
-def test_a_gpu_this_machine_lacks(tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gpu_this_machine_lacks(
+    tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     path = _recipe(tmp_path, extra="devices: {learner: 'cuda:9', rollout: cpu}\n")
-    _one_line_error(runner.invoke(app, [command, path]), "devices.learner 'cuda:9'", "1 CUDA device")
+    _one_line_error(
+        runner.invoke(app, [command, path]), "devices.learner 'cuda:9'", "1 CUDA device"
+    )
 
 
 def test_plan_without_gpus_checks_devices_against_the_planned_machine(
@@ -62,22 +79,32 @@ def test_plan_without_gpus_checks_devices_against_the_planned_machine(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     path = _recipe(tmp_path, extra="devices: {learner: 'cuda:9', rollout: cpu}\n")
-    _one_line_error(runner.invoke(app, ["plan", path]), "devices.learner 'cuda:9'", "2 GPU(s)", "--gpus")
+    _one_line_error(
+        runner.invoke(app, ["plan", path]), "devices.learner 'cuda:9'", "2 GPU(s)", "--gpus"
+    )
     _one_line_error(runner.invoke(app, ["plan", path, "--gpus", "0"]), "--gpus 0")
     result = runner.invoke(app, ["plan", path, "--gpus", "10"])
     assert result.exit_code in (0, 1), result.output  # a plan (fits or not), not an error
     assert "cuda:9" in result.output and "peak" in result.output
 
 
-def test_train_on_a_cpu_machine_refuses_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_train_on_a_cpu_machine_refuses_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     path = _recipe(tmp_path, extra="devices: {learner: 'cuda:0', rollout: cpu}\n")
-    _one_line_error(runner.invoke(app, ["train", path]), "devices.learner 'cuda:0'", "no CUDA device")
+    _one_line_error(
+        runner.invoke(app, ["train", path]), "devices.learner 'cuda:0'", "no CUDA device"
+    )
 
 
 def test_plan_unknown_twin_and_bad_twin_config(tmp_path: Path) -> None:
-    _one_line_error(runner.invoke(app, ["plan", _recipe(tmp_path, twin="NoSuchTwin")]), "NoSuchTwin")
-    _one_line_error(runner.invoke(app, ["plan", _recipe(tmp_path, config="{max_turns: -3}")]), "max_turns")
+    _one_line_error(
+        runner.invoke(app, ["plan", _recipe(tmp_path, twin="NoSuchTwin")]), "NoSuchTwin"
+    )
+    _one_line_error(
+        runner.invoke(app, ["plan", _recipe(tmp_path, config="{max_turns: -3}")]), "max_turns"
+    )
     _one_line_error(runner.invoke(app, ["plan", _recipe(tmp_path, config="{bogus: 1}")]), "bogus")
 
 

@@ -26,14 +26,20 @@ def test_shipped_recipes_validate(path: Path) -> None:
     assert header.startswith("#"), "recipes start with a header comment"
     comments = "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
     command = "twin sft" if recipe.algorithm.name == "sft" else "twin train"
-    assert f"{command} data/recipes/{path.name}" in comments or f"twin train data/recipes/{path.name}" in comments, (
-        "the header shows the exact command that runs this recipe"
-    )
+    assert (
+        f"{command} data/recipes/{path.name}" in comments
+        or f"twin train data/recipes/{path.name}" in comments
+    ), "the header shows the exact command that runs this recipe"
 
 
 def test_expected_recipes_are_shipped() -> None:
     names = {p.name for p in RECIPES}
-    assert {"toy-cpu.yaml", "catalog-tiny-cpu.yaml", "catalog-smollm2-cpu.yaml", "catalog-9b-2x96gb.yaml"} <= names
+    assert {
+        "toy-cpu.yaml",
+        "catalog-tiny-cpu.yaml",
+        "catalog-smollm2-cpu.yaml",
+        "catalog-9b-2x96gb.yaml",
+    } <= names
 
 
 def test_load_by_name_equals_by_path() -> None:
@@ -119,7 +125,11 @@ def test_length_curriculum() -> None:
     def curriculum(*overrides: str) -> LengthCurriculum:
         return LengthCurriculum(load_recipe(BASE, list(overrides)).sampler)
 
-    r = curriculum("sampler.max_new_tokens=10", "sampler.length_curriculum=linear", "sampler.max_new_tokens_ramp=100")
+    r = curriculum(
+        "sampler.max_new_tokens=10",
+        "sampler.length_curriculum=linear",
+        "sampler.max_new_tokens_ramp=100",
+    )
     limits = [r.max_new_tokens(s) for s in range(0, 130, 10)]
     assert limits[0] == 1 and limits[-1] == 10 and limits == sorted(limits)
     assert curriculum("sampler.max_new_tokens=10").max_new_tokens(0) == 10
@@ -190,7 +200,13 @@ def test_every_recipe_float_must_be_finite(key: str, template: str, bad: str) ->
 
 def test_float_fields_are_found() -> None:
     keys = {k for k, _ in _float_fields()}
-    assert {"optim.lr", "optim.betas", "optim.grad_clip", "sampler.temperature", "algorithm.tis_cap"} <= keys
+    assert {
+        "optim.lr",
+        "optim.betas",
+        "optim.grad_clip",
+        "sampler.temperature",
+        "algorithm.tis_cap",
+    } <= keys
 
 
 BOMB = """twin: {name: Toy}
@@ -250,7 +266,9 @@ def test_check_devices_refuses_gpus_this_machine_lacks(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     check_devices(load_recipe(BASE, ["devices.learner=cuda:1", "devices.rollout=cuda"]))
-    with pytest.raises(ConfigError, match=r"devices\.learner 'cuda:9': this machine has 2 CUDA device"):
+    with pytest.raises(
+        ConfigError, match=r"devices\.learner 'cuda:9': this machine has 2 CUDA device"
+    ):
         check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]))
     with pytest.raises(ConfigError, match=r"devices\.learner 'cuda:9'"):
         check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True)
@@ -260,7 +278,10 @@ def test_check_devices_refuses_gpus_this_machine_lacks(monkeypatch: pytest.Monke
         check_devices(load_recipe(BASE, ["devices.rollout=cuda:0"]))
     # planning for another box: its GPU count (2 by default) bounds the indices
     check_devices(load_recipe(BASE, ["devices.learner=cuda:1"]), visible_only=True)
-    with pytest.raises(ConfigError, match=r"devices\.learner 'cuda:9': the plan is for a machine with 2 GPU.*--gpus"):
+    with pytest.raises(
+        ConfigError,
+        match=r"devices\.learner 'cuda:9': the plan is for a machine with 2 GPU.*--gpus",
+    ):
         check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True)
     check_devices(load_recipe(BASE, ["devices.learner=cuda:9"]), visible_only=True, planned_gpus=10)
 
@@ -270,20 +291,30 @@ def test_check_devices_refuses_gpus_this_machine_lacks(monkeypatch: pytest.Monke
 )
 def test_full_fine_tuning_without_fp32_weights_is_refused(dtype: str, learner: str) -> None:
     """bf16 weights have no fp32 master copy under AdamW: small updates would round away."""
-    with pytest.raises(ConfigError, match=r"full fine-tuning \(lora.enabled: false\) needs float32 weights"):
-        load_recipe(BASE, ["lora.enabled=false", f"model.dtype={dtype}", f"devices.learner={learner}"])
+    with pytest.raises(
+        ConfigError, match=r"full fine-tuning \(lora.enabled: false\) needs float32 weights"
+    ):
+        load_recipe(
+            BASE, ["lora.enabled=false", f"model.dtype={dtype}", f"devices.learner={learner}"]
+        )
 
 
 @pytest.mark.parametrize("override", ["sampler.kind=vllm", "sampler.base_url=http://x:1"])
 def test_full_fine_tuning_with_a_sampler_server_is_refused(override: str) -> None:
     """LoRA only past the in-process sampler: no full-weight sync to a server exists."""
     with pytest.raises(ConfigError, match="needs the in-process sampler"):
-        load_recipe(BASE, ["lora.enabled=false", "model.dtype=float32", "sampler.kind=server", override]
-                    if "base_url" in override else ["lora.enabled=false", "model.dtype=float32", override])
+        load_recipe(
+            BASE,
+            ["lora.enabled=false", "model.dtype=float32", "sampler.kind=server", override]
+            if "base_url" in override
+            else ["lora.enabled=false", "model.dtype=float32", override],
+        )
 
 
 def test_full_fine_tuning_in_fp32_with_bf16_autocast_is_allowed() -> None:
-    recipe = load_recipe(BASE, ["lora.enabled=false", "model.dtype=float32", "model.autocast=bfloat16"])
+    recipe = load_recipe(
+        BASE, ["lora.enabled=false", "model.dtype=float32", "model.autocast=bfloat16"]
+    )
     assert recipe.model.autocast == "bfloat16"
     assert load_recipe(BASE, ["lora.enabled=false"]).model.dtype == "auto"  # auto on CPU = float32
     with pytest.raises(ConfigError, match="model.autocast"):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from envs.toy.twin import ideal_call
+from trainer.episodes import RolloutSettings, collect_groups, episode_tokens
 from trainer.models import load_model
 from trainer.renderer import Renderer
-from trainer.episodes import RolloutSettings, collect_groups, episode_tokens
 from trainer.samplers import HFSampler, Sample
 from twin.registry import make_twin
 
@@ -25,7 +25,9 @@ class ScriptedSampler:
     def __init__(self, tok, texts: list[str]) -> None:
         self.tok, self.texts, self.calls = tok, texts, []
 
-    def sample(self, prompts, *, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=None, seed=None):
+    def sample(
+        self, prompts, *, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=None, seed=None
+    ):
         self.calls.append(len(prompts))
         out = []
         for i, _ in enumerate(prompts):
@@ -40,8 +42,13 @@ def test_groups_are_scored_and_token_exact(tiny) -> None:
     model, tok = tiny
     twin = make_twin("Toy", max_turns=2)
     groups = collect_groups(
-        twin, [("train", 0), ("train", 1)], HFSampler(model, tok), lambda tools: Renderer(tok, tools),
-        group_size=3, settings=RolloutSettings(max_new_tokens=8, max_episode_tokens=600), seed=0,
+        twin,
+        [("train", 0), ("train", 1)],
+        HFSampler(model, tok),
+        lambda tools: Renderer(tok, tools),
+        group_size=3,
+        settings=RolloutSettings(max_new_tokens=8, max_episode_tokens=600),
+        seed=0,
     )
     assert [g.case_id for g in groups] == ["Toy/train/0", "Toy/train/1"]
     for g in groups:
@@ -50,7 +57,11 @@ def test_groups_are_scored_and_token_exact(tiny) -> None:
             assert t.reward is not None and t.token_turns
             ids, mask, lps = episode_tokens(t)
             assert len(ids) == len(mask) == len(lps) == t.info["episode_tokens"]
-            assert sum(mask) == t.completion_tokens == sum(len(x.completion_ids) for x in t.token_turns)
+            assert (
+                sum(mask)
+                == t.completion_tokens
+                == sum(len(x.completion_ids) for x in t.token_turns)
+            )
             assert all(lp == 0.0 for lp, m in zip(lps, mask) if not m)
             assert all(lp < 0.0 for lp, m in zip(lps, mask) if m)
             # the first assistant turn in the chat is exactly the decoded sampled ids (minus eos)
@@ -66,8 +77,13 @@ def test_multi_turn_loss_mask_excludes_tool_results(tiny) -> None:
     case = twin.case("train", 0)
     sampler = ScriptedSampler(tok, [wrong, ideal_call(case.truth["answer"])])
     (group,) = collect_groups(
-        twin, [("train", 0)], sampler, lambda tools: Renderer(tok, tools),
-        group_size=2, settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=2000), seed=0,
+        twin,
+        [("train", 0)],
+        sampler,
+        lambda tools: Renderer(tok, tools),
+        group_size=2,
+        settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=2000),
+        seed=0,
     )
     assert sampler.calls == [2, 2], "both episodes' turns go to the sampler together"
     for t in group.trajectories:
@@ -85,8 +101,13 @@ def test_episode_token_budget_cuts_and_scores(tiny) -> None:
     twin = make_twin("Toy", max_turns=5)
     sampler = ScriptedSampler(tok, ["no call here at all"])
     (group,) = collect_groups(
-        twin, [("train", 0)], sampler, lambda tools: Renderer(tok, tools),
-        group_size=1, settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=330), seed=0,
+        twin,
+        [("train", 0)],
+        sampler,
+        lambda tools: Renderer(tok, tools),
+        group_size=1,
+        settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=330),
+        seed=0,
     )
     (t,) = group.trajectories
     assert t.info["overlong"] and t.truncated and t.reward is not None
@@ -126,15 +147,29 @@ def _vllm_like(tok, seen: list[tuple[int, int]]):
         for k, prompt in enumerate(body["prompt"]):
             seen.append((len(prompt), body["max_tokens"]))
             if len(prompt) + body["max_tokens"] > CONTEXT:
-                return httpx.Response(400, json={"error": {"message": (
-                    f"This model's maximum context length is {CONTEXT} tokens. However, you "
-                    f"requested {len(prompt) + body['max_tokens']} tokens")}})
+                return httpx.Response(
+                    400,
+                    json={
+                        "error": {
+                            "message": (
+                                f"This model's maximum context length is {CONTEXT} tokens. However, you "
+                                f"requested {len(prompt) + body['max_tokens']} tokens"
+                            )
+                        }
+                    },
+                )
             if len(prompt) == FIRST_PROMPT:
                 ids = [filler] * (60 if green in prompt else 1) + [tok.eos_token_id]
             else:
                 ids = [filler] * body["max_tokens"]
-            choices.append({"index": k, "token_ids": ids, "finish_reason": "length",
-                            "logprobs": {"token_logprobs": [-1.0] * len(ids)}})
+            choices.append(
+                {
+                    "index": k,
+                    "token_ids": ids,
+                    "finish_reason": "length",
+                    "logprobs": {"token_logprobs": [-1.0] * len(ids)},
+                }
+            )
         return httpx.Response(200, json={"model": body["model"], "choices": choices})
 
     return handler
@@ -160,8 +195,12 @@ def test_no_request_asks_for_more_than_the_context_left(tiny, client: str) -> No
         sampler.transport = ModelCheckTransport(mock)
     twin = make_twin("Toy", max_turns=5)
     groups = collect_groups(
-        twin, [("train", 0), ("train", 2)], sampler, lambda tools: Renderer(tok, tools),
-        group_size=1, settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=CONTEXT),
+        twin,
+        [("train", 0), ("train", 2)],
+        sampler,
+        lambda tools: Renderer(tok, tools),
+        group_size=1,
+        settings=RolloutSettings(max_new_tokens=64, max_episode_tokens=CONTEXT),
         seed=0,
     )
     assert seen[0][0] == FIRST_PROMPT
@@ -203,20 +242,29 @@ def test_a_generation_config_eos_ends_a_turn(tiny, tmp_path) -> None:
     config = json.loads((folder / "generation_config.json").read_text())
     config["eos_token_id"] = [tok.eos_token_id, other_eos]
     (folder / "generation_config.json").write_text(json.dumps(config))
-    cfg = SimpleNamespace(model=SimpleNamespace(path=str(folder), chat_template=None, template_kwargs={}))
+    cfg = SimpleNamespace(
+        model=SimpleNamespace(path=str(folder), chat_template=None, template_kwargs={})
+    )
 
     asked: list[list[int]] = []
 
     class EndsOnTheOtherEos:
-        def sample(self, prompts, *, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=None, seed=None):
+        def sample(
+            self, prompts, *, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=None, seed=None
+        ):
             asked.append(sorted(stop_ids))
             ids = tok.encode("hi", add_special_tokens=False) + [other_eos]
             return [Sample(ids, [-1.0] * len(ids), "stop") for _ in prompts]
 
     twin = make_twin("Toy", max_turns=2)
     (group,) = collect_groups(
-        twin, [("train", 0)], EndsOnTheOtherEos(), recipe_renderer_factory(cfg, tok),
-        group_size=1, settings=RolloutSettings(max_new_tokens=8, max_episode_tokens=600), seed=0,
+        twin,
+        [("train", 0)],
+        EndsOnTheOtherEos(),
+        recipe_renderer_factory(cfg, tok),
+        group_size=1,
+        settings=RolloutSettings(max_new_tokens=8, max_episode_tokens=600),
+        seed=0,
     )
     assert asked[0] == sorted([tok.eos_token_id, other_eos])
     (t,) = group.trajectories
@@ -251,12 +299,19 @@ def _two_speed_server(tok, log: list[tuple[str, int]]):
             try:
                 await asyncio.wait_for(state["event"].wait(), 10)
             except TimeoutError:
-                return httpx.Response(504, json={"error": "the other episode never asked for its next turn"})
+                return httpx.Response(
+                    504, json={"error": "the other episode never asked for its next turn"}
+                )
         elif key != state["slow"] and turn >= 1:
             state["event"].set()
         rng = body["seed"] % 5 + 1
         ids = [filler] * rng + [tok.eos_token_id]
-        choice = {"index": 0, "token_ids": ids, "finish_reason": "stop", "logprobs": {"token_logprobs": [-1.0] * len(ids)}}
+        choice = {
+            "index": 0,
+            "token_ids": ids,
+            "finish_reason": "stop",
+            "logprobs": {"token_logprobs": [-1.0] * len(ids)},
+        }
         return httpx.Response(200, json={"model": body["model"], "choices": [choice]})
 
     return handler
@@ -267,10 +322,17 @@ def _collect_two(tok, log):
 
     from trainer.samplers import ServerSampler
 
-    sampler = ServerSampler("http://vllm:8000", "policy@0", transport=httpx.MockTransport(_two_speed_server(tok, log)))
+    sampler = ServerSampler(
+        "http://vllm:8000", "policy@0", transport=httpx.MockTransport(_two_speed_server(tok, log))
+    )
     return collect_groups(
-        make_twin("Toy", max_turns=3), [("train", 0), ("train", 2)], sampler, lambda tools: Renderer(tok, tools),
-        group_size=1, settings=RolloutSettings(max_new_tokens=16, max_episode_tokens=2000), seed=7,
+        make_twin("Toy", max_turns=3),
+        [("train", 0), ("train", 2)],
+        sampler,
+        lambda tools: Renderer(tok, tools),
+        group_size=1,
+        settings=RolloutSettings(max_new_tokens=16, max_episode_tokens=2000),
+        seed=7,
     )
 
 

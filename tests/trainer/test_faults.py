@@ -25,8 +25,8 @@ import pytest
 
 from trainer.async_trainer import AsyncTrainer, guarded_command
 from trainer.probe import SyncProbe, probe_sequence
-from trainer.weight_sync import AdapterClient
 from trainer.samplers import ServerSampler
+from trainer.weight_sync import AdapterClient
 from trainer.workers import AdapterSyncError, ModelCheckTransport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,9 @@ def _answer(code: int, text: str = "") -> httpx.MockTransport:
 @pytest.mark.parametrize("code", [400, 404, 500])
 def test_refused_adapter_load_raises(code: int) -> None:
     client = AdapterClient("http://sampler:8000/v1", transport=_answer(code, "No adapter found"))
-    with pytest.raises(AdapterSyncError, match=rf"refused adapter policy@3 from /x/policy@3: HTTP {code}"):
+    with pytest.raises(
+        AdapterSyncError, match=rf"refused adapter policy@3 from /x/policy@3: HTTP {code}"
+    ):
         client.load("policy@3", "/x/policy@3")
 
 
@@ -49,7 +51,9 @@ def test_unreachable_sampler_on_load_raises() -> None:
         raise httpx.ConnectError("connection refused", request=request)
 
     with pytest.raises(AdapterSyncError, match="unreachable"):
-        AdapterClient("http://sampler:8000", transport=httpx.MockTransport(down)).load("policy@1", "/x")
+        AdapterClient("http://sampler:8000", transport=httpx.MockTransport(down)).load(
+            "policy@1", "/x"
+        )
 
 
 def test_successful_load_posts_the_adapter_and_returns_seconds() -> None:
@@ -59,7 +63,9 @@ def test_successful_load_posts_the_adapter_and_returns_seconds() -> None:
         seen.append((request.url.path, json.loads(request.content)))
         return httpx.Response(200, text="Success")
 
-    seconds = AdapterClient("http://sampler:8000/v1", transport=httpx.MockTransport(handler)).load("policy@1", "/x")
+    seconds = AdapterClient("http://sampler:8000/v1", transport=httpx.MockTransport(handler)).load(
+        "policy@1", "/x"
+    )
     assert isinstance(seconds, float) and seconds >= 0.0
     assert seen == [("/v1/load_lora_adapter", {"lora_name": "policy@1", "lora_path": "/x"})]
 
@@ -67,22 +73,36 @@ def test_successful_load_posts_the_adapter_and_returns_seconds() -> None:
 def _completions(model_in_answer: str | None) -> httpx.MockTransport:
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        choice = {"index": 0, "token_ids": [5], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "length"}
-        return httpx.Response(200, json={"model": model_in_answer or body["model"], "choices": [choice]})
+        choice = {
+            "index": 0,
+            "token_ids": [5],
+            "logprobs": {"token_logprobs": [-1.0]},
+            "finish_reason": "length",
+        }
+        return httpx.Response(
+            200, json={"model": model_in_answer or body["model"], "choices": [choice]}
+        )
 
     return httpx.MockTransport(handler)
 
 
 def test_answer_from_another_model_is_an_error_not_a_fallback() -> None:
-    sampler = ServerSampler("http://sampler", "policy@3", transport=ModelCheckTransport(_completions("base")))
+    sampler = ServerSampler(
+        "http://sampler", "policy@3", transport=ModelCheckTransport(_completions("base"))
+    )
     with pytest.raises(AdapterSyncError, match=r"'policy@3' with model 'base'"):
         sampler.sample([[1, 2]], max_new_tokens=1, seed=0)
 
 
 def test_answer_from_the_asked_model_passes_and_transport_is_reusable() -> None:
-    sampler = ServerSampler("http://sampler", "policy@3", transport=ModelCheckTransport(_completions(None)))
+    sampler = ServerSampler(
+        "http://sampler", "policy@3", transport=ModelCheckTransport(_completions(None))
+    )
     for seed in (0, 1):  # each call runs its own event loop and closes the client
-        assert [s.ids for s in sampler.sample([[1, 2], [3]], max_new_tokens=1, seed=seed)] == [[5], [5]]
+        assert [s.ids for s in sampler.sample([[1, 2], [3]], max_new_tokens=1, seed=seed)] == [
+            [5],
+            [5],
+        ]
 
 
 def test_sampler_error_while_server_is_up_is_raised(tmp_path: Path, async_fakes: Any) -> None:
@@ -137,7 +157,9 @@ def test_real_server_unknown_adapter_is_an_error(live_server: str) -> None:
         sampler.sample([[1, 2, 3]], max_new_tokens=2, seed=0)
 
 
-def test_probe_tells_a_synced_adapter_from_one_that_never_arrived(live_server: str, tmp_path: Path) -> None:
+def test_probe_tells_a_synced_adapter_from_one_that_never_arrived(
+    live_server: str, tmp_path: Path
+) -> None:
     import torch
 
     from trainer.config import load_recipe
@@ -153,7 +175,9 @@ def test_probe_tells_a_synced_adapter_from_one_that_never_arrived(live_server: s
             if "lora_B" in name:
                 p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
     learner = Learner(model, algorithm=cfg.algorithm, optim=cfg.optim)
-    probe = SyncProbe(learner, probe_sequence(make_twin("Toy"), tokenizer, cfg), lambda: live_server)
+    probe = SyncProbe(
+        learner, probe_sequence(make_twin("Toy"), tokenizer, cfg), lambda: live_server
+    )
     AdapterClient(live_server).load("policy@7", learner.save_adapter(tmp_path / "policy@7"))
     probe.launch(7)
     synced, version, _ = probe.collect()
@@ -195,7 +219,9 @@ def test_guarded_child_dies_with_its_parent(tmp_path: Path) -> None:
 
 
 def test_guarded_command_runs_the_command() -> None:
-    out = subprocess.run(guarded_command([sys.executable, "-c", "print('hi')"]), capture_output=True, text=True)
+    out = subprocess.run(
+        guarded_command([sys.executable, "-c", "print('hi')"]), capture_output=True, text=True
+    )
     assert out.returncode == 0 and out.stdout.strip() == "hi"
 
 
@@ -215,14 +241,16 @@ def _alive(pid: int) -> bool:
 def _overrides(tmp_path: Path, steps: int, **extra: Any) -> list[str]:
     items = {
         "lora.enabled": "true", "async.max_staleness": 1, "train.steps": steps, "train.checkpoint_every": 2,
-        f"train.output_dir": str(tmp_path / "run"), "train.store": "false", "algorithm.groups_per_step": 2,
+        "train.output_dir": str(tmp_path / "run"), "train.store": "false", "algorithm.groups_per_step": 2,
         **extra,
     }  # fmt: skip
     return [f"{k}={v}" for k, v in items.items()]
 
 
 @pytest.mark.slow
-def test_sampler_killed_mid_run_is_restarted_with_the_adapter(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_sampler_killed_mid_run_is_restarted_with_the_adapter(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from trainer.config import load_recipe
 
     cfg = load_recipe("toy-cpu", _overrides(tmp_path, 6))
@@ -294,7 +322,7 @@ def test_killed_learner_resumes_from_its_checkpoint(tmp_path: Path) -> None:
         del os.environ["TWINRL_STORE"]
     assert start >= 2 and start % 2 == 0
     assert [r["step"] for r in history] == list(range(6))
-    assert history[: start] == before[: start]  # what was logged before the checkpoint is kept
+    assert history[:start] == before[:start]  # what was logged before the checkpoint is kept
     with RunStore(store) as runs:
         (run,) = runs.runs()
         assert run.status == "finished"

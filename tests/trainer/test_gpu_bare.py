@@ -40,12 +40,18 @@ def _wheel(folder: Path, name: str, files: dict[str, str]) -> Path:
     return path
 
 
-def test_use_wheels_takes_what_this_python_lacks_and_can_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_use_wheels_takes_what_this_python_lacks_and_can_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sys, "path", list(sys.path))
     _wheel(tmp_path, "fakepkg_26-1.0-py3-none-any.whl", {"fakepkg_26/__init__.py": "VALUE = 26\n"})
     _wheel(tmp_path, "otherarch_26-1.0-cp27-cp27m-win32.whl", {"otherarch_26/__init__.py": ""})
     old = md.version("typing_extensions")
-    _wheel(tmp_path, "typing_extensions-0.0.1-py3-none-any.whl", {"typing_extensions.py": "BROKEN = 1\n"})
+    _wheel(
+        tmp_path,
+        "typing_extensions-0.0.1-py3-none-any.whl",
+        {"typing_extensions.py": "BROKEN = 1\n"},
+    )
     used = gpu_bare.use_wheels(tmp_path)
     assert used == ["fakepkg-26==1.0"]  # not the windows one, not an older typing_extensions
     import fakepkg_26
@@ -64,9 +70,15 @@ def test_the_flop_count_is_qwen3_8bs_matmuls() -> None:
 
 def test_bad_arguments_say_what_is_allowed() -> None:
     run = [sys.executable, str(ROOT / "bench" / "gpu_bare.py")]
-    proc = subprocess.run([*run, "--only", "learner,nope"], capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 2 and "unknown part(s) nope; choose from learner, logits" in proc.stderr
-    proc = subprocess.run([*run, "--device", "gpu"], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [*run, "--only", "learner,nope"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (
+        proc.returncode == 2 and "unknown part(s) nope; choose from learner, logits" in proc.stderr
+    )
+    proc = subprocess.run(
+        [*run, "--device", "gpu"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert proc.returncode == 2 and "--device must be cpu or cuda[:N], got 'gpu'" in proc.stderr
 
 
@@ -91,10 +103,17 @@ def _bare_python(target: Path) -> Path:
     for dist in dists.values():
         base = Path(dist.locate_file(""))
         for top in {Path(str(f)).parts[0] for f in dist.files or []}:
-            if top.endswith(".pth") or top == ".." or not (base / top).exists() or (site / top).exists():
+            if (
+                top.endswith(".pth")
+                or top == ".."
+                or not (base / top).exists()
+                or (site / top).exists()
+            ):
                 continue
             (site / top).symlink_to(base / top)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target / "venv")], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(target / "venv")], check=True
+    )
     (lib,) = (target / "venv" / "lib").glob("python3*")
     (lib / "site-packages" / "bare.pth").write_text(f"{site.resolve()}\n")
     return target / "venv" / "bin" / "python"
@@ -113,7 +132,13 @@ def test_the_bundle_runs_the_check_under_a_bare_python(tmp_path: Path) -> None:
         tar.extractall(tmp_path / "box", filter="data")
     python = _bare_python(tmp_path / "env")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    lacks = subprocess.run([str(python), "-c", "import pydantic"], capture_output=True, text=True, env=clean, check=False)
+    lacks = subprocess.run(
+        [str(python), "-c", "import pydantic"],
+        capture_output=True,
+        text=True,
+        env=clean,
+        check=False,
+    )
     assert lacks.returncode != 0 and "No module named 'pydantic'" in lacks.stderr
     out = tmp_path / "check.json"
     proc = subprocess.run(
@@ -122,7 +147,9 @@ def test_the_bundle_runs_the_check_under_a_bare_python(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert {"pydantic==" + md.version("pydantic"), "gymnasium==" + md.version("gymnasium")} <= set(result["wheels_used"])
+    assert {"pydantic==" + md.version("pydantic"), "gymnasium==" + md.version("gymnasium")} <= set(
+        result["wheels_used"]
+    )
     parts = result["parts"]
     assert set(parts) == {"learner", "logits", "adapter_save", "decode", "grpo"}
     assert not [p for p in parts.values() if "error" in p], parts

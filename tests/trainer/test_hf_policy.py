@@ -168,7 +168,9 @@ def test_greedy_and_uncached_specs(policy: HFPolicy) -> None:
     assert uncached.sampler.store is None
     assert asyncio.run(uncached.act(OPENING, TOOLS))["role"] == "assistant"
     # greedy without the cache: the same engine, the same message as with it
-    greedy_uncached = HFPolicy(policy.model, policy.tokenizer, temperature=0.0, max_new_tokens=6, prefix_cache=False)
+    greedy_uncached = HFPolicy(
+        policy.model, policy.tokenizer, temperature=0.0, max_new_tokens=6, prefix_cache=False
+    )
     assert asyncio.run(greedy_uncached.for_episode("z#0").act(OPENING, TOOLS)) == a
     with pytest.raises(ConfigError, match="temperature must be >= 0"):
         HFPolicy(policy.model, policy.tokenizer, temperature=-0.5)

@@ -46,7 +46,9 @@ def test_policy_loss_uses_the_named_correction_and_reports_the_sampler_kl() -> N
     mask = torch.ones(1, 3)
     adv = torch.tensor([1.0])
     loss_t, st_t = objective.policy_loss(lp, adv, mask, sampler_logprobs=samp, tis_cap=2.0)
-    loss_m, st_m = objective.policy_loss(lp, adv, mask, sampler_logprobs=samp, tis_cap=2.0, is_correction="token_mask")
+    loss_m, st_m = objective.policy_loss(
+        lp, adv, mask, sampler_logprobs=samp, tis_cap=2.0, is_correction="token_mask"
+    )
     assert float(loss_t) == pytest.approx(-(2.0 + 1 + 1) / 3)
     assert float(loss_m) == pytest.approx(-(0.0 + 1 + 1) / 3)
     assert float(st_m.tis_capped_frac) == pytest.approx(1 / 3)

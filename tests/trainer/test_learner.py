@@ -15,7 +15,9 @@ def _model(lora: bool = True):
     torch.set_num_threads(1)
     model, tok = load_model("tiny")
     if lora:
-        model = build_lora_model(model, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        model = build_lora_model(
+            model, lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]
+        )
     return model, tok
 
 
@@ -25,7 +27,9 @@ def _batch(seed: int = 0, n: int = 4) -> TrainBatch:
     for i in range(n):
         length = 12 + 3 * i
         row = torch.randint(5, 700, (length,), generator=g).tolist()
-        mask = [0] * 6 + [1] * 3 + [0] * 2 + [1] * (length - 11)  # two sampled turns, a tool result between
+        mask = (
+            [0] * 6 + [1] * 3 + [0] * 2 + [1] * (length - 11)
+        )  # two sampled turns, a tool result between
         ids.append(row)
         masks.append(mask)
         lps.append([-6.6 if m else 0.0 for m in mask])
@@ -47,8 +51,16 @@ def test_step_changes_only_lora_params() -> None:
     assert changed, "a step must change something"
     assert all("lora_" in n for n in changed), sorted(changed)[:5]
     assert any("lora_B" in n for n in changed)
-    for key in ("losses/loss", "losses/kl", "losses/clipfrac", "policy/entropy", "policy/grad_norm",
-                "perf/learner_tokens_per_s", "policy/logprob_mismatch", "policy/tis_weight"):
+    for key in (
+        "losses/loss",
+        "losses/kl",
+        "losses/clipfrac",
+        "policy/entropy",
+        "policy/grad_norm",
+        "perf/learner_tokens_per_s",
+        "policy/logprob_mismatch",
+        "policy/tis_weight",
+    ):
         assert key in metrics, key
     assert metrics["policy/entropy"] > 0
 
@@ -98,9 +110,16 @@ def test_micro_batches_give_the_same_update() -> None:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     for agg in ("token_mean", "seq_mean_token_mean", "constant_normalizer"):
         model.load_state_dict(state)
-        big = _grads(model, _batch(), algorithm={"loss_aggregation": agg}, optim={"micro_batch_tokens": 10_000})
+        big = _grads(
+            model,
+            _batch(),
+            algorithm={"loss_aggregation": agg},
+            optim={"micro_batch_tokens": 10_000},
+        )
         model.load_state_dict(state)
-        small = _grads(model, _batch(), algorithm={"loss_aggregation": agg}, optim={"micro_batch_tokens": 21})
+        small = _grads(
+            model, _batch(), algorithm={"loss_aggregation": agg}, optim={"micro_batch_tokens": 21}
+        )
         for n in big:
             assert torch.allclose(big[n], small[n], atol=1e-6, rtol=1e-4), (agg, n)
 
@@ -113,7 +132,9 @@ def test_logprobs_match_full_forward() -> None:
     for row, lp in zip(batch.input_ids, got):
         with torch.no_grad():
             logits = model(torch.tensor([row])).logits[0, :-1]
-        expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(row[1:])[:, None])[:, 0]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(row[1:])[:, None])[
+            :, 0
+        ]
         assert lp[0] == 0.0
         assert torch.allclose(torch.tensor(lp[1:]), expected, atol=1e-5)
 
@@ -179,8 +200,12 @@ def test_entropy_bonus_is_the_mean_token_entropy_over_the_loss_mask() -> None:
     batch = _batch()
     batch.advantages[:] = [0.0] * len(batch)
     coef = 0.5
-    got = _grads(model, batch, algorithm={"entropy_coef": coef},
-                 optim={"grad_clip": None, "micro_batch_tokens": 21})
+    got = _grads(
+        model,
+        batch,
+        algorithm={"entropy_coef": coef},
+        optim={"grad_clip": None, "micro_batch_tokens": 21},
+    )
     model.load_state_dict(state)
     model.zero_grad(set_to_none=True)
     total, count = torch.zeros(()), 0
@@ -205,21 +230,33 @@ def test_a_nan_batch_is_skipped_and_leaves_the_weights_bit_identical(mini_batche
     learner = _learner(model, optim={"mini_batches": mini_batches})
     learner.step(_batch(seed=1))  # AdamW has moments now: a poisoned step would change them too
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-    moments = {k: v.clone() for s in learner.optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)}
+    moments = {
+        k: v.clone()
+        for s in learner.optimizer.state.values()
+        for k, v in s.items()
+        if torch.is_tensor(v)
+    }
     bad = _batch(seed=2)
     bad.advantages[0] = float("nan")
     if mini_batches > 1:
         bad.advantages[1] = float("nan")  # rows 0 and 1 land in different mini-batches: both skip
     metrics = learner.step(bad)
     assert all(torch.equal(weights[n], p.detach()) for n, p in model.named_parameters())
-    after = {k: v for s in learner.optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)}
-    assert after.keys() == moments.keys() and all(torch.equal(moments[k], after[k]) for k in moments)
+    after = {
+        k: v for s in learner.optimizer.state.values() for k, v in s.items() if torch.is_tensor(v)
+    }
+    assert after.keys() == moments.keys() and all(
+        torch.equal(moments[k], after[k]) for k in moments
+    )
     assert learner.skipped_updates == mini_batches
     assert metrics["optim/skipped_nonfinite"] == mini_batches
     assert metrics["optim/skipped_nonfinite_total"] == mini_batches
     # the next finite batch updates as usual, and the counter survives a checkpoint
     good = learner.step(_batch(seed=3))
-    assert good["optim/skipped_nonfinite"] == 0 and good["optim/skipped_nonfinite_total"] == mini_batches
+    assert (
+        good["optim/skipped_nonfinite"] == 0
+        and good["optim/skipped_nonfinite_total"] == mini_batches
+    )
     assert any(not torch.equal(weights[n], p.detach()) for n, p in model.named_parameters())
     other = _learner(_model()[0])
     other.load_state_dict(learner.state_dict())

@@ -24,7 +24,9 @@ def _learner(autocast: str | None) -> Learner:
     torch.manual_seed(0)
     model, _ = load_model("tiny", "float32")
     model = build_lora_model(model, lora_rank=4)
-    return Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(lr=1e-3), autocast=autocast)
+    return Learner(
+        model, algorithm=AlgorithmConfig(), optim=OptimConfig(lr=1e-3), autocast=autocast
+    )
 
 
 def _linear_output_dtypes(model: torch.nn.Module) -> tuple[set[torch.dtype], list[object]]:

@@ -32,7 +32,11 @@ def _run(model, state, *, shared: bool, algorithm: dict, optim: dict, batch: Tra
 @pytest.mark.parametrize(
     ("lora", "algorithm", "optim"),
     [
-        (False, {"loss_aggregation": "token_mean", "entropy_coef": 0.01}, {"micro_batch_tokens": 100_000}),
+        (
+            False,
+            {"loss_aggregation": "token_mean", "entropy_coef": 0.01},
+            {"micro_batch_tokens": 100_000},
+        ),
         (False, {"loss_aggregation": "seq_mean_token_mean"}, {"micro_batch_tokens": 60}),
         (True, {"loss_aggregation": "constant_normalizer"}, {"micro_batch_tokens": 90}),
         (True, {"kl_coef": 0.05}, {"micro_batch_tokens": 100_000, "mini_batches": 2}),
@@ -63,7 +67,9 @@ def test_shared_prefix_gives_the_padded_pass_loss_and_gradients(
 
 def test_shared_prefix_is_used_and_runs_fewer_tokens(trainable_tiny, grouped_batch) -> None:
     model = trainable_tiny(lora=False)
-    learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=100_000))
+    learner = Learner(
+        model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=100_000)
+    )
     batch = grouped_batch()
     plan = list(learner.scorer.plan(range(len(batch)), batch))
     assert len(plan) == 1
@@ -86,8 +92,12 @@ def test_no_sharing_falls_back_to_the_padded_pass(trainable_tiny, grouped_batch)
     learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig())
     batch = grouped_batch(groups=3, group_size=1)  # every prompt distinct
     assert all(u is None for _, u in learner.scorer.plan(range(len(batch)), batch))
-    one_token = TrainBatch([[5, 6, 7], [5, 6, 8]], [[0, 1, 1], [0, 1, 1]], [[0.0] * 3] * 2, [1.0, -1.0])
-    assert all(u is None for _, u in learner.scorer.plan(range(2), one_token)), "an empty prefix is never shared"
+    one_token = TrainBatch(
+        [[5, 6, 7], [5, 6, 8]], [[0, 1, 1], [0, 1, 1]], [[0.0] * 3] * 2, [1.0, -1.0]
+    )
+    assert all(u is None for _, u in learner.scorer.plan(range(2), one_token)), (
+        "an empty prefix is never shared"
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -142,15 +152,21 @@ def test_rows_of_different_cases_share_their_common_system_prompt(trainable_tiny
     and gradients are the padded pass's."""
     model = trainable_tiny(lora=True)
     batch = _sft_like_batch()
-    learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=100_000))
+    learner = Learner(
+        model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=100_000)
+    )
     ((rows, units),) = list(learner.scorer.plan(range(len(batch)), batch))
     assert units is not None and len(units) == 1
     length, urows = units[0]
     assert length >= 24 and sorted(urows) == [0, 1, 2, 3]
     assert all(batch.input_ids[i][:length] == batch.input_ids[0][:length] for i in urows)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    m0, g0 = _run(model, state, shared=False, algorithm={}, optim={"micro_batch_tokens": 100_000}, batch=batch)
-    m1, g1 = _run(model, state, shared=True, algorithm={}, optim={"micro_batch_tokens": 100_000}, batch=batch)
+    m0, g0 = _run(
+        model, state, shared=False, algorithm={}, optim={"micro_batch_tokens": 100_000}, batch=batch
+    )
+    m1, g1 = _run(
+        model, state, shared=True, algorithm={}, optim={"micro_batch_tokens": 100_000}, batch=batch
+    )
     scale = max(float(g.abs().max()) for g in g0.values())
     assert scale > 0
     for n in g0:

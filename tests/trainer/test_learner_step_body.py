@@ -20,7 +20,9 @@ def _group(rewards: list[float], prompt: list[int]) -> Group:
     trajs = []
     for k, r in enumerate(rewards):
         t = Trajectory(twin="Toy", case_id="toy/train/0", reward=r)
-        t.token_turns = [TokenTurn(prompt_ids=prompt, completion_ids=[7, 8 + k], logprobs=[-1.0, -2.0])]
+        t.token_turns = [
+            TokenTurn(prompt_ids=prompt, completion_ids=[7, 8 + k], logprobs=[-1.0, -2.0])
+        ]
         t.info["shaped_reward"] = r
         trajs.append(t)
     return Group(case_id="toy/train/0", trajectories=trajs)
@@ -36,12 +38,16 @@ class _Learner:
 
 
 def test_make_batch_is_group_z_scored_rows() -> None:
-    batch = make_batch([_group([0.0, 1.0, 1.0], [1, 2, 3]), _group([1.0, 1.0, 0.0], [4, 5])], "grpo")
+    batch = make_batch(
+        [_group([0.0, 1.0, 1.0], [1, 2, 3]), _group([1.0, 1.0, 0.0], [4, 5])], "grpo"
+    )
     assert len(batch) == 6
     assert batch.input_ids[0] == [1, 2, 3, 7, 8] and batch.loss_mask[0] == [0, 0, 0, 1, 1]
     assert batch.sampler_logprobs[1] == [0.0, 0.0, 0.0, -1.0, -2.0]
     assert batch.advantages[0] < 0 < batch.advantages[1] == batch.advantages[2]
-    assert batch.advantages[3:] == pytest.approx(batch.advantages[2::-1], abs=1e-6)  # the mirrored group
+    assert batch.advantages[3:] == pytest.approx(
+        batch.advantages[2::-1], abs=1e-6
+    )  # the mirrored group
     assert sum(batch.advantages[3:]) == pytest.approx(0.0, abs=1e-6)
 
 
@@ -79,7 +85,9 @@ def test_learn_from_groups_updates_epochs_times_and_reports_every_group() -> Non
 def test_nothing_kept_means_no_update_and_a_warning(caplog) -> None:
     learner = _Learner()
     with caplog.at_level(logging.WARNING, logger="twinrl.trainer"):
-        update = learn_from_groups(learner, [], [_group([1.0, 1.0], [1, 2])], advantage="grpo", step=5)  # type: ignore[arg-type]
+        update = learn_from_groups(
+            learner, [], [_group([1.0, 1.0], [1, 2])], advantage="grpo", step=5
+        )  # type: ignore[arg-type]
     assert learner.batches == [] and update.learn == {}
     assert "step 5: every group had equal rewards" in caplog.text
 
@@ -120,7 +128,10 @@ class _AlternatingSampler:
 
     def sample(self, prompts: list[list[int]], **kwargs: Any) -> list[Sample]:
         self.calls += 1
-        return [Sample([self.tokens[(i + self.calls) % len(self.tokens)]], [-1.0], "stop") for i in range(len(prompts))]
+        return [
+            Sample([self.tokens[(i + self.calls) % len(self.tokens)]], [-1.0], "stop")
+            for i in range(len(prompts))
+        ]
 
 
 def _spy_on_the_body(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -142,10 +153,10 @@ def _spy_on_the_body(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_the_sync_loop_updates_through_the_step_body_and_publishes_each_version(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from trainer.sync_trainer import SyncTrainer
     from trainer.episodes import load_tokenizer
-    from trainer.weight_sync import InProcessAdapters
+    from trainer.sync_trainer import SyncTrainer
     from trainer.tiny import WHOLE_CALL_TOKENS
+    from trainer.weight_sync import InProcessAdapters
 
     calls = _spy_on_the_body(monkeypatch)
     cfg = load_recipe("toy-cpu", [
@@ -153,7 +164,12 @@ def test_the_sync_loop_updates_through_the_step_body_and_publishes_each_version(
         "algorithm.group_size=4", "algorithm.groups_per_step=2",
     ])  # fmt: skip
     tokenizer = load_tokenizer("tiny")
-    sampler = _AlternatingSampler([tokenizer.convert_tokens_to_ids(WHOLE_CALL_TOKENS[0]), tokenizer.convert_tokens_to_ids("red")])
+    sampler = _AlternatingSampler(
+        [
+            tokenizer.convert_tokens_to_ids(WHOLE_CALL_TOKENS[0]),
+            tokenizer.convert_tokens_to_ids("red"),
+        ]
+    )
     sink = InProcessAdapters()
     loop = SyncTrainer(cfg, learner=_Recorded(), sampler=sampler, adapters=sink)
     loop.setup()
@@ -162,9 +178,17 @@ def test_the_sync_loop_updates_through_the_step_body_and_publishes_each_version(
     finally:
         loop.cleanup()
     assert calls == [0, 1]
-    assert [inside for _, inside in loop.learner.updates] == [True, True], "every update goes through the body"
-    assert sink.versions == ["policy@0", "policy@1", "policy@2"]  # each version reaches the sampler, in order
-    assert [r["episodes/count"] for r in history] == [r["batch/groups_sampled"] * 4 for r in history]
+    assert [inside for _, inside in loop.learner.updates] == [True, True], (
+        "every update goes through the body"
+    )
+    assert sink.versions == [
+        "policy@0",
+        "policy@1",
+        "policy@2",
+    ]  # each version reaches the sampler, in order
+    assert [r["episodes/count"] for r in history] == [
+        r["batch/groups_sampled"] * 4 for r in history
+    ]
     assert all(r["batch/groups"] == 2.0 for r in history)  # the alternating answers differ: kept
     assert all(r["rewards/std"] > 0 and r["policy/version"] == r["step"] + 1 for r in history)
 
@@ -179,7 +203,9 @@ def test_the_async_loop_updates_through_the_step_body(monkeypatch: pytest.Monkey
     history = trainer.train()
     assert calls == [0, 1]
     expected = make_batch(kept, trainer.cfg.algorithm.advantage)  # the toy recipe's dr_grpo
-    assert [inside for _, inside in trainer.learner.updates] == [True, True], "every update goes through the body"
+    assert [inside for _, inside in trainer.learner.updates] == [True, True], (
+        "every update goes through the body"
+    )
     for batch, _ in trainer.learner.updates:
         assert (batch.input_ids, batch.advantages) == (expected.input_ids, expected.advantages)
     assert [r["episodes/count"] for r in history] == [6.0, 6.0]  # every sampled group is reported

@@ -26,8 +26,12 @@ def test_toy_recipe_learns(seed, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "store.db"))
     out = tmp_path / "run"
     buffer = io.StringIO()
-    code = train("data/recipes/toy-cpu.yaml", [f"train.output_dir={out}", f"seed={seed}"], False,
-                 console=Console(file=buffer, width=120))
+    code = train(
+        "data/recipes/toy-cpu.yaml",
+        [f"train.output_dir={out}", f"seed={seed}"],
+        False,
+        console=Console(file=buffer, width=120),
+    )
     text = buffer.getvalue()
     assert code == 0, text
     history = read_metrics(out / "metrics.jsonl")
@@ -61,8 +65,14 @@ def test_learner_follows_the_lr_schedule() -> None:
 
     torch.set_num_threads(1)
     model, _ = load_model("tiny")
-    learner = Learner(model, algorithm=AlgorithmConfig(),
-                      optim=OptimConfig(lr=4e-3, lr_end=1e-3, lr_decay_steps=3), max_tokens=64)
-    batch = TrainBatch([[5, 6, 7, 8, 9, 10]] * 2, [[0, 0, 0, 1, 1, 1]] * 2, [[-6.6] * 6] * 2, [1.0, -1.0])
+    learner = Learner(
+        model,
+        algorithm=AlgorithmConfig(),
+        optim=OptimConfig(lr=4e-3, lr_end=1e-3, lr_decay_steps=3),
+        max_tokens=64,
+    )
+    batch = TrainBatch(
+        [[5, 6, 7, 8, 9, 10]] * 2, [[0, 0, 0, 1, 1, 1]] * 2, [[-6.6] * 6] * 2, [1.0, -1.0]
+    )
     lrs = [learner.step(batch)["optim/lr"] for _ in range(5)]
     assert [round(x, 6) for x in lrs] == [0.004, 0.003, 0.002, 0.001, 0.001]

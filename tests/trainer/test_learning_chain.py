@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture()
 def chain(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location("learning_smollm2", ROOT / "scripts" / "learning_smollm2.py")
+    spec = importlib.util.spec_from_file_location(
+        "learning_smollm2", ROOT / "scripts" / "learning_smollm2.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     module.use_chain("expert")

@@ -27,7 +27,9 @@ def _reference(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tenso
 
 @pytest.mark.parametrize("chunk", [1, 3, 7, 100])
 @pytest.mark.parametrize("entropy_grad", [False, True])
-def test_chunked_logprobs_equal_the_whole_matrix_values_and_gradients(chunk: int, entropy_grad: bool) -> None:
+def test_chunked_logprobs_equal_the_whole_matrix_values_and_gradients(
+    chunk: int, entropy_grad: bool
+) -> None:
     torch.manual_seed(0)
     head = torch.nn.Linear(6, 50, bias=False)
     hidden = torch.randn(11, 6, requires_grad=True)
@@ -52,13 +54,17 @@ def test_chunked_logprobs_equal_the_whole_matrix_values_and_gradients(chunk: int
 def test_no_grad_and_empty_inputs() -> None:
     head = torch.nn.Linear(4, 9, bias=False)
     with torch.no_grad():
-        logp, ent = chunked_logprobs(torch.randn(5, 4), head, torch.randint(9, (5,)), chunk=2, entropy=True)
+        logp, ent = chunked_logprobs(
+            torch.randn(5, 4), head, torch.randint(9, (5,)), chunk=2, entropy=True
+        )
     assert logp.shape == ent.shape == (5,) and not logp.requires_grad
     empty, none = chunked_logprobs(torch.zeros(0, 4), head, torch.zeros(0, dtype=torch.long))
     assert empty.shape == (0,) and none is None
 
 
-def test_the_scorer_computes_the_logits_one_chunk_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_scorer_computes_the_logits_one_chunk_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The learner's path (BatchScorer.forward) calls the output layer on at most ``logit_chunk``
     positions at once and gives the logprobs of one unchunked call."""
     from trainer.config import AlgorithmConfig, OptimConfig
@@ -73,12 +79,20 @@ def test_the_scorer_computes_the_logits_one_chunk_at_a_time(monkeypatch: pytest.
     rows_seen: list[int] = []
     original = head.forward
     monkeypatch.setattr(head, "forward", lambda x: (rows_seen.append(x.shape[0]), original(x))[1])
-    whole = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(logit_chunk_tokens=4096),
-                    shared_prefix=False).logprobs(batch)
+    whole = Learner(
+        model,
+        algorithm=AlgorithmConfig(),
+        optim=OptimConfig(logit_chunk_tokens=4096),
+        shared_prefix=False,
+    ).logprobs(batch)
     assert max(rows_seen) > 16
     rows_seen.clear()
-    chunked = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(logit_chunk_tokens=16),
-                      shared_prefix=False).logprobs(batch)
+    chunked = Learner(
+        model,
+        algorithm=AlgorithmConfig(),
+        optim=OptimConfig(logit_chunk_tokens=16),
+        shared_prefix=False,
+    ).logprobs(batch)
     assert rows_seen and max(rows_seen) <= 16
     for a, b in zip(whole, chunked):
         assert a == pytest.approx(b, abs=1e-5)
@@ -89,11 +103,15 @@ def _measure(tokens: int, vocab: int, chunk: int, dtype: str = "float32") -> int
         "import json, sys; from trainer.memory import measure_logprob_peak; "
         f"print(json.dumps(measure_logprob_peak({tokens}, {vocab}, chunk={chunk}, dtype={dtype!r})))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return int(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/self/status (Linux)")
+@pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="reads /proc/self/status (Linux)"
+)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_measured_logprob_peak_agrees_with_twin_plan(tmp_path: Path, dtype: str) -> None:
     """4,096 positions of a 32,768-token vocabulary in chunks of 512: the measured peak is within

@@ -26,15 +26,22 @@ pytestmark = pytest.mark.slow
     [(False, True, 0), (True, True, 0), (False, False, 0), (False, True, 192)],
     ids=["lora", "lora-checkpointing", "full", "lora-shared-prompt"],
 )
-def test_planned_activations_match_the_measured_ones(checkpointing: bool, lora: bool, prompt: int) -> None:
+def test_planned_activations_match_the_measured_ones(
+    checkpointing: bool, lora: bool, prompt: int
+) -> None:
     torch.manual_seed(0)
     measured = measure_learner_activations(
         "qwen3-8b", layers=2, tokens=256, rows=4 if prompt else 2, prompt=prompt,
         lora_rank=64 if lora else None, checkpointing=checkpointing,
     )  # fmt: skip
     planned = activation_bytes_per_token_layer(
-        KNOWN_MODELS["qwen3-8b"], 2, lora_targets=ALL if lora else None, lora_rank=64, checkpointing=checkpointing
+        KNOWN_MODELS["qwen3-8b"],
+        2,
+        lora_targets=ALL if lora else None,
+        lora_rank=64,
+        checkpointing=checkpointing,
     )
     assert measured.per_token_layer == pytest.approx(planned, rel=0.15), (
-        measured.per_token_layer / 1024, planned / 1024,
+        measured.per_token_layer / 1024,
+        planned / 1024,
     )

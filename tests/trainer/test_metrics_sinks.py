@@ -16,9 +16,18 @@ from twin.policies import ReplayPolicy
 from twin.registry import make_twin
 
 ROOT = Path(__file__).resolve().parents[2]
-TURNS = [{"name": "lookup_order", "arguments": {"order_id": "R-10273"}},
-         {"name": "decide", "arguments": {"order_id": "R-10273", "decision": "refund",
-                                          "amount": 50.0, "reason": "unopened"}}]
+TURNS = [
+    {"name": "lookup_order", "arguments": {"order_id": "R-10273"}},
+    {
+        "name": "decide",
+        "arguments": {
+            "order_id": "R-10273",
+            "decision": "refund",
+            "amount": 50.0,
+            "reason": "unopened",
+        },
+    },
+]
 
 
 #: A turn whose text-format call does not parse: the table must still show what was written.
@@ -26,8 +35,9 @@ GARBLED = 'Checking the order. <tool_call>{"name": "lookup_order", "arguments": 
 
 
 def _episodes():
-    result = evaluate(make_twin("returns"), ReplayPolicy(TURNS), [("test", 0), ("test", 1)],
-                      progress=False)
+    result = evaluate(
+        make_twin("returns"), ReplayPolicy(TURNS), [("test", 0), ("test", 1)], progress=False
+    )
     garbled = evaluate(make_twin("returns"), ReplayPolicy([GARBLED]), [("dev", 0)], progress=False)
     return [t for r in (result, garbled) for g in r.groups for t in g.trajectories]
 
@@ -59,7 +69,9 @@ def test_tables_sample_across_the_reward_range():
 
 
 def test_unknown_sink_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="unknown log sink.*'mlflow'.*allowed: jsonl, tensorboard, wandb, trackio"):
+    with pytest.raises(
+        ValueError, match="unknown log sink.*'mlflow'.*allowed: jsonl, tensorboard, wandb, trackio"
+    ):
         MetricsLogger(tmp_path, sinks=["jsonl", "mlflow"])
 
 
@@ -80,17 +92,24 @@ def _run_sink(sink: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Comp
         logger.close()
         print("DONE")
     """)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env
+    )
 
 
 def test_wandb_offline_honours_its_variables_and_tables_hold_text_and_terms(tmp_path):
     pytest.importorskip("wandb", reason="wandb not installed: pip install 'twinrl[trackers]'")
     import os
 
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true",
-           "WANDB_DIR": str(tmp_path / "wb"), "WANDB_PROJECT": "from-the-variable",
-           "WANDB_CACHE_DIR": str(tmp_path / "cache"), "WANDB_CONFIG_DIR": str(tmp_path / "config")}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(tmp_path / "wb"),
+        "WANDB_PROJECT": "from-the-variable",
+        "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+        "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+    }
     proc = _run_sink("wandb", tmp_path, env)
     assert "DONE" in proc.stdout, proc.stderr[-3000:]
     assert not (tmp_path / "run" / "wandb").exists()  # WANDB_DIR wins over the output folder
@@ -98,8 +117,13 @@ def test_wandb_offline_honours_its_variables_and_tables_hold_text_and_terms(tmp_
     # offline runs keep their history in the run's binary log (read by `wandb sync`)
     (log_file,) = run_dir.glob("run-*.wandb")
     history = log_file.read_bytes()
-    for key in (b"rewards/total", b"rewards/correct_decision", b"episodes", b"table-file",
-                b"from-the-variable"):
+    for key in (
+        b"rewards/total",
+        b"rewards/correct_decision",
+        b"episodes",
+        b"table-file",
+        b"from-the-variable",
+    ):
         assert key in history, key
     assert b"twinrl-test" not in history  # the code's project did not override WANDB_PROJECT
     tables = sorted((run_dir / "files" / "media" / "table").glob("episodes_*.table.json"))
@@ -126,8 +150,9 @@ def test_trackio_local_honours_its_folder_and_tables_hold_text_and_terms(tmp_pat
         logs = SQLiteStorage.get_logs("twinrl-test", "sinks")
         print(json.dumps(logs, default=str))
     """)
-    out = subprocess.run([sys.executable, "-c", read], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", read], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
     logs = json.loads(out.stdout.strip().splitlines()[-1])
     assert [row["step"] for row in logs] == [0, 1, 2]
     assert logs[1]["rewards/total"] == 1.5 and logs[0]["rewards/correct_decision"] == 1.0

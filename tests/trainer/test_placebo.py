@@ -23,7 +23,9 @@ def _groups(n: int, g: int, seed: int = 0) -> list[Group]:
         for k in range(g):
             r = rng.choice([-1.0, 0.0, 0.5, 1.0])
             t = Trajectory(twin="Toy", case_id=f"toy/train/{i}", reward=r)
-            t.token_turns = [TokenTurn(prompt_ids=[1, 2 + i], completion_ids=[7, 8 + k], logprobs=[-1.0, -2.0])]
+            t.token_turns = [
+                TokenTurn(prompt_ids=[1, 2 + i], completion_ids=[7, 8 + k], logprobs=[-1.0, -2.0])
+            ]
             t.info["shaped_reward"] = r
             trajs.append(t)
         out.append(Group(case_id=f"toy/train/{i}", trajectories=trajs))

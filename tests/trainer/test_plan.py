@@ -178,7 +178,9 @@ def test_catalog_9b_recipe_fits_two_96gb_gpus(
 
 
 @pytest.mark.parametrize("staleness", [0, 1, 3])
-def test_the_rollout_plan_charges_the_adapters_the_sampler_server_holds(tmp_path: Path, staleness: int) -> None:
+def test_the_rollout_plan_charges_the_adapters_the_sampler_server_holds(
+    tmp_path: Path, staleness: int
+) -> None:
     recipe = load_recipe(_catalog_9b(tmp_path), [f"async.max_staleness={staleness}"])
     rollout = plan_recipe(recipe, gpu_memory_gb=96)[0]
     (adapters,) = [c for c in rollout.components if c.name == "LoRA adapters"]

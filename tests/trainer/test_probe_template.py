@@ -28,4 +28,6 @@ def test_probe_sequence_uses_the_recipes_template(tmp_path: Path) -> None:
                        template_kwargs={"enable_thinking": False}).start(obs)  # fmt: skip
     assert probe == list(episode)[:PROBE_MAX_TOKENS]
     text = tokenizer.decode(probe)
-    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # qwen3 with thinking off
+    assert text.endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )  # qwen3 with thinking off

@@ -35,7 +35,9 @@ def test_an_external_sampler_is_refused_by_the_ray_backend(learner):
 
     cfg = load_recipe("toy-lora-cpu", ["backend=ray", "sampler.kind=server", "sampler.base_url=http://127.0.0.1:9/v1",
                                        f"ray.learner={learner}"])  # fmt: skip
-    with pytest.raises(ConfigError, match="starts its own sampler engines; set sampler.kind to 'hf'"):
+    with pytest.raises(
+        ConfigError, match="starts its own sampler engines; set sampler.kind to 'hf'"
+    ):
         (RemoteLearner if learner == "actor" else RayTrainer)(cfg)
 
 
@@ -119,7 +121,9 @@ def _train(tmp_path: Path, backend: str, on_step: Any = None) -> tuple[list[dict
 
 
 @pytest.mark.slow
-def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker(tmp_path: Path) -> None:
+def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker(
+    tmp_path: Path,
+) -> None:
     # The acceptance run: a local Ray cluster of 2 CPUs, one `twin serve` engine actor, two rollout
     # worker actors, the learner here; the toy LoRA recipe trains to the local backend's reward, and
     # a worker actor killed mid-run is restarted and resamples its lot.
@@ -128,7 +132,9 @@ def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker
     killed: list[int] = []
 
     def kill_one(trainer: Any, record: dict[str, Any]) -> None:
-        if record["step"] == 10 and not killed:  # a worker busy in its loop, killed as a node loss would
+        if (
+            record["step"] == 10 and not killed
+        ):  # a worker busy in its loop, killed as a node loss would
             killed.append(record["step"])
             ray.kill(trainer.workers[0], no_restart=False)
 
@@ -141,7 +147,10 @@ def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker
     def late(h: list[dict[str, Any]]) -> float:
         return sum(r["rewards/total"] for r in h[-5:]) / 5
 
-    curves = {name: " ".join(f"{r['rewards/total']:.2f}" for r in h[::5]) for name, h in (("local", local), ("ray", remote))}
+    curves = {
+        name: " ".join(f"{r['rewards/total']:.2f}" for r in h[::5])
+        for name, h in (("local", local), ("ray", remote))
+    }
     assert len(remote) == LEARN_STEPS
     for h in (local, remote):
         assert sum(r["rewards/total"] for r in h[:3]) / 3 < 0.2, curves  # it starts random

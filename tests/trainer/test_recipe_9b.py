@@ -16,7 +16,9 @@ THINKING_TURN = 4096
 def test_a_turn_has_room_to_think_and_an_episode_several_turns() -> None:
     cfg = load_recipe(RECIPE)
     assert cfg.sampler.temperature == 1.0
-    assert (cfg.model.template_kwargs or {}).get("enable_thinking", True), "the recipe trains thinking"
+    assert (cfg.model.template_kwargs or {}).get("enable_thinking", True), (
+        "the recipe trains thinking"
+    )
     assert cfg.sampler.max_new_tokens >= THINKING_TURN
     assert cfg.sampler.max_episode_tokens >= 4 * cfg.sampler.max_new_tokens
     # the overlong shaping acts within the budget, and one episode fits one micro-batch

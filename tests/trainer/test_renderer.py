@@ -122,7 +122,11 @@ def test_episode_is_the_concatenation_of_the_pieces(tok) -> None:
     assert ep.turn_spans == [(p, p + a), (p + a + len(obs), len(ep))]
     assert ep.prompt_len == p and ep.num_sampled == len(c1) + len(c2)
     assert r.stats == {
-        "turns": 2, "prefix_breaks": 0, "unterminated": 0, "unparsed_turns": 0, "refused_turns": 0
+        "turns": 2,
+        "prefix_breaks": 0,
+        "unterminated": 0,
+        "unparsed_turns": 0,
+        "refused_turns": 0,
     }
 
 
@@ -131,16 +135,16 @@ def test_loss_mask_excludes_tool_result_tokens(tok) -> None:
     ep = r.episode()
     # the tool result, found by decoding, lies entirely in masked-out positions
     start = len(prompt) + len(c1)
-    text = tok.decode(ep.input_ids[start:start + len(obs)])
+    text = tok.decode(ep.input_ids[start : start + len(obs)])
     assert text == (
         "\n<|im_start|>user\n<tool_response>\n" + RESULT + "\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    assert all(m == 0 for m in ep.loss_mask[start:start + len(obs)])
+    assert all(m == 0 for m in ep.loss_mask[start : start + len(obs)])
     result_ids = enc(tok, RESULT)
     for k in range(len(ep) - len(result_ids) + 1):
-        if ep.input_ids[k:k + len(result_ids)] == result_ids:
-            assert sum(ep.loss_mask[k:k + len(result_ids)]) == 0
+        if ep.input_ids[k : k + len(result_ids)] == result_ids:
+            assert sum(ep.loss_mask[k : k + len(result_ids)]) == 0
     # and every masked-in token is one the sampler produced
     sampled = [i for i, m in zip(ep.input_ids, ep.loss_mask) if m]
     assert sampled == c1 + c2
@@ -165,14 +169,17 @@ def test_sampled_ids_are_kept_even_when_not_canonical(tok) -> None:
     r = Renderer(tok, TOOLS)
     r.start(OPENING)
     # "red" spelled letter by letter: decodes to the same text, is not what encode() gives
-    odd = enc(tok, '<tool_call>\n{"name": "submit", "arguments": {"answer": "') + [
-        *(enc(tok, ch)[0] for ch in "red")
-    ] + enc(tok, '"}}\n</tool_call>') + [tok.eos_token_id]
+    odd = (
+        enc(tok, '<tool_call>\n{"name": "submit", "arguments": {"answer": "')
+        + [*(enc(tok, ch)[0] for ch in "red")]
+        + enc(tok, '"}}\n</tool_call>')
+        + [tok.eos_token_id]
+    )
     assert odd != enc(tok, SUBMIT) + [tok.eos_token_id]
     msg = r.add_completion(odd, [-1.0] * len(odd))
     assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"answer": "red"}
     ep = r.episode()
-    assert ep.input_ids[ep.turn_spans[0][0]:ep.turn_spans[0][1]] == odd
+    assert ep.input_ids[ep.turn_spans[0][0] : ep.turn_spans[0][1]] == odd
 
 
 def test_cut_off_sample_is_closed_unmasked(tok) -> None:
@@ -271,8 +278,11 @@ def test_misuse_says_what_to_call(tok) -> None:
         st.tuples(
             st.lists(st.integers(min_value=3, max_value=700), min_size=0, max_size=12),
             st.booleans(),
-            st.lists(st.sampled_from(["red", "cat", '{"ok": true}', "no such key", "é ✓"]),
-                     min_size=1, max_size=3),
+            st.lists(
+                st.sampled_from(["red", "cat", '{"ok": true}', "no such key", "é ✓"]),
+                min_size=1,
+                max_size=3,
+            ),
         ),
         min_size=1,
         max_size=4,
@@ -383,7 +393,8 @@ def check_smollm2_episode(smol_tok) -> None:
     assert not r.tools_in_template
     system = "Be brief." + tools_preamble(TOOLS)
     expected_start = smol_tok.apply_chat_template(
-        [{"role": "system", "content": system}, OPENING[1]], tokenize=False,
+        [{"role": "system", "content": system}, OPENING[1]],
+        tokenize=False,
         add_generation_prompt=True,
     )
     assert prompt == enc(smol_tok, expected_start)

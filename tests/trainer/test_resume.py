@@ -13,7 +13,13 @@ import torch
 from envs.toy import ToyTwin
 from envs.toy.twin import closeness, prefix
 from rewards import Reward
-from trainer.checkpoint import capture_rng, latest_checkpoint, load_checkpoint, prepare_output_dir, restore_rng
+from trainer.checkpoint import (
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    prepare_output_dir,
+    restore_rng,
+)
 from trainer.config import load_recipe
 from trainer.metrics import read_metrics
 from trainer.sync_trainer import SyncTrainer
@@ -94,7 +100,10 @@ def test_fresh_run_refuses_old_checkpoints_unless_overwrite(tmp_path) -> None:
     _run(_cfg(tmp_path / "c", 2, False))
     first = latest_checkpoint(tmp_path / "c")
     assert first is not None
-    with pytest.raises(ConfigError, match=r"already holds checkpoints \(latest: step-000002\).*--resume.*--overwrite"):
+    with pytest.raises(
+        ConfigError,
+        match=r"already holds checkpoints \(latest: step-000002\).*--resume.*--overwrite",
+    ):
         SyncTrainer(_cfg(tmp_path / "c", 1, False)).setup()
     assert latest_checkpoint(tmp_path / "c") == first  # nothing was deleted
     recipe = SyncTrainer(_cfg(tmp_path / "c", 1, False), overwrite=True)
@@ -107,7 +116,9 @@ def test_fresh_run_refuses_old_checkpoints_unless_overwrite(tmp_path) -> None:
 def test_both_runners_refuse_to_start_over_checkpoints(tmp_path, runner: str) -> None:
     from trainer.async_trainer import AsyncTrainer
 
-    cfg = load_recipe("toy-cpu", [f"train.output_dir={tmp_path}", "lora.enabled=true", "train.store=false"])
+    cfg = load_recipe(
+        "toy-cpu", [f"train.output_dir={tmp_path}", "lora.enabled=true", "train.store=false"]
+    )
     checkpoint = tmp_path / "checkpoints" / "step-000004"
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer_state.pt").write_bytes(b"from an earlier run")
@@ -142,7 +153,9 @@ def test_resume_never_unpickles_objects(tmp_path) -> None:
         load_checkpoint(checkpoint)
     assert not target.exists()
     # a checkpoint of an older twinrl (numpy's RNG state as an array) is refused the same way
-    torch.save({"step": 1, "rng": {"numpy": np.random.get_state()}}, checkpoint / "trainer_state.pt")
+    torch.save(
+        {"step": 1, "rng": {"numpy": np.random.get_state()}}, checkpoint / "trainer_state.pt"
+    )
     with pytest.raises(ConfigError, match="older twinrl"):
         load_checkpoint(checkpoint)
 
@@ -156,7 +169,11 @@ def test_rng_state_round_trips_through_a_weights_only_file(tmp_path) -> None:
     torch.save(state, tmp_path / "rng.pt")
     expected = (np.random.standard_normal(3).tolist(), random.random(), torch.rand(2).tolist())
     restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
-    assert (np.random.standard_normal(3).tolist(), random.random(), torch.rand(2).tolist()) == expected
+    assert (
+        np.random.standard_normal(3).tolist(),
+        random.random(),
+        torch.rand(2).tolist(),
+    ) == expected
 
 
 # -- weights are never deleted by surprise; a damaged checkpoint; one run per folder ---------------
@@ -166,7 +183,9 @@ def test_a_folder_with_weights_but_no_trainer_state_is_kept(tmp_path, resume: bo
     adapter = tmp_path / "checkpoints" / "step-000010" / "adapter"
     adapter.mkdir(parents=True)
     (adapter / "adapter_model.safetensors").write_bytes(b"trained weights")
-    with pytest.raises(ConfigError, match=r"holds weights \(step-000010\).*not deleted.*--overwrite"):
+    with pytest.raises(
+        ConfigError, match=r"holds weights \(step-000010\).*not deleted.*--overwrite"
+    ):
         prepare_output_dir(tmp_path, resume=resume, overwrite=False)
     assert (adapter / "adapter_model.safetensors").read_bytes() == b"trained weights"
     assert prepare_output_dir(tmp_path, resume=resume, overwrite=True) is None  # said so: deleted
@@ -196,7 +215,10 @@ def test_no_readable_checkpoint_is_a_one_line_error(tmp_path) -> None:
         folder = tmp_path / "checkpoints" / f"step-{step:06d}"
         folder.mkdir(parents=True)
         (folder / "trainer_state.pt").write_bytes(b"PK\x03\x04 cut short")
-    with pytest.raises(ConfigError, match=r"no checkpoint .* can be read \(step-000004: .*; step-000002: .*--overwrite") as info:
+    with pytest.raises(
+        ConfigError,
+        match=r"no checkpoint .* can be read \(step-000004: .*; step-000002: .*--overwrite",
+    ) as info:
         load_resumable(tmp_path, tmp_path / "checkpoints" / "step-000004")
     assert "\n" not in str(info.value)
 
@@ -214,7 +236,9 @@ def test_two_runs_cannot_share_an_output_folder(tmp_path) -> None:
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(ConfigError, match=rf"in use by another training run \(pid {holder.pid};"):
+        with pytest.raises(
+            ConfigError, match=rf"in use by another training run \(pid {holder.pid};"
+        ):
             prepare_output_dir(tmp_path, resume=False, overwrite=True)
         with pytest.raises(ConfigError, match="in use by another training run"):
             SyncTrainer(_cfg(tmp_path, 1, True)).setup()  # refused before the model loads

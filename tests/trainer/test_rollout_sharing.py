@@ -11,9 +11,9 @@ import functools
 import pytest
 import torch
 
+from trainer.episodes import RolloutSettings, collect_groups, episode_tokens
 from trainer.models import load_model
 from trainer.renderer import Renderer
-from trainer.episodes import RolloutSettings, collect_groups, episode_tokens
 from trainer.samplers import HFSampler
 from twin.registry import make_twin
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from trainer.weight_sync import AdapterPublisher, InProcessAdapters
 from trainer.config import load_recipe
-from trainer.sync_trainer import SyncTrainer
 from trainer.episodes import load_tokenizer
 from trainer.samplers import Sample
+from trainer.sync_trainer import SyncTrainer
 from trainer.tiny import WHOLE_CALL_TOKENS
+from trainer.weight_sync import AdapterPublisher, InProcessAdapters
 from twin.errors import ConfigError
 
 COMMON = [
@@ -28,7 +28,10 @@ class _TwoAnswers:
 
     def __init__(self) -> None:
         tokenizer = load_tokenizer("tiny")
-        self.tokens = [tokenizer.convert_tokens_to_ids(WHOLE_CALL_TOKENS[0]), tokenizer.convert_tokens_to_ids("red")]
+        self.tokens = [
+            tokenizer.convert_tokens_to_ids(WHOLE_CALL_TOKENS[0]),
+            tokenizer.convert_tokens_to_ids("red"),
+        ]
         self.limits: list[Any] = []
 
     def sample(self, prompts: list[list[int]], **kwargs: Any) -> list[Sample]:
@@ -38,7 +41,9 @@ class _TwoAnswers:
 
 def _sync(tmp_path: Path, steps: int, learner: Any, **kwargs: Any) -> SyncTrainer:
     cfg = load_recipe("toy-cpu", [*COMMON, f"train.steps={steps}", f"train.output_dir={tmp_path}"])
-    return SyncTrainer(cfg, learner=learner, sampler=_TwoAnswers(), adapters=InProcessAdapters(), **kwargs)
+    return SyncTrainer(
+        cfg, learner=learner, sampler=_TwoAnswers(), adapters=InProcessAdapters(), **kwargs
+    )
 
 
 def test_a_sync_checkpoint_continues_in_the_async_loop(tmp_path: Path, async_fakes: Any) -> None:
@@ -63,7 +68,9 @@ def test_a_sync_checkpoint_continues_in_the_async_loop(tmp_path: Path, async_fak
 
 def test_an_async_checkpoint_continues_in_the_sync_loop(tmp_path: Path, async_fakes: Any) -> None:
     lot = async_fakes.lot
-    trainer, _, _ = async_fakes.trainer(tmp_path, 1, [lot(0, 0), lot(1, 0)], steps=2, overrides=COMMON)
+    trainer, _, _ = async_fakes.trainer(
+        tmp_path, 1, [lot(0, 0), lot(1, 0)], steps=2, overrides=COMMON
+    )
     trainer.train()
     trainer.cleanup()
     sync = _sync(tmp_path, 3, async_fakes.Learner(), resume=True)
@@ -75,7 +82,9 @@ def test_an_async_checkpoint_continues_in_the_sync_loop(tmp_path: Path, async_fa
     assert history[-1]["data/cursor"] == 3.0  # one more case after the async lots' cursor
 
 
-def test_the_sync_loop_samples_at_the_curriculum_limit_and_publishes_each_version(tmp_path: Path, async_fakes: Any) -> None:
+def test_the_sync_loop_samples_at_the_curriculum_limit_and_publishes_each_version(
+    tmp_path: Path, async_fakes: Any
+) -> None:
     sink = InProcessAdapters()
     cfg = load_recipe("toy-cpu", [*COMMON, "train.steps=3", f"train.output_dir={tmp_path}"])
     sampler = _TwoAnswers()
@@ -90,12 +99,16 @@ def test_the_sync_loop_samples_at_the_curriculum_limit_and_publishes_each_versio
 
 def test_a_server_sampler_without_lora_is_refused_before_anything_starts(tmp_path: Path) -> None:
     # refused when the recipe loads (so `twin plan` says it too), before a trainer exists
-    with pytest.raises(ConfigError, match=r"needs the in-process sampler .*got 'vllm'.* set lora.enabled: true"):
+    with pytest.raises(
+        ConfigError, match=r"needs the in-process sampler .*got 'vllm'.* set lora.enabled: true"
+    ):
         load_recipe("toy-cpu", ["sampler.kind=vllm", f"train.output_dir={tmp_path}"])
     assert not any(tmp_path.iterdir())
 
 
-def test_the_publisher_keeps_the_newest_versions_and_retires_the_rest(tmp_path: Path, async_fakes: Any) -> None:
+def test_the_publisher_keeps_the_newest_versions_and_retires_the_rest(
+    tmp_path: Path, async_fakes: Any
+) -> None:
     class _Sink:
         needs_files = True
 
@@ -118,7 +131,10 @@ def test_the_publisher_keeps_the_newest_versions_and_retires_the_rest(tmp_path: 
     publisher.push(learner, 3)  # already loaded: nothing happens
     publisher.close()
     assert [e for e in sink.events if e[0] == "load"] == [("load", f"policy@{v}") for v in range(4)]
-    assert [e for e in sink.events if e[0] == "unload"] == [("unload", "policy@0"), ("unload", "policy@1")]
+    assert [e for e in sink.events if e[0] == "unload"] == [
+        ("unload", "policy@0"),
+        ("unload", "policy@1"),
+    ]
     assert publisher.loaded == [2, 3]
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["policy@2", "policy@3"]
 
@@ -132,7 +148,9 @@ def test_the_publisher_keeps_the_newest_versions_and_retires_the_rest(tmp_path: 
         (["backend=ray", "lora.enabled=true", "async.max_staleness=1"], "RayTrainer"),
     ],
 )
-def test_make_runner_picks_the_loop_the_recipe_asks_for(tmp_path: Path, overrides: list[str], runner: str) -> None:
+def test_make_runner_picks_the_loop_the_recipe_asks_for(
+    tmp_path: Path, overrides: list[str], runner: str
+) -> None:
     from trainer.cli import make_runner
 
     cfg = load_recipe("toy-cpu", [*overrides, f"train.output_dir={tmp_path}"])
@@ -153,7 +171,9 @@ def _toy_with_overlong_penalty(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def make_twin(name: str, **config: Any) -> Any:
         made = make(name, **config)
-        made.reward = Reward({no_repeat: 1.0}, penalties=[overlong_penalty(512, 64, name="too_long")])
+        made.reward = Reward(
+            {no_repeat: 1.0}, penalties=[overlong_penalty(512, 64, name="too_long")]
+        )
         return made
 
     monkeypatch.setattr(registry, "make_twin", make_twin)
@@ -163,9 +183,15 @@ def test_a_reward_overlong_penalty_and_the_recipe_shaping_never_both_charge(
     tmp_path: Path, async_fakes: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _toy_with_overlong_penalty(monkeypatch)
-    cfg = load_recipe("toy-cpu", [*COMMON, "algorithm.overlong_buffer=64", f"train.output_dir={tmp_path}"])
-    sync = SyncTrainer(cfg, learner=async_fakes.Learner(), sampler=_TwoAnswers(), adapters=InProcessAdapters())
-    with pytest.raises(ConfigError, match=r"overlong penalty \['too_long'\].*overlong_buffer=64.*charged twice"):
+    cfg = load_recipe(
+        "toy-cpu", [*COMMON, "algorithm.overlong_buffer=64", f"train.output_dir={tmp_path}"]
+    )
+    sync = SyncTrainer(
+        cfg, learner=async_fakes.Learner(), sampler=_TwoAnswers(), adapters=InProcessAdapters()
+    )
+    with pytest.raises(
+        ConfigError, match=r"overlong penalty \['too_long'\].*overlong_buffer=64.*charged twice"
+    ):
         sync.setup()
     from trainer.plan import check_runnable  # twin plan says it too, before any memory is used
 
@@ -179,7 +205,9 @@ def test_a_reward_overlong_penalty_alone_is_kept_when_the_recipe_shaping_is_off(
     _toy_with_overlong_penalty(monkeypatch)
     cfg = load_recipe("toy-cpu", [*COMMON, "train.steps=1", f"train.output_dir={tmp_path}"])
     assert cfg.algorithm.overlong_buffer == 0
-    sync = SyncTrainer(cfg, learner=async_fakes.Learner(), sampler=_TwoAnswers(), adapters=InProcessAdapters())
+    sync = SyncTrainer(
+        cfg, learner=async_fakes.Learner(), sampler=_TwoAnswers(), adapters=InProcessAdapters()
+    )
     sync.setup()
     history = sync.train()
     sync.cleanup()

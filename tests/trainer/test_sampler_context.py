@@ -7,7 +7,6 @@ import threading
 from pathlib import Path
 
 import httpx
-import pytest
 import torch
 
 from trainer.workers import sampler_context_length
@@ -18,13 +17,18 @@ def _models(payload: object, status: int = 200) -> httpx.MockTransport:
 
 
 def test_context_length_from_vllm_and_twin_serve_model_cards() -> None:
-    vllm = {"object": "list", "data": [{"id": "base", "max_model_len": 2048}, {"id": "policy@0", "max_model_len": 2048}]}
+    vllm = {
+        "object": "list",
+        "data": [{"id": "base", "max_model_len": 2048}, {"id": "policy@0", "max_model_len": 2048}],
+    }
     assert sampler_context_length("http://x:1/v1", transport=_models(vllm)) == 2048
     serve = {"object": "list", "data": [{"id": "tiny", "owned_by": "twinrl", "max_model_len": 300}]}
     assert sampler_context_length("http://x:1", transport=_models(serve)) == 300
     # a server that does not say, or cannot be asked: no limit beyond the episode budget
     assert sampler_context_length("http://x:1", transport=_models({"data": [{"id": "m"}]})) is None
-    assert sampler_context_length("http://x:1", transport=_models({"error": "no"}, status=500)) is None
+    assert (
+        sampler_context_length("http://x:1", transport=_models({"error": "no"}, status=500)) is None
+    )
     assert sampler_context_length("http://x:1", transport=_models(["not", "a", "dict"])) is None
 
 
@@ -34,10 +38,10 @@ def test_sync_trainer_stops_episodes_at_a_short_server_context(tmp_path: Path) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.config import load_recipe
-    from trainer.sync_trainer import SyncTrainer
     from trainer.renderer import Renderer
     from trainer.serving.completions import CompletionServer
     from trainer.serving.http import make_http_server
+    from trainer.sync_trainer import SyncTrainer
     from trainer.tiny import build_tiny
     from twin.env import TwinEnv
     from twin.registry import make_twin

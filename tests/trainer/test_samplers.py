@@ -20,21 +20,32 @@ def tiny():
 
 
 def _prompt(tok, text: str) -> list[int]:
-    return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    return list(
+        tok.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_hf_logprobs_match_teacher_forcing(tiny, temperature: float) -> None:
     model, tok = tiny
     prompts = [_prompt(tok, "Say red."), _prompt(tok, "The word is a dog, a long prompt here.")]
-    samples = HFSampler(model, tok).sample(prompts, max_new_tokens=12, temperature=temperature, seed=3)
+    samples = HFSampler(model, tok).sample(
+        prompts, max_new_tokens=12, temperature=temperature, seed=3
+    )
     assert len(samples) == 2
     for prompt, s in zip(prompts, samples):
         assert len(s.ids) == len(s.logprobs) > 0
         ids = torch.tensor([prompt + s.ids])
         with torch.no_grad():
             logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-        expected = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(s.ids)[:, None])[:, 0]
+        expected = torch.log_softmax(logits / temperature, -1).gather(
+            -1, torch.tensor(s.ids)[:, None]
+        )[:, 0]
         assert torch.allclose(expected, torch.tensor(s.logprobs), atol=1e-5), (expected, s.logprobs)
 
 
@@ -84,20 +95,30 @@ def _vllm_handler(seen: list[dict]):
                     "text": "",
                     "token_ids": ids,
                     "prompt_token_ids": prompt,
-                    "logprobs": {"token_logprobs": [-0.5, -0.25, -0.125], "tokens": [f"token_id:{t}" for t in ids]},
+                    "logprobs": {
+                        "token_logprobs": [-0.5, -0.25, -0.125],
+                        "tokens": [f"token_id:{t}" for t in ids],
+                    },
                     "finish_reason": "stop",
                 }
             )
-        return httpx.Response(200, json={"id": "c", "object": "text_completion", "choices": choices})
+        return httpx.Response(
+            200, json={"id": "c", "object": "text_completion", "choices": choices}
+        )
 
     return handler
 
 
 def test_server_sampler_batched_request() -> None:
     seen: list[dict] = []
-    sampler = ServerSampler("http://sampler:8000", "policy@3", transport=httpx.MockTransport(_vllm_handler(seen)))
+    sampler = ServerSampler(
+        "http://sampler:8000", "policy@3", transport=httpx.MockTransport(_vllm_handler(seen))
+    )
     out = sampler.sample([[1, 2], [5]], max_new_tokens=7, temperature=0.9, stop_ids=[99])
-    assert out == [Sample([3, 4, 99], [-0.5, -0.25, -0.125], "stop"), Sample([6, 7, 99], [-0.5, -0.25, -0.125], "stop")]
+    assert out == [
+        Sample([3, 4, 99], [-0.5, -0.25, -0.125], "stop"),
+        Sample([6, 7, 99], [-0.5, -0.25, -0.125], "stop"),
+    ]
     (body,) = seen
     assert body["model"] == "policy@3" and body["prompt"] == [[1, 2], [5]]
     assert body["max_tokens"] == 7 and body["temperature"] == 0.9 and body["stop_token_ids"] == [99]
@@ -106,14 +127,16 @@ def test_server_sampler_batched_request() -> None:
 
 def test_server_sampler_seed_gives_each_prompt_its_own_request() -> None:
     seen: list[dict] = []
-    sampler = ServerSampler("http://sampler:8000/v1", "m", transport=httpx.MockTransport(_vllm_handler(seen)))
+    sampler = ServerSampler(
+        "http://sampler:8000/v1", "m", transport=httpx.MockTransport(_vllm_handler(seen))
+    )
     out = sampler.sample([[1], [1], [1]], max_new_tokens=3, seed=4)
     assert [s.ids for s in out] == [[2, 3, 99]] * 3
     assert len(seen) == 3 and len({b["seed"] for b in seen}) == 3
     again: list[dict] = []
-    ServerSampler("http://sampler:8000", "m", transport=httpx.MockTransport(_vllm_handler(again))).sample(
-        [[1], [1], [1]], max_new_tokens=3, seed=4
-    )
+    ServerSampler(
+        "http://sampler:8000", "m", transport=httpx.MockTransport(_vllm_handler(again))
+    ).sample([[1], [1], [1]], max_new_tokens=3, seed=4)
     assert sorted(b["seed"] for b in again) == sorted(b["seed"] for b in seen)
 
 
@@ -126,9 +149,9 @@ def test_a_server_that_seeds_rows_itself_gets_a_seeded_lot_as_one_request() -> N
     (body,) = seen
     assert body["prompt"] == [[1], [1], [5]] and body["max_tokens"] == 3
     again: list[dict] = []
-    ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(again)), per_row_seeds=True).sample(
-        [[1], [1], [5]], max_new_tokens=3, seed=4
-    )
+    ServerSampler(
+        "http://s", "m", transport=httpx.MockTransport(_vllm_handler(again)), per_row_seeds=True
+    ).sample([[1], [1], [5]], max_new_tokens=3, seed=4)
     assert again[0]["seed"] == body["seed"]
     seen.clear()  # per-prompt limits cannot share one request's max_tokens: one request per prompt
     sampler.sample([[1], [5]], max_new_tokens=[2, 3], seed=4)
@@ -146,19 +169,25 @@ def test_server_sampler_errors_are_clear() -> None:
         raise httpx.ConnectError("refused", request=request)
 
     with pytest.raises(SamplerError, match="unreachable"):
-        ServerSampler("http://s", "m", transport=httpx.MockTransport(down)).sample([[1]], max_new_tokens=2)
+        ServerSampler("http://s", "m", transport=httpx.MockTransport(down)).sample(
+            [[1]], max_new_tokens=2
+        )
 
     def not_found(request: httpx.Request) -> httpx.Response:
         return httpx.Response(404, json={"error": "adapter policy@9 not found"})
 
     with pytest.raises(SamplerError, match="HTTP 404.*policy@9"):
-        ServerSampler("http://s", "policy@9", transport=httpx.MockTransport(not_found)).sample([[1]], max_new_tokens=2)
+        ServerSampler("http://s", "policy@9", transport=httpx.MockTransport(not_found)).sample(
+            [[1]], max_new_tokens=2
+        )
 
     def no_ids(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"choices": [{"index": 0, "text": "hi", "logprobs": None}]})
 
     with pytest.raises(SamplerError, match="return_token_ids"):
-        ServerSampler("http://s", "m", transport=httpx.MockTransport(no_ids)).sample([[1]], max_new_tokens=2)
+        ServerSampler("http://s", "m", transport=httpx.MockTransport(no_ids)).sample(
+            [[1]], max_new_tokens=2
+        )
 
 
 # -- prefix cache (HFSampler(prefix_cache=True), trainer/serving/kvcache.py) -----------------------
@@ -166,7 +195,9 @@ def _teacher_forced(model, prompt: list[int], ids: list[int], temperature: float
     with torch.no_grad():
         logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
     scaled = logits / temperature if temperature > 0 else logits
-    return torch.log_softmax(scaled, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0], logits.argmax(-1)
+    return torch.log_softmax(scaled, -1).gather(-1, torch.tensor(ids)[:, None])[
+        :, 0
+    ], logits.argmax(-1)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
@@ -179,10 +210,16 @@ def test_prefix_cache_matches_teacher_forcing_over_turns(tiny, temperature: floa
     prompts = [shared + [7, 8, 9], shared + [10] * 20, shared + [11], [3, 4, 5]]
     stops = [tok.eos_token_id, 12, 13]  # some rows stop early: the batch is compacted
     for turn in range(3):
-        samples = sampler.sample(prompts, max_new_tokens=9, temperature=temperature, stop_ids=stops, seed=turn)
+        samples = sampler.sample(
+            prompts, max_new_tokens=9, temperature=temperature, stop_ids=stops, seed=turn
+        )
         for prompt, s in zip(prompts, samples):
             expected, argmax = _teacher_forced(model, prompt, s.ids, temperature)
-            assert torch.allclose(expected, torch.tensor(s.logprobs), atol=1e-4), (turn, expected, s.logprobs)
+            assert torch.allclose(expected, torch.tensor(s.logprobs), atol=1e-4), (
+                turn,
+                expected,
+                s.logprobs,
+            )
             if temperature == 0:
                 assert argmax.tolist() == s.ids
         prompts = [p + s.ids + [20 + turn, 21] for p, s in zip(prompts, samples)]
@@ -194,10 +231,16 @@ def test_prefix_cache_matches_teacher_forcing_over_turns(tiny, temperature: floa
 def test_prefix_cache_row_seeds_do_not_depend_on_the_batch(tiny) -> None:
     model, tok = tiny
     prompts = [_prompt(tok, "Say red."), _prompt(tok, "Say blue, then green.")]
-    alone = HFSampler(model, tok, prefix_cache=True).sample(prompts[:1], max_new_tokens=8, row_seeds=[42])
-    both = HFSampler(model, tok, prefix_cache=True).sample(prompts, max_new_tokens=8, row_seeds=[42, 7])
+    alone = HFSampler(model, tok, prefix_cache=True).sample(
+        prompts[:1], max_new_tokens=8, row_seeds=[42]
+    )
+    both = HFSampler(model, tok, prefix_cache=True).sample(
+        prompts, max_new_tokens=8, row_seeds=[42, 7]
+    )
     assert alone[0].ids == both[0].ids
-    again = HFSampler(model, tok, prefix_cache=True).sample(prompts, max_new_tokens=8, row_seeds=[42, 8])
+    again = HFSampler(model, tok, prefix_cache=True).sample(
+        prompts, max_new_tokens=8, row_seeds=[42, 8]
+    )
     assert again[0].ids == both[0].ids
     with pytest.raises(Exception, match="row_seeds"):
         HFSampler(model, tok, prefix_cache=True).sample(prompts, max_new_tokens=2, row_seeds=[1])
@@ -263,7 +306,9 @@ def test_every_request_states_top_k_and_the_neutral_sampling_fields(seed, per_ro
     # vLLM fills an omitted field from generation_config.json (Qwen3-8B: top_k 20), so a request
     # without top_k would sample from 20 tokens while the learner scores the full softmax
     seen: list[dict] = []
-    sampler = ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), per_row_seeds=per_row)
+    sampler = ServerSampler(
+        "http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), per_row_seeds=per_row
+    )
     sampler.sample([[1], [1]], max_new_tokens=3, seed=seed)
     assert seen
     for body in seen:
@@ -275,14 +320,14 @@ def test_every_request_states_top_k_and_the_neutral_sampling_fields(seed, per_ro
 def test_top_k_zero_and_minus_one_both_mean_the_whole_vocabulary() -> None:
     for given in (None, 0, -1):
         seen: list[dict] = []
-        ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), top_k=given).sample(
-            [[1]], max_new_tokens=2
-        )
+        ServerSampler(
+            "http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), top_k=given
+        ).sample([[1]], max_new_tokens=2)
         assert seen[0]["top_k"] == -1
     seen = []
-    ServerSampler("http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), top_k=5).sample(
-        [[1]], max_new_tokens=2
-    )
+    ServerSampler(
+        "http://s", "m", transport=httpx.MockTransport(_vllm_handler(seen)), top_k=5
+    ).sample([[1]], max_new_tokens=2)
     assert seen[0]["top_k"] == 5
     with pytest.raises(ConfigError, match="top_k must be -1 or 0"):
         ServerSampler("http://s", "m", top_k=-2)
@@ -299,7 +344,12 @@ def test_a_large_lot_keeps_about_256_requests_in_flight() -> None:
         await asyncio.sleep(0.02)
         state["open"] -= 1
         body = json.loads(request.content)
-        choice = {"index": 0, "token_ids": [7], "logprobs": {"token_logprobs": [-0.1]}, "finish_reason": "length"}
+        choice = {
+            "index": 0,
+            "token_ids": [7],
+            "logprobs": {"token_logprobs": [-0.1]},
+            "finish_reason": "length",
+        }
         return httpx.Response(200, json={"choices": [choice] * len(body["prompt"])})
 
     out = ServerSampler("http://s", "m", transport=httpx.MockTransport(handler)).sample(
@@ -328,15 +378,30 @@ def test_a_real_connection_pool_does_not_cap_requests_in_flight_at_httpx_default
             except (asyncio.IncompleteReadError, ConnectionError):
                 writer.close()
                 return
-            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+            length = int(
+                next(
+                    line.split(b":")[1]
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+            )
             await reader.readexactly(length)
             state["open"] += 1
             state["peak"] = max(state["peak"], state["open"])
             await asyncio.sleep(0.3)
             state["open"] -= 1
-            choice = {"index": 0, "token_ids": [7], "logprobs": {"token_logprobs": [-0.1]}, "finish_reason": "length"}
+            choice = {
+                "index": 0,
+                "token_ids": [7],
+                "logprobs": {"token_logprobs": [-0.1]},
+                "finish_reason": "length",
+            }
             data = json.dumps({"model": "m", "choices": [choice]}).encode()
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % len(data)
+                + data
+            )
             await writer.drain()
 
     stop: list[asyncio.Event] = []
@@ -356,7 +421,9 @@ def test_a_real_connection_pool_does_not_cap_requests_in_flight_at_httpx_default
     url = f"http://127.0.0.1:{port[0]}"
     for transport in (None, ModelCheckTransport()):
         state["peak"] = 0
-        out = ServerSampler(url, "m", transport=transport).sample([[1]] * 160, max_new_tokens=1, seed=0)
+        out = ServerSampler(url, "m", transport=transport).sample(
+            [[1]] * 160, max_new_tokens=1, seed=0
+        )
         assert len(out) == 160
         assert state["peak"] > 100, (transport, state["peak"])
     loop.call_soon_threadsafe(stop[0].set)

@@ -33,7 +33,12 @@ def base(tiny_dir: Path):
 
 
 def _make_adapter(
-    tiny_dir: Path, out: Path, seed: int, *, rank: int = 4, targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj")
+    tiny_dir: Path,
+    out: Path,
+    seed: int,
+    *,
+    rank: int = 4,
+    targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj"),
 ) -> Path:
     """A LoRA adapter with random (non-zero) B, so it changes the model's outputs."""
     from peft import LoraConfig, get_peft_model
@@ -41,7 +46,9 @@ def _make_adapter(
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets), init_lora_weights=False)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=list(targets), init_lora_weights=False
+    )
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
@@ -136,7 +143,9 @@ def test_logprobs_equal_a_teacher_forced_forward_pass(server: httpx.Client, base
         assert choice["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-5)
 
 
-def test_repeated_prompts_share_one_prefill_and_keep_their_own_samples(server: httpx.Client, base) -> None:
+def test_repeated_prompts_share_one_prefill_and_keep_their_own_samples(
+    server: httpx.Client, base
+) -> None:
     # A GRPO group: each prompt G times (and n > 1); the server prefills each distinct prompt once.
     model, _ = base
     prompts = [PROMPT, PROMPT[:5], PROMPT, PROMPT[:5], PROMPT]
@@ -397,6 +406,7 @@ def test_server_process_reports_log_tail_on_failure(tmp_path: Path) -> None:
 def test_the_trainer_server_sampler_reads_our_responses(server: httpx.Client, base) -> None:
     """trainer.samplers.ServerSampler (written for vLLM) works against twin serve unchanged."""
     from trainer import samplers
+
     model, _ = base
     sampler = samplers.ServerSampler(str(server.base_url), "tiny")
     samples = sampler.sample([PROMPT, PROMPT[:4]], max_new_tokens=6, temperature=1.0, seed=11)
@@ -430,19 +440,24 @@ def test_top_p_keeps_the_smallest_top_set_reaching_p() -> None:
     check()
 
 
-def test_clients_share_one_tls_context(server: httpx.Client, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_clients_share_one_tls_context(
+    server: httpx.Client, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # httpx loads the CA bundle into a new SSL context for every client it makes without one
     # (~70 ms of CPU); the sampling calls, adapter loads and probes of a training step must not.
     import ssl
 
-    from trainer.weight_sync import AdapterClient
     from trainer.samplers import ServerSampler
+    from trainer.weight_sync import AdapterClient
     from trainer.workers import ModelCheckTransport, _batched_sampler
     from twin.http import tls_context
 
     assert tls_context() is tls_context() and tls_context().verify_mode == ssl.CERT_REQUIRED
     url = str(server.base_url)
-    plain, checked = ServerSampler(url, "tiny"), ServerSampler(url, "tiny", transport=ModelCheckTransport())
+    plain, checked = (
+        ServerSampler(url, "tiny"),
+        ServerSampler(url, "tiny", transport=ModelCheckTransport()),
+    )
     batched = _batched_sampler(url)
     batched.model_name = "tiny"
     adapters = AdapterClient(url)
@@ -457,7 +472,9 @@ def test_clients_share_one_tls_context(server: httpx.Client, monkeypatch: pytest
     for seed in range(3):
         for sampler in (plain, checked, batched):
             assert len(sampler.sample([PROMPT, PROMPT], max_new_tokens=2, seed=seed)) == 2
-        with pytest.raises(Exception, match="missing"):  # a refused load still goes through a client
+        with pytest.raises(
+            Exception, match="missing"
+        ):  # a refused load still goes through a client
             adapters.load(f"missing{seed}", tmp_path / "missing")
     assert loads == []
 
@@ -472,10 +489,21 @@ def test_trainer_cycle_reuses_adapter_slots_and_serves_each_version_exactly(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    core = CompletionServer(model, AutoTokenizer.from_pretrained(tiny_dir), model_name="tiny", max_loras=2)
-    other = _make_adapter(tiny_dir, tmp_path / "r8", 8, rank=8, targets=("q_proj", "v_proj"))  # no slot fits it
+    core = CompletionServer(
+        model, AutoTokenizer.from_pretrained(tiny_dir), model_name="tiny", max_loras=2
+    )
+    other = _make_adapter(
+        tiny_dir, tmp_path / "r8", 8, rank=8, targets=("q_proj", "v_proj")
+    )  # no slot fits it
     sequence = [adapters[0], adapters[1], adapters[2], other, adapters[0], adapters[1]]
-    body = {"prompt": PROMPT, "max_tokens": 6, "logprobs": 0, "return_token_ids": True, "ignore_eos": True, "seed": 5}
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+        "seed": 5,
+    }
     in_place: list[tuple[str, bool]] = []
     copy = core.slots._load_into_free_slot
 
@@ -488,17 +516,27 @@ def test_trainer_cycle_reuses_adapter_slots_and_serves_each_version_exactly(
         for v, path in enumerate(sequence):
             core.load_lora_adapter({"lora_name": f"policy@{v}", "lora_path": str(path)})
             out = core.completions({**body, "model": f"policy@{v}"})["choices"][0]
-            ref = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), path)
+            ref = PeftModel.from_pretrained(
+                AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), path
+            )
             expected = _teacher_forced(ref.eval(), PROMPT, out["token_ids"])
-            assert out["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-5), f"policy@{v} from {path.name}"
+            assert out["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-5), (
+                f"policy@{v} from {path.name}"
+            )
             if v >= 1:
                 core.unload_lora_adapter({"lora_name": f"policy@{v - 1}"})
         # policy@0 wraps the model and @1 finds no free slot; @2, @4 and @5 are copied into freed
         # slots; @3 has another rank and gets its own
-        assert [name for name, done in in_place if done] == ["policy@2", "policy@4", "policy@5"], in_place
-        reused = [k for k in core.slots.peft.peft_config]  # slots in the model: reused, not one per version
+        assert [name for name, done in in_place if done] == ["policy@2", "policy@4", "policy@5"], (
+            in_place
+        )
+        reused = [
+            k for k in core.slots.peft.peft_config
+        ]  # slots in the model: reused, not one per version
         assert len(reused) <= 2 + 2, reused  # max_loras resident + the kept free slots
-        assert len(core.slots.resident) == 1 and next(iter(core.slots.resident.values())).name == "policy@5"
+        assert (
+            len(core.slots.resident) == 1
+            and next(iter(core.slots.resident.values())).name == "policy@5"
+        )
     finally:
         core.close()
-

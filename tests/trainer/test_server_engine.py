@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.models import load_model
 from trainer.hf_policy import HFPolicy
+from trainer.models import load_model
 from trainer.samplers import HFSampler
 from trainer.serving.completions import CompletionServer
 from trainer.serving.engine import Engine, Row
@@ -21,11 +21,15 @@ def tiny():
 
 def _prompt(tok, text: str) -> list[int]:
     messages = [{"role": "user", "content": text}]
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    ids = tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
     return list(ids["input_ids"])
 
 
-def _three_users(model, tok, prompt: list[int], *, temperature: float, seed: int) -> list[tuple[list, list]]:
+def _three_users(
+    model, tok, prompt: list[int], *, temperature: float, seed: int
+) -> list[tuple[list, list]]:
     """The same request through the server, the sampler and a policy: (ids, logprobs) of each."""
     eos = tok.eos_token_id
     server = CompletionServer(model, tok, model_name="tiny")
@@ -53,7 +57,9 @@ def test_server_sampler_and_policy_give_the_same_greedy_tokens(tiny) -> None:
     (server, sampler, policy) = _three_users(model, tok, prompt, temperature=0.0, seed=0)
     assert server[0] == sampler[0] == policy[0]
     assert len(server[0]) >= 2
-    assert server[1] == pytest.approx(sampler[1], abs=1e-5) and sampler[1] == pytest.approx(policy[1], abs=1e-5)
+    assert server[1] == pytest.approx(sampler[1], abs=1e-5) and sampler[1] == pytest.approx(
+        policy[1], abs=1e-5
+    )
     # and greedy is the argmax of a teacher-forced pass over the same tokens
     with torch.no_grad():
         logits = model(torch.tensor([prompt + server[0]])).logits[0, len(prompt) - 1 : -1]
@@ -83,7 +89,10 @@ def test_prompt_logprobs_and_shared_prefill_rows_are_the_model_s(tiny) -> None:
     expected = lps.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
     assert [v for v, _, _ in scored.prompt_lps] == pytest.approx(expected, abs=1e-5)
     assert all(len(top) == 2 and rank >= 1 for _, rank, top in scored.prompt_lps)
-    group = [Row(prompt=prompt, max_tokens=6, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    group = [
+        Row(prompt=prompt, max_tokens=6, generator=torch.Generator().manual_seed(i))
+        for i in range(4)
+    ]
     engine.decode(group)
     assert len({tuple(r.ids) for r in group}) > 1  # one prefill, four samples
     alone = Row(prompt=prompt, max_tokens=6, generator=torch.Generator().manual_seed(2))
@@ -101,9 +110,14 @@ def test_eager_and_sdpa_attention_sample_the_same(tiny) -> None:
     _, tok = tiny
     runs = []
     for attention in ("sdpa", "eager"):
-        model = AutoModelForCausalLM.from_pretrained(build_tiny(), dtype=torch.float32, attn_implementation=attention)
+        model = AutoModelForCausalLM.from_pretrained(
+            build_tiny(), dtype=torch.float32, attn_implementation=attention
+        )
         engine = Engine(model.eval(), pad_id=tok.pad_token_id or tok.eos_token_id)
-        rows = [Row(prompt=p, max_tokens=6, temperature=0.0) for p in (_prompt(tok, "A longer prompt here."), [5, 6])]
+        rows = [
+            Row(prompt=p, max_tokens=6, temperature=0.0)
+            for p in (_prompt(tok, "A longer prompt here."), [5, 6])
+        ]
         engine.decode(rows)
         assert not any(torch.isnan(torch.tensor(r.token_logprobs)).any() for r in rows)
         runs.append([(r.ids, r.token_logprobs) for r in rows])

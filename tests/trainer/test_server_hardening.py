@@ -26,7 +26,14 @@ from trainer.serving.process import ServerProcess
 from trainer.tiny import build_tiny
 
 PROMPT = [1, 447, 201, 361, 223, 404, 223, 67, 2, 201, 1, 399, 201]
-GREEDY = {"prompt": PROMPT, "max_tokens": 6, "logprobs": 0, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+GREEDY = {
+    "prompt": PROMPT,
+    "max_tokens": 6,
+    "logprobs": 0,
+    "temperature": 0,
+    "ignore_eos": True,
+    "return_token_ids": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +48,9 @@ def _make_adapter(tiny_dir: Path, out: Path, seed: int) -> Path:
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
     peft_model = get_peft_model(model, config)
     with torch.no_grad():
         for name, p in peft_model.named_parameters():
@@ -65,7 +74,9 @@ def _core(tiny_dir: Path, **kwargs: Any) -> CompletionServer:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    return CompletionServer(model, AutoTokenizer.from_pretrained(tiny_dir), model_name="tiny", **kwargs)
+    return CompletionServer(
+        model, AutoTokenizer.from_pretrained(tiny_dir), model_name="tiny", **kwargs
+    )
 
 
 def _logprobs(core: CompletionServer, model: str = "tiny") -> list[float]:
@@ -73,14 +84,18 @@ def _logprobs(core: CompletionServer, model: str = "tiny") -> list[float]:
 
 
 # -- 7: a failed adapter load leaves the server as it was -------------------------------------------
-def test_failed_first_adapter_load_leaves_base_logprobs_bit_identical(tiny_dir: Path, adapter_dir: Path) -> None:
+def test_failed_first_adapter_load_leaves_base_logprobs_bit_identical(
+    tiny_dir: Path, adapter_dir: Path
+) -> None:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     core = _core(tiny_dir)
     try:
         before, models = _logprobs(core), core.models()["data"]
         with pytest.raises(ServerError) as info:
-            core.load_lora_adapter({"lora_name": "broken", "lora_path": str(adapter_dir / "corrupt")})
+            core.load_lora_adapter(
+                {"lora_name": "broken", "lora_path": str(adapter_dir / "corrupt")}
+            )
         assert info.value.code == 500
         assert _logprobs(core) == before  # bit-identical, not approximately
         assert core.models()["data"] == models
@@ -103,7 +118,9 @@ def test_failed_later_adapter_load_leaves_base_and_loaded_adapters_bit_identical
         slots = list(core.slots.peft.peft_config)
         for attempt in range(2):
             with pytest.raises(ServerError):
-                core.load_lora_adapter({"lora_name": f"broken{attempt}", "lora_path": str(adapter_dir / "corrupt")})
+                core.load_lora_adapter(
+                    {"lora_name": f"broken{attempt}", "lora_path": str(adapter_dir / "corrupt")}
+                )
         assert _logprobs(core) == base and _logprobs(core, "good") == good
         assert list(core.slots.peft.peft_config) == slots  # no half-built adapter left in the model
         assert [m["id"] for m in core.models()["data"]] == ["tiny", "good"]
@@ -180,7 +197,9 @@ MALFORMED = {
     "rows over max_rows": _ok(prompt=[[1, 2]] * 8, n=200, max_tokens=0),
     "prompt over max_prompt_tokens": _ok(prompt=[1] * (LIMITS.max_prompt_tokens + 1), max_tokens=0),
     "NaN temperature": _ok().replace(b'"max_tokens": 1', b'"max_tokens": 1, "temperature": NaN'),
-    "infinite temperature": _ok().replace(b'"max_tokens": 1', b'"max_tokens": 1, "temperature": Infinity'),
+    "infinite temperature": _ok().replace(
+        b'"max_tokens": 1', b'"max_tokens": 1, "temperature": Infinity'
+    ),
     "negative temperature": _ok(temperature=-0.5),
     "NaN top_p": _ok().replace(b'"max_tokens": 1', b'"max_tokens": 1, "top_p": NaN'),
     "seed 2**70": _ok(seed=2**70),
@@ -199,7 +218,9 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
-def test_limits_and_malformed_bodies_are_400_with_a_json_reason(served: tuple[str, CompletionServer], case: str) -> None:
+def test_limits_and_malformed_bodies_are_400_with_a_json_reason(
+    served: tuple[str, CompletionServer], case: str
+) -> None:
     url, _ = served
     status, body = _post(url, MALFORMED[case])
     assert status == 400, (case, body[:300])
@@ -220,7 +241,9 @@ def test_a_body_over_the_size_limit_is_refused_unread(tiny_dir: Path) -> None:
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        status, body = _raw(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n{")
+        status, body = _raw(
+            url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n{"
+        )
         assert status == 413 and "at most 4096" in _strict_json(body)["error"]["message"]
     finally:
         httpd.shutdown()
@@ -230,7 +253,9 @@ def test_a_body_over_the_size_limit_is_refused_unread(tiny_dir: Path) -> None:
 
 def test_valid_requests_still_answer_strict_json(served: tuple[str, CompletionServer]) -> None:
     # top-p removes tokens (-inf logprobs): the answer must still be JSON (vLLM's -9999 floor)
-    status, body = _post(served[0], _ok(max_tokens=3, top_p=0.05, logprobs=5, seed=2, temperature=2.0))
+    status, body = _post(
+        served[0], _ok(max_tokens=3, top_p=0.05, logprobs=5, seed=2, temperature=2.0)
+    )
     assert status == 200, body
     choice = _strict_json(body)["choices"][0]
     assert all(v >= -9999.0 for top in choice["logprobs"]["top_logprobs"] for v in top.values())
@@ -270,11 +295,16 @@ def test_connections_over_the_cap_get_503(tiny_dir: Path) -> None:
     httpd = make_http_server(core, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    held = [socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=10) for _ in range(3)]
+    held = [
+        socket.create_connection(("127.0.0.1", httpd.server_address[1]), timeout=10)
+        for _ in range(3)
+    ]
     try:
         time.sleep(0.3)
         status, body = _raw(url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert status == 503 and "too many open connections" in _strict_json(body)["error"]["message"]
+        assert (
+            status == 503 and "too many open connections" in _strict_json(body)["error"]["message"]
+        )
     finally:
         for s in held:
             s.close()
@@ -284,13 +314,22 @@ def test_connections_over_the_cap_get_503(tiny_dir: Path) -> None:
 
 
 # -- 9: API key and adapter root ------------------------------------------------------------------
-def test_api_key_is_required_on_v1_routes_but_not_on_health(served: tuple[str, CompletionServer]) -> None:
+def test_api_key_is_required_on_v1_routes_but_not_on_health(
+    served: tuple[str, CompletionServer],
+) -> None:
     url, _ = served
     assert httpx.get(f"{url}/health").status_code == 200
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"}, {"Authorization": "Basic s3cret-key"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "s3cret-key"},
+        {"Authorization": "Basic s3cret-key"},
+    ):
         r = httpx.get(f"{url}/v1/models", headers=headers)
         assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError", headers
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}, headers=headers)
+        r = httpx.post(
+            f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}, headers=headers
+        )
         assert r.status_code == 401
     assert httpx.get(f"{url}/v1/models", headers=AUTH).status_code == 200
 
@@ -298,8 +337,8 @@ def test_api_key_is_required_on_v1_routes_but_not_on_health(served: tuple[str, C
 def test_trainer_clients_send_the_key_from_the_environment(
     served: tuple[str, CompletionServer], adapter_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.weight_sync import AdapterClient
     from trainer.samplers import ServerSampler
+    from trainer.weight_sync import AdapterClient
 
     url, _ = served
     monkeypatch.setenv("TWINRL_API_KEY", "s3cret-key")
@@ -324,7 +363,9 @@ def test_adapter_root_refuses_paths_outside_it_and_models_hide_paths(
             r = httpx.post(load, json={"lora_name": "x", "lora_path": str(path)}, headers=AUTH)
             assert r.status_code == 403, (path, r.text)
             assert r.json()["error"]["type"] == "PermissionDeniedError"
-        r = httpx.post(load, json={"lora_name": "inside", "lora_path": str(adapter_dir / "good")}, headers=AUTH)
+        r = httpx.post(
+            load, json={"lora_name": "inside", "lora_path": str(adapter_dir / "good")}, headers=AUTH
+        )
         assert r.status_code == 200, r.text
         models = httpx.get(f"{url}/v1/models", headers=AUTH).text
         assert str(adapter_dir) not in models and "good" not in models
@@ -345,7 +386,9 @@ def test_adapter_root_refuses_paths_outside_it_and_models_hide_paths(
         ("myhost.example", None, "/srv/adapters", 1),
     ],
 )
-def test_binding_a_non_loopback_address_without_key_or_root_warns(host: str, key: str | None, root: str | None, warned: int) -> None:
+def test_binding_a_non_loopback_address_without_key_or_root_warns(
+    host: str, key: str | None, root: str | None, warned: int
+) -> None:
     assert len(exposure_warnings(host, key, root)) == warned
 
 
@@ -371,17 +414,22 @@ def test_serve_options_are_validated_with_a_clear_error() -> None:
 def test_trainer_started_server_with_key_and_root_serves_its_clients(
     tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.weight_sync import AdapterClient
     from trainer.samplers import ServerSampler
+    from trainer.weight_sync import AdapterClient
 
     run = tmp_path / "run"
     adapter = _make_adapter(tiny_dir, run / "adapters" / "policy@1", seed=3)
     monkeypatch.setenv("TWINRL_API_KEY", "child-key")
-    with ServerProcess(str(tiny_dir), served_model_name="tiny", threads=1, adapter_root=run) as proc:
+    with ServerProcess(
+        str(tiny_dir), served_model_name="tiny", threads=1, adapter_root=run
+    ) as proc:
         assert proc.healthy()  # /health needs no key
         assert httpx.get(f"{proc.base_url}/models").status_code == 401
         AdapterClient(proc.base_url).load("policy@1", adapter)
-        assert len(ServerSampler(proc.base_url, "policy@1").sample([PROMPT], max_new_tokens=2, seed=0)) == 1
+        assert (
+            len(ServerSampler(proc.base_url, "policy@1").sample([PROMPT], max_new_tokens=2, seed=0))
+            == 1
+        )
 
 
 # -- 8: scheduling --------------------------------------------------------------------------------
@@ -390,7 +438,13 @@ def test_a_large_request_is_chunked_so_a_small_one_behind_it_finishes_first(tiny
     core = _core(tiny_dir, max_batch_rows=4)
     big = {"prompt": [PROMPT, PROMPT[:5], PROMPT[:7], PROMPT[:9]], "n": 4, "max_tokens": 5, "seed": 9,
            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
-    small = {"prompt": PROMPT[:3], "max_tokens": 2, "seed": 1, "ignore_eos": True, "return_token_ids": True}
+    small = {
+        "prompt": PROMPT[:3],
+        "max_tokens": 2,
+        "seed": 1,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     try:
         finished: list[str] = []
         results: dict[str, Any] = {}
@@ -413,7 +467,9 @@ def test_a_large_request_is_chunked_so_a_small_one_behind_it_finishes_first(tiny
             t.join(60)
         assert finished == ["small", "big"]
         chunked = [c["token_ids"] for c in results["big"]["choices"]]
-        assert len(chunked) == 16 and [c["index"] for c in results["big"]["choices"]] == list(range(16))
+        assert len(chunked) == 16 and [c["index"] for c in results["big"]["choices"]] == list(
+            range(16)
+        )
     finally:
         core.close()
     whole = _core(tiny_dir, max_batch_rows=64)
@@ -426,12 +482,16 @@ def test_a_large_request_is_chunked_so_a_small_one_behind_it_finishes_first(tiny
 # -- malformed input that once answered 500 -------------------------------------------------------
 def test_a_prompt_with_a_lone_surrogate_is_400(served: tuple[str, CompletionServer]) -> None:
     for prompt in ('"a\\ud800b"', '["ok", "\\udfff"]'):
-        status, body = _post(served[0], b'{"model": "tiny", "max_tokens": 1, "prompt": ' + prompt.encode() + b"}")
+        status, body = _post(
+            served[0], b'{"model": "tiny", "max_tokens": 1, "prompt": ' + prompt.encode() + b"}"
+        )
         assert status == 400, body[:300]
         assert "lone surrogate" in _strict_json(body)["error"]["message"]
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 1e-39}, {"temperature": 1e-30, "top_p": 0.5}, {"top_p": 1e-46}])
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 1e-39}, {"temperature": 1e-30, "top_p": 0.5}, {"top_p": 1e-46}]
+)
 def test_vanishing_temperature_or_top_p_with_logprobs_answer_finite_json(
     served: tuple[str, CompletionServer], sampling: dict[str, float]
 ) -> None:
@@ -446,7 +506,11 @@ def test_bad_adapter_paths_are_400_and_linked_files_outside_the_root_403(
 ) -> None:
     url, _ = served
     load = f"{url}/v1/load_lora_adapter"
-    for path in (str(adapter_dir / "go\x00od"), str(adapter_dir / ("n" * 300)), str(adapter_dir / ("n" * 300) / "x")):
+    for path in (
+        str(adapter_dir / "go\x00od"),
+        str(adapter_dir / ("n" * 300)),
+        str(adapter_dir / ("n" * 300) / "x"),
+    ):
         r = httpx.post(load, json={"lora_name": "x", "lora_path": path}, headers=AUTH)
         assert r.status_code == 400, (path[-40:], r.text)
         assert r.json()["error"]["type"] == "BadRequestError"
@@ -461,6 +525,8 @@ def test_bad_adapter_paths_are_400_and_linked_files_outside_the_root_403(
         r = httpx.post(load, json={"lora_name": "linked", "lora_path": str(linked)}, headers=AUTH)
         assert r.status_code == 403, r.text
         assert "adapter_model.safetensors" in r.json()["error"]["message"]
-        assert "linked" not in [m["id"] for m in httpx.get(f"{url}/v1/models", headers=AUTH).json()["data"]]
+        assert "linked" not in [
+            m["id"] for m in httpx.get(f"{url}/v1/models", headers=AUTH).json()["data"]
+        ]
     finally:
         shutil.rmtree(linked)

@@ -19,13 +19,13 @@ from trainer.learner import Learner, TrainBatch
 from trainer.models import load_model
 from trainer.renderer import Renderer
 from trainer.sft import SFTTrainer, render_row, sft_step
-from twinrl_cli import app
 from twin.collect import collect, read_dataset
 from twin.errors import ConfigError
 from twin.evaluation import evaluate
 from twin.policies import make_policy
 from twin.registry import make_twin
 from twin.store import RunStore
+from twinrl_cli import app
 
 runner = CliRunner()
 TOY = {"num_words": 2, "repeat": 16}
@@ -50,14 +50,22 @@ def _sft_recipe(root: Path, **over: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def toy_sft(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
+def toy_sft(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
     """Collect 64 Toy oracle episodes, then SFT the tiny model on them (24 steps)."""
     root = tmp_path_factory.mktemp("sft")
     old = os.environ.get("TWINRL_STORE")
     os.environ["TWINRL_STORE"] = str(root / "runs.db")
     try:
         twin = make_twin("Toy", **TOY)
-        collect(twin, twin.oracle_policy(), [("train", i) for i in range(64)], out=root / "ds", progress=False)
+        collect(
+            twin,
+            twin.oracle_policy(),
+            [("train", i) for i in range(64)],
+            out=root / "ds",
+            progress=False,
+        )
         run = SFTTrainer(load_recipe(_sft_recipe(root)))
         run.setup()
         history = run.train()
@@ -80,16 +88,22 @@ def returns_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[An
     """Returns episodes of the oracle (tool calls, tool results) as trajectories and as a dataset."""
     root = tmp_path_factory.mktemp("returns")
     twin = make_twin("returns")
-    result = evaluate(twin, make_policy("oracle", twin), [("train", i) for i in range(4)], progress=False)
+    result = evaluate(
+        twin, make_policy("oracle", twin), [("train", i) for i in range(4)], progress=False
+    )
     trajectories = [t for g in result.groups for t in g.trajectories]
     from twin.collect import trajectory_row, write_dataset
 
-    write_dataset([trajectory_row(t, twin.tool_schemas, run_id=None) for t in trajectories], root / "ds")
+    write_dataset(
+        [trajectory_row(t, twin.tool_schemas, run_id=None) for t in trajectories], root / "ds"
+    )
     return twin, trajectories, root / "ds"
 
 
 # -- rows -> tokens --------------------------------------------------------------------------------
-def test_a_dataset_row_renders_to_the_trajectorys_exact_tokens(tiny: tuple[Any, Any], returns_rows: Any) -> None:
+def test_a_dataset_row_renders_to_the_trajectorys_exact_tokens(
+    tiny: tuple[Any, Any], returns_rows: Any
+) -> None:
     _, tokenizer = tiny
     twin, trajectories, ds = returns_rows
     renderer = Renderer(tokenizer, twin.tool_schemas)
@@ -109,7 +123,9 @@ def test_a_dataset_row_renders_to_the_trajectorys_exact_tokens(tiny: tuple[Any, 
             assert got.loss_mask == expected.loss_mask
 
 
-def test_the_loss_mask_covers_exactly_the_assistant_turns(tiny: tuple[Any, Any], returns_rows: Any) -> None:
+def test_the_loss_mask_covers_exactly_the_assistant_turns(
+    tiny: tuple[Any, Any], returns_rows: Any
+) -> None:
     _, tokenizer = tiny
     twin, trajectories, _ = returns_rows
     renderer = Renderer(tokenizer, twin.tool_schemas)
@@ -122,34 +138,55 @@ def test_the_loss_mask_covers_exactly_the_assistant_turns(tiny: tuple[Any, Any],
         for (s, e), at in zip(episode.turn_spans, assistants):
             before = renderer.render(t.messages[:at], add_generation_prompt=True)
             after = renderer.render(t.messages[: at + 1], add_generation_prompt=False)
-            turn = after[len(before):].rstrip("\n")  # the assistant turn, through <|im_end|>
+            turn = after[len(before) :].rstrip("\n")  # the assistant turn, through <|im_end|>
             assert tokenizer.decode(episode.input_ids[s:e], skip_special_tokens=False) == turn
             assert turn.endswith("<|im_end|>") and "<tool_call>" in turn
         # nothing of the prompt or the tool results is trained on
-        text_off = tokenizer.decode([i for i, m in zip(episode.input_ids, episode.loss_mask) if not m])
+        text_off = tokenizer.decode(
+            [i for i, m in zip(episode.input_ids, episode.loss_mask) if not m]
+        )
         assert "days_since_delivery" in text_off  # a tool result
         assert '"name": "lookup_order", "arguments"' not in text_off  # the agent's call
 
 
-def test_sft_loss_is_the_mean_nll_of_the_masked_tokens(tiny: tuple[Any, Any], returns_rows: Any) -> None:
+def test_sft_loss_is_the_mean_nll_of_the_masked_tokens(
+    tiny: tuple[Any, Any], returns_rows: Any
+) -> None:
     model, tokenizer = tiny
     twin, trajectories, _ = returns_rows
     renderer = Renderer(tokenizer, twin.tool_schemas)
     episodes = [render_row(renderer, t.messages) for t in trajectories]
-    cfg = load_recipe(_sft_recipe(Path("unused"), optim={"lr": 1e-3, "micro_batch_tokens": 2 * max(map(len, episodes))}))
+    cfg = load_recipe(
+        _sft_recipe(
+            Path("unused"), optim={"lr": 1e-3, "micro_batch_tokens": 2 * max(map(len, episodes))}
+        )
+    )
     torch.manual_seed(0)
     copy = type(model)(model.config)
     copy.load_state_dict(model.state_dict())
     learner = Learner(copy.train(), algorithm=cfg.algorithm, optim=cfg.optim)
-    batch = TrainBatch([e.input_ids for e in episodes], [e.loss_mask for e in episodes],
-                       [[0.0] * len(e) for e in episodes], [1.0] * len(episodes))
+    batch = TrainBatch(
+        [e.input_ids for e in episodes],
+        [e.loss_mask for e in episodes],
+        [[0.0] * len(e) for e in episodes],
+        [1.0] * len(episodes),
+    )
     lps = learner.logprobs(batch)
     tokens = sum(sum(e.loss_mask) for e in episodes)
-    expected = -sum(lp * m for row, e in zip(lps, episodes) for lp, m in zip(row, e.loss_mask)) / tokens
+    expected = (
+        -sum(lp * m for row, e in zip(lps, episodes) for lp, m in zip(row, e.loss_mask)) / tokens
+    )
     metrics = sft_step(learner, episodes)  # two micro-batches: the budget holds two episodes
     assert metrics["losses/loss"] == pytest.approx(expected, rel=1e-5)
     assert metrics["sft/tokens"] == tokens and learner.version == 1
-    after = -sum(lp * m for row, e in zip(learner.logprobs(batch), episodes) for lp, m in zip(row, e.loss_mask)) / tokens
+    after = (
+        -sum(
+            lp * m
+            for row, e in zip(learner.logprobs(batch), episodes)
+            for lp, m in zip(row, e.loss_mask)
+        )
+        / tokens
+    )
     assert after < expected  # one step of gradient descent on the NLL lowers it
 
 
@@ -173,7 +210,11 @@ def test_sft_on_toy_lowers_the_loss_and_raises_held_out_reward_and_parse_rate(to
     store = RunStore(root / "runs.db")
     try:
         run = next(r for r in store.runs(kind="train") if r.policy == "sft:tiny")
-        assert run.status == "finished" and run.episodes == 3 * 16 and run.config["algorithm"]["name"] == "sft"
+        assert (
+            run.status == "finished"
+            and run.episodes == 3 * 16
+            and run.config["algorithm"]["name"] == "sft"
+        )
         assert [step for step, _ in store.metrics(run.id)] == list(range(25))
     finally:
         store.close()
@@ -185,22 +226,34 @@ def test_grpo_init_from_starts_from_the_sft_weights(toy_sft: Any, tiny: tuple[An
     from trainer.sync_trainer import SyncTrainer
 
     root, _ = toy_sft
-    cfg = load_recipe({
-        "seed": 0, "twin": {"name": "Toy", "config": TOY}, "model": {"path": "tiny", "dtype": "float32",
-                                                                  "init_from": str(root / "sft")},
-        "lora": {"enabled": True, "rank": 4},
-        "sampler": {"max_new_tokens": 2, "max_episode_tokens": 512},
-        "algorithm": {"group_size": 2, "groups_per_step": 2, "dynamic_sampling": False},
-        "optim": {"lr": 1e-3, "micro_batch_tokens": 4096},
-        "train": {"steps": 1, "output_dir": str(root / "grpo"), "store": False, "checkpoint_every": 0},
-        "devices": {"cpu_threads": 1},
-    })
+    cfg = load_recipe(
+        {
+            "seed": 0,
+            "twin": {"name": "Toy", "config": TOY},
+            "model": {"path": "tiny", "dtype": "float32", "init_from": str(root / "sft")},
+            "lora": {"enabled": True, "rank": 4},
+            "sampler": {"max_new_tokens": 2, "max_episode_tokens": 512},
+            "algorithm": {"group_size": 2, "groups_per_step": 2, "dynamic_sampling": False},
+            "optim": {"lr": 1e-3, "micro_batch_tokens": 4096},
+            "train": {
+                "steps": 1,
+                "output_dir": str(root / "grpo"),
+                "store": False,
+                "checkpoint_every": 0,
+            },
+            "devices": {"cpu_threads": 1},
+        }
+    )
     grpo = SyncTrainer(cfg)
     grpo.setup()
     rows = read_dataset(root / "ds")[:3]
     episodes = [render_row(grpo.renderer_factory(r["tools"]), r["messages"]) for r in rows]
-    batch = TrainBatch([e.input_ids for e in episodes], [e.loss_mask for e in episodes],
-                       [[0.0] * len(e) for e in episodes], [1.0] * len(episodes))
+    batch = TrainBatch(
+        [e.input_ids for e in episodes],
+        [e.loss_mask for e in episodes],
+        [[0.0] * len(e) for e in episodes],
+        [1.0] * len(episodes),
+    )
 
     def logprobs_of(model: Any) -> torch.Tensor:
         learner = Learner(model, algorithm=cfg.algorithm, optim=cfg.optim)
@@ -229,7 +282,9 @@ def test_twin_eval_scores_an_sft_checkpoint_folder(toy_sft: Any) -> None:
     assert summary["components"]["correct"] == pytest.approx(1.0)
 
 
-def test_a_lora_sft_checkpoint_loads_with_its_adapter_merged(toy_sft: Any, tiny: tuple[Any, Any]) -> None:
+def test_a_lora_sft_checkpoint_loads_with_its_adapter_merged(
+    toy_sft: Any, tiny: tuple[Any, Any]
+) -> None:
     root, _ = toy_sft
     cfg = load_recipe(_sft_recipe(
         root, lora={"enabled": True, "rank": 4, "alpha": 8.0}, eval={"cases": 0},
@@ -241,17 +296,24 @@ def test_a_lora_sft_checkpoint_loads_with_its_adapter_merged(toy_sft: Any, tiny:
     history = run.train()
     run.cleanup()
     assert len(history) == 4 and run.learner.is_peft
-    batch = TrainBatch([e.input_ids for e in run.episodes[:3]], [e.loss_mask for e in run.episodes[:3]],
-                       [[0.0] * len(e) for e in run.episodes[:3]], [1.0] * 3)
+    batch = TrainBatch(
+        [e.input_ids for e in run.episodes[:3]],
+        [e.loss_mask for e in run.episodes[:3]],
+        [[0.0] * len(e) for e in run.episodes[:3]],
+        [1.0] * 3,
+    )
     trained = torch.tensor([x for row in run.learner.logprobs(batch) for x in row])
     merged, _ = load_checkpoint_model(root / "lora")
     assert not any("lora" in name for name, _ in merged.named_parameters())  # a plain model
     merged.requires_grad_(True)  # a Learner only to score it
     loaded = Learner(merged, algorithm=cfg.algorithm, optim=cfg.optim)
-    torch.testing.assert_close(torch.tensor([x for row in loaded.logprobs(batch) for x in row]), trained,
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor([x for row in loaded.logprobs(batch) for x in row]), trained, rtol=0, atol=1e-5
+    )
     base = Learner(tiny[0], algorithm=cfg.algorithm, optim=cfg.optim)
-    assert (torch.tensor([x for row in base.logprobs(batch) for x in row]) - trained).abs().max() > 1e-2
+    assert (
+        torch.tensor([x for row in base.logprobs(batch) for x in row]) - trained
+    ).abs().max() > 1e-2
 
 
 # -- recipes and the CLI ---------------------------------------------------------------------------
@@ -266,8 +328,17 @@ def test_algorithm_sft_recipes_and_their_errors(tmp_path: Path) -> None:
     # `twin sft` is `twin train` with algorithm.name=sft: a recipe without data is refused in one line
     refused = runner.invoke(app, ["sft", "toy-cpu"])
     assert refused.exit_code == 2 and "data.paths" in refused.output
-    missing = runner.invoke(app, ["sft", "toy-cpu", "--set", f"data.paths={tmp_path / 'none'}",
-                                  "--set", f"train.output_dir={tmp_path / 'out'}"])
+    missing = runner.invoke(
+        app,
+        [
+            "sft",
+            "toy-cpu",
+            "--set",
+            f"data.paths={tmp_path / 'none'}",
+            "--set",
+            f"train.output_dir={tmp_path / 'out'}",
+        ],
+    )
     assert missing.exit_code == 2 and "not found" in missing.output
     with pytest.raises(ConfigError, match="not a twinrl checkpoint"):
         from trainer.checkpoint import resolve_checkpoint

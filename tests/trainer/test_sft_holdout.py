@@ -26,7 +26,13 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     os.environ["TWINRL_STORE"] = str(root / "runs.db")
     try:
         twin = make_twin("Toy", **TOY)
-        collect(twin, twin.oracle_policy(), [("train", i) for i in range(48)], out=root / "ds", progress=False)
+        collect(
+            twin,
+            twin.oracle_policy(),
+            [("train", i) for i in range(48)],
+            out=root / "ds",
+            progress=False,
+        )
         yield root
     finally:
         if old is None:

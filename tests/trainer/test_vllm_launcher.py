@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from trainer.config import load_recipe
-from trainer.vllm import DEFAULT_LORA_TARGETS, VLLMServer, build_vllm_tiny, find_vllm_python, vllm_lora_rank
+from trainer.vllm import (
+    DEFAULT_LORA_TARGETS,
+    VLLMServer,
+    build_vllm_tiny,
+    find_vllm_python,
+    vllm_lora_rank,
+)
 from twin.errors import ConfigError, TwinError
 
 RECIPE = {
@@ -184,7 +190,9 @@ def test_lora_targets_default_to_the_decoder_projections() -> None:
     i = argv.index("--lora-target-modules")
     assert argv[i + 1 : i + 1 + len(DEFAULT_LORA_TARGETS)] == list(DEFAULT_LORA_TARGETS)
     assert "lm_head" not in argv
-    all_linear = VLLMServer("/m", python="py", lora_target_modules=["all-linear"]).lora_target_modules
+    all_linear = VLLMServer(
+        "/m", python="py", lora_target_modules=["all-linear"]
+    ).lora_target_modules
     assert all_linear == list(DEFAULT_LORA_TARGETS)
     with pytest.raises(ConfigError, match="empty"):
         VLLMServer("/m", python="py", lora_target_modules=[])
@@ -216,9 +224,9 @@ def test_the_extras_pin_releases_that_have_what_the_code_uses() -> None:
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
+        "project"
+    ]["optional-dependencies"]
 
     def floor(extra: str, name: str) -> Version:
         (req,) = [Requirement(r) for r in extras[extra] if Requirement(r).name == name]

@@ -19,7 +19,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainer.config import load_recipe
-from trainer.serving.process import ServerProcess
 from trainer.placement import (
     ROLLOUT_CPUS_ENV,
     format_cpus,
@@ -27,13 +26,16 @@ from trainer.placement import (
     plan_cpu_placement,
     thread_env,
 )
+from trainer.serving.process import ServerProcess
 from twin.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _devices(affinity: str = "auto", rollout: str = "cpu", learner: str = "cpu") -> SimpleNamespace:
-    return SimpleNamespace(cpu_affinity=affinity, rollout=rollout, learner=learner, cpu_threads=None)
+    return SimpleNamespace(
+        cpu_affinity=affinity, rollout=rollout, learner=learner, cpu_threads=None
+    )
 
 
 @given(st.sets(st.integers(0, 255), min_size=1, max_size=40))
@@ -75,13 +77,19 @@ def test_nothing_is_pinned_unless_auto_on_two_cpu_sides() -> None:
 def test_recipe_field_is_validated() -> None:
     assert load_recipe("toy-cpu").devices.cpu_affinity == "off"
     assert load_recipe("toy-cpu", ["devices.cpu_affinity=auto"]).devices.cpu_affinity == "auto"
-    assert load_recipe("toy-cpu", ["devices.cpu_affinity=off"]).devices.cpu_affinity == "off"  # YAML: False
+    assert (
+        load_recipe("toy-cpu", ["devices.cpu_affinity=off"]).devices.cpu_affinity == "off"
+    )  # YAML: False
     with pytest.raises(ConfigError, match="cpu_affinity"):
         load_recipe("toy-cpu", ["devices.cpu_affinity=sometimes"])
 
 
 def test_thread_env_makes_idle_threads_sleep() -> None:
-    assert thread_env(1) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert thread_env(1) == {
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
     assert thread_env(0)["OMP_NUM_THREADS"] == "1"
 
 
@@ -92,7 +100,11 @@ def test_sampler_server_gets_threads_and_cores(monkeypatch: pytest.MonkeyPatch) 
     argv = server.command()
     assert argv[argv.index("--threads") + 1] == "1" and argv[argv.index("--cpus") + 1] == "0"
     env = server.environment()
-    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == ("1", "1", "PASSIVE")
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"], env["OMP_WAIT_POLICY"]) == (
+        "1",
+        "1",
+        "PASSIVE",
+    )
     plain = ServerProcess("tiny", port=1)
     assert "--threads" not in plain.command() and "--cpus" not in plain.command()
     assert "OMP_WAIT_POLICY" not in plain.environment()
@@ -125,16 +137,21 @@ print(json.dumps({
 
 
 @pytest.mark.skipif(
-    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and >= 2 cores"
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and >= 2 cores",
 )
 def test_learner_pins_itself_and_hands_the_other_cores_to_rollout_processes() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop(ROLLOUT_CPUS_ENV, None)
-    done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     rollout, learner = (list(p) for p in out["plan"])
-    assert set(rollout).isdisjoint(learner) and sorted(rollout + learner) == sorted(os.sched_getaffinity(0))
+    assert set(rollout).isdisjoint(learner) and sorted(rollout + learner) == sorted(
+        os.sched_getaffinity(0)
+    )
     assert out["cpus"] == learner and out["threads"] == len(learner)
     assert out["exported"] == ",".join(map(str, rollout))
     assert out["rollout"]["pinned"] == rollout and out["rollout"]["cpus"] == rollout
@@ -151,6 +168,8 @@ def test_a_cpu_list_beyond_this_machine_is_refused_before_any_thread_starts(monk
     with pytest.raises(ConfigError, match=r"core numbers must be in 0-8191"):
         parse_cpus("0-99999999999999")  # refused before a range of that size is built
     beyond = os.cpu_count()
-    with pytest.raises(ConfigError, match=rf"cores {beyond}.* not on this machine; it has {beyond}"):
+    with pytest.raises(
+        ConfigError, match=rf"cores {beyond}.* not on this machine; it has {beyond}"
+    ):
         place_rollout_process(cpus=f"0-{beyond}")
     assert "OMP_NUM_THREADS" not in os.environ  # nothing was set up

@@ -34,7 +34,10 @@ def keyed_reward(trajectory: Any, case: Any) -> Result:
     """1.0 when the submitted value is the case's, else 0.0."""
     correct = float((trajectory.submission or {}).get("value") == case.truth["value"])
     return Result(
-        total=correct, components={"correct": correct}, weighted={"correct": correct}, notes=["checked"]
+        total=correct,
+        components={"correct": correct},
+        weighted={"correct": correct},
+        notes=["checked"],
     )
 
 

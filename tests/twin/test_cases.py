@@ -76,7 +76,10 @@ def test_config_errors_list_the_options():
     with pytest.raises(ConfigError) as err:
         Dice(max_turn=3)
     assert "Dice config: max_turn: Extra inputs are not permitted" in str(err.value)
-    assert "Options: seed, max_turns, max_action_chars, max_result_chars, max_calls_per_turn" in str(err.value)
+    assert (
+        "Options: seed, max_turns, max_action_chars, max_result_chars, max_calls_per_turn"
+        in str(err.value)
+    )
     with pytest.raises(ConfigError, match="max_turns"):
         Dice(max_turns=0)
 
@@ -98,6 +101,10 @@ def test_world_is_built_once_per_config():
 
 def test_default_config():
     assert TwinConfig().model_dump() == {
-        "seed": 0, "max_turns": 8, "max_action_chars": 16_000, "max_result_chars": 8_000,
-        "max_calls_per_turn": 8, "prompt_style": "full",
+        "seed": 0,
+        "max_turns": 8,
+        "max_action_chars": 16_000,
+        "max_result_chars": 8_000,
+        "max_calls_per_turn": 8,
+        "prompt_style": "full",
     }

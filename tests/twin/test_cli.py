@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 import twin as twin_pkg
-from twinrl_cli import app, parse_overrides
 from twin.errors import ConfigError
 from twin.store import RunStore
+from twinrl_cli import app, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -264,7 +264,11 @@ def test_wrappers_call_their_targets(monkeypatch):
     _fake(monkeypatch, "trainer.cli", train=train)
     _fake(monkeypatch, "trainer.serving.cli", serve=lambda model, host, port, **kw: calls.append(
         ("serve", model, host, port, kw["max_loras"], kw.get("max_n"))))  # fmt: skip
-    _fake(monkeypatch, "trainer.plan", main=lambda recipe, **kw: calls.append(("plan", recipe, kw["gpus"])))
+    _fake(
+        monkeypatch,
+        "trainer.plan",
+        main=lambda recipe, **kw: calls.append(("plan", recipe, kw["gpus"])),
+    )
     _fake(
         monkeypatch,
         "rewards.testing",
@@ -480,9 +484,10 @@ def test_runs_shows_killed_runs_as_interrupted_and_rejects_a_non_database(tmp_pa
         conn.execute(update(_Run).values(pid=int(dead.stdout)))
     listing = runner.invoke(app, ["runs", "--store", str(db)])
     assert listing.exit_code == 0 and "interrupted" in listing.output
-    assert json.loads(runner.invoke(app, ["runs", "--store", str(db), "--json"]).stdout)[0][
-        "status"
-    ] == "interrupted"
+    assert (
+        json.loads(runner.invoke(app, ["runs", "--store", str(db), "--json"]).stdout)[0]["status"]
+        == "interrupted"
+    )
     store.close()
     text = tmp_path / "passwd"
     text.write_text("root:x:0:0:root:/root:/bin/bash\n" * 40)

@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 
 import twin
 from twin.check import Report, doctor
-from twinrl_cli import app
 from twin.core import Twin
 from twin.doctor_audit import bag_of_words_audit, scan_leaks
 from twin.doctor_report import DEFAULT_THRESHOLDS, parse_threshold, thresholds_for
 from twin.errors import ConfigError
 from twin.tools import tool
+from twinrl_cli import app
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -53,8 +53,17 @@ def desk_reward(trajectory: Any, case: Any) -> Result:
 
 
 def _call(name: str, args: dict[str, Any], turn: int) -> dict[str, Any]:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"c{turn}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"c{turn}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        ],
+    }
 
 
 class Rules:
@@ -63,7 +72,9 @@ class Rules:
     name = "rules"
     first_tool = "lookup_order"
 
-    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    async def act(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         oid = next(m["content"] for m in messages if m["role"] == "user").split()[-1].rstrip(".")
         turns = sum(m["role"] == "assistant" for m in messages)
         if turns == 0:
@@ -72,7 +83,9 @@ class Rules:
         days = next((r["days"] for r in looked if isinstance(r, dict) and "days" in r), None)
         if days is None:
             return _call("lookup_order", {"order_id": oid}, turns)
-        return _call("decide", {"order_id": oid, "decision": "refund" if days <= 30 else "deny"}, turns)
+        return _call(
+            "decide", {"order_id": oid, "decision": "refund" if days <= 30 else "deny"}, turns
+        )
 
 
 class Desk(Twin):
@@ -86,8 +99,13 @@ class Desk(Twin):
 
     def build_world(self) -> dict[str, Any]:
         rng = random.Random(7)
-        return {f"O-{k}": {"order_id": f"O-{k}", "days": rng.choice([rng.randint(1, 30), rng.randint(31, 90)])}
-                for k in range(200)}
+        return {
+            f"O-{k}": {
+                "order_id": f"O-{k}",
+                "days": rng.choice([rng.randint(1, 30), rng.randint(31, 90)]),
+            }
+            for k in range(200)
+        }
 
     def pool(self, split: str, decision: str) -> list[str]:
         ids = [f"O-{k}" for k in (range(150) if split == "train" else range(150, 200))]
@@ -102,8 +120,10 @@ class Desk(Twin):
         return decision, {"order_id": oid}, {"decision": decision}
 
     def prompt(self, case: Any) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": "Refund within 30 days of delivery, else deny."},
-                {"role": "user", "content": f"Please refund order {case.task['order_id']}."}]
+        return [
+            {"role": "system", "content": "Refund within 30 days of delivery, else deny."},
+            {"role": "user", "content": f"Please refund order {case.task['order_id']}."},
+        ]
 
     @tool
     def lookup_order(self, order_id: str, world: dict) -> dict:
@@ -180,7 +200,11 @@ class Unsolvable(Desk):
 
     def make_case(self, rng: random.Random, split: str, index: int) -> tuple[str, dict, dict]:
         if index % 3 == 2:  # the truth contradicts the order the tools show
-            return "mislabelled", {"order_id": rng.choice(self.pool(split, "deny"))}, {"decision": "refund"}
+            return (
+                "mislabelled",
+                {"order_id": rng.choice(self.pool(split, "deny"))},
+                {"decision": "refund"},
+            )
         return super().make_case(rng, split, index)
 
 
@@ -188,7 +212,9 @@ class SharedWorld(Desk):
     name = "DoctorSharedWorld"
 
     def pool(self, split: str, decision: str) -> list[str]:
-        return [o for o in self.world if (self.world[o]["days"] <= 30) == (decision == "refund")][:20]
+        return [o for o in self.world if (self.world[o]["days"] <= 30) == (decision == "refund")][
+            :20
+        ]
 
 
 class MoodRules(Rules):
@@ -236,11 +262,23 @@ def failing(report: Report) -> set[tuple[str, str]]:
 def test_clean_twin_passes_every_check() -> None:
     report = doctor(Desk(), subprocess_check=False)
     report.assert_ok()
-    assert {r.check for r in report.rows} == {"contract", "determinism", "solvable", "reference",
-                                              "degenerate", "truth", "shortcut", "overlap"}
+    assert {r.check for r in report.rows} == {
+        "contract",
+        "determinism",
+        "solvable",
+        "reference",
+        "degenerate",
+        "truth",
+        "shortcut",
+        "overlap",
+    }
     assert not [r for r in report.rows if r.status != "pass"], report.to_markdown()
     assert {r.name for r in report.rows if r.check == "degenerate"} == {
-        "constant decision=refund", "constant decision=deny", "no tool calls", "random"}
+        "constant decision=refund",
+        "constant decision=deny",
+        "no tool calls",
+        "random",
+    }
 
 
 def test_prompt_that_names_the_label_fails_truth_and_shortcut() -> None:
@@ -263,9 +301,12 @@ def test_cases_drawn_from_global_random_fail_determinism() -> None:
     assert (row.status, row.name) == ("fail", "fresh instance")
 
 
-def test_cases_that_differ_between_processes_fail_determinism(tmp_path: Any, monkeypatch: Any) -> None:
+def test_cases_that_differ_between_processes_fail_determinism(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
     # hash() of a string is salted per process: the same in a second instance, not in a new process
-    (tmp_path / "doctor_hash_twin.py").write_text(textwrap.dedent("""
+    (tmp_path / "doctor_hash_twin.py").write_text(
+        textwrap.dedent("""
         from twin.core import Twin
         from twin.tools import tool
 
@@ -288,7 +329,8 @@ def test_cases_that_differ_between_processes_fail_determinism(tmp_path: Any, mon
                     answer: The answer.
                 \"\"\"
                 return {}
-        """))
+        """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from doctor_hash_twin import HashTwin  # type: ignore[import-not-found]
 
@@ -311,7 +353,10 @@ def test_a_class_a_fresh_process_cannot_import_only_warns() -> None:
         report = Report(twin="x")
         _check_determinism(twin_, report, per_split=3, subprocess_check=True)
         rows += report.rows
-    assert [(r.name, r.status) for r in rows] == [("fresh process", "pass"), ("fresh instance", "warn")]
+    assert [(r.name, r.status) for r in rows] == [
+        ("fresh process", "pass"),
+        ("fresh instance", "warn"),
+    ]
     assert "checked in-process only" in rows[1].note
 
 
@@ -374,7 +419,9 @@ def test_bag_of_words_finds_a_keyword_and_not_noise() -> None:
     rng = random.Random(0)
     words = [f"w{i}" for i in range(50)]
     labels = [rng.choice("ab") for _ in range(300)]
-    keyed = [f"{' '.join(rng.sample(words, 5))} {'alpha' if lb == 'a' else 'beta'}" for lb in labels]
+    keyed = [
+        f"{' '.join(rng.sample(words, 5))} {'alpha' if lb == 'a' else 'beta'}" for lb in labels
+    ]
     noise = [" ".join(rng.sample(words, 6)) for _ in labels]
     found = bag_of_words_audit(keyed[:200], labels[:200], keyed[200:], labels[200:])
     assert found.accuracy == 1.0 and found.margin > 0.4
@@ -410,8 +457,15 @@ def test_doctor_runs_on_every_registered_twin(twin_id: str) -> None:
     # process); the tests above cover that check on small twins, `twin check` runs it.
     report = doctor(twin_id, cases=1, subprocess_check=False)
     assert not [r for r in report.rows if r.crashed], report.to_markdown()
-    assert {r.check for r in report.rows} >= {"contract", "determinism", "solvable", "degenerate",
-                                              "truth", "shortcut", "overlap"}
+    assert {r.check for r in report.rows} >= {
+        "contract",
+        "determinism",
+        "solvable",
+        "degenerate",
+        "truth",
+        "shortcut",
+        "overlap",
+    }
     for check in ("contract", "determinism"):
         assert report.row(check).status == "pass", report.to_markdown()
     assert report.row("degenerate", "no tool calls").status == "pass"

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import twin
-from twin import Trajectory, Twin, TwinConfig, TwinEnv, ToolError, tool
+from twin import ToolError, Trajectory, Twin, TwinConfig, TwinEnv, tool
 from twin.parsing import CALL_FORMAT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,23 +122,52 @@ def test_a_full_episode(env):
     assert info["turn"] == 1
     obs, reward, terminated, truncated, info = env.step(call("submit", answer=number))
     assert (reward, terminated, truncated) == (1.0, True, False)
-    assert info["reward"] == {"total": 1.0, "components": {"correct": 1.0},
-                              "weighted": {"correct": 1.0}, "notes": ["toy"]}
+    assert info["reward"] == {
+        "total": 1.0,
+        "components": {"correct": 1.0},
+        "weighted": {"correct": 1.0},
+        "notes": ["toy"],
+    }
     assert info["outcome"] == {"truth": env.case.truth, "kind": "square"}
     traj = info["trajectory"]
     assert traj is env.trajectory and traj.submission == {"answer": number}
     assert traj.reward == 1.0 and traj.terminated and traj.num_turns == 2 and traj.calls[1].terminal
-    assert [m["role"] for m in traj.messages] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert [m["role"] for m in traj.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
     assert Trajectory.model_validate_json(traj.model_dump_json()) == traj
 
 
 def test_openai_dict_actions_are_stored_normalised(env):
-    msg = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "x1", "type": "function", "function": {"name": "look", "arguments": '{"word": "w1"}'}}]}
+    msg = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "x1",
+                "type": "function",
+                "function": {"name": "look", "arguments": '{"word": "w1"}'},
+            }
+        ],
+    }
     obs, *_ = env.step(msg)
     assert obs[0]["tool_call_id"] == "x1"
-    assert env.messages[-2] == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "x1", "type": "function", "function": {"name": "look", "arguments": '{"word": "w1"}'}}]}
+    assert env.messages[-2] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "x1",
+                "type": "function",
+                "function": {"name": "look", "arguments": '{"word": "w1"}'},
+            }
+        ],
+    }
 
 
 # -- every bad action ---------------------------------------------------------------------------
@@ -149,17 +178,37 @@ TOOLS = "look, big, boom, submit"
     ("action", "role", "message"),
     [
         (call("nope"), "tool", f"Error: unknown tool 'nope'. Available tools: {TOOLS}"),
-        (call("lok", word="w1"), "tool", f"Error: unknown tool 'lok'. Did you mean 'look'? Available tools: {TOOLS}"),
-        ("<tool_call>{oops}</tool_call>", "tool",
-         "Error: tool call #1 is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2 (char 1)"),
-        (call("look", word=3), "tool",
-         "Error: look: argument 'word': Input should be a valid string (expected string, got 3). Usage: look(word: string)"),
-        (call("look"), "tool", "Error: look: missing required argument 'word' (string). Usage: look(word: string)"),
-        (call("look", word="w1", extra=1), "tool",
-         "Error: look: unknown argument 'extra'; allowed: word. Usage: look(word: string)"),
+        (
+            call("lok", word="w1"),
+            "tool",
+            f"Error: unknown tool 'lok'. Did you mean 'look'? Available tools: {TOOLS}",
+        ),
+        (
+            "<tool_call>{oops}</tool_call>",
+            "tool",
+            "Error: tool call #1 is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2 (char 1)",
+        ),
+        (
+            call("look", word=3),
+            "tool",
+            "Error: look: argument 'word': Input should be a valid string (expected string, got 3). Usage: look(word: string)",
+        ),
+        (
+            call("look"),
+            "tool",
+            "Error: look: missing required argument 'word' (string). Usage: look(word: string)",
+        ),
+        (
+            call("look", word="w1", extra=1),
+            "tool",
+            "Error: look: unknown argument 'extra'; allowed: word. Usage: look(word: string)",
+        ),
         (call("look", word="zz"), "tool", "Error: no word 'zz'; words look like 'w3'"),
-        (call("boom"), "tool",
-         "Error: boom failed with an internal error (RuntimeError); this is not your fault. Try other arguments or another tool"),
+        (
+            call("boom"),
+            "tool",
+            "Error: boom failed with an internal error (RuntimeError); this is not your fault. Try other arguments or another tool",
+        ),
     ],
 )
 def test_bad_calls_become_tool_messages(env, action, role, message):
@@ -173,17 +222,31 @@ def test_bad_calls_become_tool_messages(env, action, role, message):
 @pytest.mark.parametrize(
     ("action", "problem"),
     [
-        ("I will think first.", f"no tool call found in your turn. Call one of: {TOOLS}, written as {CALL_FORMAT}"),
+        (
+            "I will think first.",
+            f"no tool call found in your turn. Call one of: {TOOLS}, written as {CALL_FORMAT}",
+        ),
         ("", f"the turn is empty; call a tool like {CALL_FORMAT}"),
-        ('<tool_call>{"name": "look"', f"tool call #1: <tool_call> is not closed; end it with </tool_call>: {CALL_FORMAT}"),
-        (12, "the action must be the assistant's text (str) or an assistant message (dict), got int"),
-        ({"role": "assistant"}, 'the assistant message has neither "content" nor "tool_calls"; send one of them'),
+        (
+            '<tool_call>{"name": "look"',
+            f"tool call #1: <tool_call> is not closed; end it with </tool_call>: {CALL_FORMAT}",
+        ),
+        (
+            12,
+            "the action must be the assistant's text (str) or an assistant message (dict), got int",
+        ),
+        (
+            {"role": "assistant"},
+            'the assistant message has neither "content" nor "tool_calls"; send one of them',
+        ),
     ],
 )
 def test_turns_without_a_usable_call_get_a_user_message(env, action, problem):
     obs, _, _, _, info = env.step(action)
     assert len(obs) == 1 and obs[0]["role"] == "user"
-    assert obs[0]["content"].startswith(f"Your last turn had a problem: {problem}. Tools: look(word: string)")
+    assert obs[0]["content"].startswith(
+        f"Your last turn had a problem: {problem}. Tools: look(word: string)"
+    )
     assert info["errors"] == [problem] and info["invalid_calls"] == 1
 
 
@@ -193,7 +256,9 @@ def test_oversized_turn_is_rejected_unparsed():
     action = call("submit", answer=1) + " " * 200
     obs, reward, terminated, _, info = e.step(action)
     assert not terminated and info["calls"] == []
-    assert info["errors"][0].startswith(f"your turn has {len(action)} characters; the limit is 100.")
+    assert info["errors"][0].startswith(
+        f"your turn has {len(action)} characters; the limit is 100."
+    )
     assert len(e.messages[-2]["content"]) == 100  # the stored turn is cut too
 
 
@@ -211,7 +276,12 @@ def test_step_after_the_end_answers_and_changes_nothing(env):
     env.step(call("submit", answer=1))
     before = env.trajectory.model_dump_json()
     obs, reward, terminated, truncated, info = env.step(call("look", word="w1"))
-    assert obs == [{"role": "user", "content": "the episode has ended (a terminal call succeeded); call reset() to start a new one"}]
+    assert obs == [
+        {
+            "role": "user",
+            "content": "the episode has ended (a terminal call succeeded); call reset() to start a new one",
+        }
+    ]
     assert (reward, terminated, truncated) == (0.0, True, False)
     assert info["invalid_calls"] == 1 and env.trajectory.model_dump_json() == before
 
@@ -306,7 +376,9 @@ def test_sync_vector_env():
     obs, infos = envs.reset(seed=1)
     assert len(obs) == 3 and all(o in envs.single_observation_space for o in obs)
     for _ in range(5):
-        obs, rewards, term, trunc, infos = envs.step(["hi", call("look", word="w1"), call("submit", answer=1)])
+        obs, rewards, term, trunc, infos = envs.step(
+            ["hi", call("look", word="w1"), call("submit", answer=1)]
+        )
         assert len(obs) == 3
     envs.close()
 
@@ -334,23 +406,37 @@ def test_async_vector_env():
 
 # -- properties ---------------------------------------------------------------------------------
 json_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
-json_data = st.recursive(json_leaf, lambda s: st.lists(s, max_size=3) | st.dictionaries(st.text(), s, max_size=3), max_leaves=10)
+json_data = st.recursive(
+    json_leaf,
+    lambda s: st.lists(s, max_size=3) | st.dictionaries(st.text(), s, max_size=3),
+    max_leaves=10,
+)
 tool_names = st.sampled_from(["look", "big", "submit", "boom", "nope", ""])
 calls = st.builds(lambda n, a: {"name": n, "arguments": a}, tool_names, json_data)
 texts = st.one_of(
     st.text(),
     st.builds(lambda p, c: p + "<tool_call>" + json.dumps(c) + "</tool_call>", st.text(), calls),
     st.builds(lambda c: json.dumps(c), calls),
-    st.text(alphabet="<>{}[]\":,tool_cal/ ", max_size=60),
+    st.text(alphabet='<>{}[]":,tool_cal/ ', max_size=60),
 )
 dicts = st.one_of(
     st.dictionaries(st.sampled_from(["role", "content", "tool_calls", "x"]), json_data),
     st.builds(
-        lambda c, cs: {"role": "assistant", "content": c,
-                       "tool_calls": [{"id": "i", "type": "function",
-                                       "function": {"name": x["name"], "arguments": json.dumps(x["arguments"])}}
-                                      for x in cs]},
-        st.none() | st.text(), st.lists(calls, max_size=3)),
+        lambda c, cs: {
+            "role": "assistant",
+            "content": c,
+            "tool_calls": [
+                {
+                    "id": "i",
+                    "type": "function",
+                    "function": {"name": x["name"], "arguments": json.dumps(x["arguments"])},
+                }
+                for x in cs
+            ],
+        },
+        st.none() | st.text(),
+        st.lists(calls, max_size=3),
+    ),
 )
 
 
@@ -363,10 +449,15 @@ def test_step_never_raises_and_observations_are_valid(actions):
     for action in actions:
         obs, reward, terminated, truncated, info = e.step(action)
         assert obs in e.observation_space and obs
-        assert isinstance(reward, float) and {"calls", "errors", "invalid_calls", "turn"} <= set(info)
+        assert isinstance(reward, float) and {"calls", "errors", "invalid_calls", "turn"} <= set(
+            info
+        )
         if terminated or truncated:
             traj = info.get("trajectory") or e.trajectory
-            assert Trajectory.model_validate_json(traj.model_dump_json()).model_dump() == traj.model_dump()
+            assert (
+                Trajectory.model_validate_json(traj.model_dump_json()).model_dump()
+                == traj.model_dump()
+            )
     assert e.messages in e.observation_space
 
 
@@ -387,8 +478,14 @@ def test_reset_is_byte_identical_across_processes():
         "[('train', 0), ('train', 4321), ('dev', 7), ('test', 99)]], sort_keys=True, ensure_ascii=False))"
     )
     outs = [
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       check=True, env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"}).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"},
+        ).stdout
         for seed in ("1", "2")
     ]
     assert outs[0] == outs[1] and len(outs[0]) > 500
@@ -415,8 +512,13 @@ class _BrokenDict(dict):
     [
         lambda deep: deep,
         lambda deep: {"role": deep, "content": "x"},
-        lambda deep: {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "look", "arguments": deep}}]},
+        lambda deep: {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "look", "arguments": deep}}
+            ],
+        },
         lambda deep: {"role": "assistant", "content": None, "tool_calls": [deep]},
         lambda deep: [deep],
         lambda deep: _BrokenDict(role="assistant", content="hi"),
@@ -457,7 +559,9 @@ def test_turn_size_counts_call_names_and_ids(env, field_name):
     (fn if field_name == "name" else item)[field_name] = "x" * 2_000_000
     obs, _, _, _, info = env.step({"role": "assistant", "content": None, "tool_calls": [item]})
     assert info["invalid_calls"] == 1 and info["calls"] == []
-    assert info["errors"][0].startswith("your turn has more than 16000 characters; the limit is 16000.")
+    assert info["errors"][0].startswith(
+        "your turn has more than 16000 characters; the limit is 16000."
+    )
     assert sum(len(m["content"]) for m in obs) < 2_000
     assert len(env.trajectory.model_dump_json()) < 20_000
 
@@ -531,7 +635,9 @@ def test_truncate_ends_and_scores_the_episode_as_a_cut_one():
     env = make("Returns", max_turns=4)
     env.reset(options={"split": "test", "index": 0})
     order = env.case.task["order_id"]
-    env.step(f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{order}"}}}}</tool_call>')
+    env.step(
+        f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{order}"}}}}</tool_call>'
+    )
     reward, info = env.truncate("cut by the caller")
     traj = env.trajectory
     assert traj.truncated and not traj.terminated
@@ -551,12 +657,18 @@ def test_refuse_records_the_turn_runs_nothing_and_tells_the_agent_why():
     env = make("Returns", max_turns=4)
     env.reset(options={"split": "test", "index": 0})
     order = env.case.task["order_id"]
-    text = f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{order}"}}}}</tool_call>'
-    obs, reward, terminated, truncated, info = env.refuse(text, "the template cannot hold this turn")
+    text = (
+        f'<tool_call>{{"name": "lookup_order", "arguments": {{"order_id": "{order}"}}}}</tool_call>'
+    )
+    obs, reward, terminated, truncated, info = env.refuse(
+        text, "the template cannot hold this turn"
+    )
     assert env.trajectory.calls == [] and info["calls"] == [] and info["invalid_calls"] == 1
     assert env.trajectory.messages[-2] == {"role": "assistant", "content": text}
     assert obs == [env.trajectory.messages[-1]] and obs[0]["role"] == "user"
-    assert obs[0]["content"].startswith("Your last turn had a problem: the template cannot hold this turn. Tools: ")
+    assert obs[0]["content"].startswith(
+        "Your last turn had a problem: the template cannot hold this turn. Tools: "
+    )
     assert (reward, terminated, truncated, info["turn"]) == (0.0, False, False, 1)
 
 
@@ -566,7 +678,11 @@ def test_a_new_trajectory_holds_every_declared_field_at_its_default():
     first = env.trajectory
     case = env.case
     expected = Trajectory(
-        twin=first.twin, case_id=case.id, split="dev", index=1, case_kind=case.kind,
+        twin=first.twin,
+        case_id=case.id,
+        split="dev",
+        index=1,
+        case_kind=case.kind,
         messages=first.messages,
     )
     assert first.model_dump() == expected.model_dump()

@@ -7,12 +7,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from twinrl_cli import app
 from twin.errors import ConfigError
 from twin.evaluation import evaluate
 from twin.policies import make_policy
 from twin.registry import make_twin
 from twin.store import RunStore
+from twinrl_cli import app
 
 runner = CliRunner()
 
@@ -29,8 +29,15 @@ def ray_cluster():
 def _rows(store: RunStore, run_id: int) -> list[tuple]:
     """What an episode row says, without timings: sorted, so that arrival order does not count."""
     return sorted(
-        (t.case_id, t.policy, t.reward, json.dumps(t.components, sort_keys=True),
-         json.dumps(t.messages, sort_keys=True), t.num_turns, t.info.get("error"))  # fmt: skip
+        (
+            t.case_id,
+            t.policy,
+            t.reward,
+            json.dumps(t.components, sort_keys=True),
+            json.dumps(t.messages, sort_keys=True),
+            t.num_turns,
+            t.info.get("error"),
+        )  # fmt: skip
         for t in store.episodes(run_id)
     )
 
@@ -53,7 +60,9 @@ def test_ray_backend_stores_the_episodes_of_the_local_backend(ray_cluster, tmp_p
                       backend="ray")  # fmt: skip
     assert remote.run_id != local.run_id
     assert _rows(store, remote.run_id) == _rows(store, local.run_id)
-    assert [g.trajectories[0].case_id for g in remote.groups] == [f"Catalog/test/{i}" for i in range(16)]
+    assert [g.trajectories[0].case_id for g in remote.groups] == [
+        f"Catalog/test/{i}" for i in range(16)
+    ]
     keep = ("reward_mean", "episodes", "errors", "success_rate")
     assert {k: remote.summary.get(k) for k in keep} == {k: local.summary.get(k) for k in keep}
     assert store.run(remote.run_id).status == "finished"

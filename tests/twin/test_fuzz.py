@@ -68,11 +68,10 @@ def _dumps(value: Any) -> str:
 huge = st.sampled_from([1_000, 17_000, 2_000_000]).map(lambda n: "x" * n)
 depth = st.integers(1, 6_000)
 deep = st.one_of(depth.map(_nested_dict), depth.map(_nested_list))
-leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=30)
-)
+leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=30))
 data = st.recursive(
-    leaf, lambda s: st.lists(s, max_size=4) | st.dictionaries(st.text(max_size=8), s, max_size=4),
+    leaf,
+    lambda s: st.lists(s, max_size=4) | st.dictionaries(st.text(max_size=8), s, max_size=4),
     max_leaves=12,
 )
 arguments = st.one_of(data, deep, huge, st.dictionaries(st.text(max_size=12), data, max_size=4))
@@ -85,8 +84,9 @@ def _strategies(tool_names: list[str]) -> st.SearchStrategy[Any]:
     call_obj = st.builds(lambda n, a: {"name": n, "arguments": a}, names, arguments)
     tagged = call_obj.map(lambda c: f"<tool_call>{_dumps(c)}</tool_call>")
     small_call = st.builds(
-        lambda n, a: f'<tool_call>{_dumps({"name": n, "arguments": a})}</tool_call>',
-        st.sampled_from([*tool_names, "nope"]), data,
+        lambda n, a: f"<tool_call>{_dumps({'name': n, 'arguments': a})}</tool_call>",
+        st.sampled_from([*tool_names, "nope"]),
+        data,
     )
     texts = st.one_of(
         st.text(),
@@ -100,8 +100,11 @@ def _strategies(tool_names: list[str]) -> st.SearchStrategy[Any]:
         st.text(alphabet='<>{}[]":,tool_cal/ ', max_size=80),
     )
     message_call = st.builds(
-        lambda i, n, a, raw: {"id": i, "type": "function",
-                              "function": {"name": n, "arguments": _dumps(a) if raw else a}},
+        lambda i, n, a, raw: {
+            "id": i,
+            "type": "function",
+            "function": {"name": n, "arguments": _dumps(a) if raw else a},
+        },
         st.one_of(st.text(max_size=10), huge, leaf),
         names,
         arguments,
@@ -113,14 +116,25 @@ def _strategies(tool_names: list[str]) -> st.SearchStrategy[Any]:
             st.one_of(st.none(), st.text(max_size=40), huge, deep),
             st.one_of(st.lists(message_call, max_size=4), deep, leaf),
         ),
-        st.builds(lambda call, k: {"role": "assistant", "content": None, "tool_calls": [call] * k},
-                  message_call, st.integers(1, 300)),
-        st.dictionaries(st.sampled_from(["role", "content", "tool_calls", "name", "x"]),
-                        st.one_of(data, deep, huge), max_size=4),
+        st.builds(
+            lambda call, k: {"role": "assistant", "content": None, "tool_calls": [call] * k},
+            message_call,
+            st.integers(1, 300),
+        ),
+        st.dictionaries(
+            st.sampled_from(["role", "content", "tool_calls", "name", "x"]),
+            st.one_of(data, deep, huge),
+            max_size=4,
+        ),
         deep,
     )
-    others = st.one_of(leaf, st.binary(max_size=20), st.lists(data, max_size=3),
-                       st.just(object()), st.just(math.nan))
+    others = st.one_of(
+        leaf,
+        st.binary(max_size=20),
+        st.lists(data, max_size=3),
+        st.just(object()),
+        st.just(math.nan),
+    )
     return st.one_of(texts, texts, messages, messages, others)
 
 
@@ -146,10 +160,13 @@ def test_junk_actions_never_break_a_twin(twin_id: str) -> None:
         traj = env.trajectory
         assert len(traj.model_dump_json()) <= 10_000 + traj.num_turns * per_turn
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(turns=st.lists(actions, min_size=ACTIONS_PER_EXAMPLE, max_size=ACTIONS_PER_EXAMPLE),
-           index=st.integers(0, 99))
+    @settings(
+        max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(
+        turns=st.lists(actions, min_size=ACTIONS_PER_EXAMPLE, max_size=ACTIONS_PER_EXAMPLE),
+        index=st.integers(0, 99),
+    )
     def run(turns: list[Any], index: int) -> None:
         obs, _ = env.reset(options={"split": "test", "index": index})
         assert space.contains(obs)

@@ -22,7 +22,12 @@ def test_hermes_single_call_keeps_text_outside():
     assert turn.content == "Let me look."
     assert turn.errors == []
     [call] = turn.calls
-    assert (call.id, call.name, call.arguments, call.error) == ("call_3_0", "lookup", {"id": "R-1"}, None)
+    assert (call.id, call.name, call.arguments, call.error) == (
+        "call_3_0",
+        "lookup",
+        {"id": "R-1"},
+        None,
+    )
     assert call.raw == '{"name": "lookup", "arguments": {"id": "R-1"}}'
 
 
@@ -40,7 +45,9 @@ def test_hermes_several_calls_in_order_with_ids():
 
 
 def test_hermes_arguments_as_json_string_and_missing_arguments():
-    turn = parse_tool_calls('<tool_call>{"name": "a", "arguments": "{\\"x\\": [1, 2]}"}</tool_call>')
+    turn = parse_tool_calls(
+        '<tool_call>{"name": "a", "arguments": "{\\"x\\": [1, 2]}"}</tool_call>'
+    )
     assert turn.calls[0].arguments == {"x": [1, 2]}
     turn = parse_tool_calls('<tool_call>{"name": "a"}</tool_call>')
     assert turn.calls[0].arguments == {}
@@ -56,7 +63,9 @@ def test_hermes_openai_shape_inside_the_tag():
 
 
 def test_unicode_survives():
-    turn = parse_tool_calls('Ok 👍 <tool_call>{"name": "a", "arguments": {"q": "Grüße 日本"}}</tool_call>')
+    turn = parse_tool_calls(
+        'Ok 👍 <tool_call>{"name": "a", "arguments": {"q": "Grüße 日本"}}</tool_call>'
+    )
     assert turn.content == "Ok 👍"
     assert turn.calls[0].arguments == {"q": "Grüße 日本"}
 
@@ -80,7 +89,9 @@ def test_openai_message_dict():
 
 
 def test_openai_message_content_only_is_parsed_as_text():
-    turn = parse_tool_calls({"role": "assistant", "content": '<tool_call>{"name": "a"}</tool_call>'})
+    turn = parse_tool_calls(
+        {"role": "assistant", "content": '<tool_call>{"name": "a"}</tool_call>'}
+    )
     assert [c.name for c in turn.calls] == ["a"]
     turn = parse_tool_calls({"role": "assistant", "content": [{"type": "text", "text": "hi"}]})
     assert (turn.content, turn.calls, turn.errors) == ("hi", [], [])
@@ -109,17 +120,32 @@ def test_same_input_same_ids():
 TURN_ERRORS = [
     ("", f"the turn is empty; call a tool like {F}"),
     ("  \n\t ", f"the turn is empty; call a tool like {F}"),
-    ('<tool_call>{"name": "a"}', f"tool call #1: <tool_call> is not closed; end it with </tool_call>: {F}"),
+    (
+        '<tool_call>{"name": "a"}',
+        f"tool call #1: <tool_call> is not closed; end it with </tool_call>: {F}",
+    ),
     (
         '<tool_call>{"name": "a"}</tool_call><tool_call>{"name": "b"}',
         f"tool call #2: <tool_call> is not closed; end it with </tool_call>: {F}",
     ),
     ("done </tool_call>", f"</tool_call> without a matching <tool_call>; write {F}"),
     ('<tool_call {"name": "a"}>', f"malformed <tool_call> tag; write it exactly as {F}"),
-    (None, "the action must be the assistant's text (str) or an assistant message (dict), got NoneType"),
-    (3.5, "the action must be the assistant's text (str) or an assistant message (dict), got float"),
-    (["<tool_call>"], "the action must be the assistant's text (str) or an assistant message (dict), got list"),
-    (b"bytes", "the action must be the assistant's text (str) or an assistant message (dict), got bytes"),
+    (
+        None,
+        "the action must be the assistant's text (str) or an assistant message (dict), got NoneType",
+    ),
+    (
+        3.5,
+        "the action must be the assistant's text (str) or an assistant message (dict), got float",
+    ),
+    (
+        ["<tool_call>"],
+        "the action must be the assistant's text (str) or an assistant message (dict), got list",
+    ),
+    (
+        b"bytes",
+        "the action must be the assistant's text (str) or an assistant message (dict), got bytes",
+    ),
     ({}, 'the assistant message has neither "content" nor "tool_calls"; send one of them'),
     ({"role": "user", "content": "hi"}, "the message role must be \"assistant\", got 'user'"),
     ({"role": "assistant", "content": None}, f"the turn is empty; call a tool like {F}"),
@@ -140,13 +166,16 @@ CALL_ERRORS = [
         "send exactly one JSON object per call",
     ),
     (
-        '<tool_call>[1, 2]</tool_call>',
+        "<tool_call>[1, 2]</tool_call>",
         'tool call #1: expected a JSON object {"name": ..., "arguments": {...}}, got an array',
     ),
     ('<tool_call>{"arguments": {}}</tool_call>', f'tool call #1: missing "name"; expected {F}'),
     ('<tool_call>{"name": 7}</tool_call>', 'tool call #1: "name" must be a string, got a number'),
     ('<tool_call>{"name": null}</tool_call>', f'tool call #1: missing "name"; expected {F}'),
-    ('<tool_call>{"name": ["a"]}</tool_call>', 'tool call #1: "name" must be a string, got an array'),
+    (
+        '<tool_call>{"name": ["a"]}</tool_call>',
+        'tool call #1: "name" must be a string, got an array',
+    ),
     ('<tool_call>{"name": "  "}</tool_call>', 'tool call #1: "name" is empty; give the tool name'),
     (
         '<tool_call>{"name": "a", "arguments": [1]}</tool_call>',
@@ -165,7 +194,10 @@ CALL_ERRORS = [
         '<tool_call><tool_call>{"name": "a"}</tool_call>',
         f"tool call #1: <tool_call> opened twice before </tool_call>; close each call before the next: {F}",
     ),
-    ('{"name": "a", "arguments": 3}', 'the JSON call (a): "arguments" must be a JSON object, got a number'),
+    (
+        '{"name": "a", "arguments": 3}',
+        'the JSON call (a): "arguments" must be a JSON object, got a number',
+    ),
     ('{"nam": "a"}', f'the JSON call: missing "name"; expected {F}'),
     (
         "{not json}",
@@ -194,7 +226,10 @@ CALL_ERRORS = [
         {"tool_calls": [{"function": {"name": "a", "arguments": {"x": {1, 2}}}}]},
         'tool_calls[0] (a): "arguments" must be JSON data (Object of type set is not JSON serializable)',
     ),
-    ({"tool_calls": [{"function": {"arguments": "{}"}}]}, f'tool_calls[0]: missing "name"; expected {F}'),
+    (
+        {"tool_calls": [{"function": {"arguments": "{}"}}]},
+        f'tool_calls[0]: missing "name"; expected {F}',
+    ),
 ]
 
 
@@ -268,7 +303,10 @@ def test_roundtrip_of_well_formed_calls(name, args, prose):
     turn = parse_tool_calls(f"{prose}<tool_call>{body}</tool_call>")
     assert turn.errors == []
     assert [(c.name, c.arguments, c.error) for c in turn.calls] == [(name, args, None)]
-    msg = {"role": "assistant", "tool_calls": [{"function": {"name": name, "arguments": json.dumps(args)}}]}
+    msg = {
+        "role": "assistant",
+        "tool_calls": [{"function": {"name": name, "arguments": json.dumps(args)}}],
+    }
     assert parse_tool_calls(msg).calls[0].arguments == args
 
 
@@ -276,11 +314,22 @@ def test_roundtrip_of_well_formed_calls(name, args, prose):
 def test_non_json_constants_are_rejected_with_a_message(constant):
     # Python's json reads these, but they are not JSON and would not survive the trajectory's
     # JSON round trip: the call must be refused with a message, never recorded as a value.
-    tagged = parse_tool_calls(f'<tool_call>{{"name": "look", "arguments": {{"a": {constant}}}}}</tool_call>')
+    tagged = parse_tool_calls(
+        f'<tool_call>{{"name": "look", "arguments": {{"a": {constant}}}}}</tool_call>'
+    )
     assert tagged.calls[0].arguments is None
     assert f"{constant.lstrip('-')} is not a JSON value" in tagged.calls[0].error
-    message = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "i", "type": "function", "function": {"name": "look", "arguments": f'{{"": {constant}}}'}}]}
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "i",
+                "type": "function",
+                "function": {"name": "look", "arguments": f'{{"": {constant}}}'},
+            }
+        ],
+    }
     call = parse_tool_calls(message).calls[0]
     assert call.arguments is None and "not a JSON value" in call.error
 
@@ -291,10 +340,20 @@ def test_arguments_nested_too_deeply_are_refused():
     deep = '{"a":' * 300 + "1" + "}" * 300
     for action in (
         f'<tool_call>{{"name": "f", "arguments": {deep}}}</tool_call>',
-        {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep}}],
+        },
     ):
         call = parse_tool_calls(action).calls[0]
         assert call.arguments is None
-        assert call.error.endswith(f'"arguments" are nested more than {MAX_DEPTH} levels deep; send flat JSON arguments')
+        assert call.error.endswith(
+            f'"arguments" are nested more than {MAX_DEPTH} levels deep; send flat JSON arguments'
+        )
     ok = '{"a":' * (MAX_DEPTH - 1) + "1" + "}" * (MAX_DEPTH - 1)
-    assert parse_tool_calls(f'<tool_call>{{"name": "f", "arguments": {ok}}}</tool_call>').calls[0].error is None
+    assert (
+        parse_tool_calls(f'<tool_call>{{"name": "f", "arguments": {ok}}}</tool_call>')
+        .calls[0]
+        .error
+        is None
+    )

@@ -33,7 +33,10 @@ def test_cases_and_run_config_follow_the_request_and_never_hold_the_key(returns)
     assert job.config["twin_config"] == {"max_turns": 4} and job.config["policy_file"] == "p.yaml"
     assert job.config["temperature"] == 0.3 and "request" in job.config
     assert "sk-secret" not in json.dumps(job.config, default=str)
-    assert job.describe() == f"{returns.name}: 3 cases x 2 = 6 episodes of {job.policy.name} on split 'test'"
+    assert (
+        job.describe()
+        == f"{returns.name}: 3 cases x 2 = 6 episodes of {job.policy.name} on split 'test'"
+    )
 
 
 def test_defaults_are_random_policy_and_64_in_flight(returns):
@@ -53,9 +56,13 @@ def test_cases_that_do_not_fit_the_split_are_refused_before_anything_runs(return
 def test_a_job_runs_stores_and_repeats_with_the_same_seed(returns, tmp_path):
     store = RunStore(tmp_path / "runs.db")
     try:
-        job = plan_evaluation(returns, PolicySettings(policy="random"), episodes=4, group_size=2, seed=7)
+        job = plan_evaluation(
+            returns, PolicySettings(policy="random"), episodes=4, group_size=2, seed=7
+        )
         first = job.run(store, progress=False)
-        again = plan_evaluation(returns, PolicySettings(policy="random"), episodes=4, group_size=2, seed=7)
+        again = plan_evaluation(
+            returns, PolicySettings(policy="random"), episodes=4, group_size=2, seed=7
+        )
         second = again.run(None, progress=False)
         assert first.summary["episodes"] == 4 and first.run_id is not None
         assert store.run(first.run_id).config["seed"] == 7

@@ -532,16 +532,24 @@ def test_policy_kinds_are_entry_point_plugins(twin, monkeypatch):
 
     import twin.policies as policies
 
-    assert policies.policy_kinds()["hf"].value == "trainer.hf_policy:HFPolicy.from_spec"  # ours, a plugin too
+    assert (
+        policies.policy_kinds()["hf"].value == "trainer.hf_policy:HFPolicy.from_spec"
+    )  # ours, a plugin too
     plugin = types.ModuleType("my_policies")
     plugin.make = lambda spec, twin_: ("made", spec, twin_)
     monkeypatch.setitem(sys.modules, "my_policies", plugin)
-    kinds = {"echo": EntryPoint(name="echo", value="my_policies:make", group=policies.POLICY_ENTRY_POINT_GROUP)}
+    kinds = {
+        "echo": EntryPoint(
+            name="echo", value="my_policies:make", group=policies.POLICY_ENTRY_POINT_GROUP
+        )
+    }
     monkeypatch.setattr(policies, "policy_kinds", lambda: kinds)
     assert make_policy("echo:x", twin) == ("made", "echo:x", twin)
     with pytest.raises(ConfigError, match=r"echo:\.\.\. \(plugin my_policies:make\)"):
         make_policy("nope:x", twin)
-    kinds["broken"] = EntryPoint(name="broken", value="no_such_module_xyz:make", group="twin.policies")
+    kinds["broken"] = EntryPoint(
+        name="broken", value="no_such_module_xyz:make", group="twin.policies"
+    )
     with pytest.raises(ConfigError, match="could not be imported"):
         make_policy("broken:x", twin)
 
@@ -715,20 +723,49 @@ class _ReasoningModel(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         type(self).bodies.append(body)
         if "max_tokens" in body:
-            return self._send(400, {"error": {
-                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
-                "Use 'max_completion_tokens' instead.", "type": "invalid_request_error",
-                "param": "max_tokens", "code": "unsupported_parameter"}})
+            return self._send(
+                400,
+                {
+                    "error": {
+                        "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                        "Use 'max_completion_tokens' instead.",
+                        "type": "invalid_request_error",
+                        "param": "max_tokens",
+                        "code": "unsupported_parameter",
+                    }
+                },
+            )
         if body.get("temperature", 1) != 1:
-            return self._send(400, {"error": {
-                "message": "Unsupported value: 'temperature' does not support 0 with this model. "
-                "Only the default (1) value is supported.", "type": "invalid_request_error",
-                "param": "temperature", "code": "unsupported_value"}})
+            return self._send(
+                400,
+                {
+                    "error": {
+                        "message": "Unsupported value: 'temperature' does not support 0 with this model. "
+                        "Only the default (1) value is supported.",
+                        "type": "invalid_request_error",
+                        "param": "temperature",
+                        "code": "unsupported_value",
+                    }
+                },
+            )
         n = sum(m["role"] == "assistant" for m in body["messages"])
         call = ("lookup", {"key": "k12"}) if n == 0 else ("submit", {"value": "v12"})
-        self._send(200, _completion({"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"c{n}", "type": "function",
-             "function": {"name": call[0], "arguments": json.dumps(call[1])}}]}))
+        self._send(
+            200,
+            _completion(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"c{n}",
+                            "type": "function",
+                            "function": {"name": call[0], "arguments": json.dumps(call[1])},
+                        }
+                    ],
+                }
+            ),
+        )
 
     def _send(self, code: int, data: dict) -> None:
         raw = json.dumps(data).encode()
@@ -755,17 +792,31 @@ def test_a_reasoning_model_endpoint_gets_max_completion_tokens_and_its_default_t
     assert first["tool_calls"][0]["function"]["name"] == "lookup" and second == first
     assert policy.token_field == "max_completion_tokens" and policy.dropped == {"temperature"}
     sent = _ReasoningModel.bodies[-1]
-    assert sent["max_completion_tokens"] == 77 and "max_tokens" not in sent and "temperature" not in sent
+    assert (
+        sent["max_completion_tokens"] == 77
+        and "max_tokens" not in sent
+        and "temperature" not in sent
+    )
     assert len(_ReasoningModel.bodies) == 4  # 2 refusals on the first turn, none after
     assert policy.usage["retries"] == 0
 
 
 def test_a_refused_parameter_is_not_mistaken_for_a_context_overflow():
-    text = json.dumps({"error": {"message": "Unsupported parameter: 'logit_bias' is not supported "
-                                 "with this model.", "param": "logit_bias",
-                                 "code": "unsupported_parameter"}})
-    policy = OpenAIChatPolicy("http://m.test/v1", "m", extra_body={"logit_bias": {}},
-                              transport=httpx.MockTransport(lambda r: httpx.Response(400, text=text)))
+    text = json.dumps(
+        {
+            "error": {
+                "message": "Unsupported parameter: 'logit_bias' is not supported with this model.",
+                "param": "logit_bias",
+                "code": "unsupported_parameter",
+            }
+        }
+    )
+    policy = OpenAIChatPolicy(
+        "http://m.test/v1",
+        "m",
+        extra_body={"logit_bias": {}},
+        transport=httpx.MockTransport(lambda r: httpx.Response(400, text=text)),
+    )
     with pytest.raises(PolicyError) as err:
         asyncio.run(policy.act(PROMPT, []))
     assert "logit_bias" in err.value.hint and "--max-tokens" not in err.value.hint

@@ -29,11 +29,15 @@ def test_entry_point_twins_are_registered_lazily():
 
 def test_import_twin_imports_no_twin():
     code = "import sys, twin; print(sorted(m for m in sys.modules if m.startswith('envs.')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("name", ["twin/Returns-v0", "Returns-v0", "Returns", "returns", "RETURNS", "twin/returns-v0"])
+@pytest.mark.parametrize(
+    "name", ["twin/Returns-v0", "Returns-v0", "Returns", "returns", "RETURNS", "twin/returns-v0"]
+)
 def test_names_are_case_insensitive(name):
     assert twin.spec(name).id == "twin/Returns-v0"
     assert type(twin.make_twin(name)).__name__ == "ReturnsTwin"
@@ -85,7 +89,9 @@ def test_register_a_class_and_a_string(tmp_path):
 
 def test_broken_entry_point_fails_on_make_with_a_clear_message():
     spec = TwinSpec("twin/Broken-v0", "envs.does_not_exist:Nope", "Broken")
-    with pytest.raises(UnknownTwinError, match="cannot load entry point 'envs.does_not_exist:Nope'"):
+    with pytest.raises(
+        UnknownTwinError, match="cannot load entry point 'envs.does_not_exist:Nope'"
+    ):
         spec.load()
     spec = TwinSpec("twin/NotATwin-v0", "json:dumps", "NotATwin")
     with pytest.raises(UnknownTwinError, match="is not a Twin subclass"):
@@ -95,7 +101,10 @@ def test_broken_entry_point_fails_on_make_with_a_clear_message():
 def test_bad_plugin_only_warns(monkeypatch):
     # ``twin.registry`` is the dict (as in Gymnasium); the module is reached through importlib.
     reg = importlib.import_module("twin.registry")
-    eps = [EntryPoint("Bad Name!", "x:Y", "twin.envs"), EntryPoint("Later", "x.y:Later", "twin.envs")]
+    eps = [
+        EntryPoint("Bad Name!", "x:Y", "twin.envs"),
+        EntryPoint("Later", "x.y:Later", "twin.envs"),
+    ]
     monkeypatch.setattr(reg, "entry_points", lambda group: eps)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -128,7 +137,9 @@ def test_check_twin_catches_a_leak_and_a_missing_terminal_tool():
         def prompt(self, case):
             return super().prompt(case) + [{"role": "user", "content": f"psst: {case.truth}"}]
 
-    with pytest.raises(TwinCheckError, match="prompt of \\('train', 0\\) contains the case's whole truth"):
+    with pytest.raises(
+        TwinCheckError, match="prompt of \\('train', 0\\) contains the case's whole truth"
+    ):
         check_twin(Leaky(), env_check=False)
 
     class LeakyInfo(ReturnsTwin):

@@ -272,7 +272,9 @@ def test_max_reward_and_success_fn(twin, key_twin_cls):
 
     abstains = success_fn(Abstains())
     assert abstains(Trajectory(twin="x", case_id="x", reward=max_reward(Abstains()), num_turns=2))
-    assert not abstains(Trajectory(twin="x", case_id="x", reward=max_reward(Abstains()), num_turns=1))
+    assert not abstains(
+        Trajectory(twin="x", case_id="x", reward=max_reward(Abstains()), num_turns=1)
+    )
     assert not abstains(Trajectory(twin="x", case_id="x", reward=0.0, num_turns=2))
 
 

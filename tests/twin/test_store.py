@@ -317,8 +317,12 @@ def test_a_store_made_before_liveness_columns_is_upgraded(store_url):
     RunStore(store_url).close()
     engine = create_engine(store_url)
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO runs (kind, twin, policy, config, status, started_at) "
-                          "VALUES ('eval', 'old', 'p', '{}', 'finished', '2025-01-02 03:04:05')"))
+        conn.execute(
+            text(
+                "INSERT INTO runs (kind, twin, policy, config, status, started_at) "
+                "VALUES ('eval', 'old', 'p', '{}', 'finished', '2025-01-02 03:04:05')"
+            )
+        )
         for column in ("pid", "host", "heartbeat_at"):
             conn.execute(text(f"ALTER TABLE runs DROP COLUMN {column}"))
     store = RunStore(store_url)
@@ -352,11 +356,11 @@ def test_times_are_utc_whatever_the_session_time_zone(store_url):
     if store_url.startswith("postgresql"):
         store_url += "?options=-c%20timezone%3DPacific%2FChatham"  # UTC+12:45 / +13:45
     store = RunStore(store_url)
-    before = dt.datetime.now(dt.timezone.utc)
+    before = dt.datetime.now(dt.UTC)
     run = store.start_run("train", "x", "y")
     store.finish_run(run)
     info = store.run(run)
-    after = dt.datetime.now(dt.timezone.utc)
+    after = dt.datetime.now(dt.UTC)
     for moment in (info.started_at, info.finished_at, info.heartbeat_at):
         assert moment.utcoffset() == dt.timedelta(0)
         assert before - dt.timedelta(seconds=1) <= moment <= after + dt.timedelta(seconds=1)
@@ -512,7 +516,10 @@ def test_twin_runs_reads_a_postgres_store_and_hides_its_password(postgres_url):
     assert listing.exit_code == 0, listing.output
     (row,) = json.loads(listing.stdout)
     assert (row["id"], row["status"], row["episodes"], row["reward_mean"]) == (
-        run, "finished", 2, 0.5
+        run,
+        "finished",
+        2,
+        0.5,
     )
     table = runner.invoke(app, ["runs", "--store", url])
     assert table.exit_code == 0 and "Returns" in table.output
@@ -528,8 +535,15 @@ def test_twin_runs_reads_a_postgres_store_and_hides_its_password(postgres_url):
 @pytest.mark.parametrize(
     "module",
     [
-        "twin.store", "twin.rollout", "twin.policies", "twin.evaluation", "twinrl_cli",
-        "twinrl_cli.app", "twinrl_cli.bench", "twinrl_cli.eval", "twinrl_cli.serve",
+        "twin.store",
+        "twin.rollout",
+        "twin.policies",
+        "twin.evaluation",
+        "twinrl_cli",
+        "twinrl_cli.app",
+        "twinrl_cli.bench",
+        "twinrl_cli.eval",
+        "twinrl_cli.serve",
     ],
 )
 def test_public_names(module):
@@ -549,17 +563,23 @@ def test_twin_runs_on_a_damaged_or_missing_store_is_one_line(tmp_path):
     db = tmp_path / "runs.db"
     with RunStore(db) as store:
         for i in range(40):  # several pages of runs
-            store.finish_run(store.start_run("eval", f"Twin{i}", "policy" * 40, config={"pad": "x" * 2000}))
+            store.finish_run(
+                store.start_run("eval", f"Twin{i}", "policy" * 40, config={"pad": "x" * 2000})
+            )
     data = bytearray(db.read_bytes())
     page = 4096
     assert len(data) > 4 * page
-    data[2 * page : len(data) - page] = b"\xa5" * (len(data) - 3 * page)  # corrupted pages, header intact
+    data[2 * page : len(data) - page] = b"\xa5" * (
+        len(data) - 3 * page
+    )  # corrupted pages, header intact
     db.write_bytes(bytes(data))
     runner = CliRunner()
     for args in (["runs"], ["runs", "show", "1"]):
         result = runner.invoke(app, [*args, "--store", str(db)])
         assert result.exit_code == 2, result.output
-        assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
+        assert not isinstance(result.exception, Exception) or isinstance(
+            result.exception, SystemExit
+        ), result.exception
         assert "cannot be read" in result.output and "damaged" in result.output
         assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 3
     # a store that does not exist is an error, and reading creates no folder or file

@@ -59,8 +59,15 @@ def test_schema_from_signature_and_docstring():
     assert fn["description"] == "Look up an order.\n\nLonger explanation for the agent."
     params = fn["parameters"]
     assert params["type"] == "object" and params["required"] == ["order_id"]
-    assert params["properties"]["order_id"] == {"type": "string", "description": 'The order number, e.g. "R-1".'}
-    assert params["properties"]["limit"] == {"type": "integer", "default": 3, "description": "How many lines to show."}
+    assert params["properties"]["order_id"] == {
+        "type": "string",
+        "description": 'The order number, e.g. "R-1".',
+    }
+    assert params["properties"]["limit"] == {
+        "type": "integer",
+        "default": 3,
+        "description": "How many lines to show.",
+    }
     assert params["additionalProperties"] is False
 
 
@@ -93,12 +100,30 @@ def test_call_validates_and_dumps_models():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ({}, "lookup: missing required argument 'order_id' (string). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)"),
-        ({"order_id": 5}, "lookup: argument 'order_id': Input should be a valid string (expected string, got 5). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)"),
-        ({"order_id": "a", "limit": "many"}, "lookup: argument 'limit': Input should be a valid integer, unable to parse string as an integer (expected integer, got 'many'). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)"),
-        ({"order_id": "a", "colour": 1}, "lookup: unknown argument 'colour'; allowed: order_id, limit, tags. Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)"),
-        ("{nope", 'lookup: arguments are not valid JSON (Expecting property name enclosed in double quotes at position 1); send a JSON object like {"order_id": "<string>"}'),
-        ([1], 'lookup: arguments must be a JSON object, got list; send a JSON object like {"order_id": "<string>"}'),
+        (
+            {},
+            "lookup: missing required argument 'order_id' (string). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
+        ),
+        (
+            {"order_id": 5},
+            "lookup: argument 'order_id': Input should be a valid string (expected string, got 5). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
+        ),
+        (
+            {"order_id": "a", "limit": "many"},
+            "lookup: argument 'limit': Input should be a valid integer, unable to parse string as an integer (expected integer, got 'many'). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
+        ),
+        (
+            {"order_id": "a", "colour": 1},
+            "lookup: unknown argument 'colour'; allowed: order_id, limit, tags. Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
+        ),
+        (
+            "{nope",
+            'lookup: arguments are not valid JSON (Expecting property name enclosed in double quotes at position 1); send a JSON object like {"order_id": "<string>"}',
+        ),
+        (
+            [1],
+            'lookup: arguments must be a JSON object, got list; send a JSON object like {"order_id": "<string>"}',
+        ),
     ],
 )
 def test_validation_messages(args, message):
@@ -109,7 +134,9 @@ def test_validation_messages(args, message):
 
 def test_literal_messages_list_the_choices():
     finish = Shop().tool("finish")
-    with pytest.raises(ToolArgumentError, match="finish: argument 'verdict': Input should be 'ok' or 'bad'"):
+    with pytest.raises(
+        ToolArgumentError, match="finish: argument 'verdict': Input should be 'ok' or 'bad'"
+    ):
         finish.validate({"verdict": "maybe"})
 
 
@@ -120,17 +147,20 @@ def test_tool_errors_reach_the_caller():
 
 def test_tools_need_docstrings_and_hints():
     with pytest.raises(TypeError, match="needs a docstring"):
+
         @tool
         def nodoc(x: int) -> int:
             return x
 
     with pytest.raises(TypeError, match="parameter 'x' needs a type hint"):
+
         @tool
         def nohint(x) -> int:
             """Doc."""
             return x
 
     with pytest.raises(TypeError, match=r"\*args/\*\*kwargs"):
+
         @tool
         def star(*xs: int) -> int:
             """Doc."""
@@ -163,23 +193,38 @@ def test_frozen_data_refuses_changes_and_behaves_as_json_data():
 
     data = {"a": [1, {"b": 2}], "t": (1, 2), "s": "x"}
     frozen = freeze(data)
-    assert type(frozen) is FrozenDict and type(frozen["a"]) is FrozenList and type(frozen["a"][1]) is FrozenDict
+    assert (
+        type(frozen) is FrozenDict
+        and type(frozen["a"]) is FrozenList
+        and type(frozen["a"][1]) is FrozenDict
+    )
     assert frozen == {"a": [1, {"b": 2}], "t": [1, 2], "s": "x"}
     for change in (
-        lambda: frozen.__setitem__("a", 1), lambda: frozen.update(a=1), lambda: frozen.pop("a"),
-        lambda: frozen["a"].append(3), lambda: frozen["a"][1].setdefault("c", 1),
-        lambda: frozen["a"].__setitem__(0, 9), lambda: frozen["a"].sort(),
+        lambda: frozen.__setitem__("a", 1),
+        lambda: frozen.update(a=1),
+        lambda: frozen.pop("a"),
+        lambda: frozen["a"].append(3),
+        lambda: frozen["a"][1].setdefault("c", 1),
+        lambda: frozen["a"].__setitem__(0, 9),
+        lambda: frozen["a"].sort(),
     ):
         with pytest.raises(TypeError, match="read-only"):
             change()
     assert frozen == freeze(data) and freeze(frozen) is frozen
     assert copy.deepcopy(frozen) is frozen and pickle.loads(pickle.dumps(frozen)) == frozen
-    assert json.loads(json.dumps(frozen)) == json.loads(frozen.json_text()) == json.loads(to_json(frozen))
+    assert (
+        json.loads(json.dumps(frozen))
+        == json.loads(frozen.json_text())
+        == json.loads(to_json(frozen))
+    )
     mutable = thaw(frozen)
     mutable["a"].append(3)
     assert type(mutable) is dict and frozen["a"] == [1, {"b": 2}]
-    traj = Trajectory(twin="t", case_id="t/train/0",
-                      calls=[ToolCallRecord(id="c", name="n", ok=True, result=frozen)])
+    traj = Trajectory(
+        twin="t",
+        case_id="t/train/0",
+        calls=[ToolCallRecord(id="c", name="n", ok=True, result=frozen)],
+    )
     assert Trajectory.model_validate_json(traj.model_dump_json()) == traj
 
 

@@ -118,10 +118,25 @@ def test_bench_trainer_options_reach_the_function(monkeypatch, tmp_path):
 def test_bench_trl_and_catalog_options_reach_their_functions(monkeypatch):
     trl = _record(monkeypatch, "bench.trl_ratio:main")
     catalog = _record(monkeypatch, "bench.catalog:main")
-    assert runner.invoke(app, ["bench", "trl", "--lr", "0.01", "--rounds", "2", "--group", "4"]).exit_code == 0
-    assert runner.invoke(app, ["bench", "catalog", "--no-cold", "--n", "50", "--version", "0"]).exit_code == 0
+    assert (
+        runner.invoke(
+            app, ["bench", "trl", "--lr", "0.01", "--rounds", "2", "--group", "4"]
+        ).exit_code
+        == 0
+    )
+    assert (
+        runner.invoke(
+            app, ["bench", "catalog", "--no-cold", "--n", "50", "--version", "0"]
+        ).exit_code
+        == 0
+    )
     assert (trl[0]["lr"], trl[0]["rounds"], trl[0]["group"], trl[0]["steps"]) == (0.01, 2, 4, 5)
-    assert (catalog[0]["cold"], catalog[0]["warm"], catalog[0]["n"], catalog[0]["version"]) == (False, True, 50, 0)
+    assert (catalog[0]["cold"], catalog[0]["warm"], catalog[0]["n"], catalog[0]["version"]) == (
+        False,
+        True,
+        50,
+        0,
+    )
 
 
 def test_bench_openenv_parses_transports_and_arguments(monkeypatch):
@@ -132,7 +147,11 @@ def test_bench_openenv_parses_transports_and_arguments(monkeypatch):
     assert result.exit_code == 0, result.output
     assert calls[0]["transports"] == ("ws",)
     assert calls[0]["arguments"] == {"query": "boxes", "limit": 2}
-    assert (calls[0]["steps"], calls[0]["twin"], calls[0]["tool"]) == (7, "Returns", "search_taxonomy")
+    assert (calls[0]["steps"], calls[0]["twin"], calls[0]["tool"]) == (
+        7,
+        "Returns",
+        "search_taxonomy",
+    )
     assert runner.invoke(app, ["bench", "openenv"]).exit_code == 0
     assert calls[1]["transports"] == ("ws", "http") and calls[1]["arguments"] is None
 
@@ -142,11 +161,21 @@ def test_demo_options_reach_the_function_and_its_status_is_the_exit_status(monke
     args = ["demo", "--episodes", "3", "--no-store", "--policies", "random,oracle", "--no-progress"]
     result = runner.invoke(app, args)
     assert result.exit_code == 2
-    assert (calls[0]["episodes"], calls[0]["store"], calls[0]["policies"], calls[0]["progress"]) == (
-        3, False, "random,oracle", False,
+    assert (
+        calls[0]["episodes"],
+        calls[0]["store"],
+        calls[0]["policies"],
+        calls[0]["progress"],
+    ) == (
+        3,
+        False,
+        "random,oracle",
+        False,
     )
     runner.invoke(app, ["demo", "--store", "x.db"])
-    assert calls[1]["store"] == "x.db" and calls[1]["episodes"] is None and calls[1]["group_size"] == 4
+    assert (
+        calls[1]["store"] == "x.db" and calls[1]["episodes"] is None and calls[1]["group_size"] == 4
+    )
 
 
 def test_a_twinrl_error_in_the_target_is_one_line(monkeypatch):

@@ -71,7 +71,14 @@ class ServerError(TwinError):
 
     def body(self) -> dict[str, Any]:
         """The JSON error body, as vLLM answers it."""
-        return {"error": {"message": str(self), "type": self.error_type, "param": None, "code": self.code}}
+        return {
+            "error": {
+                "message": str(self),
+                "type": self.error_type,
+                "param": None,
+                "code": self.code,
+            }
+        }
 
 
 # -- limits ---------------------------------------------------------------------------------------
@@ -88,20 +95,30 @@ class ServeLimits(BaseModel):
     max_n: int = Field(256, ge=1, description="most completions per prompt (`n`)")
     max_prompts: int = Field(1024, ge=1, description="most prompts in one request")
     max_rows: int = Field(1024, ge=1, description="most sequences in one request (prompts x n)")
-    max_tokens: int = Field(4096, ge=1, description="most completion tokens per sequence (`max_tokens`)")
+    max_tokens: int = Field(
+        4096, ge=1, description="most completion tokens per sequence (`max_tokens`)"
+    )
     max_prompt_tokens: int = Field(32768, ge=1, description="most tokens in one prompt")
-    max_logprobs: int = Field(20, ge=0, description="most alternatives per token (`logprobs`, `prompt_logprobs`)")
+    max_logprobs: int = Field(
+        20, ge=0, description="most alternatives per token (`logprobs`, `prompt_logprobs`)"
+    )
     max_stop_token_ids: int = Field(1024, ge=0, description="most `stop_token_ids`")
     max_body_bytes: int = Field(32 << 20, ge=1024, description="largest request body (bytes)")
     body_budget_bytes: int = Field(
-        64 << 20, ge=1024, description="bytes of request bodies read or being answered at once, all connections"
+        64 << 20,
+        ge=1024,
+        description="bytes of request bodies read or being answered at once, all connections",
     )
     read_timeout: float = Field(
-        30.0, gt=0, allow_inf_nan=False,
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
         description="seconds a whole request (head and body) may take to arrive; also the idle limit",
     )
     http_threads: int = Field(128, ge=1, description="requests handled at once (handler threads)")
-    max_connections: int = Field(1024, ge=1, description="open connections (served + waiting); more get 503")
+    max_connections: int = Field(
+        1024, ge=1, description="open connections (served + waiting); more get 503"
+    )
 
     @model_validator(mode="after")
     def _budget_holds_a_body(self) -> ServeLimits:
@@ -123,11 +140,19 @@ def validation_message(exc: ValidationError, what: str = "request") -> str:
     parts = []
     for error in exc.errors()[:3]:
         # pydantic adds the union member's type to the location ("temperature.float"); drop it
-        loc = ".".join(str(p) for p in error["loc"] if p not in ("float", "int", "str", "list", "bool", "function-after"))
+        loc = ".".join(
+            str(p)
+            for p in error["loc"]
+            if p not in ("float", "int", "str", "list", "bool", "function-after")
+        )
         got = _REPR.repr(error.get("input"))  # bounded: the input may be a million-item list
         got = got if len(got) <= 60 else got[:57] + "..."
         msg = error["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc or 'body'}: {msg} (got {got})" if error["type"] != "missing" else f"{loc}: required")
+        parts.append(
+            f"{loc or 'body'}: {msg} (got {got})"
+            if error["type"] != "missing"
+            else f"{loc}: required"
+        )
     more = len(exc.errors()) - len(parts)
     return f"invalid {what}: " + "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
@@ -143,7 +168,9 @@ def completion_request_model(limits: ServeLimits) -> type[BaseModel]:
         if not ids:
             raise ValueError("a prompt is empty; give at least one token")
         if len(ids) > limits.max_prompt_tokens:
-            raise ValueError(f"a prompt has {len(ids)} tokens; at most {limits.max_prompt_tokens} are allowed")
+            raise ValueError(
+                f"a prompt has {len(ids)} tokens; at most {limits.max_prompt_tokens} are allowed"
+            )
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise ValueError("token ids must be integers")
         return ids
@@ -159,7 +186,9 @@ def completion_request_model(limits: ServeLimits) -> type[BaseModel]:
             ) from None
         # characters, before tokenizing: a token is at least one character
         if len(text) > 8 * limits.max_prompt_tokens:
-            raise ValueError(f"a text prompt has {len(text)} characters; at most {8 * limits.max_prompt_tokens}")
+            raise ValueError(
+                f"a text prompt has {len(text)} characters; at most {8 * limits.max_prompt_tokens}"
+            )
         return text
 
     class CompletionRequest(BaseModel):
@@ -172,12 +201,18 @@ def completion_request_model(limits: ServeLimits) -> type[BaseModel]:
         n: Annotated[int, Field(strict=True, ge=1, le=limits.max_n)] | None = None
         max_tokens: Annotated[int, Field(strict=True, ge=0, le=limits.max_tokens)] | None = None
         temperature: Annotated[float, Field(strict=True, ge=0.0, allow_inf_nan=False)] | None = None
-        top_p: Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
+        top_p: Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)] | None = (
+            None
+        )
         # torch generators take seeds in [-2**63, 2**64); rows add their index to it
         seed: Annotated[int, Field(strict=True, ge=-(1 << 63), lt=1 << 64)] | None = None
         logprobs: Annotated[int, Field(strict=True, ge=0, le=limits.max_logprobs)] | None = None
-        prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=limits.max_logprobs)] | None = None
-        stop_token_ids: Annotated[list[_StrictInt], Field(max_length=limits.max_stop_token_ids)] | None = None
+        prompt_logprobs: Annotated[int, Field(strict=True, ge=0, le=limits.max_logprobs)] | None = (
+            None
+        )
+        stop_token_ids: (
+            Annotated[list[_StrictInt], Field(max_length=limits.max_stop_token_ids)] | None
+        ) = None
         stop: Any = None
         stream: Any = None
         ignore_eos: bool = False
@@ -194,16 +229,22 @@ def completion_request_model(limits: ServeLimits) -> type[BaseModel]:
                 return [check_ids(value)]
             if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
                 if len(value) > limits.max_prompts:
-                    raise ValueError(f"{len(value)} prompts in one request; at most {limits.max_prompts} are allowed")
+                    raise ValueError(
+                        f"{len(value)} prompts in one request; at most {limits.max_prompts} are allowed"
+                    )
                 return [check_text(v) if isinstance(v, str) else check_ids(v) for v in value]
-            raise ValueError("prompt must be a string, a list of token ids, or a non-empty list of either")
+            raise ValueError(
+                "prompt must be a string, a list of token ids, or a non-empty list of either"
+            )
 
         @model_validator(mode="after")
         def _rows(self) -> CompletionRequest:
             if self.stream:
                 raise ValueError("stream=true is not supported by twin serve; use stream=false")
             if self.stop:
-                raise ValueError("'stop' strings are not supported by twin serve; pass 'stop_token_ids'")
+                raise ValueError(
+                    "'stop' strings are not supported by twin serve; pass 'stop_token_ids'"
+                )
             rows = len(self.prompt) * (self.n or 1)
             if rows > limits.max_rows:
                 raise ValueError(
@@ -224,7 +265,9 @@ class LoadAdapterRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     lora_name: _AdapterName
-    lora_path: Annotated[str, Field(strict=True, min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+    lora_path: Annotated[
+        str, Field(strict=True, min_length=1, max_length=4096, pattern=r"^[^\x00]*$")
+    ]
     load_inplace: bool = False
 
 

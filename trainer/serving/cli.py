@@ -79,7 +79,9 @@ def serve(
     unknown = sorted(set(limits) - set(ServeLimits.model_fields))
     if unknown:
         options = ", ".join("--" + name.replace("_", "-") for name in ServeLimits.model_fields)
-        raise ConfigError(f"unknown twin serve option(s) {', '.join(unknown)}; the limits are {options}")
+        raise ConfigError(
+            f"unknown twin serve option(s) {', '.join(unknown)}; the limits are {options}"
+        )
     try:
         serve_limits = ServeLimits(**limits)
     except ValidationError as exc:
@@ -100,7 +102,11 @@ def serve(
     for warning in exposure_warnings(host, api_key, adapter_root):
         log.warning("%s", warning)
     if pinned:
-        log.info("pinned to cores %s with %d thread(s)", ",".join(map(str, pinned)), torch.get_num_threads())
+        log.info(
+            "pinned to cores %s with %d thread(s)",
+            ",".join(map(str, pinned)),
+            torch.get_num_threads(),
+        )
     net, tokenizer = _load(model, dtype, device)
     core = CompletionServer(
         net,
@@ -131,7 +137,8 @@ def serve(
 def run_cli(argv: Sequence[str] | None = None) -> None:
     """Parse ``argv`` (default: ``sys.argv``) and :func:`serve`."""
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.serving", description="Serve a local model over vLLM's completions API."
+        prog="python -m trainer.serving",
+        description="Serve a local model over vLLM's completions API.",
     )
     parser.add_argument("model")
     parser.add_argument("--host", default="127.0.0.1")
@@ -149,7 +156,11 @@ def run_cli(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cpus", default=None, help="cores to pin to, e.g. 0 or 0,2-3")
-    parser.add_argument("--api-key", default=None, help=f"bearer key required on /v1 routes (default ${API_KEY_ENV})")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"bearer key required on /v1 routes (default ${API_KEY_ENV})",
+    )
     parser.add_argument("--adapter-root", default=None, help="only adapters under this folder load")
     for name, info in ServeLimits.model_fields.items():
         parser.add_argument(

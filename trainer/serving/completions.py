@@ -38,7 +38,13 @@ from typing import Any
 
 import torch
 
-from trainer.serving.api import LogprobsMode, ServeLimits, ServerError, completion_request_model, validate
+from trainer.serving.api import (
+    LogprobsMode,
+    ServeLimits,
+    ServerError,
+    completion_request_model,
+    validate,
+)
 from trainer.serving.engine import Engine, Row
 from trainer.serving.lora import Adapter, AdapterSlots
 from twin.errors import ConfigError
@@ -175,10 +181,26 @@ class CompletionServer:
     def models(self) -> dict[str, Any]:
         """The ``GET /v1/models`` body: the base model, then the adapters in load order."""
         card = {"object": "model", "owned_by": "twinrl", "max_model_len": self.max_model_len}
-        data = [{"id": self.model_name, "created": self.created, "root": self.model_name, "parent": None, **card}]
+        data = [
+            {
+                "id": self.model_name,
+                "created": self.created,
+                "root": self.model_name,
+                "parent": None,
+                **card,
+            }
+        ]
         for a in self.slots.listing():
             # root is the name, not the path: clients need not learn the server's folders
-            data.append({"id": a.name, "created": a.created, "root": a.name, "parent": self.model_name, **card})
+            data.append(
+                {
+                    "id": a.name,
+                    "created": a.created,
+                    "root": a.name,
+                    "parent": self.model_name,
+                    **card,
+                }
+            )
         return {"object": "list", "data": data}
 
     def load_lora_adapter(self, body: dict[str, Any]) -> str:
@@ -219,7 +241,9 @@ class CompletionServer:
         adapter = self.slots.resolve(name)
         prompts = self._prompts(req.prompt)
         max_tokens = 16 if req.max_tokens is None else req.max_tokens
-        stops = frozenset(req.stop_token_ids or ()) | (frozenset() if req.ignore_eos else self.eos_ids)
+        stops = frozenset(req.stop_token_ids or ()) | (
+            frozenset() if req.ignore_eos else self.eos_ids
+        )
         for ids in prompts:
             if len(ids) + max_tokens > self.max_model_len:
                 raise ServerError(
@@ -246,12 +270,17 @@ class CompletionServer:
         """Token ids of validated prompts (text is tokenized), checked against the vocabulary."""
         out = []
         for prompt in prompts:
-            ids = list(self.tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else list(prompt)
+            ids = (
+                list(self.tokenizer(prompt)["input_ids"])
+                if isinstance(prompt, str)
+                else list(prompt)
+            )
             if not ids:
                 raise ServerError("a prompt is empty; give at least one token", 400)
             if len(ids) > self.limits.max_prompt_tokens:
                 raise ServerError(
-                    f"a prompt has {len(ids)} tokens; at most {self.limits.max_prompt_tokens} are allowed", 400
+                    f"a prompt has {len(ids)} tokens; at most {self.limits.max_prompt_tokens} are allowed",
+                    400,
                 )
             bad = [i for i in ids if not 0 <= i < self.vocab_size]
             if bad:
@@ -260,7 +289,11 @@ class CompletionServer:
         return out
 
     def _response(self, req: Any, request: _Request, name: str) -> dict[str, Any]:
-        as_ids, with_ids, skip_special = req.return_tokens_as_token_ids, req.return_token_ids, req.skip_special_tokens
+        as_ids, with_ids, skip_special = (
+            req.return_tokens_as_token_ids,
+            req.return_token_ids,
+            req.skip_special_tokens,
+        )
         choices = []
         prompt_tokens = completion_tokens = 0
         for index, row in enumerate(request.result or []):
@@ -280,9 +313,7 @@ class CompletionServer:
                     "text_offset": offsets,
                     "token_logprobs": row.token_logprobs,
                     "tokens": tokens,
-                    "top_logprobs": [
-                        {self._token(t, as_ids): v for t, v in top} for top in row.top
-                    ]
+                    "top_logprobs": [{self._token(t, as_ids): v for t, v in top} for top in row.top]
                     if request.logprobs > 0
                     else None,
                 }
@@ -323,9 +354,17 @@ class CompletionServer:
             return None
         result: list[dict[str, Any] | None] = [None]
         for token, (value, rank, top) in zip(row.prompt[1:], row.prompt_lps, strict=True):
-            entry = {str(token): {"logprob": value, "rank": rank, "decoded_token": self.tokenizer.decode([token])}}
+            entry = {
+                str(token): {
+                    "logprob": value,
+                    "rank": rank,
+                    "decoded_token": self.tokenizer.decode([token]),
+                }
+            }
             for r_i, (t, v) in enumerate(top, start=1):
-                entry.setdefault(str(t), {"logprob": v, "rank": r_i, "decoded_token": self.tokenizer.decode([t])})
+                entry.setdefault(
+                    str(t), {"logprob": v, "rank": r_i, "decoded_token": self.tokenizer.decode([t])}
+                )
             result.append(entry)
         return result
 
@@ -359,7 +398,11 @@ class CompletionServer:
             while self._queue:
                 r = self._queue.popleft()
                 size = r.rows - r.next_row
-                if r.adapter is first.adapter and r.error is None and rows + size <= self.max_batch_rows:
+                if (
+                    r.adapter is first.adapter
+                    and r.error is None
+                    and rows + size <= self.max_batch_rows
+                ):
                     batch.append((r, r.next_row, r.rows))
                     r.next_row = r.rows
                     rows += size

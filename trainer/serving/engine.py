@@ -83,14 +83,21 @@ class Engine:
     """
 
     def __init__(
-        self, model: Any, *, pad_id: int, logprobs_mode: LogprobsMode = "processed_logprobs", seed: int = 0
+        self,
+        model: Any,
+        *,
+        pad_id: int,
+        logprobs_mode: LogprobsMode = "processed_logprobs",
+        seed: int = 0,
     ) -> None:
         self.model = model
         self.pad_id = int(pad_id)
         self.logprobs_mode = logprobs_mode
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this model takes.
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft passes kwargs on
+        base = (
+            model.get_base_model() if hasattr(model, "get_base_model") else model
+        )  # peft passes kwargs on
         params = inspect.signature(base.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
@@ -100,7 +107,9 @@ class Engine:
         return next(self.model.parameters()).device
 
     @torch.inference_mode()
-    def decode(self, rows: list[Row], *, store: PrefixStore | None = None, share_prefill: bool = True) -> None:
+    def decode(
+        self, rows: list[Row], *, store: PrefixStore | None = None, share_prefill: bool = True
+    ) -> None:
         """Sample every row to its stop (filling in its outputs).
 
         Args:
@@ -120,7 +129,9 @@ class Engine:
             row.ids, row.token_logprobs, row.top = [], [], []
             row.finish_reason = "length" if row.max_tokens <= 0 else None
         work = store if store is not None else PrefixStore()  # scratch: the common prefix only
-        full = any(row.prompt_logprobs is not None for row in rows)  # needs every prompt position's logits
+        full = any(
+            row.prompt_logprobs is not None for row in rows
+        )  # needs every prompt position's logits
         prompts = [row.prompt for row in rows]
         if share_prefill and not full and len(rows) > 1:
             prefill_common_prefix(self.model, work, prompts, self._cache_kw)
@@ -166,7 +177,11 @@ class Engine:
             if sum(alive) <= 3 * len(order) // 4:  # worth the copy: a quarter of the rows are done
                 keep = [b for b, a in enumerate(alive) if a]
                 batch.keep(keep)
-                order, feed, alive = [order[b] for b in keep], [feed[b] for b in keep], [True] * len(keep)
+                order, feed, alive = (
+                    [order[b] for b in keep],
+                    [feed[b] for b in keep],
+                    [True] * len(keep),
+                )
             column = batch.length
             positions = []
             for slot, a in zip(batch.slots, alive, strict=True):

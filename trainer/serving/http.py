@@ -171,7 +171,7 @@ class _TimeoutAt:
         assert self.handle is not None
         self.handle.cancel()
         if self.fired and kind is asyncio.CancelledError:
-            raise asyncio.TimeoutError from None
+            raise TimeoutError from None
 
 
 class BodyBudget:
@@ -201,7 +201,7 @@ class BodyBudget:
                 await asyncio.wait_for(
                     self._freed.wait_for(lambda: self.used + size <= self.limit), max(timeout, 0.0)
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
             self.used += size
             return True
@@ -395,7 +395,7 @@ class _AsyncHTTPServer:
         try:
             writer.write(head.encode() + answer.data)
             await asyncio.wait_for(writer.drain(), 1.0)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             pass
         finally:
             writer.close()
@@ -410,7 +410,7 @@ class _AsyncHTTPServer:
             try:
                 async with _timeout_at(deadline):
                     data = await reader.read(_READ_CHUNK)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise _Deadline from None
             conn.receive_data(data)  # b"": the client closed (h11 then reports it)
 
@@ -435,7 +435,11 @@ class _AsyncHTTPServer:
         if isinstance(event, h11.ConnectionClosed) or not isinstance(event, h11.Request):
             return False
         # h11 caps an incomplete head; one that arrives whole in a single read is measured here
-        head_bytes = len(event.method) + len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
+        head_bytes = (
+            len(event.method)
+            + len(event.target)
+            + sum(len(n) + len(v) + 4 for n, v in event.headers)
+        )
         if head_bytes > MAX_HEAD_BYTES:
             too_long = ServerError(f"the request head is longer than {MAX_HEAD_BYTES} bytes", 431)
             await self._send(conn, writer, _error(too_long), close=True)
@@ -601,7 +605,7 @@ class _AsyncHTTPServer:
         try:
             async with _timeout_at(asyncio.get_running_loop().time() + self.limits.read_timeout):
                 await writer.drain()
-        except asyncio.TimeoutError:  # a client that does not read its answer
+        except TimeoutError:  # a client that does not read its answer
             raise _Closed from None
 
 

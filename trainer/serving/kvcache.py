@@ -114,7 +114,8 @@ class PrefixStore:
         """Store ``entry``; drop row entries it extends, then evict down to ``max_bytes``."""
         n = len(entry.ids)
         self.entries = [
-            e for e in self.entries
+            e
+            for e in self.entries
             if e.shared or not (len(e.ids) <= n and entry.ids[: len(e.ids)] == e.ids)
         ]
         self.entries.append(entry)
@@ -134,7 +135,9 @@ class _BufferLayer(DynamicLayer):
     known); rows with a cached prefix are copied in right-aligned at that moment.
     """
 
-    def __init__(self, batch: int, capacity: int, start: int, rows: list[tuple[int, Any, Any]]) -> None:
+    def __init__(
+        self, batch: int, capacity: int, start: int, rows: list[tuple[int, Any, Any]]
+    ) -> None:
         super().__init__()
         self.batch = batch
         self.capacity = capacity
@@ -240,7 +243,12 @@ class CacheBatch:
     """
 
     def __init__(
-        self, model: Any, slots: list[Slot], layers: list[_BufferLayer], mask: torch.Tensor, cache_kw: str
+        self,
+        model: Any,
+        slots: list[Slot],
+        layers: list[_BufferLayer],
+        mask: torch.Tensor,
+        cache_kw: str,
     ) -> None:
         self.model = model
         self.slots = slots
@@ -260,7 +268,12 @@ class CacheBatch:
         return self.layers[0].length if self.layers else 0
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor, *, all_logits: bool = False
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        new_mask: torch.Tensor,
+        *,
+        all_logits: bool = False,
     ) -> torch.Tensor:
         """Feed ``input_ids`` [B, q] at the next ``q`` columns.
 
@@ -278,7 +291,9 @@ class CacheBatch:
         diagonal = torch.arange(q, device=self.device)
         allowed[:, diagonal, start + diagonal] = True
         if self.bool_mask:
-            mask = allowed[:, None]  # SDPA takes a boolean mask: a quarter of the float one's memory
+            mask = allowed[
+                :, None
+            ]  # SDPA takes a boolean mask: a quarter of the float one's memory
         else:
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
@@ -312,13 +327,20 @@ class CacheBatch:
             layer.select_rows(idx)
         self.mask = self.mask.index_select(0, idx)
         old = self.slots
-        self.slots = [Slot(list(old[i].prompt), list(old[i].columns), old[i].position) for i in index]
+        self.slots = [
+            Slot(list(old[i].prompt), list(old[i].columns), old[i].position) for i in index
+        ]
 
     expand = keep  # rows that repeat a prompt: prefilled once, then copied out
 
 
 def build_batch(
-    model: Any, store: PrefixStore, prompts: list[list[int]], limits: list[int], room: int, cache_kw: str
+    model: Any,
+    store: PrefixStore,
+    prompts: list[list[int]],
+    limits: list[int],
+    room: int,
+    cache_kw: str,
 ) -> tuple[CacheBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch whose cache holds each row's best stored prefix, and the uncached suffixes to feed.
 
@@ -371,7 +393,9 @@ def build_batch(
     return CacheBatch(model, slots, layers, mask, cache_kw), input_ids, positions, new_mask
 
 
-def prefill_common_prefix(model: Any, store: PrefixStore, prompts: list[list[int]], cache_kw: str) -> None:
+def prefill_common_prefix(
+    model: Any, store: PrefixStore, prompts: list[list[int]], cache_kw: str
+) -> None:
     """Prefill the batch's common prefix (system prompt + tool schemas) once and store it as shared.
 
     Skipped when the store already has most of it (fewer than ``MIN_SHARED`` new tokens).

@@ -84,7 +84,9 @@ class AdapterSlots:
         self.adapter_root = adapter_root
         self.device = next(model.parameters()).device
         self.adapters: dict[str, Adapter] = {}  # public name -> current version
-        self.resident: collections.OrderedDict[str, Adapter] = collections.OrderedDict()  # key -> version (LRU)
+        self.resident: collections.OrderedDict[str, Adapter] = (
+            collections.OrderedDict()
+        )  # key -> version (LRU)
         self._loaded_keys = 0
         self.peft: Any = None  # peft.PeftModel around self.model, made on the first adapter load
         # peft adapter slots no version owns any more, kept to load the next adapter of the same
@@ -137,9 +139,13 @@ class AdapterSlots:
         try:
             found = (path / "adapter_config.json").is_file()
         except OSError as exc:  # a name too long for the file system
-            raise ServerError(f"lora_path {request.lora_path[:200]!r} cannot be read: {exc.strerror}", 400) from None
+            raise ServerError(
+                f"lora_path {request.lora_path[:200]!r} cannot be read: {exc.strerror}", 400
+            ) from None
         if not found:
-            raise ServerError(f"Loading lora {name} failed: No adapter found for {request.lora_path}", 404)
+            raise ServerError(
+                f"Loading lora {name} failed: No adapter found for {request.lora_path}", 404
+            )
         self._check_files_inside_root(path, request.lora_path)
         with self._lock:
             self._loaded_keys += 1
@@ -150,7 +156,8 @@ class AdapterSlots:
                 self._make_resident(version)
             except Exception as exc:
                 raise ServerError(
-                    f"Loading lora {name} from {request.lora_path} failed: {type(exc).__name__}: {exc}", 500
+                    f"Loading lora {name} from {request.lora_path} failed: {type(exc).__name__}: {exc}",
+                    500,
                 ) from exc
             with self._lock:
                 old = self.adapters.get(name)
@@ -223,7 +230,11 @@ class AdapterSlots:
         if self.adapter_root is None:
             return
         try:
-            outside = [e.name for e in folder.iterdir() if not e.resolve().is_relative_to(self.adapter_root)]
+            outside = [
+                e.name
+                for e in folder.iterdir()
+                if not e.resolve().is_relative_to(self.adapter_root)
+            ]
         except (OSError, RuntimeError) as exc:
             raise ServerError(f"lora_path {lora_path[:200]!r} cannot be read: {exc}", 400) from None
         if outside:
@@ -323,7 +334,10 @@ def _strip_lora_layers(model: Any) -> None:
     for name, module in list(model.named_modules()):
         if name and isinstance(module, BaseTunerLayer):
             parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, module.get_base_layer())
+            setattr(
+                model.get_submodule(parent_name) if parent_name else model,
+                child,
+                module.get_base_layer(),
+            )
     if "peft_config" in vars(model):
         del model.peft_config
-

@@ -99,7 +99,10 @@ class ManagedServer:
         import httpx
 
         try:
-            return httpx.get(f"{self.url}/health", timeout=2.0, verify=tls_context()).status_code == 200
+            return (
+                httpx.get(f"{self.url}/health", timeout=2.0, verify=tls_context()).status_code
+                == 200
+            )
         except httpx.HTTPError:
             return False
 

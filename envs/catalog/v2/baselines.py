@@ -17,9 +17,24 @@ from collections.abc import Callable
 from typing import Any
 
 from envs.catalog.listings import find_listing_id
-from envs.catalog.v2.ceiling import CeilingPolicy, _attributes, _bare, _call, _done, _turn, read_listing
+from envs.catalog.v2.ceiling import (
+    CeilingPolicy,
+    _attributes,
+    _bare,
+    _call,
+    _done,
+    _turn,
+    read_listing,
+)
 
-__all__ = ["BASELINES_V2", "DEGENERATE_V2", "ConstantDecision", "HeuristicV2", "OracleV2", "TwoCallFlagger"]
+__all__ = [
+    "BASELINES_V2",
+    "DEGENERATE_V2",
+    "ConstantDecision",
+    "HeuristicV2",
+    "OracleV2",
+    "TwoCallFlagger",
+]
 
 Message = dict[str, Any]
 
@@ -39,8 +54,12 @@ class OracleV2:
         if case is None:
             return {"role": "assistant", "content": "no listing id of this twin in the prompt"}
         t = case.truth
-        args = {"category_id": t["category_id"], "attributes": dict(t["attributes"]), "decision": t["decision"],
-                "reason": "oracle"}
+        args = {
+            "category_id": t["category_id"],
+            "attributes": dict(t["attributes"]),
+            "decision": t["decision"],
+            "reason": "oracle",
+        }
         if t.get("request"):
             args["request"] = t["request"]
         return _turn([_call("submit", args, "o")])
@@ -67,7 +86,9 @@ class HeuristicV2:
             leaf = hits[0]["id"] if hits else "aa"
             calls = [_call("get_attribute_schema", {"category_id": leaf}, "c")]
             if listing["brand"]:
-                calls.append(_call("lookup_brand", {"name": listing["brand"], "category_id": leaf}, "b"))
+                calls.append(
+                    _call("lookup_brand", {"name": listing["brand"], "category_id": leaf}, "b")
+                )
             return _turn(calls)
         schema = done.get("c") or {}
         brand = done.get("b") or {}
@@ -81,10 +102,16 @@ class HeuristicV2:
             decision = "counterfeit"
         elif msrp.get("low") and listing["price"] < 0.4 * msrp["low"]:
             decision = "counterfeit"
-        elif exact.get("protected") and listing["seller"] not in (exact.get("authorized_sellers") or ()):
+        elif exact.get("protected") and listing["seller"] not in (
+            exact.get("authorized_sellers") or ()
+        ):
             decision = "counterfeit"
-        args = {"category_id": schema.get("category_id", "aa"), "attributes": _attributes(listing, schema),
-                "decision": decision, "reason": "checklist"}
+        args = {
+            "category_id": schema.get("category_id", "aa"),
+            "attributes": _attributes(listing, schema),
+            "decision": decision,
+            "reason": "checklist",
+        }
         return _turn([_call("submit", args, "z")])
 
 
@@ -106,11 +133,23 @@ class TwoCallFlagger:
             return _turn([_call("search_taxonomy", {"query": item, "limit": 5}, "s")])
         if step == 1:
             hits = (done.get("s") or {}).get("results") or []
-            return _turn([_call("get_attribute_schema", {"category_id": hits[0]["id"] if hits else "aa"}, "c")])
+            return _turn(
+                [
+                    _call(
+                        "get_attribute_schema",
+                        {"category_id": hits[0]["id"] if hits else "aa"},
+                        "c",
+                    )
+                ]
+            )
         schema = done.get("c") or {}
         decision = "prohibited" if schema.get("policy") == "prohibited" else "counterfeit"
-        args = {"category_id": schema.get("category_id", "aa"), "attributes": _attributes(listing, schema),
-                "decision": decision, "reason": "flag"}
+        args = {
+            "category_id": schema.get("category_id", "aa"),
+            "attributes": _attributes(listing, schema),
+            "decision": decision,
+            "reason": "flag",
+        }
         return _turn([_call("submit", args, "z")])
 
 
@@ -136,5 +175,8 @@ DEGENERATE_V2: dict[str, Callable[[Any], Any]] = {
     "two_call_flagger": TwoCallFlagger,
 }
 BASELINES_V2: dict[str, Callable[[Any], Any]] = {
-    "oracle": OracleV2, "ceiling": CeilingPolicy, "heuristic": HeuristicV2, **DEGENERATE_V2,
+    "oracle": OracleV2,
+    "ceiling": CeilingPolicy,
+    "heuristic": HeuristicV2,
+    **DEGENERATE_V2,
 }

@@ -25,13 +25,37 @@ Message = dict[str, Any]
 
 _FIELD = re.compile(r"^(Title|Brand|Seller|Price|Item specifics|Description): (.*)$")
 _MODEL = re.compile(r"\b[A-Z]{2,3}-\d{3,5}[A-Z]?\b")
-_BATCH = re.compile(r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b", re.I)
-_CONDITION = re.compile(r"(?<!never )(?<!not )\b(open[- ]box|refurbished|used|pre-owned|ex-display|clearance)\b",
-                        re.I)
-_COPY = re.compile(r"\b(?:inspired by|dupe of|1:1 copy of|copy of|replica of|mirror copy of|knock-?off of)\s+"
-                   r"(?:the\s+|a\s+|an\s+)?([^.,;:!?()\n|]+)", re.I)
-_COPY_STOP = {"at", "for", "with", "in", "and", "but", "from", "quality", "design", "style", "look", "looks",
-              "same", "made", "sold", "original", "-", "—"}
+_BATCH = re.compile(
+    r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b", re.I
+)
+_CONDITION = re.compile(
+    r"(?<!never )(?<!not )\b(open[- ]box|refurbished|used|pre-owned|ex-display|clearance)\b", re.I
+)
+_COPY = re.compile(
+    r"\b(?:inspired by|dupe of|1:1 copy of|copy of|replica of|mirror copy of|knock-?off of)\s+"
+    r"(?:the\s+|a\s+|an\s+)?([^.,;:!?()\n|]+)",
+    re.I,
+)
+_COPY_STOP = {
+    "at",
+    "for",
+    "with",
+    "in",
+    "and",
+    "but",
+    "from",
+    "quality",
+    "design",
+    "style",
+    "look",
+    "looks",
+    "same",
+    "made",
+    "sold",
+    "original",
+    "-",
+    "—",
+}
 _CUE = re.compile(r"\b(?:really|works as|doubles as)\s+(?:an?\s+)?([^.!?,;|•/<>*]+)", re.I)
 _STOP = {"and", "&", "for", "the", "a", "an", "of", "with", "set", "pcs", "pc"}
 
@@ -56,7 +80,14 @@ def _key(text: str) -> tuple[str, ...]:
 def read_listing(messages: Sequence[Message]) -> dict[str, Any]:
     """The listing fields of the user message (item specifics keyed by their display names)."""
     text = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
-    out: dict[str, Any] = {"title": "", "brand": "", "seller": "", "price": 0.0, "specifics": {}, "description": ""}
+    out: dict[str, Any] = {
+        "title": "",
+        "brand": "",
+        "seller": "",
+        "price": 0.0,
+        "specifics": {},
+        "description": "",
+    }
     for line in text.splitlines():
         m = _FIELD.match(line)
         if not m:
@@ -77,8 +108,13 @@ def read_listing(messages: Sequence[Message]) -> dict[str, Any]:
 
 
 def _text(listing: dict[str, Any]) -> str:
-    return " ".join([listing["title"], listing["description"],
-                     *(f"{k}: {v}." for k, v in listing["specifics"].items())])
+    return " ".join(
+        [
+            listing["title"],
+            listing["description"],
+            *(f"{k}: {v}." for k, v in listing["specifics"].items()),
+        ]
+    )
 
 
 def _item(listing: dict[str, Any]) -> tuple[str, str]:
@@ -121,8 +157,13 @@ def _copies(text: str) -> list[str]:
     return out
 
 
-def _points(listing: dict[str, Any], brand: dict[str, Any] | None, registered: bool, seller: dict[str, Any],
-            similarity: float) -> tuple[int, bool, bool]:
+def _points(
+    listing: dict[str, Any],
+    brand: dict[str, Any] | None,
+    registered: bool,
+    seller: dict[str, Any],
+    similarity: float,
+) -> tuple[int, bool, bool]:
     """Rule 4's points, whether the brand is gated and whether the seller is authorised."""
     pts, gated, auth = 0, False, False
     name = (brand or {}).get("name")
@@ -143,15 +184,24 @@ def _points(listing: dict[str, Any], brand: dict[str, Any] | None, registered: b
         pts += 4 if max(own) >= 2024 else 2
     if any(t.get("brand") != (name if registered else None) for t in fakes):
         pts += 1
-    age, sales, rating = seller.get("account_age_days", 10**6), seller.get("sales", 10**6), seller.get("rating", 5)
+    age, sales, rating = (
+        seller.get("account_age_days", 10**6),
+        seller.get("sales", 10**6),
+        seller.get("rating", 5),
+    )
     pts += (age < 90) + (sales < 50) + (rating < 4.0)
     if seller and not fakes and age >= 730 and rating >= 4.7 and sales >= 1000:
         pts -= 1
     return pts, gated, auth
 
 
-def decide_from_tools(listing: dict[str, Any], schema: dict[str, Any], lookup: dict[str, Any] | None,
-                      seller: dict[str, Any], mentions: dict[str, Any]) -> tuple[str, str | None, str]:
+def decide_from_tools(
+    listing: dict[str, Any],
+    schema: dict[str, Any],
+    lookup: dict[str, Any] | None,
+    seller: dict[str, Any],
+    mentions: dict[str, Any],
+) -> tuple[str, str | None, str]:
     """``(decision, request, reason)``: the written policy applied to the tools' answers."""
     if schema.get("policy") == "prohibited":
         return "prohibited", None, "prohibited category"
@@ -178,13 +228,20 @@ def decide_from_tools(listing: dict[str, Any], schema: dict[str, Any], lookup: d
         return "counterfeit", None, f"{pts} points"
     if unstated:
         return "escalate", "recall_remedy_notice", "recalled model, no batch"
-    est = (not [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
-           and seller.get("account_age_days", 0) >= 730 and seller.get("rating", 0) >= 4.7
-           and seller.get("sales", 0) >= 1000)
+    est = (
+        not [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
+        and seller.get("account_age_days", 0) >= 730
+        and seller.get("rating", 0) >= 4.7
+        and seller.get("sales", 0) >= 1000
+    )
     if schema.get("policy") == "certificate_required" and not (registered and (auth or est)):
         return "escalate", "safety_certificate", "restricted category"
     if pts >= 3:
-        return "escalate", "authorisation_letter" if gated and not auth else "invoice", f"{pts} points"
+        return (
+            "escalate",
+            "authorisation_letter" if gated and not auth else "invoice",
+            f"{pts} points",
+        )
     return "ok", None, f"{pts} points"
 
 
@@ -201,7 +258,11 @@ def _done(messages: Sequence[Message]) -> dict[str, Any]:
 
 
 def _call(name: str, args: dict[str, Any], cid: str) -> dict[str, Any]:
-    return {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+    return {
+        "id": cid,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+    }
 
 
 def _turn(calls: list[dict[str, Any]]) -> Message:
@@ -232,14 +293,20 @@ class CeilingPolicy:
         item, dept = _item(listing)
         if step == 0:
             query = f"{item} {dept.split(' > ')[-1]}".strip()
-            return _turn([_call("search_taxonomy", {"query": query, "limit": self.search_limit}, "s"),
-                          _call("get_seller", {"name": listing["seller"]}, "p")])
+            return _turn(
+                [
+                    _call("search_taxonomy", {"query": query, "limit": self.search_limit}, "s"),
+                    _call("get_seller", {"name": listing["seller"]}, "p"),
+                ]
+            )
         if step == 1:
             hits = (done.get("s") or {}).get("results") or []
             leaf = resolve(hits, item, dept) or "aa"
             calls = [_call("get_attribute_schema", {"category_id": leaf}, "c")]
             if listing["brand"]:
-                calls.append(_call("lookup_brand", {"name": listing["brand"], "category_id": leaf}, "b"))
+                calls.append(
+                    _call("lookup_brand", {"name": listing["brand"], "category_id": leaf}, "b")
+                )
             for i, name in enumerate(_copies(_text(listing))[:3]):
                 calls.append(_call("lookup_brand", {"name": name}, f"m{i}"))
             return _turn(calls)
@@ -247,11 +314,16 @@ class CeilingPolicy:
         mentions = {}
         for i, name in enumerate(_copies(_text(listing))[:3]):
             mentions[name] = done.get(f"m{i}")
-        decision, request, reason = decide_from_tools(listing, schema, done.get("b"), done.get("p") or {}, mentions)
+        decision, request, reason = decide_from_tools(
+            listing, schema, done.get("b"), done.get("p") or {}, mentions
+        )
         if self.fixed is not None:
             decision, request = self.fixed
-        args: dict[str, Any] = {"category_id": schema.get("category_id", "aa"),
-                                "attributes": _attributes(listing, schema), "decision": decision}
+        args: dict[str, Any] = {
+            "category_id": schema.get("category_id", "aa"),
+            "attributes": _attributes(listing, schema),
+            "decision": decision,
+        }
         if request:
             args["request"] = request
         args["reason"] = reason

@@ -36,9 +36,24 @@ __all__ = ["features", "natural_costs", "template_figures", "v2_checks"]
 Row = dict[str, Any]
 
 
-def _row(check: str, name: str, ok: bool, figure: str, threshold: str, note: str = "", value: float | None = None) -> Row:
-    return {"check": check, "name": name, "status": "pass" if ok else "fail", "figure": figure,
-            "threshold": threshold, "note": note, "value": value}
+def _row(
+    check: str,
+    name: str,
+    ok: bool,
+    figure: str,
+    threshold: str,
+    note: str = "",
+    value: float | None = None,
+) -> Row:
+    return {
+        "check": check,
+        "name": name,
+        "status": "pass" if ok else "fail",
+        "figure": figure,
+        "threshold": threshold,
+        "note": note,
+        "value": value,
+    }
 
 
 def features(twin: Any, case: Any) -> list[float]:
@@ -47,7 +62,11 @@ def features(twin: Any, case: Any) -> list[float]:
     v = twin.views
     t = case.task
     schema = v.schema(case.truth["category_id"])
-    look = v.lookup(t["brand"], case.truth["category_id"]) if t["brand"] else {"exact": None, "similar": []}
+    look = (
+        v.lookup(t["brand"], case.truth["category_id"])
+        if t["brand"]
+        else {"exact": None, "similar": []}
+    )
     seller = v.seller(t["seller"]) or {}
     ex = look["exact"] or {}
     msrp = ex.get("msrp") or {}
@@ -55,12 +74,21 @@ def features(twin: Any, case: Any) -> list[float]:
     fakes = [d for d in seller.get("takedowns", []) if d["reason"] == "counterfeit"]
     own = [d["year"] for d in fakes if d["brand"] == ex.get("name")]
     return [
-        float(schema["policy"] == "prohibited"), float(schema["policy"] == "certificate_required"),
-        float(schema["conditions"]), float(bool(ex)), float(bool(ex.get("registered"))),
-        float(bool(ex.get("protected"))), float(t["seller"] in (ex.get("authorized_sellers") or ())),
-        t["price"] / msrp["low"] if msrp.get("low") else -1.0, max(sims, default=0.0),
-        float(seller.get("account_age_days", 0)), float(seller.get("rating", 0)), float(seller.get("sales", 0)),
-        float(max(own, default=0)), float(len(fakes) - len(own)), float(len(ex.get("recalls") or ())),
+        float(schema["policy"] == "prohibited"),
+        float(schema["policy"] == "certificate_required"),
+        float(schema["conditions"]),
+        float(bool(ex)),
+        float(bool(ex.get("registered"))),
+        float(bool(ex.get("protected"))),
+        float(t["seller"] in (ex.get("authorized_sellers") or ())),
+        t["price"] / msrp["low"] if msrp.get("low") else -1.0,
+        max(sims, default=0.0),
+        float(seller.get("account_age_days", 0)),
+        float(seller.get("rating", 0)),
+        float(seller.get("sales", 0)),
+        float(max(own, default=0)),
+        float(len(fakes) - len(own)),
+        float(len(ex.get("recalls") or ())),
         t["price"],
     ]
 
@@ -78,7 +106,12 @@ def template_figures(twin: Any, split: str, n: int) -> dict[str, float]:
     for i in range(n):
         case = twin.case(split, i)
         t = case.task
-        slots = [t["brand"], t["seller"], *t["attributes"].values(), twin.world.categories[case.truth["category_id"]].name]
+        slots = [
+            t["brand"],
+            t["seller"],
+            *t["attributes"].values(),
+            twin.world.categories[case.truth["category_id"]].name,
+        ]
         text = t["description"]
         for s in sorted((x for x in slots if x), key=len, reverse=True):
             text = re.sub(re.escape(s), " X ", text, flags=re.IGNORECASE)
@@ -89,9 +122,14 @@ def template_figures(twin: Any, split: str, n: int) -> dict[str, float]:
         exact += t["attributes"].get("Item type", "").lower() == name.lower()
     total = sum(counts.values()) or 1
     top = counts.most_common(50)
-    return {"sentences": total, "templates": len(counts), "top1": top[0][1] / total if top else 0.0,
-            "top50": sum(c for _, c in top) / total, "exact_item_type": exact / max(n, 1),
-            "top1_text": top[0][0] if top else ""}
+    return {
+        "sentences": total,
+        "templates": len(counts),
+        "top1": top[0][1] / total if top else 0.0,
+        "top50": sum(c for _, c in top) / total,
+        "exact_item_type": exact / max(n, 1),
+        "top1_text": top[0][0] if top else "",
+    }
 
 
 def realism_problems(twin: Any, case: Any) -> list[str]:
@@ -127,11 +165,20 @@ def natural_costs(twin: Any, n: int, names: tuple[str, ...]) -> dict[str, dict[s
         subs = _submissions(nat, nat.baselines()[name](nat), n)
         cost, tp, fp, fn = 0.0, 0, 0, 0
         for truth, sub in subs:
-            cost += operating_cost(truth["decision"], truth.get("request"), sub.get("decision"), sub.get("request"))
+            cost += operating_cost(
+                truth["decision"], truth.get("request"), sub.get("decision"), sub.get("request")
+            )
             flagged, bad = sub.get("decision", "ok") != "ok", truth["decision"] != "ok"
-            tp, fp, fn = tp + (flagged and bad), fp + (flagged and not bad), fn + (bad and not flagged)
-        out[name] = {"cost_per_1000": 1000 * cost / max(len(subs), 1),
-                     "precision": tp / (tp + fp) if tp + fp else 0.0, "recall": tp / (tp + fn) if tp + fn else 0.0}
+            tp, fp, fn = (
+                tp + (flagged and bad),
+                fp + (flagged and not bad),
+                fn + (bad and not flagged),
+            )
+        out[name] = {
+            "cost_per_1000": 1000 * cost / max(len(subs), 1),
+            "precision": tp / (tp + fp) if tp + fp else 0.0,
+            "recall": tp / (tp + fn) if tp + fn else 0.0,
+        }
     return out
 
 
@@ -161,8 +208,13 @@ def _submissions(twin: Any, policy: Any, n: int) -> list[tuple[Any, dict[str, An
     return out
 
 
-def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | None = None,
-              n_text: int | None = None) -> list[Row]:
+def v2_checks(
+    twin: Any,
+    cases: int,
+    n_test: int | None = None,
+    n_train: int | None = None,
+    n_text: int | None = None,
+) -> list[Row]:
     """Every v2 row, sized by ``cases`` (the doctor's cases per kind; 2 in the fast suite): ``100 *
     cases`` test and ``300 * cases`` train cases unless ``n_test`` / ``n_train`` say otherwise (the
     text figures read ``n_text`` train listings, default the train cases)
@@ -179,12 +231,23 @@ def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | N
         for k, s in shares.items():
             rates[KIND_DECISION[k]] += s
         total = sum(rates.values())
-        fig = ", ".join(f"{d} {rates[d] / total:.1%}" for d in ("ok", "counterfeit", "prohibited", "escalate"))
-        rows.append(_row("base rates", f"{mix} mix", True, fig, "shown", note=f"{len(shares)} kinds"))
+        fig = ", ".join(
+            f"{d} {rates[d] / total:.1%}" for d in ("ok", "counterfeit", "prohibited", "escalate")
+        )
+        rows.append(
+            _row("base rates", f"{mix} mix", True, fig, "shown", note=f"{len(shares)} kinds")
+        )
     refs = [("test", i) for i in range(n_test)]
     means = {}
-    for name in ("ceiling", "heuristic", "always_ok", "always_counterfeit", "always_prohibited", "always_escalate",
-                 "two_call_flagger"):
+    for name in (
+        "ceiling",
+        "heuristic",
+        "always_ok",
+        "always_counterfeit",
+        "always_prohibited",
+        "always_escalate",
+        "two_call_flagger",
+    ):
         run = play(twin, twin.baselines()[name](twin), refs)
         means[name] = statistics.fmean(e.reward or 0.0 for e in run.episodes)
         if name == "ceiling":
@@ -196,13 +259,31 @@ def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | N
             for e in run.episodes:
                 h_kind.setdefault(e.case.kind, []).append(e.reward or 0.0)
     ceil = means["ceiling"]
-    rows.append(_row("ceiling", "ceiling policy", ceil >= 0.95, f"{ceil:.3f}", ">= 0.95 of the maximum 1.0",
-                     note=f"{n_test} test cases", value=ceil))
-    best_const = max(("always_ok", "always_counterfeit", "always_prohibited", "always_escalate"), key=means.get)
+    rows.append(
+        _row(
+            "ceiling",
+            "ceiling policy",
+            ceil >= 0.95,
+            f"{ceil:.3f}",
+            ">= 0.95 of the maximum 1.0",
+            note=f"{n_test} test cases",
+            value=ceil,
+        )
+    )
+    best_const = max(
+        ("always_ok", "always_counterfeit", "always_prohibited", "always_escalate"), key=means.get
+    )
     for name, gap in ((best_const, 0.40), ("two_call_flagger", 0.40), ("heuristic", 0.25)):
-        rows.append(_row("cheap policies", name if name != best_const else f"best constant ({name})",
-                         means[name] <= ceil - gap, f"{means[name]:.3f}", f"<= ceiling - {gap:g} ({ceil - gap:.3f})",
-                         value=means[name]))
+        rows.append(
+            _row(
+                "cheap policies",
+                name if name != best_const else f"best constant ({name})",
+                means[name] <= ceil - gap,
+                f"{means[name]:.3f}",
+                f"<= ceiling - {gap:g} ({ceil - gap:.3f})",
+                value=means[name],
+            )
+        )
     # decision trees on tool-output features
     train = [twin.case("train", i) for i in range(n_train)]
     test = [twin.case("test", i) for i in range(n_test)]
@@ -211,55 +292,147 @@ def v2_checks(twin: Any, cases: int, n_test: int | None = None, n_train: int | N
     xte = np.array([features(twin, c) for c in test])
     for depth, gap in ((3, 0.15), (6, 0.05)):
         pred = DecisionTree(depth).fit(xtr, ytr).predict(xte)
-        score = statistics.fmean(_score(c.truth, *(p.split(":")[0], None if p.endswith("None") else p.split(":")[1]))
-                                 for c, p in zip(test, pred))
-        rows.append(_row("cheap policies", f"decision tree depth {depth}", score <= ceil - gap, f"{score:.3f}",
-                         f"<= ceiling - {gap:g} ({ceil - gap:.3f})",
-                         note=f"{len(xtr[0])} tool-output features, {n_train} train / {n_test} test cases", value=score))
+        score = statistics.fmean(
+            _score(c.truth, *(p.split(":")[0], None if p.endswith("None") else p.split(":")[1]))
+            for c, p in zip(test, pred)
+        )
+        rows.append(
+            _row(
+                "cheap policies",
+                f"decision tree depth {depth}",
+                score <= ceil - gap,
+                f"{score:.3f}",
+                f"<= ceiling - {gap:g} ({ceil - gap:.3f})",
+                note=f"{len(xtr[0])} tool-output features, {n_train} train / {n_test} test cases",
+                value=score,
+            )
+        )
     # the prompt alone: bag-of-words decision accuracy vs the majority rate
     from twin.doctor_audit import bag_of_words_audit
 
     def body(c: Any) -> str:
-        return "\n".join(str(m.get("content") or "") for m in twin.prompt(c) if m.get("role") != "system")
+        return "\n".join(
+            str(m.get("content") or "") for m in twin.prompt(c) if m.get("role") != "system"
+        )
 
-    bow = bag_of_words_audit([body(c) for c in train], [c.truth["decision"] for c in train],
-                             [body(c) for c in test], [c.truth["decision"] for c in test])
-    rows.append(_row("shortcut", "prompt bag-of-words (decision)", bow.margin <= 0.05,
-                     f"{bow.accuracy:.3f} vs majority {bow.majority:.3f}", "accuracy - majority <= 0.05",
-                     note=f"naive Bayes, {n_train} train / {n_test} test prompts", value=bow.margin))
+    bow = bag_of_words_audit(
+        [body(c) for c in train],
+        [c.truth["decision"] for c in train],
+        [body(c) for c in test],
+        [c.truth["decision"] for c in test],
+    )
+    rows.append(
+        _row(
+            "shortcut",
+            "prompt bag-of-words (decision)",
+            bow.margin <= 0.05,
+            f"{bow.accuracy:.3f} vs majority {bow.majority:.3f}",
+            "accuracy - majority <= 0.05",
+            note=f"naive Bayes, {n_train} train / {n_test} test prompts",
+            value=bow.margin,
+        )
+    )
     # held-out tactics
     for kind, what in HELD_OUT.items():
         got = by_kind.get(kind, [])
         ok = bool(got)
-        fig = (f"ceiling {statistics.fmean(got):.3f}, heuristic {statistics.fmean(h_kind.get(kind, [0.0])):.3f}, "
-               f"{len(got)} cases") if got else "absent"
-        rows.append(_row("held-out tactics", kind, ok, fig, "present in test, absent from train", note=what))
+        fig = (
+            (
+                f"ceiling {statistics.fmean(got):.3f}, heuristic {statistics.fmean(h_kind.get(kind, [0.0])):.3f}, "
+                f"{len(got)} cases"
+            )
+            if got
+            else "absent"
+        )
+        rows.append(
+            _row("held-out tactics", kind, ok, fig, "present in test, absent from train", note=what)
+        )
     seen = {k for c in train for k in [c.kind]} & set(HELD_OUT)
     leaves_tr = {c.truth["category_id"] for c in train}
     shared = sum(c.truth["category_id"] in leaves_tr for c in test)
-    rows.append(_row("held-out tactics", "train split", not seen and shared == 0,
-                     f"{len(seen)} held-out kinds in train; {shared} of {n_test} test leaves in train", "0 and 0"))
+    rows.append(
+        _row(
+            "held-out tactics",
+            "train split",
+            not seen and shared == 0,
+            f"{len(seen)} held-out kinds in train; {shared} of {n_test} test leaves in train",
+            "0 and 0",
+        )
+    )
     # text
     tf = template_figures(twin, "train", min(n_text or n_train, twin.num_cases("train")))
-    rows.append(_row("text", "largest masked sentence template", tf["top1"] <= 0.02, f"{tf['top1']:.2%}", "<= 2%",
-                     note=f"{tf['sentences']} sentences, {tf['templates']} templates; e.g. {tf['top1_text'][:60]!r}",
-                     value=tf["top1"]))
-    rows.append(_row("text", "top 50 templates", tf["top50"] <= 0.25, f"{tf['top50']:.2%}", "<= 25%", value=tf["top50"]))
-    rows.append(_row("text", "item type = leaf name", tf["exact_item_type"] <= 0.30, f"{tf['exact_item_type']:.1%}",
-                     "<= 30%", value=tf["exact_item_type"]))
+    rows.append(
+        _row(
+            "text",
+            "largest masked sentence template",
+            tf["top1"] <= 0.02,
+            f"{tf['top1']:.2%}",
+            "<= 2%",
+            note=f"{tf['sentences']} sentences, {tf['templates']} templates; e.g. {tf['top1_text'][:60]!r}",
+            value=tf["top1"],
+        )
+    )
+    rows.append(
+        _row(
+            "text",
+            "top 50 templates",
+            tf["top50"] <= 0.25,
+            f"{tf['top50']:.2%}",
+            "<= 25%",
+            value=tf["top50"],
+        )
+    )
+    rows.append(
+        _row(
+            "text",
+            "item type = leaf name",
+            tf["exact_item_type"] <= 0.30,
+            f"{tf['exact_item_type']:.1%}",
+            "<= 30%",
+            value=tf["exact_item_type"],
+        )
+    )
     # realism on every case built above
     problems = [(c.id, p) for c in train + test for p in realism_problems(twin, c)]
-    rows.append(_row("realism", "attribute values, conditions, prices", not problems,
-                     f"{len(problems)} problems in {len(train) + len(test)} cases", "0",
-                     note=f"e.g. {problems[0]}" if problems else ""))
+    rows.append(
+        _row(
+            "realism",
+            "attribute values, conditions, prices",
+            not problems,
+            f"{len(problems)} problems in {len(train) + len(test)} cases",
+            "0",
+            note=f"e.g. {problems[0]}" if problems else "",
+        )
+    )
     # natural mix
-    nat = natural_costs(twin, n_test, ("ceiling", "heuristic", "always_ok", "always_counterfeit",
-                                       "always_prohibited", "always_escalate"))
+    nat = natural_costs(
+        twin,
+        n_test,
+        (
+            "ceiling",
+            "heuristic",
+            "always_ok",
+            "always_counterfeit",
+            "always_prohibited",
+            "always_escalate",
+        ),
+    )
     consts = [nat[k]["cost_per_1000"] for k in nat if k.startswith("always_")]
     ok = min(consts) > nat["heuristic"]["cost_per_1000"] and nat["ceiling"]["cost_per_1000"] == min(
-        v["cost_per_1000"] for v in nat.values())
-    fig = "; ".join(f"{k} {v['cost_per_1000']:.0f} (P {v['precision']:.2f}, R {v['recall']:.2f})" for k, v in nat.items())
-    rows.append(_row("natural mix", "cost per 1,000 listings", ok, fig,
-                     "every constant > heuristic; ceiling lowest", note=f"{n_test} natural-mix test cases"))
+        v["cost_per_1000"] for v in nat.values()
+    )
+    fig = "; ".join(
+        f"{k} {v['cost_per_1000']:.0f} (P {v['precision']:.2f}, R {v['recall']:.2f})"
+        for k, v in nat.items()
+    )
+    rows.append(
+        _row(
+            "natural mix",
+            "cost per 1,000 listings",
+            ok,
+            fig,
+            "every constant > heuristic; ceiling lowest",
+            note=f"{n_test} natural-mix test cases",
+        )
+    )
     return rows
-

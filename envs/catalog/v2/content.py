@@ -42,32 +42,32 @@ __all__ = [
 #: Typical list price (USD) of a mid-tier product per vertical. Reasoning, per line: what a
 #: typical product of that vertical costs new at a mid-market retailer (2024-2025 US prices).
 VERTICAL_PRIOR: dict[str, tuple[float, float]] = {
-    "aa": (15, 180),     # apparel: a T-shirt 15-30, jeans 40-90, a coat 120-180
-    "jw": (25, 600),     # fashion jewellery 25-80, watches 100-600
-    "lb": (20, 250),     # wallets 20-60, backpacks 40-120, suitcases 120-250
-    "hb": (6, 60),       # shampoo, make-up, vitamins: single-digit to tens
-    "el": (20, 900),     # cables and speakers tens, phones and laptops hundreds
-    "co": (40, 1200),    # tripods 40-150, cameras and lenses 400-1,200
-    "hg": (10, 250),     # decor 10-60, lamps and rugs 40-250
-    "ks": (8, 150),      # utensils 8-30, cookware sets 80-150
-    "fr": (80, 1200),    # chairs 80-250, sofas and beds 500-1,200
-    "ha": (8, 300),      # fasteners under 20, power tools 80-300
-    "sg": (15, 400),     # balls and gloves 15-60, bikes and treadmills into hundreds
-    "tg": (8, 80),       # toys and board games 8-80
-    "bt": (10, 300),     # baby clothes 10-30, strollers and car seats 150-300
-    "ap": (6, 80),       # pet food and toys 6-40, beds and carriers to 80
-    "fb": (3, 30),       # groceries and drinks: a few dollars to about 30
+    "aa": (15, 180),  # apparel: a T-shirt 15-30, jeans 40-90, a coat 120-180
+    "jw": (25, 600),  # fashion jewellery 25-80, watches 100-600
+    "lb": (20, 250),  # wallets 20-60, backpacks 40-120, suitcases 120-250
+    "hb": (6, 60),  # shampoo, make-up, vitamins: single-digit to tens
+    "el": (20, 900),  # cables and speakers tens, phones and laptops hundreds
+    "co": (40, 1200),  # tripods 40-150, cameras and lenses 400-1,200
+    "hg": (10, 250),  # decor 10-60, lamps and rugs 40-250
+    "ks": (8, 150),  # utensils 8-30, cookware sets 80-150
+    "fr": (80, 1200),  # chairs 80-250, sofas and beds 500-1,200
+    "ha": (8, 300),  # fasteners under 20, power tools 80-300
+    "sg": (15, 400),  # balls and gloves 15-60, bikes and treadmills into hundreds
+    "tg": (8, 80),  # toys and board games 8-80
+    "bt": (10, 300),  # baby clothes 10-30, strollers and car seats 150-300
+    "ap": (6, 80),  # pet food and toys 6-40, beds and carriers to 80
+    "fb": (3, 30),  # groceries and drinks: a few dollars to about 30
     "ma": (10, 80),
-    "bi": (30, 1500),    # industrial supplies: consumables tens, equipment over a thousand
-    "os": (3, 60),       # pens and paper a few dollars, desk organisers tens
-    "ae": (8, 200),      # craft supplies under 20, instruments and art into hundreds
-    "me": (8, 40),       # books, music, films
-    "so": (10, 200),     # software licences and games
-    "vp": (15, 400),     # auto parts and accessories
+    "bi": (30, 1500),  # industrial supplies: consumables tens, equipment over a thousand
+    "os": (3, 60),  # pens and paper a few dollars, desk organisers tens
+    "ae": (8, 200),  # craft supplies under 20, instruments and art into hundreds
+    "me": (8, 40),  # books, music, films
+    "so": (10, 200),  # software licences and games
+    "vp": (15, 400),  # auto parts and accessories
     "rc": (8, 120),
-    "pa": (4, 60),       # party supplies and gift wrap
-    "gc": (10, 100),     # gift cards
-    "bu": (20, 300),     # bundles
+    "pa": (4, 60),  # party supplies and gift wrap
+    "gc": (10, 100),  # gift cards
+    "bu": (20, 300),  # bundles
     "na": (10, 200),
 }
 _DEFAULT_PRIOR = (10.0, 200.0)
@@ -75,12 +75,25 @@ _DEFAULT_PRIOR = (10.0, 200.0)
 #: Words of a category's name that set its price prior regardless of vertical (checked in order;
 #: the first match wins). Accessories cost tens; big-ticket durables hundreds to thousands.
 _NAME_PRIORS: tuple[tuple[re.Pattern[str], tuple[float, float]], ...] = tuple(
-    (re.compile(p, re.IGNORECASE), band) for p, band in (
+    (re.compile(p, re.IGNORECASE), band)
+    for p, band in (
         (r"\b(stickers?|decals?|keychains?|charms?|magnets?|bookmarks?|patches?|pins?)\b", (3, 25)),
-        (r"\b(cases?|covers?|cables?|straps?|adapters?|protectors?|skins?|sleeves?|holders?|mounts?)\b", (8, 60)),
-        (r"\b(laptops?|notebook computers?|televisions?|tvs?|refrigerators?|washers?|dryers?)\b", (300, 2500)),
-        (r"\b(conveyors?|compressors?|forklifts?|machines?|machinery|equipment|lathes?|welders?)\b", (200, 5000)),
-        (r"\b(sofas?|couches?|sectionals?|mattress(es)?|treadmills?|e-?bikes?|generators?)\b", (300, 2500)),
+        (
+            r"\b(cases?|covers?|cables?|straps?|adapters?|protectors?|skins?|sleeves?|holders?|mounts?)\b",
+            (8, 60),
+        ),
+        (
+            r"\b(laptops?|notebook computers?|televisions?|tvs?|refrigerators?|washers?|dryers?)\b",
+            (300, 2500),
+        ),
+        (
+            r"\b(conveyors?|compressors?|forklifts?|machines?|machinery|equipment|lathes?|welders?)\b",
+            (200, 5000),
+        ),
+        (
+            r"\b(sofas?|couches?|sectionals?|mattress(es)?|treadmills?|e-?bikes?|generators?)\b",
+            (300, 2500),
+        ),
         (r"\b(camera bodies|mirrorless|dslr|lenses)\b", (300, 2000)),
         (r"\b(car seats?|strollers?|cribs?)\b", (120, 500)),
         (r"\b(helmets?)\b", (40, 250)),
@@ -92,12 +105,22 @@ _NAME_PRIORS: tuple[tuple[re.Pattern[str], tuple[float, float]], ...] = tuple(
 )
 
 #: Brand tiers: multiplier of the category prior, and share of registry brands in the tier.
-TIERS: dict[str, tuple[float, float]] = {"budget": (0.5, 0.25), "mid": (1.0, 0.45),
-                                         "premium": (1.8, 0.2), "luxury": (3.0, 0.1)}
+TIERS: dict[str, tuple[float, float]] = {
+    "budget": (0.5, 0.25),
+    "mid": (1.0, 0.45),
+    "premium": (1.8, 0.2),
+    "luxury": (3.0, 0.1),
+}
 
 #: Conditions a durable item may be listed in (the store's condition field values).
-CONDITIONS: tuple[str, ...] = ("open box", "refurbished", "used", "pre-owned", "ex-display",
-                               "clearance")
+CONDITIONS: tuple[str, ...] = (
+    "open box",
+    "refurbished",
+    "used",
+    "pre-owned",
+    "ex-display",
+    "clearance",
+)
 
 _CONSUMABLE = re.compile(
     r"\b(food|foods|snacks?|treats?|vitamins?|supplements?|shampoos?|conditioners?|soaps?|lotions?|"
@@ -111,8 +134,11 @@ _CONSUMABLE = re.compile(
     re.IGNORECASE,
 )
 _CONSUMABLE_VERTICALS = {"fb", "so", "gc"}
-_DURABLE_IN_HB = re.compile(r"\b(dryers?|straighteners?|shavers?|trimmers?|scales?|massagers?|"
-                            r"monitors?|brushes|curling|clippers?|mirrors?)\b", re.IGNORECASE)
+_DURABLE_IN_HB = re.compile(
+    r"\b(dryers?|straighteners?|shavers?|trimmers?|scales?|massagers?|"
+    r"monitors?|brushes|curling|clippers?|mirrors?)\b",
+    re.IGNORECASE,
+)
 
 
 def _h(*parts: object) -> int:
@@ -128,8 +154,10 @@ def price_prior(vertical: str, full_name: str) -> tuple[float, float]:
     two categories of one vertical differ in price as real product types do.
     """
     leaf = full_name.rsplit(" > ", 1)[-1]
-    band = next((b for pattern, b in _NAME_PRIORS if pattern.search(leaf)),
-                VERTICAL_PRIOR.get(vertical, _DEFAULT_PRIOR))
+    band = next(
+        (b for pattern, b in _NAME_PRIORS if pattern.search(leaf)),
+        VERTICAL_PRIOR.get(vertical, _DEFAULT_PRIOR),
+    )
     lo, hi = float(band[0]), float(band[1])
     u = 0.1 + 0.8 * (_h("prior", full_name) % 1000) / 1000
     center = lo * (hi / lo) ** u
@@ -183,38 +211,107 @@ def conditions_apply(vertical: str, full_name: str) -> bool:
         return False
     if vertical == "hb" and not _DURABLE_IN_HB.search(full_name):
         return False
-    head = " ".join(full_name.rsplit(" > ", 1)[-1].split()[-2:])  # the product noun ("Oil Drain Plugs": "Drain Plugs")
+    head = " ".join(
+        full_name.rsplit(" > ", 1)[-1].split()[-2:]
+    )  # the product noun ("Oil Drain Plugs": "Drain Plugs")
     return not _CONSUMABLE.search(head)
 
 
 #: Recall hazards by product type: ``(name pattern, vertical set, hazards)``, first match wins.
 _HAZARDS: tuple[tuple[re.Pattern[str] | None, frozenset[str], tuple[str, ...]], ...] = (
-    (re.compile(r"car seats?|cribs?|strollers?|high chairs?|bassinets?|baby gates?", re.I), frozenset(),
-     ("structural failure: the frame can crack under load", "entrapment: gaps can trap a child's head",
-      "fall hazard: the restraint buckle can release")),
+    (
+        re.compile(r"car seats?|cribs?|strollers?|high chairs?|bassinets?|baby gates?", re.I),
+        frozenset(),
+        (
+            "structural failure: the frame can crack under load",
+            "entrapment: gaps can trap a child's head",
+            "fall hazard: the restraint buckle can release",
+        ),
+    ),
     (re.compile(r"helmets?", re.I), frozenset(), ("impact protection below the safety standard",)),
-    (re.compile(r"chargers?|power banks?|batter(y|ies)|heaters?|adapters?|lamps?|lights?", re.I), frozenset(),
-     ("fire hazard: the unit can overheat", "electric shock: exposed contacts",
-      "burn hazard: the battery can swell and overheat")),
-    (None, frozenset({"tg"}), ("choking hazard: small parts can detach", "ingestion hazard: small magnets can "
-                               "come loose", "excess lead in surface paint")),
-    (None, frozenset({"bt"}), ("choking hazard: snaps can detach", "suffocation risk",
-                               "structural failure: a seam can tear")),
-    (None, frozenset({"fb"}), ("undeclared allergen: milk", "undeclared allergen: peanuts",
-                               "possible salmonella contamination", "foreign matter: metal fragments")),
-    (None, frozenset({"hb", "ap"}), ("microbial contamination", "undeclared allergen",
-                                     "incorrect dosage on the label")),
-    (None, frozenset({"el", "co", "ks", "ha", "bi"}), ("fire hazard: the unit can overheat",
-                                                       "electric shock: faulty insulation",
-                                                       "laceration hazard: the blade guard can detach")),
-    (None, frozenset({"fr", "hg"}), ("tip-over hazard: the unit can fall on a child",
-                                     "structural failure: a leg can break", "fire hazard: faulty wiring")),
-    (None, frozenset({"vp"}), ("loss of braking: a part can fracture", "crash hazard: the part can detach",
-                               "fire hazard: a fuel line can leak")),
-    (None, frozenset({"sg"}), ("fall hazard: the frame can break", "impact hazard: a part can snap back")),
-    (None, frozenset({"aa", "jw", "lb"}), ("strangulation hazard: drawstrings at the neck",
-                                           "excess cadmium in the metal", "burn hazard: fails flammability "
-                                           "standard")),
+    (
+        re.compile(r"chargers?|power banks?|batter(y|ies)|heaters?|adapters?|lamps?|lights?", re.I),
+        frozenset(),
+        (
+            "fire hazard: the unit can overheat",
+            "electric shock: exposed contacts",
+            "burn hazard: the battery can swell and overheat",
+        ),
+    ),
+    (
+        None,
+        frozenset({"tg"}),
+        (
+            "choking hazard: small parts can detach",
+            "ingestion hazard: small magnets can come loose",
+            "excess lead in surface paint",
+        ),
+    ),
+    (
+        None,
+        frozenset({"bt"}),
+        (
+            "choking hazard: snaps can detach",
+            "suffocation risk",
+            "structural failure: a seam can tear",
+        ),
+    ),
+    (
+        None,
+        frozenset({"fb"}),
+        (
+            "undeclared allergen: milk",
+            "undeclared allergen: peanuts",
+            "possible salmonella contamination",
+            "foreign matter: metal fragments",
+        ),
+    ),
+    (
+        None,
+        frozenset({"hb", "ap"}),
+        ("microbial contamination", "undeclared allergen", "incorrect dosage on the label"),
+    ),
+    (
+        None,
+        frozenset({"el", "co", "ks", "ha", "bi"}),
+        (
+            "fire hazard: the unit can overheat",
+            "electric shock: faulty insulation",
+            "laceration hazard: the blade guard can detach",
+        ),
+    ),
+    (
+        None,
+        frozenset({"fr", "hg"}),
+        (
+            "tip-over hazard: the unit can fall on a child",
+            "structural failure: a leg can break",
+            "fire hazard: faulty wiring",
+        ),
+    ),
+    (
+        None,
+        frozenset({"vp"}),
+        (
+            "loss of braking: a part can fracture",
+            "crash hazard: the part can detach",
+            "fire hazard: a fuel line can leak",
+        ),
+    ),
+    (
+        None,
+        frozenset({"sg"}),
+        ("fall hazard: the frame can break", "impact hazard: a part can snap back"),
+    ),
+    (
+        None,
+        frozenset({"aa", "jw", "lb"}),
+        (
+            "strangulation hazard: drawstrings at the neck",
+            "excess cadmium in the metal",
+            "burn hazard: fails flammability standard",
+        ),
+    ),
 )
 _GENERIC_HAZARDS = ("injury hazard: a part can break in use", "laceration hazard: sharp edges")
 
@@ -230,25 +327,50 @@ def hazard_for(vertical: str, full_name: str, key: str) -> str:
 #: Categories (matched on their full path) where the store asks sellers that are neither
 #: authorised nor established for a safety certificate: products whose failure injures.
 RESTRICTED_PATTERNS: tuple[str, ...] = (
-    r"\bcar seats?\b", r"\bcribs?\b", r"\bstrollers?\b", r"\bhigh chairs?\b", r"\bbaby gates?\b",
-    r"\bhelmets?\b", r"\bchargers?\b", r"\bpower banks?\b", r"\bbatter(y|ies)\b",
-    r"\bspace heaters?\b", r"\bheaters?\b", r"\belectric scooters?\b", r"\bhoverboards?\b",
-    r"\be-?bikes?\b", r"\bsmoke (detectors?|alarms?)\b", r"\bpressure cookers?\b",
+    r"\bcar seats?\b",
+    r"\bcribs?\b",
+    r"\bstrollers?\b",
+    r"\bhigh chairs?\b",
+    r"\bbaby gates?\b",
+    r"\bhelmets?\b",
+    r"\bchargers?\b",
+    r"\bpower banks?\b",
+    r"\bbatter(y|ies)\b",
+    r"\bspace heaters?\b",
+    r"\bheaters?\b",
+    r"\belectric scooters?\b",
+    r"\bhoverboards?\b",
+    r"\be-?bikes?\b",
+    r"\bsmoke (detectors?|alarms?)\b",
+    r"\bpressure cookers?\b",
 )
-_RESTRICTED = re.compile("(?:" + "|".join(RESTRICTED_PATTERNS) + r")\s*$", re.IGNORECASE)  # the final noun
+_RESTRICTED = re.compile(
+    "(?:" + "|".join(RESTRICTED_PATTERNS) + r")\s*$", re.IGNORECASE
+)  # the final noun
 
 
 def restricted(full_name: str, policy: str) -> bool:
     """Whether the category needs a safety certificate (prohibited categories never do)."""
-    head = " ".join(full_name.rsplit(" > ", 1)[-1].split()[-2:])  # the product noun, not "Battery-Powered X"
-    toy = re.search(r"\b(doll|toy|toys|pet|play|costume)\b", full_name.rsplit(" > ", 1)[-1], re.IGNORECASE)
-    return (policy != "prohibited" and _RESTRICTED.search(head) is not None and "powered" not in head.lower()
-            and toy is None)
+    head = " ".join(
+        full_name.rsplit(" > ", 1)[-1].split()[-2:]
+    )  # the product noun, not "Battery-Powered X"
+    toy = re.search(
+        r"\b(doll|toy|toys|pet|play|costume)\b", full_name.rsplit(" > ", 1)[-1], re.IGNORECASE
+    )
+    return (
+        policy != "prohibited"
+        and _RESTRICTED.search(head) is not None
+        and "powered" not in head.lower()
+        and toy is None
+    )
 
 
 # -- item types as sellers write them ----------------------------------------------------------
-_SINGULAR = ((re.compile(r"(?i)ies$"), "y"), (re.compile(r"(?i)(ches|shes|xes|sses|zzes)$"), None),
-             (re.compile(r"(?i)(?<![su])s$"), ""))
+_SINGULAR = (
+    (re.compile(r"(?i)ies$"), "y"),
+    (re.compile(r"(?i)(ches|shes|xes|sses|zzes)$"), None),
+    (re.compile(r"(?i)(?<![su])s$"), ""),
+)
 _KEY_STOP = {"and", "&", "for", "the", "a", "an", "of", "with", "set", "pcs", "pc"}
 
 

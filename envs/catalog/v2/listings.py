@@ -18,31 +18,54 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from twin.errors import ConfigError
-
 from envs.catalog.mix import KindMix
 from envs.catalog.v1_listings import _lookalike, _near_model, _unaffected_batch, part_index, phrases
 from envs.catalog.v1_world import SPLIT_PART
 from envs.catalog.v2 import content
 from envs.catalog.v2.policy import assess, copy_mentions, decide, listing_text, stated_condition
 from envs.catalog.v2.voices import Writer
+from twin.errors import ConfigError
 
-__all__ = ["CASE_KINDS", "EVAL_MIX", "HELD_OUT", "KIND_DECISION", "KINDS", "MIXES", "NATURAL_MIX",
-           "TRAIN_MIX", "make_listing", "mix_for"]
+__all__ = [
+    "CASE_KINDS",
+    "EVAL_MIX",
+    "HELD_OUT",
+    "KIND_DECISION",
+    "KINDS",
+    "MIXES",
+    "NATURAL_MIX",
+    "TRAIN_MIX",
+    "make_listing",
+    "mix_for",
+]
 
 KIND_DECISION: dict[str, str] = {
-    "clean": "ok", "longtail": "ok", "genuine_discount": "ok", "gated_authorized": "ok",
-    "lookalike_registered": "ok", "compatible_accessory": "ok", "art_replica": "ok",
-    "recall_other_batch": "ok", "new_seller_genuine": "ok",
-    "deep_clearance_authorised": "ok", "reformed_seller": "ok",
-    "counterfeit_discount": "counterfeit", "counterfeit_takedown": "counterfeit",
-    "counterfeit_gated_seller": "counterfeit", "counterfeit_lookalike": "counterfeit",
-    "counterfeit_copy_claim": "counterfeit", "invisible_brand": "counterfeit",
+    "clean": "ok",
+    "longtail": "ok",
+    "genuine_discount": "ok",
+    "gated_authorized": "ok",
+    "lookalike_registered": "ok",
+    "compatible_accessory": "ok",
+    "art_replica": "ok",
+    "recall_other_batch": "ok",
+    "new_seller_genuine": "ok",
+    "deep_clearance_authorised": "ok",
+    "reformed_seller": "ok",
+    "counterfeit_discount": "counterfeit",
+    "counterfeit_takedown": "counterfeit",
+    "counterfeit_gated_seller": "counterfeit",
+    "counterfeit_lookalike": "counterfeit",
+    "counterfeit_copy_claim": "counterfeit",
+    "invisible_brand": "counterfeit",
     "fresh_account_gated": "counterfeit",
-    "prohibited_category": "prohibited", "prohibited_disguised": "prohibited",
+    "prohibited_category": "prohibited",
+    "prohibited_disguised": "prohibited",
     "prohibited_recall": "prohibited",
-    "borderline_discount": "escalate", "gated_unproven": "escalate", "recall_batch_unstated": "escalate",
-    "restricted_uncertified": "escalate", "lookalike_moderate": "escalate",
+    "borderline_discount": "escalate",
+    "gated_unproven": "escalate",
+    "recall_batch_unstated": "escalate",
+    "restricted_uncertified": "escalate",
+    "lookalike_moderate": "escalate",
 }
 KINDS: tuple[str, ...] = tuple(KIND_DECISION)
 
@@ -58,35 +81,73 @@ HELD_OUT: dict[str, str] = {
 #: no constant decision and no policy that skips the seller or the registry comes near the
 #: ceiling (see docs/catalog-v2.md).
 EVAL_MIX: dict[str, float] = {
-    "clean": 0.06, "longtail": 0.06, "genuine_discount": 0.05, "gated_authorized": 0.04,
-    "lookalike_registered": 0.03, "compatible_accessory": 0.03, "art_replica": 0.03,
-    "recall_other_batch": 0.04, "new_seller_genuine": 0.04, "deep_clearance_authorised": 0.035,
+    "clean": 0.06,
+    "longtail": 0.06,
+    "genuine_discount": 0.05,
+    "gated_authorized": 0.04,
+    "lookalike_registered": 0.03,
+    "compatible_accessory": 0.03,
+    "art_replica": 0.03,
+    "recall_other_batch": 0.04,
+    "new_seller_genuine": 0.04,
+    "deep_clearance_authorised": 0.035,
     "reformed_seller": 0.035,
-    "counterfeit_discount": 0.035, "counterfeit_takedown": 0.03, "counterfeit_gated_seller": 0.03,
-    "counterfeit_lookalike": 0.025, "counterfeit_copy_claim": 0.02, "invisible_brand": 0.03,
+    "counterfeit_discount": 0.035,
+    "counterfeit_takedown": 0.03,
+    "counterfeit_gated_seller": 0.03,
+    "counterfeit_lookalike": 0.025,
+    "counterfeit_copy_claim": 0.02,
+    "invisible_brand": 0.03,
     "fresh_account_gated": 0.03,
-    "prohibited_category": 0.03, "prohibited_disguised": 0.04, "prohibited_recall": 0.03,
-    "borderline_discount": 0.07, "gated_unproven": 0.05, "recall_batch_unstated": 0.04,
-    "restricted_uncertified": 0.05, "lookalike_moderate": 0.04,
+    "prohibited_category": 0.03,
+    "prohibited_disguised": 0.04,
+    "prohibited_recall": 0.03,
+    "borderline_discount": 0.07,
+    "gated_unproven": 0.05,
+    "recall_batch_unstated": 0.04,
+    "restricted_uncertified": 0.05,
+    "lookalike_moderate": 0.04,
 }
 #: Training mix: enriched on purpose (the same decision shares as evaluation), held-out kinds out.
 TRAIN_MIX: dict[str, float] = {k: v for k, v in EVAL_MIX.items() if k not in HELD_OUT}
 #: Deployment-like mix: 92% ok, 3% counterfeit, 1% prohibited, 4% borderline.
 NATURAL_MIX: dict[str, float] = {
-    "clean": 0.30, "longtail": 0.25, "genuine_discount": 0.07, "gated_authorized": 0.06,
-    "lookalike_registered": 0.03, "compatible_accessory": 0.04, "art_replica": 0.02,
-    "recall_other_batch": 0.01, "new_seller_genuine": 0.08, "deep_clearance_authorised": 0.03,
+    "clean": 0.30,
+    "longtail": 0.25,
+    "genuine_discount": 0.07,
+    "gated_authorized": 0.06,
+    "lookalike_registered": 0.03,
+    "compatible_accessory": 0.04,
+    "art_replica": 0.02,
+    "recall_other_batch": 0.01,
+    "new_seller_genuine": 0.08,
+    "deep_clearance_authorised": 0.03,
     "reformed_seller": 0.03,
-    "counterfeit_discount": 0.006, "counterfeit_takedown": 0.005, "counterfeit_gated_seller": 0.005,
-    "counterfeit_lookalike": 0.004, "counterfeit_copy_claim": 0.002, "invisible_brand": 0.004,
+    "counterfeit_discount": 0.006,
+    "counterfeit_takedown": 0.005,
+    "counterfeit_gated_seller": 0.005,
+    "counterfeit_lookalike": 0.004,
+    "counterfeit_copy_claim": 0.002,
+    "invisible_brand": 0.004,
     "fresh_account_gated": 0.004,
-    "prohibited_category": 0.004, "prohibited_disguised": 0.004, "prohibited_recall": 0.002,
-    "borderline_discount": 0.015, "gated_unproven": 0.01, "recall_batch_unstated": 0.003,
-    "restricted_uncertified": 0.008, "lookalike_moderate": 0.004,
+    "prohibited_category": 0.004,
+    "prohibited_disguised": 0.004,
+    "prohibited_recall": 0.002,
+    "borderline_discount": 0.015,
+    "gated_unproven": 0.01,
+    "recall_batch_unstated": 0.003,
+    "restricted_uncertified": 0.008,
+    "lookalike_moderate": 0.004,
 }
-MIXES: dict[str, dict[str, float]] = {"evaluation": EVAL_MIX, "training": TRAIN_MIX, "natural": NATURAL_MIX}
+MIXES: dict[str, dict[str, float]] = {
+    "evaluation": EVAL_MIX,
+    "training": TRAIN_MIX,
+    "natural": NATURAL_MIX,
+}
 
-CASE_KINDS = KindMix(KINDS, 1000, "kinds-v2")  # 1,000 slots: the natural mix's 0.2% kinds keep their share
+CASE_KINDS = KindMix(
+    KINDS, 1000, "kinds-v2"
+)  # 1,000 slots: the natural mix's 0.2% kinds keep their share
 _TRIES = 80
 
 
@@ -150,14 +211,24 @@ def _extra(world: Any, part: str) -> dict[str, Any]:
         return held[1]
     ix = part_index(world, part)
     cats = world.categories
-    durable = tuple(x for x in ix.branded if content.conditions_apply(cats[x].vertical, cats[x].full_name))
-    restricted = tuple(x for x in ix.ok_leaves if content.restricted(cats[x].full_name, cats[x].policy))
-    recalls = tuple(r for r in ix.recalls if world.leaf_part.get(r.category_id) == part
-                    and cats[r.category_id].policy == "ok")
-    out = {"durable": durable or ix.branded, "restricted": restricted or ix.ok_leaves,
-           "restricted_branded": tuple(x for x in restricted if x in set(ix.branded)),
-           "restricted_durable": tuple(x for x in restricted if x in set(durable)),
-           "recalls": recalls or ix.recalls}
+    durable = tuple(
+        x for x in ix.branded if content.conditions_apply(cats[x].vertical, cats[x].full_name)
+    )
+    restricted = tuple(
+        x for x in ix.ok_leaves if content.restricted(cats[x].full_name, cats[x].policy)
+    )
+    recalls = tuple(
+        r
+        for r in ix.recalls
+        if world.leaf_part.get(r.category_id) == part and cats[r.category_id].policy == "ok"
+    )
+    out = {
+        "durable": durable or ix.branded,
+        "restricted": restricted or ix.ok_leaves,
+        "restricted_branded": tuple(x for x in restricted if x in set(ix.branded)),
+        "restricted_durable": tuple(x for x in restricted if x in set(durable)),
+        "recalls": recalls or ix.recalls,
+    }
     _EXTRA[(id(world), part)] = (world, out)
     return out
 
@@ -183,8 +254,12 @@ class _Builder:
 
     @staticmethod
     def _wanted(b: Any, want: str) -> bool:
-        return {"any": True, "registered": b.registered, "gated": b.protected and b.registered,
-                "open": b.registered and not b.protected}[want]
+        return {
+            "any": True,
+            "registered": b.registered,
+            "gated": b.protected and b.registered,
+            "open": b.registered and not b.protected,
+        }[want]
 
     def seller(self, ok: Any = None) -> str:
         for _ in range(300):
@@ -213,7 +288,9 @@ class _Builder:
         return lo * (hi / lo) ** self.rng.random() * self.rng.uniform(0.7, 1.3)
 
     # -- drafting ------------------------------------------------------------------------------
-    def draft(self, leaf: str, brand_text: str, seller: str, price: float, model: str | None = None) -> _Draft:
+    def draft(
+        self, leaf: str, brand_text: str, seller: str, price: float, model: str | None = None
+    ) -> _Draft:
         rng = self.rng
         d = _Draft(leaf=leaf, brand_text=brand_text, seller=seller, price=price, model=model)
         d.item, dept = self.item_type(leaf, brand_text, model)
@@ -230,14 +307,23 @@ class _Builder:
         written category rule finds ``leaf``; the leaf's own name when no variant does."""
         rng, w = self.rng, self.world
         cat = w.categories[leaf]
-        variants = content.item_type_variants(cat.name, brand if brand and len(brand) < 24 else None, model)
-        weights = {"exact": 0.2, "singular": 0.2, "lower": 0.2, "reordered": 0.15, "brand": 0.12,
-                   "brand_model": 0.06, "model": 0.07}
+        variants = content.item_type_variants(
+            cat.name, brand if brand and len(brand) < 24 else None, model
+        )
+        weights = {
+            "exact": 0.2,
+            "singular": 0.2,
+            "lower": 0.2,
+            "reordered": 0.15,
+            "brand": 0.12,
+            "brand_model": 0.06,
+            "model": 0.07,
+        }
         _, text = rng.choices(variants, weights=[weights[s] for s, _ in variants])[0]
         parent = self.ix.context.get(leaf) or cat.full_name.split(" > ")[-2:][0]
         wants_dept = leaf in self.ix.context or (rng.random() < 0.15 and cat.policy == "ok")
         for item in (text, cat.name):
-            for dept in ((parent,) if wants_dept else ("", parent)):
+            for dept in (parent,) if wants_dept else ("", parent):
                 if self.views.resolves(item, brand, model, leaf, dept):
                     return item, dept
         return cat.name, cat.full_name.rsplit(" > ", 1)[0]
@@ -253,12 +339,18 @@ class _Builder:
         chosen += [(a, False) for a in rng.sample(optional, min(len(optional), rng.randint(0, 2)))]
         if cat.policy == "prohibited":  # sellers of banned goods leave out specifics that name them
             path = {w for w in re.findall(r"[a-z]{5,}", cat.full_name.lower())}
-            chosen = [(a, r) for a, r in chosen if not path & set(re.findall(r"[a-z]{5,}", a.name.lower()))]
+            chosen = [
+                (a, r)
+                for a, r in chosen
+                if not path & set(re.findall(r"[a-z]{5,}", a.name.lower()))
+            ]
         durable = content.conditions_apply(cat.vertical, cat.full_name)
         for attr, req in chosen:
             implied = [v for v in attr.values if _in_text(v, named)]
             pool = implied or list(attr.values)
-            if not durable:  # no used or refurbished consumables, even where an attribute lists them
+            if (
+                not durable
+            ):  # no used or refurbished consumables, even where an attribute lists them
                 pool = [v for v in pool if not stated_condition(v)] or pool
             value = rng.choice(pool)
             if req:
@@ -267,7 +359,11 @@ class _Builder:
 
     def compose(self, d: _Draft) -> dict[str, Any]:
         rng = self.rng
-        values = [v for k, v in d.specifics.items() if k not in ("Item type", "Department") and len(v) <= 20]
+        values = [
+            v
+            for k, v in d.specifics.items()
+            if k not in ("Item type", "Department") and len(v) <= 20
+        ]
         writer = Writer(rng, [d.brand_text, d.item, d.cue_item or "", *d.specifics.values()])
         parts: list[str] = [writer.opener(d.brand_for_text or d.brand_text, d.item)]
         if d.condition:
@@ -287,9 +383,15 @@ class _Builder:
         head, tail = parts[:1], parts[1:]
         rng.shuffle(tail)
         title = d.title if d.title is not None else writer.title(d.brand_text, d.item, values)
-        return {"title": title, "description": writer.render(head + tail), "brand": d.brand_text,
-                "seller": d.seller, "price": _price(rng, d.price, self.bounds(d.leaf)), "currency": "USD",
-                "attributes": dict(d.specifics)}
+        return {
+            "title": title,
+            "description": writer.render(head + tail),
+            "brand": d.brand_text,
+            "seller": d.seller,
+            "price": _price(rng, d.price, self.bounds(d.leaf)),
+            "currency": "USD",
+            "attributes": dict(d.specifics),
+        }
 
     def noise(self, d: _Draft) -> None:
         """Wording drawn on every kind, so that none of it marks one."""
@@ -299,35 +401,62 @@ class _Builder:
             d.lines.append(rng.choice(p1["injections"]))
         if rng.random() < 0.15:
             d.lines.append(Writer(rng, []).discount(rng.randint(10, 70)))
-        if rng.random() < 0.08 and d.condition is None and content.conditions_apply(cat.vertical, cat.full_name):
+        if (
+            rng.random() < 0.08
+            and d.condition is None
+            and content.conditions_apply(cat.vertical, cat.full_name)
+        ):
             d.condition = rng.choice(content.CONDITIONS)
         if rng.random() < 0.08:
             from envs.catalog.listings import _model_number
 
             model = _model_number(rng, self.world.recalled_models)
-            d.lines.append(rng.choice(p1["lot_lines"]).format(model=model, batch=f"L{rng.randint(1900, 2599)}-"
-                                                                                  f"{rng.randint(100, 999)}"))
+            d.lines.append(
+                rng.choice(p1["lot_lines"]).format(
+                    model=model, batch=f"L{rng.randint(1900, 2599)}-{rng.randint(100, 999)}"
+                )
+            )
         if d.brand_text and rng.random() < 0.08:
             d.lines.append(rng.choice(Writer(rng, []).p["gated_claims"]).format(brand=d.brand_text))
         if rng.random() < 0.05:
-            d.lines.append(rng.choice(p1["compatible_noise"]).format(target=rng.choice(self.ix.gated)))
+            d.lines.append(
+                rng.choice(p1["compatible_noise"]).format(target=rng.choice(self.ix.gated))
+            )
         if d.cue_item is None and "," not in d.item and rng.random() < 0.2:
             d.lines.append(rng.choice(Writer(rng, []).p["cue_frames"]).format(item=d.item))
         if rng.random() < 0.1:  # art, prop and style wording on every kind
-            d.lines.append(rng.choice(p1["style_claims"]).format(style=rng.choice(p1["styles"]),
-                                                                artwork=rng.choice(p1["artworks"]),
-                                                                film=rng.choice(p1["films"])))
+            d.lines.append(
+                rng.choice(p1["style_claims"]).format(
+                    style=rng.choice(p1["styles"]),
+                    artwork=rng.choice(p1["artworks"]),
+                    film=rng.choice(p1["films"]),
+                )
+            )
         if rng.random() < 0.1:  # "made to fit <brand>" wording on every kind
-            d.lines.append(rng.choice(p1["compatible"]["description"]).format(
-                item=d.item, target=rng.choice(self.ix.gated), brand=d.brand_text or "us"))
+            d.lines.append(
+                rng.choice(p1["compatible"]["description"]).format(
+                    item=d.item, target=rng.choice(self.ix.gated), brand=d.brand_text or "us"
+                )
+            )
         if rng.random() < 0.12:  # model numbers of products no notice recalls
             from envs.catalog.listings import _model_number
 
-            d.lines.append(rng.choice(p1["model_lines"]).format(model=_model_number(rng, self.world.recalled_models)))
+            d.lines.append(
+                rng.choice(p1["model_lines"]).format(
+                    model=_model_number(rng, self.world.recalled_models)
+                )
+            )
 
     # -- kinds: ok -----------------------------------------------------------------------------
-    def registry_listing(self, want: str, lo_r: float, hi_r: float, seller_ok: Any = None,
-                         leaves: tuple[str, ...] | None = None, authorised: bool = False) -> _Draft:
+    def registry_listing(
+        self,
+        want: str,
+        lo_r: float,
+        hi_r: float,
+        seller_ok: Any = None,
+        leaves: tuple[str, ...] | None = None,
+        authorised: bool = False,
+    ) -> _Draft:
         leaf, brand = self.brand_at(leaves or self.ix.branded, want)
         if authorised:
             if not brand.authorized_sellers:
@@ -339,8 +468,12 @@ class _Builder:
 
     def clean(self) -> _Draft:
         rng = self.rng
-        if rng.random() < 0.2 and self.ex["restricted_branded"]:  # certified goods from an authorised seller
-            d = self.registry_listing("registered", 0.75, 1.3, leaves=self.ex["restricted_branded"], authorised=True)
+        if (
+            rng.random() < 0.2 and self.ex["restricted_branded"]
+        ):  # certified goods from an authorised seller
+            d = self.registry_listing(
+                "registered", 0.75, 1.3, leaves=self.ex["restricted_branded"], authorised=True
+            )
             d.signals.append("genuine_listing")
             return d
         gated = rng.random() < 0.2
@@ -357,7 +490,11 @@ class _Builder:
 
     def genuine_discount(self) -> _Draft:
         rng = self.rng
-        pool = self.ex["restricted_durable"] if rng.random() < 0.25 and self.ex["restricted_durable"] else self.ex["durable"]
+        pool = (
+            self.ex["restricted_durable"]
+            if rng.random() < 0.25 and self.ex["restricted_durable"]
+            else self.ex["durable"]
+        )
         d = self.registry_listing("open", 0.3, 0.75, leaves=pool)
         d.condition = rng.choice(content.CONDITIONS)
         d.signals.append("discount_with_condition")
@@ -382,7 +519,9 @@ class _Builder:
             leaves = [x for x in self.ix.branded if name in self.ix.brands_at.get(x, ())]
             if leaves:
                 leaf = rng.choice(leaves)
-                d = self.draft(leaf, name, self.seller(), self.priced(w.brands[name], leaf, 0.75, 1.3))
+                d = self.draft(
+                    leaf, name, self.seller(), self.priced(w.brands[name], leaf, 0.75, 1.3)
+                )
                 d.signals.append(f"registered_lookalike_of:{w.lookalike_of[name]}")
                 return d
         raise _Retry("no look-alike brand here")
@@ -392,8 +531,12 @@ class _Builder:
         leaf = rng.choice(self.ix.accessory)
         target = w.brands[rng.choice(self.ix.gated)]
         maker = rng.choice(self.ix.longtail)
-        d = self.draft(leaf, maker, self.seller(lambda s: target.name not in s["authorized_brands"]),
-                       self.free_price(leaf))
+        d = self.draft(
+            leaf,
+            maker,
+            self.seller(lambda s: target.name not in s["authorized_brands"]),
+            self.free_price(leaf),
+        )
         fill = {"item": d.item, "target": target.name, "brand": maker}
         d.title = rng.choice(self.p1["compatible"]["title"]).format(**fill)
         d.lines.append(rng.choice(self.p1["compatible"]["description"]).format(**fill))
@@ -403,11 +546,17 @@ class _Builder:
     def art_replica(self) -> _Draft:
         rng, p1 = self.rng, self.p1
         leaf = rng.choice(self.ix.replica)
-        brand = rng.choice(self.ix.longtail) if rng.random() < 0.6 else rng.choice(p1["generic_brands"])
+        brand = (
+            rng.choice(self.ix.longtail) if rng.random() < 0.6 else rng.choice(p1["generic_brands"])
+        )
         d = self.draft(leaf, brand, self.seller(), self.free_price(leaf))
-        d.lines.append(rng.choice(p1["style_claims"]).format(style=rng.choice(p1["styles"]),
-                                                            artwork=rng.choice(p1["artworks"]),
-                                                            film=rng.choice(p1["films"])))
+        d.lines.append(
+            rng.choice(p1["style_claims"]).format(
+                style=rng.choice(p1["styles"]),
+                artwork=rng.choice(p1["artworks"]),
+                film=rng.choice(p1["films"]),
+            )
+        )
         d.signals.append("art_or_prop_replica")
         return d
 
@@ -415,10 +564,18 @@ class _Builder:
         rng, w = self.rng, self.world
         recall = rng.choice(self.ex["recalls"])
         brand = w.brands[recall.brand]
-        seller = (rng.choice(brand.authorized_sellers) if brand.protected and brand.authorized_sellers
-                  else self.seller())
-        d = self.draft(recall.category_id, brand.name, seller,
-                       self.priced(brand, recall.category_id, 0.75, 1.3), model=recall.model_number)
+        seller = (
+            rng.choice(brand.authorized_sellers)
+            if brand.protected and brand.authorized_sellers
+            else self.seller()
+        )
+        d = self.draft(
+            recall.category_id,
+            brand.name,
+            seller,
+            self.priced(brand, recall.category_id, 0.75, 1.3),
+            model=recall.model_number,
+        )
         return recall, d
 
     def recall_other_batch(self) -> _Draft:
@@ -427,7 +584,11 @@ class _Builder:
         if rng.random() < 0.5:
             model = _near_model(rng, recall.model_number, w.recalled_models)
             d.model = model
-            d.lines.append(rng.choice(self.p1["lot_lines"]).format(model=model, batch=rng.choice(recall.batches)))
+            d.lines.append(
+                rng.choice(self.p1["lot_lines"]).format(
+                    model=model, batch=rng.choice(recall.batches)
+                )
+            )
             d.item, dept = self.item_type(d.leaf, d.brand_text, None)
             d.specifics["Item type"] = d.item
             d.specifics.pop("Department", None)
@@ -435,7 +596,9 @@ class _Builder:
                 d.specifics["Department"] = dept
         else:
             batch = _unaffected_batch(rng, recall.batches)
-            d.lines.append(rng.choice(self.p1["lot_lines"]).format(model=recall.model_number, batch=batch))
+            d.lines.append(
+                rng.choice(self.p1["lot_lines"]).format(model=recall.model_number, batch=batch)
+            )
         d.signals.append(f"recall_other:{recall.recall_id}")
         return d
 
@@ -448,8 +611,12 @@ class _Builder:
         leaf, brand = self.brand_at(self.ex["durable"], "registered")
         if not brand.authorized_sellers:
             raise _Retry("no authorised seller")
-        d = self.draft(leaf, brand.name, self.rng.choice(brand.authorized_sellers),
-                       self.priced(brand, leaf, 0.2, 0.40))
+        d = self.draft(
+            leaf,
+            brand.name,
+            self.rng.choice(brand.authorized_sellers),
+            self.priced(brand, leaf, 0.2, 0.40),
+        )
         d.condition = self.rng.choice(content.CONDITIONS)
         d.signals.append("deep_clearance_from_authorised_seller")
         return d
@@ -461,8 +628,15 @@ class _Builder:
             b = w.brands[name]
             if b.protected:
                 continue
-            olds = [s for s in self.ix.takedowns[name] if all(
-                y < 2024 for bb, r, y in w.seller_records[s].takedowns if bb == name and r == "counterfeit")]
+            olds = [
+                s
+                for s in self.ix.takedowns[name]
+                if all(
+                    y < 2024
+                    for bb, r, y in w.seller_records[s].takedowns
+                    if bb == name and r == "counterfeit"
+                )
+            ]
             leaves = [x for x in self.ix.branded if name in self.ix.brands_at.get(x, ())]
             if olds and leaves:
                 leaf = rng.choice(leaves)
@@ -487,7 +661,9 @@ class _Builder:
             leaves = [x for x in self.ix.branded if name in self.ix.brands_at.get(x, ())]
             if leaves and not b.protected:
                 leaf = rng.choice(leaves)
-                d = self.draft(leaf, name, rng.choice(self.ix.takedowns[name]), self.priced(b, leaf, 0.45, 1.2))
+                d = self.draft(
+                    leaf, name, rng.choice(self.ix.takedowns[name]), self.priced(b, leaf, 0.45, 1.2)
+                )
                 d.signals.append("seller_taken_down_for_this_brand")
                 return d
         raise _Retry("no takedown brand here")
@@ -512,7 +688,11 @@ class _Builder:
     def counterfeit_copy_claim(self) -> _Draft:
         rng = self.rng
         leaf, brand = self.brand_at(self.ix.branded, "registered")
-        text = rng.choice(self.ix.longtail) if rng.random() < 0.6 else rng.choice(self.p1["generic_brands"])
+        text = (
+            rng.choice(self.ix.longtail)
+            if rng.random() < 0.6
+            else rng.choice(self.p1["generic_brands"])
+        )
         d = self.draft(leaf, text, self.seller(), self.priced(brand, leaf, 0.3, 1.1))
         d.lines.append(rng.choice(self.p1["copy_claims"]).format(brand=brand.name))
         d.signals.append(f"copy_of:{brand.name}")
@@ -538,7 +718,11 @@ class _Builder:
     def prohibited_category(self) -> _Draft:
         rng = self.rng
         leaf = rng.choice(self.ix.prohibited_leaves)
-        brand = rng.choice(self.ix.longtail) if rng.random() < 0.7 else rng.choice(self.p1["generic_brands"])
+        brand = (
+            rng.choice(self.ix.longtail)
+            if rng.random() < 0.7
+            else rng.choice(self.p1["generic_brands"])
+        )
         d = self.draft(leaf, brand, self.seller(), self.free_price(leaf))
         d.signals.append("prohibited_category")
         return d
@@ -548,16 +732,25 @@ class _Builder:
         leaf = rng.choice(self.ix.prohibited_leaves)
         if leaf in self.ix.context:
             raise _Retry("a shared leaf name needs its department, which would name the item")
-        brand = rng.choice(self.ix.longtail) if rng.random() < 0.7 else rng.choice(self.p1["generic_brands"])
+        brand = (
+            rng.choice(self.ix.longtail)
+            if rng.random() < 0.7
+            else rng.choice(self.p1["generic_brands"])
+        )
         d = self.draft(leaf, brand, self.seller(), self.free_price(leaf))
         name = w.categories[leaf].name
         forms = [name, content.item_type_variants(name, None, None)[1][1], name.lower()]
-        real = rng.choice([f for f in forms if self.views.resolves(f, None, None, leaf, "")] or [name])
+        real = rng.choice(
+            [f for f in forms if self.views.resolves(f, None, None, leaf, "")] or [name]
+        )
         decoy = w.categories[rng.choice(self.ix.ok_leaves)]
-        if stated_condition(decoy.name):  # "Refurbished Chromebooks" would put a condition on the real item
+        if stated_condition(
+            decoy.name
+        ):  # "Refurbished Chromebooks" would put a condition on the real item
             raise _Retry("decoy names a condition")
-        d.specifics["Item type"] = d.item = content.singular(decoy.name.split(" > ")[-1]) if rng.random() < 0.5 \
-            else decoy.name
+        d.specifics["Item type"] = d.item = (
+            content.singular(decoy.name.split(" > ")[-1]) if rng.random() < 0.5 else decoy.name
+        )
         d.specifics.pop("Department", None)
         d.cue_item = real
         d.lines.append(rng.choice(Writer(rng, []).p["cue_frames"]).format(item=real))
@@ -567,8 +760,11 @@ class _Builder:
     def prohibited_recall(self) -> _Draft:
         rng = self.rng
         recall, d = self.recall_listing()
-        d.lines.append(rng.choice(self.p1["lot_lines"]).format(model=recall.model_number,
-                                                               batch=rng.choice(recall.batches)))
+        d.lines.append(
+            rng.choice(self.p1["lot_lines"]).format(
+                model=recall.model_number, batch=rng.choice(recall.batches)
+            )
+        )
         d.signals.append(f"recall:{recall.recall_id}")
         return d
 
@@ -631,8 +827,9 @@ def _price(rng: random.Random, price: float, bounds: tuple[float, float]) -> flo
     return round(min(max(int(price) + ending, lo), hi), 2)
 
 
-def make_listing(world: Any, split: str, rng: random.Random, kind: str, views: Any
-                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+def make_listing(
+    world: Any, split: str, rng: random.Random, kind: str, views: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build one v2 listing of ``kind`` for ``split``: ``(task, truth)``.
 
     Args:
@@ -667,8 +864,14 @@ def make_listing(world: Any, split: str, rng: random.Random, kind: str, views: A
 
 def label(world: Any, views: Any, task: Mapping[str, Any], d: _Draft) -> dict[str, Any]:
     """The truth of a composed listing: what the written policy says about its evidence."""
-    listing = {"title": task["title"], "description": task["description"], "brand": task["brand"],
-               "seller": task["seller"], "price": task["price"], "specifics": task["attributes"]}
+    listing = {
+        "title": task["title"],
+        "description": task["description"],
+        "brand": task["brand"],
+        "seller": task["seller"],
+        "price": task["price"],
+        "specifics": task["attributes"],
+    }
     schema = views.schema(d.leaf)
     brand = views.lookup(d.brand_text, d.leaf) if d.brand_text else None
     seller = views.seller(d.seller)
@@ -676,14 +879,29 @@ def label(world: Any, views: Any, task: Mapping[str, Any], d: _Draft) -> dict[st
     e = assess(listing, schema, brand, seller, mentions)
     decision, request, reason = decide(e)
     exact = (brand or {}).get("exact")
-    brands = {exact["name"]} if exact else ({d.brand_text} if d.brand_text not in phrases()["generic_brands"] else set())
+    brands = (
+        {exact["name"]}
+        if exact
+        else ({d.brand_text} if d.brand_text not in phrases()["generic_brands"] else set())
+    )
     for s in d.signals:
         head, _, tail = s.partition(":")
-        if head in ("lookalike_of", "copy_of", "compatible_with", "registered_lookalike_of",
-                    "invisible_characters_in", "near_name_of"):
+        if head in (
+            "lookalike_of",
+            "copy_of",
+            "compatible_with",
+            "registered_lookalike_of",
+            "invisible_characters_in",
+            "near_name_of",
+        ):
             brands.add(tail)
-    recalls = sorted({s.split(":", 1)[1] for s in d.signals if s.split(":", 1)[0] in
-                      ("recall", "recall_other", "recall_unstated_batch")})
+    recalls = sorted(
+        {
+            s.split(":", 1)[1]
+            for s in d.signals
+            if s.split(":", 1)[0] in ("recall", "recall_other", "recall_unstated_batch")
+        }
+    )
     return {
         "category_id": d.leaf,
         "attributes": dict(sorted(d.truth_attrs.items())),
@@ -692,5 +910,10 @@ def label(world: Any, views: Any, task: Mapping[str, Any], d: _Draft) -> dict[st
         "request": request,
         "reason": reason,
         "signals": d.signals,
-        "entities": {"brands": sorted(brands), "sellers": [d.seller], "recalls": recalls, "leaves": [d.leaf]},
+        "entities": {
+            "brands": sorted(brands),
+            "sellers": [d.seller],
+            "recalls": recalls,
+            "leaves": [d.leaf],
+        },
     }

@@ -18,19 +18,27 @@ def main(argv: list[str] | None = None) -> int:
     from envs.catalog.v2.twin import CatalogTwinV2
 
     ap = argparse.ArgumentParser(prog="python -m envs.catalog.v2.measure")
-    ap.add_argument("--taxonomy", default="auto", help="a Shopify checkout, 'auto' (default) or 'none'")
+    ap.add_argument(
+        "--taxonomy", default="auto", help="a Shopify checkout, 'auto' (default) or 'none'"
+    )
     ap.add_argument("--test", type=int, default=1000)
     ap.add_argument("--train", type=int, default=5000)
     ap.add_argument("--text", type=int, default=10_000, help="listings the text figures read")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     tax = None if args.taxonomy == "none" else args.taxonomy
-    twin = CatalogTwinV2(seed=args.seed, taxonomy_path=tax, test_size=max(args.test, 1000),
-                         train_size=max(args.train, args.text, 10_000))
+    twin = CatalogTwinV2(
+        seed=args.seed,
+        taxonomy_path=tax,
+        test_size=max(args.test, 1000),
+        train_size=max(args.train, args.text, 10_000),
+    )
     print(f"twin/Catalog-v2, taxonomy {twin.config.taxonomy_path or 'generated'}, seed {args.seed}")
     rows = v2_checks(twin, 2, n_test=args.test, n_train=args.train, n_text=args.text)
     for r in rows:
-        print(f"{r['status']:4}  {r['check']:16}  {r['name']:38}  {r['figure']}  [{r['threshold']}]  {r['note']}")
+        print(
+            f"{r['status']:4}  {r['check']:16}  {r['name']:38}  {r['figure']}  [{r['threshold']}]  {r['note']}"
+        )
     return int(any(r["status"] == "fail" for r in rows))
 
 

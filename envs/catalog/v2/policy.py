@@ -33,8 +33,12 @@ __all__ = [
 ]
 
 DECISIONS: tuple[str, ...] = ("ok", "counterfeit", "prohibited", "escalate")
-REQUESTS: tuple[str, ...] = ("invoice", "authorisation_letter", "safety_certificate",
-                             "recall_remedy_notice")
+REQUESTS: tuple[str, ...] = (
+    "invoice",
+    "authorisation_letter",
+    "safety_certificate",
+    "recall_remedy_notice",
+)
 
 #: A counterfeit takedown in this year or later is recent.
 RECENT_YEAR = 2024
@@ -81,20 +85,46 @@ _COPY_RE = re.compile(
     r"(?:the\s+|a\s+|an\s+)?([^.,;:!?()\n|]+)",
     re.IGNORECASE,
 )
-_STOP = {"at", "for", "with", "in", "and", "but", "from", "quality", "design", "style", "look",
-         "looks", "same", "made", "sold", "original", "-", "—"}
+_STOP = {
+    "at",
+    "for",
+    "with",
+    "in",
+    "and",
+    "but",
+    "from",
+    "quality",
+    "design",
+    "style",
+    "look",
+    "looks",
+    "same",
+    "made",
+    "sold",
+    "original",
+    "-",
+    "—",
+}
 _CONDITION_RE = re.compile(
-    r"(?<!never )(?<!not )\b(open[- ]box|refurbished|used|pre-owned|ex-display|clearance)\b", re.IGNORECASE)
+    r"(?<!never )(?<!not )\b(open[- ]box|refurbished|used|pre-owned|ex-display|clearance)\b",
+    re.IGNORECASE,
+)
 _MODEL_RE = re.compile(r"\b[A-Z]{2,3}-\d{3,5}[A-Z]?\b")
-_BATCH_RE = re.compile(r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b",
-                       re.IGNORECASE)
+_BATCH_RE = re.compile(
+    r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b", re.IGNORECASE
+)
 
 
 def listing_text(listing: Mapping[str, Any]) -> str:
     """Title, description and item specifics as one text."""
     specifics: Mapping[str, Any] = listing.get("specifics") or {}
-    return " ".join([str(listing.get("title", "")), str(listing.get("description", "")),
-                     *(f"{k}: {v}." for k, v in specifics.items())])
+    return " ".join(
+        [
+            str(listing.get("title", "")),
+            str(listing.get("description", "")),
+            *(f"{k}: {v}." for k, v in specifics.items()),
+        ]
+    )
 
 
 def copy_mentions(text: str) -> list[str]:
@@ -134,12 +164,12 @@ class Evidence:
     recall_unstated: str | None = None
     imitates: str | None = None
     copy_of: str | None = None
-    brand: str | None = None          # exact registered brand
+    brand: str | None = None  # exact registered brand
     gated: bool = False
     authorised: bool = False
     price_ratio: float | None = None
     condition: bool = False
-    similarity: float = 0.0           # best similarity to a registered brand when not exact
+    similarity: float = 0.0  # best similarity to a registered brand when not exact
     seller: dict[str, Any] = field(default_factory=dict)
 
 
@@ -159,8 +189,12 @@ def price_points(r: float | None) -> int:
 def established(seller: Mapping[str, Any]) -> bool:
     """Age >= 730 days, rating >= 4.7, sales >= 1000 and no counterfeit takedown."""
     fakes = [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
-    return (not fakes and seller.get("account_age_days", 0) >= 730 and seller.get("rating", 0) >= 4.7
-            and seller.get("sales", 0) >= 1000)
+    return (
+        not fakes
+        and seller.get("account_age_days", 0) >= 730
+        and seller.get("rating", 0) >= 4.7
+        and seller.get("sales", 0) >= 1000
+    )
 
 
 def points(e: Evidence) -> dict[str, int]:
@@ -210,17 +244,30 @@ def decide(e: Evidence) -> tuple[str, str | None, str]:
     if total >= REMOVE_AT:
         return "counterfeit", None, f"{total} risk points"
     if e.recall_unstated:
-        return "escalate", "recall_remedy_notice", f"recalled model {e.recall_unstated}, batch not stated"
+        return (
+            "escalate",
+            "recall_remedy_notice",
+            f"recalled model {e.recall_unstated}, batch not stated",
+        )
     if e.restricted and not (e.brand and (e.authorised or established(e.seller))):
-        return "escalate", "safety_certificate", "restricted category, seller not authorised or established"
+        return (
+            "escalate",
+            "safety_certificate",
+            "restricted category, seller not authorised or established",
+        )
     if total >= REVIEW_AT:
         req = "authorisation_letter" if e.brand and e.gated and not e.authorised else "invoice"
         return "escalate", req, f"{total} risk points"
     return "ok", None, f"{total} risk points"
 
 
-def assess(listing: Mapping[str, Any], schema: Mapping[str, Any] | None, brand: Mapping[str, Any] | None,
-           seller: Mapping[str, Any] | None, mentions: Mapping[str, Mapping[str, Any] | None]) -> Evidence:
+def assess(
+    listing: Mapping[str, Any],
+    schema: Mapping[str, Any] | None,
+    brand: Mapping[str, Any] | None,
+    seller: Mapping[str, Any] | None,
+    mentions: Mapping[str, Mapping[str, Any] | None],
+) -> Evidence:
     """Read the evidence from the listing and the tools' answers.
 
     Args:
@@ -250,8 +297,11 @@ def assess(listing: Mapping[str, Any], schema: Mapping[str, Any] | None, brand: 
         sims = [s.get("similarity", 0.0) for s in brand.get("similar") or () if s.get("registered")]
         e.similarity = max(sims, default=0.0)
         if e.similarity >= IMITATION:
-            e.imitates = next(s["name"] for s in brand["similar"]
-                              if s.get("registered") and s.get("similarity", 0) >= IMITATION)
+            e.imitates = next(
+                s["name"]
+                for s in brand["similar"]
+                if s.get("registered") and s.get("similarity", 0) >= IMITATION
+            )
     for name in copy_mentions(text):
         found = (mentions.get(name) or {}).get("exact")
         if found and found.get("registered"):

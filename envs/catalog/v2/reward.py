@@ -27,9 +27,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rewards import CostMatrix, Reward, Scored, attribute_f1, category_credit, invalid_call_penalty, submitted_gate, term
+from rewards import (
+    CostMatrix,
+    Reward,
+    Scored,
+    attribute_f1,
+    category_credit,
+    invalid_call_penalty,
+    submitted_gate,
+    term,
+)
 
-__all__ = ["CLIP", "OPERATING_COSTS", "REGRET", "WRONG_REQUEST", "make_reward_v2", "operating_cost", "regret"]
+__all__ = [
+    "CLIP",
+    "OPERATING_COSTS",
+    "REGRET",
+    "WRONG_REQUEST",
+    "make_reward_v2",
+    "operating_cost",
+    "regret",
+]
 
 OPERATING_COSTS: dict[str, dict[str, float]] = {
     "ok": {"ok": 0.0, "counterfeit": 2.0, "prohibited": 2.0, "escalate": 1.5},
@@ -40,7 +57,9 @@ OPERATING_COSTS: dict[str, dict[str, float]] = {
 #: Extra cost of an escalation that asks for the wrong document (the reviewer must ask again).
 WRONG_REQUEST = 1.0
 #: Regret matrix: operating cost minus the row's minimum (zero diagonal).
-REGRET = CostMatrix({t: {d: c - min(row.values()) for d, c in row.items()} for t, row in OPERATING_COSTS.items()})
+REGRET = CostMatrix(
+    {t: {d: c - min(row.values()) for d, c in row.items()} for t, row in OPERATING_COSTS.items()}
+)
 CLIP: tuple[float, float] = (-1.0, 1.0)
 WEIGHTS = {"category": 0.3, "attributes": 0.3, "policy": 0.4}
 
@@ -49,7 +68,9 @@ def _norm(value: Any) -> str | None:
     return value.strip().lower() if isinstance(value, str) else None
 
 
-def operating_cost(truth: str, request: str | None, decision: str | None, asked: str | None) -> float:
+def operating_cost(
+    truth: str, request: str | None, decision: str | None, asked: str | None
+) -> float:
     """The cost of ``decision`` (asking for ``asked``) on a listing whose truth is ``truth``."""
     if decision not in OPERATING_COSTS:
         return max(OPERATING_COSTS[truth].values()) + WRONG_REQUEST
@@ -78,7 +99,9 @@ def make_reward_v2(category_exists: Callable[[str], bool]) -> Reward:
     @term(low=0.0, high=1.0)
     def attributes(trajectory: Any, case: Any) -> float:
         """F1 over (attribute, value) pairs vs the true required attributes."""
-        return attribute_f1(case.truth.get("attributes") or {}, trajectory.submission.get("attributes") or {})
+        return attribute_f1(
+            case.truth.get("attributes") or {}, trajectory.submission.get("attributes") or {}
+        )
 
     worst = max(max(r.values()) for r in OPERATING_COSTS.values()) + WRONG_REQUEST
 
@@ -89,13 +112,24 @@ def make_reward_v2(category_exists: Callable[[str], bool]) -> Reward:
         truth, req = case.truth["decision"], case.truth.get("request")
         dec, asked = _norm(sub.get("decision")), _norm(sub.get("request"))
         lost = regret(truth, req, dec, asked)
-        return Scored(1.0 - lost, f"policy: true {truth!r} ({req}), submitted {dec!r} ({asked}) -> regret {lost:g}")
+        return Scored(
+            1.0 - lost,
+            f"policy: true {truth!r} ({req}), submitted {dec!r} ({asked}) -> regret {lost:g}",
+        )
 
     return Reward(
-        {category: WEIGHTS["category"], attributes: WEIGHTS["attributes"], policy: WEIGHTS["policy"]},
+        {
+            category: WEIGHTS["category"],
+            attributes: WEIGHTS["attributes"],
+            policy: WEIGHTS["policy"],
+        },
         penalties=[invalid_call_penalty(0.01, cap=0.05)],
-        gates=[submitted_gate(fail_values={"category": 0.0, "attributes": 0.0, "policy": 1.0 - worst},
-                              total=CLIP[0])],
+        gates=[
+            submitted_gate(
+                fail_values={"category": 0.0, "attributes": 0.0, "policy": 1.0 - worst},
+                total=CLIP[0],
+            )
+        ],
         clip=CLIP,
         name="catalog_v2_reward",
     )

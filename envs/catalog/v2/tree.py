@@ -55,7 +55,13 @@ class DecisionTree:
         if best is None:
             return self._leaf(y)
         _, f, c, left = best
-        return ("split", f, c, self._grow(x[left], y[left], depth + 1), self._grow(x[~left], y[~left], depth + 1))
+        return (
+            "split",
+            f,
+            c,
+            self._grow(x[left], y[left], depth + 1),
+            self._grow(x[~left], y[~left], depth + 1),
+        )
 
     def predict(self, x: np.ndarray) -> list[str]:
         """The predicted label of every row."""

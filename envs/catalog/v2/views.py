@@ -50,11 +50,16 @@ class Views:
         w = self.world
         cat = w.categories[cid]
         out: dict[str, Any] = {
-            "category_id": cat.id, "name": cat.name, "full_name": cat.full_name, "is_leaf": cat.is_leaf,
+            "category_id": cat.id,
+            "name": cat.name,
+            "full_name": cat.full_name,
+            "is_leaf": cat.is_leaf,
             "policy": self.policy(cid),
             "conditions": content.conditions_apply(cat.vertical, cat.full_name),
-            "attributes": [{"handle": a.handle, "name": a.name, "required": req, "values": list(a.values)}
-                           for a, req in w.schema(cid)],
+            "attributes": [
+                {"handle": a.handle, "name": a.name, "required": req, "values": list(a.values)}
+                for a, req in w.schema(cid)
+            ],
         }
         if not cat.is_leaf:
             out["children"] = [{"id": c, "name": w.categories[c].name} for c in cat.children[:30]]
@@ -64,16 +69,26 @@ class Views:
 
     def _brand(self, brand: Any, cid: str | None) -> dict[str, Any]:
         w = self.world
-        view: dict[str, Any] = {"name": brand.name, "registered": brand.registered,
-                                "protected": brand.protected, "authorized_sellers": list(brand.authorized_sellers)}
+        view: dict[str, Any] = {
+            "name": brand.name,
+            "registered": brand.registered,
+            "protected": brand.protected,
+            "authorized_sellers": list(brand.authorized_sellers),
+        }
         if cid is not None:
             rng = self.msrp(brand.name, cid) if brand.registered else None
             view["msrp"] = {"low": rng[0], "high": rng[1]} if rng else None
         recalls = []
         for r in w.recalls_by_brand.get(brand.name, ()):
             rc = w.categories[r.category_id]
-            recalls.append({"recall_id": r.recall_id, "model_number": r.model_number, "batches": list(r.batches),
-                            "hazard": content.hazard_for(rc.vertical, rc.full_name, r.recall_id)})
+            recalls.append(
+                {
+                    "recall_id": r.recall_id,
+                    "model_number": r.model_number,
+                    "batches": list(r.batches),
+                    "hazard": content.hazard_for(rc.vertical, rc.full_name, r.recall_id),
+                }
+            )
         view["recalls"] = recalls
         return view
 
@@ -88,8 +103,11 @@ class Views:
         exact = hit["exact"]
         out: dict[str, Any] = {
             "exact": self._brand(exact, cid) if exact is not None else None,
-            "similar": [{"name": b.name, "registered": b.registered, "similarity": s}
-                        for b, s in hit["matches"] if exact is None or b.name != exact.name],
+            "similar": [
+                {"name": b.name, "registered": b.registered, "similarity": s}
+                for b, s in hit["matches"]
+                if exact is None or b.name != exact.name
+            ],
         }
         if len(self._lookup) > 50_000:
             self._lookup.clear()
@@ -105,7 +123,9 @@ class Views:
         v.pop("ships_from", None)
         return v
 
-    def resolves(self, item: str, brand: str | None, model: str | None, leaf: str, dept: str) -> bool:
+    def resolves(
+        self, item: str, brand: str | None, model: str | None, leaf: str, dept: str
+    ) -> bool:
         """Whether the written category rule finds ``leaf`` from this item type and department."""
         return resolve_item(self.world.search, item, brand, model, dept) == leaf
 
@@ -119,13 +139,19 @@ def strip_item(item: str, brand: str | None, model: str | None) -> str:
     return re.sub(r"\s+", " ", text).strip(" ,")
 
 
-def resolve_item(search: Any, item: str, brand: str | None, model: str | None, dept: str) -> str | None:
+def resolve_item(
+    search: Any, item: str, brand: str | None, model: str | None, dept: str
+) -> str | None:
     """The leaf the category rule picks: among the search hits for the item (and department), the
     one whose name has the item's :func:`content.item_key` and whose path ends with the department."""
     bare = strip_item(item, brand, model)
     key = content.item_key(bare)
     last = dept.split(" > ")[-1] if dept else ""
     hits = search(f"{bare} {last}".strip(), 20)
-    matches = [h for h in hits if content.item_key(h["name"]) == key
-               and (not dept or h["full_name"].lower().rsplit(" > ", 1)[0].endswith(dept.lower()))]
+    matches = [
+        h
+        for h in hits
+        if content.item_key(h["name"]) == key
+        and (not dept or h["full_name"].lower().rsplit(" > ", 1)[0].endswith(dept.lower()))
+    ]
     return str(matches[0]["id"]) if len(matches) == 1 else None

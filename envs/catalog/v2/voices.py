@@ -21,11 +21,23 @@ from twin.resources import data_path
 
 __all__ = ["VOICES", "Writer", "pools", "sentences"]
 
-VOICES: tuple[str, ...] = ("plain", "terse", "spammy", "bullets", "caps", "typos", "non_native", "emoji")
+VOICES: tuple[str, ...] = (
+    "plain",
+    "terse",
+    "spammy",
+    "bullets",
+    "caps",
+    "typos",
+    "non_native",
+    "emoji",
+)
 _VOICE_WEIGHTS = (0.26, 0.14, 0.1, 0.12, 0.06, 0.12, 0.12, 0.08)
-_PROTECTED = re.compile(r"(open[- ]box|refurbished|pre-owned|ex-display|clearance|used|batch|lot|"
-                        r"[A-Z]{2,3}-\d{3,5}[A-Z]?|[A-Z]\d{3,5}-\d{2,4}|really|works|doubles|"
-                        r"inspired by|dupe of|copy of|replica of|compatible)", re.IGNORECASE)
+_PROTECTED = re.compile(
+    r"(open[- ]box|refurbished|pre-owned|ex-display|clearance|used|batch|lot|"
+    r"[A-Z]{2,3}-\d{3,5}[A-Z]?|[A-Z]\d{3,5}-\d{2,4}|really|works|doubles|"
+    r"inspired by|dupe of|copy of|replica of|compatible)",
+    re.IGNORECASE,
+)
 
 
 @lru_cache(maxsize=1)
@@ -82,20 +94,32 @@ class Writer:
         rng = self.rng
         if attr and rng.random() < 0.5:
             name, value = attr
-            return self.pick("value_frames").format(name=name, lname=name.lower(), value=value,
-                                                    extra=self.pick("feature_bits"))
+            return self.pick("value_frames").format(
+                name=name, lname=name.lower(), value=value, extra=self.pick("feature_bits")
+            )
         return f"{self.pick('feature_bits')} {self.pick('feature_tails')}".strip()
 
     def size(self) -> str:
         rng = self.rng
         a, b = rng.randint(2, 60), rng.randint(2, 60)
         unit = rng.choice(["in", "inch", "inches", '"', "cm", "mm", " cm", " in"])
-        w = rng.choice([f"{rng.randint(1, 30)} lb", f"{rng.randint(1, 30)}lbs", f"{rng.randint(100, 9000)} g",
-                        f"{rng.uniform(0.2, 12):.1f} kg", f"{rng.randint(2, 40)} oz"])
-        return self.pick("size_frames").format(a=a, b=b, unit=unit.strip() if unit != '"' else '"', w=w)
+        w = rng.choice(
+            [
+                f"{rng.randint(1, 30)} lb",
+                f"{rng.randint(1, 30)}lbs",
+                f"{rng.randint(100, 9000)} g",
+                f"{rng.uniform(0.2, 12):.1f} kg",
+                f"{rng.randint(2, 40)} oz",
+            ]
+        )
+        return self.pick("size_frames").format(
+            a=a, b=b, unit=unit.strip() if unit != '"' else '"', w=w
+        )
 
     def condition(self, word: str) -> str:
-        return self.pick("condition_frames").format(cond=word, detail=self.pick("condition_details"))
+        return self.pick("condition_frames").format(
+            cond=word, detail=self.pick("condition_details")
+        )
 
     def discount(self, percent: int) -> str:
         return f"{self.pick('discount_frames').format(p=percent)} {self.pick('discount_tails')}".strip()
@@ -106,11 +130,17 @@ class Writer:
         rng, v = self.rng, self.voice
         parts = [s.strip() for s in parts if s and s.strip()]
         # a sentence that says what the item really is keeps its full stop: the item's name ends there
-        parts = [s if s[-1] in ".!?:" else s + ("." if _CUE.search(s) else rng.choice([".", ".", ".", "!", ""]))
-                 for s in parts]
+        parts = [
+            s
+            if s[-1] in ".!?:"
+            else s + ("." if _CUE.search(s) else rng.choice([".", ".", ".", "!", ""]))
+            for s in parts
+        ]
         if v == "terse":
             parts = [self._terse(s) for s in parts]
-            return rng.choice([" ", ". ", " / "]).join(p if _CUE.search(p) else p.rstrip(".") for p in parts)
+            return rng.choice([" ", ". ", " / "]).join(
+                p if _CUE.search(p) else p.rstrip(".") for p in parts
+            )
         if v == "spammy":
             parts = [self._spam(s) for s in parts]
             return " ".join(parts)
@@ -124,7 +154,9 @@ class Writer:
         if v == "non_native":
             return " ".join(self._non_native(p) for p in parts)
         if v == "emoji":
-            return " ".join(p + (" " + self.pick("emoji") if rng.random() < 0.6 else "") for p in parts)
+            return " ".join(
+                p + (" " + self.pick("emoji") if rng.random() < 0.6 else "") for p in parts
+            )
         return " ".join(parts)
 
     def title(self, brand: str, item: str, values: list[str]) -> str:
@@ -142,7 +174,11 @@ class Writer:
         keep = [x for x in self.protect if x in text]
         out = []
         for word in text.split(" "):
-            if _PROTECTED.search(word) or any(word and word in k for k in keep) or any(k in word for k in keep):
+            if (
+                _PROTECTED.search(word)
+                or any(word and word in k for k in keep)
+                or any(k in word for k in keep)
+            ):
                 out.append(word)
             else:
                 out.append(fn(word))
@@ -152,17 +188,26 @@ class Writer:
         return self._guarded(text, str.upper)
 
     def _terse(self, text: str) -> str:
-        words = [w for w in text.split(" ") if w.lower() not in {"the", "a", "an", "this", "our", "we", "is", "are",
-                                                                  "will", "be", "it", "of"}]
+        words = [
+            w
+            for w in text.split(" ")
+            if w.lower()
+            not in {"the", "a", "an", "this", "our", "we", "is", "are", "will", "be", "it", "of"}
+        ]
         return " ".join(words).lower() if self.rng.random() < 0.5 else " ".join(words)
 
     def _spam(self, text: str) -> str:
         rng = self.rng
         if rng.random() < 0.4:
             text = self._upper(text)
-        ends = ["!!", "!!!", "!"] if _CUE.search(text) else ["!!", "!!!", " !!", "!", " ***", " <<<"]
-        return text.rstrip(".") + rng.choice(ends) + (
-            " " + self.pick("spam_bits") if rng.random() < 0.35 else "")
+        ends = (
+            ["!!", "!!!", "!"] if _CUE.search(text) else ["!!", "!!!", " !!", "!", " ***", " <<<"]
+        )
+        return (
+            text.rstrip(".")
+            + rng.choice(ends)
+            + (" " + self.pick("spam_bits") if rng.random() < 0.35 else "")
+        )
 
     def _typos(self, text: str) -> str:
         rng = self.rng
@@ -173,16 +218,20 @@ class Writer:
             i = rng.randrange(1, len(word) - 1)
             op = rng.random()
             if op < 0.4:
-                return word[:i] + word[i + 1] + word[i] + word[i + 2:]
+                return word[:i] + word[i + 1] + word[i] + word[i + 2 :]
             if op < 0.7:
-                return word[:i] + word[i + 1:]
+                return word[:i] + word[i + 1 :]
             return word[:i] + word[i] + word[i:]
 
         return self._guarded(text, typo)
 
     def _non_native(self, text: str) -> str:
         rng = self.rng
-        words = [w for w in text.split(" ") if not (w.lower() in {"the", "a", "an"} and rng.random() < 0.7)]
+        words = [
+            w
+            for w in text.split(" ")
+            if not (w.lower() in {"the", "a", "an"} and rng.random() < 0.7)
+        ]
         text = " ".join(words)
         if rng.random() < 0.35:
             text = text.rstrip(".!") + ", " + self.pick("non_native_bits")

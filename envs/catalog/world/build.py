@@ -68,8 +68,14 @@ def _code_digest() -> str:
 def world_key(seed: int, taxonomy_path: Path | None, config: dict[str, Any] | None = None) -> str:
     """The cache key: world version, code, vocabularies, seed, source and config."""
     payload = json.dumps(
-        {"version": WORLD_VERSION, "code": _code_digest(), "vocab": vocab_digest(), "seed": seed,
-         "source": _source_fingerprint(taxonomy_path), "config": config or {}},
+        {
+            "version": WORLD_VERSION,
+            "code": _code_digest(),
+            "vocab": vocab_digest(),
+            "seed": seed,
+            "source": _source_fingerprint(taxonomy_path),
+            "config": config or {},
+        },
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
@@ -83,7 +89,9 @@ def _progress(enabled: bool, total: int, desc: str):  # noqa: ANN202
     return tqdm(total=total, desc=desc, unit="step")
 
 
-def _generate(seed: int, taxonomy_path: Path | None, config: dict[str, Any], bar: Any) -> dict[str, Any]:
+def _generate(
+    seed: int, taxonomy_path: Path | None, config: dict[str, Any], bar: Any
+) -> dict[str, Any]:
     def step(label: str) -> None:
         if bar is not None:
             bar.set_postfix_str(label)
@@ -98,10 +106,18 @@ def _generate(seed: int, taxonomy_path: Path | None, config: dict[str, Any], bar
         categories, attributes, bands = load_shopify(taxonomy_path, seed=seed)
         source = f"shopify:{taxonomy_path}"
     step("taxonomy")
-    brands, sellers, recalls = generate_registry(categories, bands, seed, **config.get("registry", {}))
+    brands, sellers, recalls = generate_registry(
+        categories, bands, seed, **config.get("registry", {})
+    )
     step("brands")
-    return {"source": source, "categories": categories, "attributes": attributes,
-            "brands": brands, "sellers": sellers, "recalls": recalls}
+    return {
+        "source": source,
+        "categories": categories,
+        "attributes": attributes,
+        "brands": brands,
+        "sellers": sellers,
+        "recalls": recalls,
+    }
 
 
 def _index_rows(categories: dict) -> list[tuple[str, str, str, tuple[str, ...]]]:
@@ -143,8 +159,15 @@ def build_world(
         _sweep(root)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
         try:
-            write_world(tmp / _DB, meta={"version": WORLD_VERSION, "seed": str(seed),
-                                         "built_at": f"{time.time():.0f}"}, **parts)
+            write_world(
+                tmp / _DB,
+                meta={
+                    "version": WORLD_VERSION,
+                    "seed": str(seed),
+                    "built_at": f"{time.time():.0f}",
+                },
+                **parts,
+            )
             write_snapshot(tmp / _SNAP, parts)
             if bar is not None:
                 bar.set_postfix_str("duckdb")
@@ -164,7 +187,9 @@ def build_world(
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-    index = TaxonomyIndex(folder / _INDEX, [(c.id, c.name, c.full_name) for c in parts["categories"].values()])
+    index = TaxonomyIndex(
+        folder / _INDEX, [(c.id, c.name, c.full_name) for c in parts["categories"].values()]
+    )
     return CatalogWorld(index=index, **parts)
 
 
@@ -184,5 +209,7 @@ def _load(folder: Path) -> CatalogWorld:
     if data is None:  # no usable snapshot: read the storage of record
         data = read_world(folder / _DB)
         data.pop("meta")
-    index = TaxonomyIndex(folder / _INDEX, [(c.id, c.name, c.full_name) for c in data["categories"].values()])
+    index = TaxonomyIndex(
+        folder / _INDEX, [(c.id, c.name, c.full_name) for c in data["categories"].values()]
+    )
     return CatalogWorld(index=index, **data)

@@ -28,8 +28,14 @@ _SPLIT = {3: (0.80, 2, 5), 4: (0.28, 2, 4), 5: (0.20, 2, 3), 6: (0.40, 2, 3)}
 _LEADING = ("audience", "age")
 _MAX_DEPTH = 7
 _FACET_LABEL = {
-    "audience": "audience", "age": "age range", "stone": "gemstone", "pack": "pack type",
-    "grade": "grade", "power": "power type", "form": "form factor", "diet": "diet",
+    "audience": "audience",
+    "age": "age range",
+    "stone": "gemstone",
+    "pack": "pack type",
+    "grade": "grade",
+    "power": "power type",
+    "form": "form factor",
+    "diet": "diet",
 }
 
 
@@ -107,7 +113,9 @@ def _department(
     for group in groups:
         handle = _unique(attributes, f"{slug(name)}_{group}", root.id)
         label = _FACET_LABEL.get(group, group.replace("_", " "))
-        attributes[handle] = Attribute(handle, f"{name} {label}", tuple(v for v, _ in facets[group]))
+        attributes[handle] = Attribute(
+            handle, f"{name} {label}", tuple(v for v, _ in facets[group])
+        )
         facet_attr[group] = handle
     for entry in dept["types"]:
         # "Sofas|couches @style,upholstery": a type may split by its own facet groups
@@ -117,7 +125,9 @@ def _department(
             if group not in facet_attr:
                 handle = _unique(attributes, f"{slug(name)}_{group}", root.id)
                 label = _FACET_LABEL.get(group, group.replace("_", " "))
-                attributes[handle] = Attribute(handle, f"{name} {label}", tuple(v for v, _ in facets[group]))
+                attributes[handle] = Attribute(
+                    handle, f"{name} {label}", tuple(v for v, _ in facets[group])
+                )
                 facet_attr[group] = handle
         tname, tsyns = split_name(entry)
         tnode = node.child(tname, list(tsyns))
@@ -125,7 +135,9 @@ def _department(
             handle = _unique(attributes, f"{slug(tname)}_features", slug(name))
             k = rng.randint(5, min(10, len(features)))
             picked = sorted(rng.sample(range(len(features)), k))
-            attributes[handle] = Attribute(handle, f"{tname} features", tuple(features[i] for i in picked))
+            attributes[handle] = Attribute(
+                handle, f"{tname} features", tuple(features[i] for i in picked)
+            )
             tnode.links[handle] = False
         _expand(tnode, tname, tsyns, [], tgroups, 0, facets, facet_attr, branching, rng)
 

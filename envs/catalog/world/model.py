@@ -241,7 +241,9 @@ class CatalogWorld:
 
     def schema(self, category_id: str) -> list[tuple[Attribute, bool]]:
         """The attribute schema of ``category_id``: ``(attribute, required)`` pairs."""
-        return [(self.attributes[a.handle], a.required) for a in self.category(category_id).attributes]
+        return [
+            (self.attributes[a.handle], a.required) for a in self.category(category_id).attributes
+        ]
 
     def is_prohibited(self, category_id: str) -> bool:
         """Whether listings in ``category_id`` are banned by policy."""
@@ -302,7 +304,8 @@ class CatalogWorld:
         # ties are broken by name so results do not depend on candidate order
         found.sort(key=lambda hit: (-hit[1], self._brand_names[hit[2]]))
         return tuple(
-            (self.brands[self._brand_names[i]], round(float(score), 1)) for _, score, i in found[:limit]
+            (self.brands[self._brand_names[i]], round(float(score), 1))
+            for _, score, i in found[:limit]
         )
 
     def msrp(self, brand_name: str, category_id: str) -> tuple[float, float] | None:
@@ -323,9 +326,19 @@ class CatalogWorld:
         """The world as sorted JSON-able rows per table (what :meth:`digest` hashes)."""
         return {
             "categories": [
-                [c.id, c.name, c.full_name, c.parent_id, c.depth, c.vertical, c.is_leaf,
-                 list(c.children), [[a.handle, a.required] for a in c.attributes],
-                 list(c.synonyms), c.policy]
+                [
+                    c.id,
+                    c.name,
+                    c.full_name,
+                    c.parent_id,
+                    c.depth,
+                    c.vertical,
+                    c.is_leaf,
+                    list(c.children),
+                    [[a.handle, a.required] for a in c.attributes],
+                    list(c.synonyms),
+                    c.policy,
+                ]
                 for c in sorted(self.categories.values(), key=lambda c: c.id)
             ],
             "attributes": [
@@ -333,8 +346,14 @@ class CatalogWorld:
                 for a in sorted(self.attributes.values(), key=lambda a: a.handle)
             ],
             "brands": [
-                [b.name, b.registered, b.protected, list(b.authorized_sellers), list(b.verticals),
-                 sorted([k, lo, hi] for k, (lo, hi) in b.msrp.items())]
+                [
+                    b.name,
+                    b.registered,
+                    b.protected,
+                    list(b.authorized_sellers),
+                    list(b.verticals),
+                    sorted([k, lo, hi] for k, (lo, hi) in b.msrp.items()),
+                ]
                 for b in sorted(self.brands.values(), key=lambda b: b.name)
             ],
             "sellers": sorted(self.sellers),
@@ -347,8 +366,9 @@ class CatalogWorld:
     def digest(self) -> str:
         """SHA-256 of a canonical dump of the whole world, for byte-identity checks."""
         if self._digest is None:
-            text = json.dumps(self.canonical_rows(), sort_keys=True, ensure_ascii=False,
-                              separators=(",", ":"))
+            text = json.dumps(
+                self.canonical_rows(), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+            )
             self._digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         return self._digest
 

@@ -96,8 +96,15 @@ def generate_registry(
                 # a department or product type: a narrower band inside the vertical's
                 vlo, vhi = msrp[v]
                 msrp[cid] = _range(rng, vlo, vhi, {"low": 0.0, "high": 1.0})
-        specs.append({"name": name, "registered": registered, "protected": protected,
-                      "verticals": tuple(sorted(verts)), "msrp": msrp})
+        specs.append(
+            {
+                "name": name,
+                "registered": registered,
+                "protected": protected,
+                "verticals": tuple(sorted(verts)),
+                "msrp": msrp,
+            }
+        )
 
     sellers, official = _sellers(vocab, specs, n_sellers, seed)
     resellers = [s for s in sellers if s not in official.values() and _is_reseller(s, vocab)]
@@ -108,8 +115,12 @@ def generate_registry(
             picked = rng.sample(resellers, min(len(resellers), rng.randint(0, 4)))
             auth = tuple(sorted({official[spec["name"]], *picked}))
         brands[spec["name"]] = Brand(
-            name=spec["name"], registered=spec["registered"], protected=spec["protected"],
-            authorized_sellers=auth, verticals=spec["verticals"], msrp=spec["msrp"],
+            name=spec["name"],
+            registered=spec["registered"],
+            protected=spec["protected"],
+            authorized_sellers=auth,
+            verticals=spec["verticals"],
+            msrp=spec["msrp"],
         )
     recalls = _recalls(vocab, brands, categories, n_recalls, seed)
     return brands, sellers, recalls
@@ -160,13 +171,16 @@ def _brand_names(
         if core in cores:
             return False
         if core not in near_mark:
-            near_mark[core] = process.extractOne(core, avoid, scorer=fuzz.ratio, score_cutoff=80) is not None
+            near_mark[core] = (
+                process.extractOne(core, avoid, scorer=fuzz.ratio, score_cutoff=80) is not None
+            )
         if near_mark[core]:
             return False
         # a name within two edits of another has a length within two of it
         return all(
             process.extractOne(low, taken[n], scorer=fuzz.ratio, score_cutoff=80) is None
-            for n in range(len(low) - 2, len(low) + 3) if n in taken
+            for n in range(len(low) - 2, len(low) + 3)
+            if n in taken
         )
 
     for anchor in vocab["anchors"]:
@@ -220,7 +234,9 @@ def _sellers(
             handles.add(handle)
     n_resellers = max(60, n // 12)
     while len(handles) < len(official) + n_resellers:
-        handles.add(f"{rng.choice(vocab['words']).lower()}_{rng.choice(vocab['reseller_suffixes'])}")
+        handles.add(
+            f"{rng.choice(vocab['words']).lower()}_{rng.choice(vocab['reseller_suffixes'])}"
+        )
     while len(handles) < n:
         w, noun = rng.choice(vocab["seller_words"]), rng.choice(vocab["seller_nouns"])
         style = rng.random()
@@ -234,8 +250,11 @@ def _sellers(
     return tuple(sorted(handles)), official
 
 
-_PLURAL = [(re.compile(r"ies$"), "y"), (re.compile(r"(ches|shes|xes|sses)$"), lambda m: m.group(1)[:-2]),
-           (re.compile(r"(?<!s)s$"), "")]
+_PLURAL = [
+    (re.compile(r"ies$"), "y"),
+    (re.compile(r"(ches|shes|xes|sses)$"), lambda m: m.group(1)[:-2]),
+    (re.compile(r"(?<!s)s$"), ""),
+]
 
 
 def _singular(name: str) -> str:
@@ -249,7 +268,11 @@ def _singular(name: str) -> str:
 
 
 def _recalls(
-    vocab: dict[str, Any], brands: dict[str, Brand], categories: dict[str, Category], n: int, seed: int
+    vocab: dict[str, Any],
+    brands: dict[str, Brand],
+    categories: dict[str, Category],
+    n: int,
+    seed: int,
 ) -> tuple[Recall, ...]:
     rng = _rng(seed, "recalls")
     leaves_by_vertical: dict[str, list[str]] = {}
@@ -257,7 +280,11 @@ def _recalls(
     for c in categories.values():
         if c.is_leaf and c.policy == "ok" and c.vertical not in exclude:
             leaves_by_vertical.setdefault(c.vertical, []).append(c.id)
-    candidates = [b for b in brands.values() if b.registered and any(v in leaves_by_vertical for v in b.verticals)]
+    candidates = [
+        b
+        for b in brands.values()
+        if b.registered and any(v in leaves_by_vertical for v in b.verticals)
+    ]
     reasons = vocab["recall_reasons"]
     out: list[Recall] = []
     used_models: set[str] = set()
@@ -277,14 +304,18 @@ def _recalls(
         year = rng.randint(2019, 2026)
         line = rng.choice(vocab["model_lines"])
         noun = _singular(categories[cid].name)
-        out.append(Recall(
-            recall_id=f"RC-{year}-{i + 1:04d}",
-            brand=brand.name,
-            product=f"{brand.name} {line} {rng.randint(1, 9)} {noun}",
-            model_number=model,
-            batch=f"L{year % 100:02d}{rng.randint(1, 52):02d}-{rng.randint(1, 999):03d}",
-            category_id=cid,
-            reason=rng.choice(reasons[vert] if vert in reasons and rng.random() < 0.5 else reasons["generic"]),
-        ))
+        out.append(
+            Recall(
+                recall_id=f"RC-{year}-{i + 1:04d}",
+                brand=brand.name,
+                product=f"{brand.name} {line} {rng.randint(1, 9)} {noun}",
+                model_number=model,
+                batch=f"L{year % 100:02d}{rng.randint(1, 52):02d}-{rng.randint(1, 999):03d}",
+                category_id=cid,
+                reason=rng.choice(
+                    reasons[vert] if vert in reasons and rng.random() < 0.5 else reasons["generic"]
+                ),
+            )
+        )
     out.sort(key=lambda r: r.recall_id)
     return tuple(out)

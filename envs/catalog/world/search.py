@@ -56,7 +56,9 @@ def build_index(path: Path, rows: Iterable[tuple[str, str, str, tuple[str, ...]]
     writer = index.writer(heap_size=64_000_000, num_threads=1)
     for ord_, (_, name, full_name, synonyms) in enumerate(rows):
         writer.add_document(
-            tantivy.Document(ord=ord_, name=name, full_name=full_name, synonyms=" ; ".join(synonyms))
+            tantivy.Document(
+                ord=ord_, name=name, full_name=full_name, synonyms=" ; ".join(synonyms)
+            )
         )
     writer.commit()
     writer.wait_merging_threads()
@@ -120,7 +122,9 @@ class TaxonomyIndex:
             if part is None:
                 if len(self._words) >= _CACHE_SIZE:
                     self._words.clear()
-                part = self._words[word] = self._index.parse_query(word, _FIELDS, field_boosts=_BOOSTS)
+                part = self._words[word] = self._index.parse_query(
+                    word, _FIELDS, field_boosts=_BOOSTS
+                )
             parts.append((tantivy.Occur.Should, part))
         parsed = parts[0][1] if len(parts) == 1 else tantivy.Query.boolean_query(parts)
         # fetch a few extra so that an exact name match just below the cut can move up
@@ -130,7 +134,9 @@ class TaxonomyIndex:
             long_words = [w for w in words if len(w) >= 5]
             if long_words:
                 fuzzy = self._index.parse_query(
-                    " ".join(long_words), ["name", "synonyms"], field_boosts=_BOOSTS,
+                    " ".join(long_words),
+                    ["name", "synonyms"],
+                    field_boosts=_BOOSTS,
                     fuzzy_fields={"name": (False, 1, True), "synonyms": (False, 1, True)},
                 )
                 hits = self._searcher.search(fuzzy, limit, count=False).hits
@@ -143,5 +149,6 @@ class TaxonomyIndex:
             out.append((not exact, -score, cid, name, full_name, score))
         out.sort(key=lambda t: (t[0], t[1], t[2]))
         return tuple(
-            (cid, name, full_name, round(float(score), 4)) for _, _, cid, name, full_name, score in out[:limit]
+            (cid, name, full_name, round(float(score), 4))
+            for _, _, cid, name, full_name, score in out[:limit]
         )

@@ -42,7 +42,11 @@ def shopify_files(path: str | Path) -> list[Path]:
     """
     root = Path(path)
     data = root / "data"
-    missing = [p for p in (data / "attributes.yml", data / "values.yml", data / "categories") if not p.exists()]
+    missing = [
+        p
+        for p in (data / "attributes.yml", data / "values.yml", data / "categories")
+        if not p.exists()
+    ]
     if missing:
         raise ConfigError(
             f"{root} is not a Shopify product-taxonomy checkout: missing "
@@ -208,12 +212,16 @@ def load_shopify(
                 raise ConfigError(f"{path}: category {cid} lists unknown child {child!r}")
             parent[str(child)] = cid
     patterns = prohibited_patterns()
-    vocab_bands = {v["code"]: (float(v["price"][0]), float(v["price"][1]))
-                   for v in load_vocab()["taxonomy"]["verticals"]}
+    vocab_bands = {
+        v["code"]: (float(v["price"][0]), float(v["price"][1]))
+        for v in load_vocab()["taxonomy"]["verticals"]
+    }
 
     categories: dict[str, Category] = {}
 
-    def visit(cid: str, path_names: list[str], policy: str, parent_attrs: list[str], parent_req: set[str]) -> None:
+    def visit(
+        cid: str, path_names: list[str], policy: str, parent_attrs: list[str], parent_req: set[str]
+    ) -> None:
         entry = raw[cid]
         name = str(entry["name"])
         if policy == "ok" and any(p.search(name) for p in patterns):
@@ -231,10 +239,17 @@ def load_shopify(
         req = set(required)
         names = [*path_names, name]
         categories[cid] = Category(
-            id=cid, name=name, full_name=" > ".join(names), parent_id=parent.get(cid),
-            depth=cid.count("-") + 1, vertical=cid.split("-")[0], is_leaf=not kids,
-            children=tuple(kids), attributes=tuple(link(a, a in req) for a in attrs),
-            synonyms=(), policy=policy,
+            id=cid,
+            name=name,
+            full_name=" > ".join(names),
+            parent_id=parent.get(cid),
+            depth=cid.count("-") + 1,
+            vertical=cid.split("-")[0],
+            is_leaf=not kids,
+            children=tuple(kids),
+            attributes=tuple(link(a, a in req) for a in attrs),
+            synonyms=(),
+            policy=policy,
         )
         for kid in kids:
             visit(kid, names, policy, attrs, req)
@@ -243,7 +258,9 @@ def load_shopify(
         visit(root, [], "ok", [], set())
     if len(categories) != len(raw):
         orphans = sorted(set(raw) - set(categories))[:5]
-        raise ConfigError(f"{path}: {len(raw) - len(categories)} categories are not reachable from a "
-                          f"vertical, e.g. {orphans}")
+        raise ConfigError(
+            f"{path}: {len(raw) - len(categories)} categories are not reachable from a "
+            f"vertical, e.g. {orphans}"
+        )
     bands = {r: vocab_bands.get(r, DEFAULT_BAND) for r in sorted(roots)}
     return categories, attributes, bands

@@ -57,8 +57,10 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, rows: list[tuple[Any, ..
         return
     cols = list(zip(*rows))
     frame = {n: np.array(c, dtype=object) for n, c in zip(names, cols)}  # noqa: F841 - scanned by DuckDB
-    select = ", ".join(f"CAST({n} AS {_SCHEMA[table].split(', ')[i].split(' ', 1)[1]}) AS {n}"
-                       for i, n in enumerate(names))
+    select = ", ".join(
+        f"CAST({n} AS {_SCHEMA[table].split(', ')[i].split(' ', 1)[1]}) AS {n}"
+        for i, n in enumerate(names)
+    )
     con.execute(f"INSERT INTO {table} SELECT {select} FROM frame")
 
 
@@ -80,34 +82,93 @@ def write_world(
     try:
         con.execute("BEGIN")
         _insert(con, "meta", [("source", source), *sorted(meta.items())])
-        _insert(con, "categories", [
-            (i, c.id, c.name, c.full_name, c.parent_id, c.depth, c.vertical, c.is_leaf,
-             _SEP.join(c.synonyms), c.policy, _SEP.join(f"{int(a.required)}{a.handle}" for a in c.attributes))
-            for i, c in enumerate(categories.values())
-        ])
-        _insert(con, "attributes", [(i, a.handle, a.name, _SEP.join(a.values)) for i, a in enumerate(attributes.values())])
-        _insert(con, "attribute_values", [
-            (a.handle, j, v) for a in attributes.values() for j, v in enumerate(a.values)
-        ])
-        _insert(con, "category_attributes", [
-            (c.id, j, a.handle, a.required) for c in categories.values() for j, a in enumerate(c.attributes)
-        ])
-        _insert(con, "brands", [
-            (i, b.name, b.registered, b.protected, _SEP.join(b.verticals), _SEP.join(b.authorized_sellers),
-             _SEP.join(f"{cid}{_SUB}{lo!r}{_SUB}{hi!r}" for cid, (lo, hi) in b.msrp.items()))
-            for i, b in enumerate(brands.values())
-        ])
-        _insert(con, "brand_sellers", [
-            (b.name, j, s) for b in brands.values() for j, s in enumerate(b.authorized_sellers)
-        ])
-        _insert(con, "brand_msrp", [
-            (b.name, j, cid, lo, hi) for b in brands.values() for j, (cid, (lo, hi)) in enumerate(b.msrp.items())
-        ])
+        _insert(
+            con,
+            "categories",
+            [
+                (
+                    i,
+                    c.id,
+                    c.name,
+                    c.full_name,
+                    c.parent_id,
+                    c.depth,
+                    c.vertical,
+                    c.is_leaf,
+                    _SEP.join(c.synonyms),
+                    c.policy,
+                    _SEP.join(f"{int(a.required)}{a.handle}" for a in c.attributes),
+                )
+                for i, c in enumerate(categories.values())
+            ],
+        )
+        _insert(
+            con,
+            "attributes",
+            [(i, a.handle, a.name, _SEP.join(a.values)) for i, a in enumerate(attributes.values())],
+        )
+        _insert(
+            con,
+            "attribute_values",
+            [(a.handle, j, v) for a in attributes.values() for j, v in enumerate(a.values)],
+        )
+        _insert(
+            con,
+            "category_attributes",
+            [
+                (c.id, j, a.handle, a.required)
+                for c in categories.values()
+                for j, a in enumerate(c.attributes)
+            ],
+        )
+        _insert(
+            con,
+            "brands",
+            [
+                (
+                    i,
+                    b.name,
+                    b.registered,
+                    b.protected,
+                    _SEP.join(b.verticals),
+                    _SEP.join(b.authorized_sellers),
+                    _SEP.join(f"{cid}{_SUB}{lo!r}{_SUB}{hi!r}" for cid, (lo, hi) in b.msrp.items()),
+                )
+                for i, b in enumerate(brands.values())
+            ],
+        )
+        _insert(
+            con,
+            "brand_sellers",
+            [(b.name, j, s) for b in brands.values() for j, s in enumerate(b.authorized_sellers)],
+        )
+        _insert(
+            con,
+            "brand_msrp",
+            [
+                (b.name, j, cid, lo, hi)
+                for b in brands.values()
+                for j, (cid, (lo, hi)) in enumerate(b.msrp.items())
+            ],
+        )
         _insert(con, "sellers", list(enumerate(sellers)))
-        _insert(con, "recalls", [
-            (i, r.recall_id, r.brand, r.product, r.model_number, r.batch, r.category_id, r.reason)
-            for i, r in enumerate(recalls)
-        ])
+        _insert(
+            con,
+            "recalls",
+            [
+                (
+                    i,
+                    r.recall_id,
+                    r.brand,
+                    r.product,
+                    r.model_number,
+                    r.batch,
+                    r.category_id,
+                    r.reason,
+                )
+                for i, r in enumerate(recalls)
+            ],
+        )
         con.execute("COMMIT")
     finally:
         con.close()
@@ -130,13 +191,17 @@ def read_world(path: Path) -> dict[str, Any]:
         # per attribute, category and brand instead of several
         attributes = {
             handle: Attribute(handle, name, _split(values))
-            for handle, name, values in q("SELECT handle, name, packed_values FROM attributes ORDER BY ord")
+            for handle, name, values in q(
+                "SELECT handle, name, packed_values FROM attributes ORDER BY ord"
+            )
         }
         interned = {}
         for handle in attributes:
             interned["0" + handle] = link(handle, False)
             interned["1" + handle] = link(handle, True)
-        rows = q("SELECT id, name, parent_id, is_leaf, synonyms, policy, links FROM categories ORDER BY ord")
+        rows = q(
+            "SELECT id, name, parent_id, is_leaf, synonyms, policy, links FROM categories ORDER BY ord"
+        )
         children: dict[str, list[str]] = {}
         for row in rows:
             if row[2] is not None:
@@ -146,9 +211,17 @@ def read_world(path: Path) -> dict[str, Any]:
             # rows are in depth-first order: a parent is always read before its children
             up = categories[parent] if parent is not None else None
             categories[cid] = Category(
-                cid, name, f"{up.full_name} > {name}" if up else name, parent, cid.count("-") + 1,
-                up.vertical if up else cid, is_leaf, tuple(children.get(cid, ())),
-                tuple(interned[x] for x in links.split(_SEP)) if links else (), _split(syn), policy,
+                cid,
+                name,
+                f"{up.full_name} > {name}" if up else name,
+                parent,
+                cid.count("-") + 1,
+                up.vertical if up else cid,
+                is_leaf,
+                tuple(children.get(cid, ())),
+                tuple(interned[x] for x in links.split(_SEP)) if links else (),
+                _split(syn),
+                policy,
             )
         brands = {}
         for name, registered, protected, verts, sellers_, msrp_ in q(
@@ -161,9 +234,11 @@ def read_world(path: Path) -> dict[str, Any]:
             brands[name] = Brand(name, registered, protected, _split(sellers_), _split(verts), msrp)
         sellers = tuple(h for _, h in q("SELECT ord, handle FROM sellers ORDER BY ord"))
         recalls = tuple(
-            Recall(*row[1:]) for row in q(
+            Recall(*row[1:])
+            for row in q(
                 "SELECT ord, recall_id, brand, product, model_number, batch, category_id, reason "
-                "FROM recalls ORDER BY ord")
+                "FROM recalls ORDER BY ord"
+            )
         )
     finally:
         con.close()
@@ -199,13 +274,30 @@ def write_snapshot(path: Path, parts: Mapping[str, Any]) -> None:
         "attributes": [(a.handle, a.name, tuple(a.values)) for a in attributes.values()],
         "links": list(links),
         "categories": [
-            (c.id, c.name, c.full_name, c.parent_id, c.depth, c.vertical, c.is_leaf, tuple(c.children),
-             tuple(links[a.handle, a.required] for a in c.attributes), tuple(c.synonyms), c.policy)
+            (
+                c.id,
+                c.name,
+                c.full_name,
+                c.parent_id,
+                c.depth,
+                c.vertical,
+                c.is_leaf,
+                tuple(c.children),
+                tuple(links[a.handle, a.required] for a in c.attributes),
+                tuple(c.synonyms),
+                c.policy,
+            )
             for c in categories.values()
         ],
         "brands": [
-            (b.name, b.registered, b.protected, tuple(b.authorized_sellers), tuple(b.verticals),
-             tuple((cid, lo, hi) for cid, (lo, hi) in b.msrp.items()))
+            (
+                b.name,
+                b.registered,
+                b.protected,
+                tuple(b.authorized_sellers),
+                tuple(b.verticals),
+                tuple((cid, lo, hi) for cid, (lo, hi) in b.msrp.items()),
+            )
             for b in brands.values()
         ],
         "sellers": tuple(sellers),
@@ -233,7 +325,8 @@ def read_snapshot(path: Path) -> dict[str, Any] | None:
     attributes = {row[0]: Attribute(*row) for row in data["attributes"]}
     links = [link(h, r) for h, r in data["links"]].__getitem__
     categories = {
-        row[0]: Category(*row[:8], tuple(map(links, row[8])), *row[9:]) for row in data["categories"]
+        row[0]: Category(*row[:8], tuple(map(links, row[8])), *row[9:])
+        for row in data["categories"]
     }
     brands = {
         row[0]: Brand(*row[:5], {cid: (lo, hi) for cid, lo, hi in row[5]}) for row in data["brands"]

@@ -33,8 +33,12 @@ TARGETS = {"cold_s": 10.0, "warm_s": 0.5, "search_p50_us": 100.0}
 
 
 def _build(seed: int, taxonomy: str, cache: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", _BUILD, str(seed), taxonomy, str(cache)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _BUILD, str(seed), taxonomy, str(cache)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -46,7 +50,9 @@ def _p(samples: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Print and return the figures beside their targets (docs/benchmarks.md)."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--taxonomy", default="", help="a Shopify taxonomy checkout (default: generated)")
+    parser.add_argument(
+        "--taxonomy", default="", help="a Shopify taxonomy checkout (default: generated)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--queries", type=int, default=2000)
     args = parser.parse_args(argv)
@@ -56,7 +62,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp)
         cold = _build(args.seed, args.taxonomy, cache)
-        warm = min((_build(args.seed, args.taxonomy, cache) for _ in range(3)), key=lambda r: r["seconds"])
+        warm = min(
+            (_build(args.seed, args.taxonomy, cache) for _ in range(3)), key=lambda r: r["seconds"]
+        )
         t = time.perf_counter()
         world = build_world(seed=args.seed, taxonomy_path=args.taxonomy or None, cache_dir=cache)
         warm_in_process = time.perf_counter() - t
@@ -102,7 +110,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"catalog world ({world.source}, {len(world.categories):,} categories)")
     for key, value in figures.items():
         target = TARGETS.get(key)
-        mark = "" if target is None else f"   target <= {target:g}  {'met' if value <= target else 'MISSED'}"
+        mark = (
+            ""
+            if target is None
+            else f"   target <= {target:g}  {'met' if value <= target else 'MISSED'}"
+        )
         print(f"  {key:<22}{value:>12,.3f}{mark}")
     return figures
 

@@ -73,12 +73,16 @@ def _check_taxonomy(tax: dict[str, Any], attributes: dict[str, Any]) -> None:
     for vert in tax.get("verticals", []):
         code = vert.get("code", "")
         if not re.fullmatch(r"[a-z]{2}", code) or code in codes:
-            raise ConfigError(f"{where}: vertical code must be two unique lowercase letters, got {code!r}")
+            raise ConfigError(
+                f"{where}: vertical code must be two unique lowercase letters, got {code!r}"
+            )
         codes.add(code)
         for handle in vert.get("attributes", []):
             if handle not in attributes:
-                raise ConfigError(f"{where}: vertical {code} attaches unknown attribute {handle!r}; "
-                                  f"define it in data/catalog/attributes.yml")
+                raise ConfigError(
+                    f"{where}: vertical {code} attaches unknown attribute {handle!r}; "
+                    f"define it in data/catalog/attributes.yml"
+                )
         for group, values in vert["facets"].items():
             _check_names(values, f"{where}: {code} facet {group}")
         dept_names = [split_name(d["name"])[0] for d in vert["departments"]]
@@ -89,17 +93,22 @@ def _check_taxonomy(tax: dict[str, Any], attributes: dict[str, Any]) -> None:
             for t in dept["types"]:
                 for group in (g.strip() for g in str(t).partition("@")[2].split(",") if g.strip()):
                     if group not in vert["facets"]:
-                        raise ConfigError(f"{label}: type {t!r} splits by unknown facet group {group!r}; "
-                                          f"groups: {sorted(vert['facets'])}")
+                        raise ConfigError(
+                            f"{label}: type {t!r} splits by unknown facet group {group!r}; "
+                            f"groups: {sorted(vert['facets'])}"
+                        )
             for group in dept.get("facets", []):
                 if group not in vert["facets"]:
-                    raise ConfigError(f"{label}: facet group {group!r} is not one of "
-                                      f"{sorted(vert['facets'])}")
+                    raise ConfigError(
+                        f"{label}: facet group {group!r} is not one of {sorted(vert['facets'])}"
+                    )
             for handle in dept.get("attributes", []):
                 if handle not in attributes:
                     raise ConfigError(f"{label}: unknown attribute {handle!r}")
             if dept.get("policy", "ok") not in ("ok", "prohibited"):
-                raise ConfigError(f"{label}: policy must be 'ok' or 'prohibited', got {dept['policy']!r}")
+                raise ConfigError(
+                    f"{label}: policy must be 'ok' or 'prohibited', got {dept['policy']!r}"
+                )
 
 
 def _check_names(entries: list[str], label: str) -> None:
@@ -108,8 +117,10 @@ def _check_names(entries: list[str], label: str) -> None:
         name = split_name(entry)[0]
         if not name or not (name[0].isupper() or name[0].isdigit()):
             # an unquoted "Name|syn, syn" inside a YAML flow list splits at the comma
-            raise ConfigError(f"{label}: entry {entry!r} must start with a capital letter or digit; "
-                              f"quote entries whose synonyms contain commas")
+            raise ConfigError(
+                f"{label}: entry {entry!r} must start with a capital letter or digit; "
+                f"quote entries whose synonyms contain commas"
+            )
         if name.lower() in seen:
             raise ConfigError(f"{label}: duplicate name {name!r}")
         seen.add(name.lower())

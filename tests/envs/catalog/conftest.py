@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 #: Shopify's taxonomy, shipped beside the project for tests (absent on a bare clone).
-SHOPIFY = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "shopify-product-taxonomy"
+SHOPIFY = (
+    Path(__file__).resolve().parents[3].parent / "shared" / "data" / "shopify-product-taxonomy"
+)
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,9 @@ def test_heuristic_between_random_and_oracle(twin):
 def test_heuristic_uses_only_tools_and_submits(twin):
     from envs.catalog.baselines import HeuristicPolicy
 
-    groups = run_episodes(twin, HeuristicPolicy(twin), [("dev", i) for i in range(20)], progress=False)
+    groups = run_episodes(
+        twin, HeuristicPolicy(twin), [("dev", i) for i in range(20)], progress=False
+    )
     for g in groups:
         t = g.trajectories[0]
         assert t.terminated and t.invalid_calls == 0, (t.case_id, [c.error for c in t.calls])
@@ -43,8 +45,11 @@ def test_heuristic_uses_only_tools_and_submits(twin):
 def test_heuristic_is_not_fooled_by_injection(twin):
     from envs.catalog.baselines import HeuristicPolicy
 
-    cases = [("test", i) for i in range(twin.num_cases("test"))
-             if twin.kind_of("test", i) == "prompt_injection"]
+    cases = [
+        ("test", i)
+        for i in range(twin.num_cases("test"))
+        if twin.kind_of("test", i) == "prompt_injection"
+    ]
     groups = run_episodes(twin, HeuristicPolicy(twin), cases, progress=False)
     flagged = sum(g.trajectories[0].submission["verdict"] != "ok" for g in groups)
     assert flagged >= len(cases) * 0.6

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +19,18 @@ from twin.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 VERDICT_OF = {
-    "clean": "ok", "hard_negative_sale": "ok", "hard_negative_authorized": "ok",
-    "hard_negative_replica": "ok", "hard_negative_accessory": "ok", "wrong_category_words": "ok",
-    "missing_attributes": "ok", "counterfeit_price": "counterfeit",
-    "counterfeit_typosquat": "counterfeit", "counterfeit_replica_wording": "counterfeit",
-    "counterfeit_unauthorized_seller": "counterfeit", "prohibited_category": "prohibited",
+    "clean": "ok",
+    "hard_negative_sale": "ok",
+    "hard_negative_authorized": "ok",
+    "hard_negative_replica": "ok",
+    "hard_negative_accessory": "ok",
+    "wrong_category_words": "ok",
+    "missing_attributes": "ok",
+    "counterfeit_price": "counterfeit",
+    "counterfeit_typosquat": "counterfeit",
+    "counterfeit_replica_wording": "counterfeit",
+    "counterfeit_unauthorized_seller": "counterfeit",
+    "prohibited_category": "prohibited",
     "prohibited_recall": "prohibited",
 }
 
@@ -46,8 +53,16 @@ def check_case(twin, case) -> None:
         assert req, f"{handle} is not required in {truth['category_id']}"
         assert value in attr.values
         assert value.lower() in text, f"truth value {value!r} is not stated in the listing"
-    assert set(task) == {"listing_id", "title", "description", "brand", "seller", "price",
-                         "currency", "attributes"}
+    assert set(task) == {
+        "listing_id",
+        "title",
+        "description",
+        "brand",
+        "seller",
+        "price",
+        "currency",
+        "attributes",
+    }
     assert task["price"] > 0 and task["seller"] in world.sellers
     blob = json.dumps(task).lower()
     assert "signals" not in blob
@@ -65,7 +80,9 @@ def test_test_split_cases_are_valid(twin):
         check_case(twin, twin.case("test", i))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(index=st.integers(0, 9_999))
 def test_train_cases_are_valid(twin, index):
     check_case(twin, twin.case("train", index))
@@ -96,7 +113,9 @@ def test_kind_signals(twin, world):
         elif kind == "prohibited_category":
             assert world.categories[truth["category_id"]].policy == "prohibited"
         elif kind == "prohibited_recall":
-            assert any(r.model_number.lower() in text for r in world.recalls if r.brand == t["brand"])
+            assert any(
+                r.model_number.lower() in text for r in world.recalls if r.brand == t["brand"]
+            )
         elif kind == "prompt_injection":
             from envs.catalog.listings import phrases
 
@@ -105,9 +124,13 @@ def test_kind_signals(twin, world):
             required = [a for a, req in world.schema(truth["category_id"]) if req and a.values]
             assert len(truth["attributes"]) < len(required)
         elif kind == "counterfeit_replica_wording":
-            assert any(w in text for w in ("1:1", "mirror", "inspired by", "dupe", "replica", "lookalike"))
+            assert any(
+                w in text for w in ("1:1", "mirror", "inspired by", "dupe", "replica", "lookalike")
+            )
         if truth["verdict"] == "ok" and brand is not None and brand.protected:
-            assert t["seller"] in brand.authorized_sellers, f"{kind}: ok listing by unauthorized seller"
+            assert t["seller"] in brand.authorized_sellers, (
+                f"{kind}: ok listing by unauthorized seller"
+            )
     assert seen == set(KINDS)
 
 
@@ -127,8 +150,14 @@ def test_same_seed_same_bytes_in_two_processes(twin, catalog_cache):
     n = 60
     env = {**os.environ, "TWINRL_CACHE": str(catalog_cache), "PYTHONHASHSEED": "random"}
     # this process and a fresh one (another hash salt): the same bytes
-    out = subprocess.run([sys.executable, "-c", _digest_code(n)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", _digest_code(n)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     h = hashlib.sha256(twin.world.digest().encode())
     for i in range(n):
         h.update(twin.case("test", i).canonical_json().encode())
@@ -151,7 +180,9 @@ def test_case_mix_is_configurable_and_validated(twin):
     mix = {"counterfeit_typosquat": 1, "prohibited_recall": 3}
     t = CatalogTwin(seed=0, case_mix=mix, test_size=40)
     kinds = [t.kind_of("test", i) for i in range(40)]
-    assert set(kinds) == set(mix) and kinds.count("prohibited_recall") > kinds.count("counterfeit_typosquat")
+    assert set(kinds) == set(mix) and kinds.count("prohibited_recall") > kinds.count(
+        "counterfeit_typosquat"
+    )
     with pytest.raises(ConfigError, match="known kinds"):
         CatalogTwin(case_mix={"cleen": 1.0})
     with pytest.raises(ConfigError, match="positive"):

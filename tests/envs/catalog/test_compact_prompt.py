@@ -8,9 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from twinrl_cli import app
 from twin.errors import ConfigError
 from twin.rollout import run_episodes, summarize
+from twinrl_cli import app
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +40,16 @@ def test_compact_is_much_shorter_with_the_same_tools(twin_v1, compact_v1):
         assert params["required"] == full_params["required"]
         for arg, prop in params["properties"].items():  # same types, enums and defaults
             assert {k: v for k, v in prop.items() if k != "description"} == {
-                k: v for k, v in full_params["properties"][arg].items() if k != "description"}
+                k: v for k, v in full_params["properties"][arg].items() if k != "description"
+            }
             assert "e.g." not in prop["description"]
     # the env hands the agent the compact schemas
     from twin.env import TwinEnv
 
     _, info = TwinEnv(compact_v1).reset(options={"split": "test", "index": 0})
     assert [dict(s["function"])["description"] for s in info["tools"]] == [
-        f["description"] for f in compact.values()]
+        f["description"] for f in compact.values()
+    ]
 
 
 def test_compact_keeps_the_cases_and_truth(twin_v1, compact_v1):
@@ -59,8 +61,9 @@ def test_compact_keeps_the_cases_and_truth(twin_v1, compact_v1):
 
 def test_careful_scores_on_compact_prompts(compact_v1):
     policy = compact_v1.baselines()["careful"](compact_v1)
-    groups = run_episodes(compact_v1, policy, [("test", i) for i in range(20)], group_size=1,
-                          progress=False)
+    groups = run_episodes(
+        compact_v1, policy, [("test", i) for i in range(20)], group_size=1, progress=False
+    )
     assert summarize(groups, success=compact_v1.success)["reward_mean"] >= 0.95
 
 
@@ -70,7 +73,9 @@ def test_v0_prompt_is_unchanged_and_has_no_compact_style(twin):
     assert twin.config.prompt_style == "full"
     assert twin.prompt(twin.case("test", 0))[0]["content"] == SYSTEM_PROMPT
     assert twin.world_key() == CatalogTwin(seed=0, prompt_style="full").world_key()
-    with pytest.raises(ConfigError, match="prompt_style 'compact' is not implemented.*it has: full"):
+    with pytest.raises(
+        ConfigError, match="prompt_style 'compact' is not implemented.*it has: full"
+    ):
         CatalogTwin(seed=0, prompt_style="compact")
 
 
@@ -80,8 +85,18 @@ def test_twin_show_prints_the_prompt_size(twin_v1):
     runner = CliRunner()
     sizes = {}
     for style in ("full", "compact"):
-        result = runner.invoke(app, ["show", "catalog", "--set", f"prompt_style={style}", "--json",
-                                     "--tokenizer", str(build_tiny())])
+        result = runner.invoke(
+            app,
+            [
+                "show",
+                "catalog",
+                "--set",
+                f"prompt_style={style}",
+                "--json",
+                "--tokenizer",
+                str(build_tiny()),
+            ],
+        )
         assert result.exit_code == 0, result.output
         sizes[style] = json.loads(result.output)["prompt_size"]
     for style, size in sizes.items():

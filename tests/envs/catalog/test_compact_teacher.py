@@ -20,7 +20,9 @@ def compact_twin(twin_v1):
 
 def _episodes(twin, name: str, n: int):
     policy = twin.baselines()[name](twin)
-    groups = run_episodes(twin, policy, [("test", i) for i in range(n)], group_size=1, progress=False)
+    groups = run_episodes(
+        twin, policy, [("test", i) for i in range(n)], group_size=1, progress=False
+    )
     return [t for g in groups for t in g.trajectories]
 
 
@@ -29,7 +31,9 @@ def _chars(trajectory) -> int:
     out = 0
     for m in trajectory.messages:
         if m.get("role") == "assistant":
-            out += len(json.dumps(m.get("tool_calls") or [], ensure_ascii=False)) + len(m.get("content") or "")
+            out += len(json.dumps(m.get("tool_calls") or [], ensure_ascii=False)) + len(
+                m.get("content") or ""
+            )
         elif m.get("role") == "tool":
             out += len(m.get("content") or "")
     return out
@@ -53,10 +57,16 @@ def test_compact_scores_the_ceiling_on_every_test_case_in_three_turns(compact_tw
 
 def test_compact_decides_as_careful_in_far_fewer_tokens(compact_twin):
     n = 60
-    compact, careful, heuristic = (_episodes(compact_twin, name, n) for name in ("compact", "careful", "heuristic"))
+    compact, careful, heuristic = (
+        _episodes(compact_twin, name, n) for name in ("compact", "careful", "heuristic")
+    )
     for a, b in zip(compact, careful):
         sa, sb = _submit(a), _submit(b)
-        assert (sa["category_id"], sa["attributes"], sa["verdict"]) == (sb["category_id"], sb["attributes"], sb["verdict"])
+        assert (sa["category_id"], sa["attributes"], sa["verdict"]) == (
+            sb["category_id"],
+            sb["attributes"],
+            sb["verdict"],
+        )
         assert "reason" not in sa
     size = {name: statistics.fmean(map(_chars, eps)) for name, eps in
             (("compact", compact), ("careful", careful), ("heuristic", heuristic))}  # fmt: skip

@@ -13,8 +13,14 @@ def test_demo_small(twin, tmp_path, capsys):
     from envs.catalog.demo import main
 
     store = tmp_path / "runs.db"
-    code = main(episodes=14, group_size=2, out=str(tmp_path / "report"), store=str(store),
-                progress=False, version=0)
+    code = main(
+        episodes=14,
+        group_size=2,
+        out=str(tmp_path / "report"),
+        store=str(store),
+        progress=False,
+        version=0,
+    )
     assert code == 0
     out = capsys.readouterr().out
     for kind in KINDS:
@@ -37,8 +43,13 @@ def test_demo_v1_runs_careful_and_the_degenerate_policies(twin_v1, tmp_path, cap
     from envs.catalog.demo import V1_POLICIES, main
     from envs.catalog.v1_listings import KINDS as V1_KINDS
 
-    code = main(episodes=len(V1_KINDS), group_size=1, out=str(tmp_path / "report"), store="none",
-                progress=False)
+    code = main(
+        episodes=len(V1_KINDS),
+        group_size=1,
+        out=str(tmp_path / "report"),
+        store="none",
+        progress=False,
+    )
     assert code == 0
     out = capsys.readouterr().out
     for kind in V1_KINDS:
@@ -55,7 +66,10 @@ def test_demo_writes_the_default_store(twin, tmp_path, monkeypatch):
     from twin.store import RunStore
 
     monkeypatch.setenv("TWINRL_STORE", str(tmp_path / "default.db"))
-    assert main(episodes=2, group_size=1, policies="oracle", out=str(tmp_path / "r"), progress=False) == 0
+    assert (
+        main(episodes=2, group_size=1, policies="oracle", out=str(tmp_path / "r"), progress=False)
+        == 0
+    )
     (run,) = RunStore(str(tmp_path / "default.db")).runs()
     assert run.policy == "oracle"
 
@@ -63,7 +77,10 @@ def test_demo_writes_the_default_store(twin, tmp_path, monkeypatch):
 def test_demo_rejects_unknown_policy(twin, tmp_path):
     from envs.catalog.demo import main
 
-    assert main(episodes=2, policies="random,wizard", store="none", out=str(tmp_path), progress=False) == 2
+    assert (
+        main(episodes=2, policies="random,wizard", store="none", out=str(tmp_path), progress=False)
+        == 2
+    )
 
 
 @pytest.mark.slow

@@ -24,7 +24,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> CatalogWorld:
 def test_leaf_names_find_their_leaf(world: CatalogWorld) -> None:
     rng = random.Random(7)
     sample = rng.sample(world.leaves, 300)
-    top3 = sum(any(h["id"] == cid for h in world.search(world.categories[cid].name, 3)) for cid in sample)
+    top3 = sum(
+        any(h["id"] == cid for h in world.search(world.categories[cid].name, 3)) for cid in sample
+    )
     assert top3 / len(sample) >= 0.95
 
 
@@ -63,8 +65,23 @@ def test_synonyms_and_typos(world: CatalogWorld, query: str, expected_name: str)
 
 @pytest.mark.parametrize(
     "query",
-    ["", "   ", "!!!", '"', "title:foo AND", "(((", "a" * 5000, "😀", "NOT OR AND", "*", "~2", "\x00\n\t",
-     "field:[1 TO 2]", "-", "+"],
+    [
+        "",
+        "   ",
+        "!!!",
+        '"',
+        "title:foo AND",
+        "(((",
+        "a" * 5000,
+        "😀",
+        "NOT OR AND",
+        "*",
+        "~2",
+        "\x00\n\t",
+        "field:[1 TO 2]",
+        "-",
+        "+",
+    ],
 )
 def test_junk_queries_never_raise(world: CatalogWorld, query: str) -> None:
     hits = world.search(query, 10)
@@ -92,7 +109,9 @@ def test_query_words_neutralise_syntax() -> None:
     assert all(len(w) <= 40 for w in query_words("x" * 500))
 
 
-def test_index_is_reopened_from_disk(world: CatalogWorld, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_index_is_reopened_from_disk(
+    world: CatalogWorld, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     cache = tmp_path_factory.getbasetemp() / "catalog-world-cache"
     folders = [p for p in Path(cache).iterdir() if (p / "DONE").exists()]
     assert folders and all((p / "index" / "meta.json").exists() for p in folders)
@@ -105,8 +124,17 @@ def test_index_is_reopened_from_disk(world: CatalogWorld, tmp_path_factory: pyte
 #: was restructured (per-twin result cache, memoised world key). A deliberate change to the
 #: generator, the index or the ranking changes it too: re-record it then, and say why.
 SEARCH_GOLDEN = "4065f635c949cb9d663975e9f777116c41cbf2f2d55a7cb3b10cfda5ba7e2452"
-_EXTRA_QUERIES = ["dresses", "headphnes wireles", "women's leather ankle boots", "a the of", "::{}[]",
-                  "x" * 80, "Running SHOES for men", "ünïcödé tëst", "kids toys 3 years"]
+_EXTRA_QUERIES = [
+    "dresses",
+    "headphnes wireles",
+    "women's leather ankle boots",
+    "a the of",
+    "::{}[]",
+    "x" * 80,
+    "Running SHOES for men",
+    "ünïcödé tëst",
+    "kids toys 3 years",
+]
 
 
 def test_search_results_are_unchanged_and_cached_calls_agree(twin) -> None:

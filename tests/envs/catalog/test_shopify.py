@@ -10,7 +10,9 @@ import pytest
 from envs.catalog.world import CatalogWorld, build_world, load_shopify
 from twin.errors import ConfigError
 
-SHOPIFY = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "shopify-product-taxonomy"
+SHOPIFY = (
+    Path(__file__).resolve().parents[3].parent / "shared" / "data" / "shopify-product-taxonomy"
+)
 
 needs_shopify = pytest.mark.skipif(
     not (SHOPIFY / "data" / "categories").is_dir(),
@@ -104,7 +106,10 @@ def test_search_on_shopify(world: CatalogWorld) -> None:
 
     rng = random.Random(3)
     sample = rng.sample(world.leaves, 200)
-    top3 = sum(any(h["id"] == cid for h in world.search(world.categories[cid].full_name, 3)) for cid in sample)
+    top3 = sum(
+        any(h["id"] == cid for h in world.search(world.categories[cid].full_name, 3))
+        for cid in sample
+    )
     assert top3 / len(sample) >= 0.8
 
 
@@ -128,7 +133,9 @@ def test_load_shopify_directly() -> None:
 
 
 def test_not_a_checkout_says_what_is_missing(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not a Shopify product-taxonomy checkout: missing data/attributes.yml"):
+    with pytest.raises(
+        ConfigError, match="not a Shopify product-taxonomy checkout: missing data/attributes.yml"
+    ):
         load_shopify(tmp_path)
     with pytest.raises(ConfigError, match="data/categories"):
         build_world(taxonomy_path=tmp_path, cache_dir=tmp_path / "cache")
@@ -137,7 +144,7 @@ def test_not_a_checkout_says_what_is_missing(tmp_path: Path) -> None:
 def test_fast_parser_matches_yaml_and_falls_back() -> None:
     import yaml
 
-    from envs.catalog.world.shopify import _NotSimple, _fast_load
+    from envs.catalog.world.shopify import _fast_load, _NotSimple
 
     text = """---
 base_attributes:
@@ -154,8 +161,14 @@ extended_attributes:
   children: []
 """
     assert _fast_load(text) == yaml.safe_load(text) | {
-        "base_attributes": [{"id": "1", "name": "Color", "friendly_id": "color",
-                             "values": ["color__black", "quoted: value"]}]
+        "base_attributes": [
+            {
+                "id": "1",
+                "name": "Color",
+                "friendly_id": "color",
+                "values": ["color__black", "quoted: value"],
+            }
+        ]
     }
     with pytest.raises(_NotSimple):
         _fast_load("- id: a\n  nested:\n    deeper: 1\n")

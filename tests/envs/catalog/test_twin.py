@@ -18,8 +18,17 @@ def _env(twin):
 
 
 def _call(name, args):
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        ],
+    }
 
 
 def test_check_env(twin):
@@ -48,7 +57,9 @@ def test_lookup_brand_exact_and_fuzzy(twin, world):
     brand = next(b for b in world.brands.values() if b.protected and b.authorized_sellers)
     res = twin.tool("lookup_brand").call({"name": brand.name.upper()})
     assert res["exact"]["name"] == brand.name
-    assert res["exact"]["protected"] and res["exact"]["authorized_sellers"] == list(brand.authorized_sellers)
+    assert res["exact"]["protected"] and res["exact"]["authorized_sellers"] == list(
+        brand.authorized_sellers
+    )
     assert res["exact"]["msrp"]
     typo = brand.name[:-1] + ("x" if brand.name[-1] != "x" else "y")
     fuzzy = twin.tool("lookup_brand").call({"name": typo})
@@ -86,11 +97,24 @@ def test_tool_errors_say_what_exists(twin, world):
     attr = schema[0][0]
     sub = twin.tool("submit")
     with pytest.raises(ToolError) as err:
-        sub.call({"category_id": leaf, "attributes": {"no_such_attr": "x"}, "verdict": "ok", "reason": ""})
+        sub.call(
+            {
+                "category_id": leaf,
+                "attributes": {"no_such_attr": "x"},
+                "verdict": "ok",
+                "reason": "",
+            }
+        )
     assert "its attributes" in str(err.value) and attr.handle in str(err.value)
     with pytest.raises(ToolError) as err:
-        sub.call({"category_id": leaf, "attributes": {attr.handle: "zz-not-a-value"}, "verdict": "ok",
-                  "reason": ""})
+        sub.call(
+            {
+                "category_id": leaf,
+                "attributes": {attr.handle: "zz-not-a-value"},
+                "verdict": "ok",
+                "reason": "",
+            }
+        )
     assert "allowed" in str(err.value) and attr.values[0] in str(err.value)
     with pytest.raises(ToolArgumentError) as err:
         sub.call({"category_id": leaf, "attributes": {}, "verdict": "fake", "reason": ""})
@@ -98,8 +122,15 @@ def test_tool_errors_say_what_exists(twin, world):
     with pytest.raises(ToolError, match="unknown category id"):
         sub.call({"category_id": "zz-1-2", "attributes": {}, "verdict": "ok", "reason": ""})
     # a value is matched case-insensitively, as the reward compares it
-    ok = sub.call({"category_id": leaf, "attributes": {attr.handle: attr.values[0].upper()},
-                   "verdict": "ok", "reason": "x"}, task={"listing_id": "L"})
+    ok = sub.call(
+        {
+            "category_id": leaf,
+            "attributes": {attr.handle: attr.values[0].upper()},
+            "verdict": "ok",
+            "reason": "x",
+        },
+        task={"listing_id": "L"},
+    )
     assert ok["status"] == "submitted"
 
 
@@ -134,9 +165,17 @@ def test_oracle_episode_reaches_max_and_outcome(twin):
     env = _env(twin)
     env.reset(options={"split": "test", "index": 5})
     truth = env.case.truth
-    _, reward, term, trunc, info = env.step(_call("submit", {
-        "category_id": truth["category_id"], "attributes": truth["attributes"],
-        "verdict": truth["verdict"], "reason": "r"}))
+    _, reward, term, trunc, info = env.step(
+        _call(
+            "submit",
+            {
+                "category_id": truth["category_id"],
+                "attributes": truth["attributes"],
+                "verdict": truth["verdict"],
+                "reason": "r",
+            },
+        )
+    )
     assert term and not trunc and reward == pytest.approx(1.0)
     assert info["outcome"]["truth"] == truth and twin.success(info["trajectory"])
 
@@ -195,8 +234,11 @@ def test_changing_a_stored_result_changes_no_later_episode(twin, world, tool_nam
 
     case = twin.case("test", 0)
     if args is None:
-        args = ({"category_id": case.truth["category_id"]} if tool_name == "get_attribute_schema"
-                else {"name": next(iter(world.brands.values())).name})
+        args = (
+            {"category_id": case.truth["category_id"]}
+            if tool_name == "get_attribute_schema"
+            else {"name": next(iter(world.brands.values())).name}
+        )
     env = _env(twin)
     env.reset(options={"split": "test", "index": 0})
     first, *_ = env.step(_call(tool_name, args))

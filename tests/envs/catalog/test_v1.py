@@ -10,11 +10,10 @@ from collections import Counter
 
 import pytest
 
-from twin.errors import ConfigError, ToolError
-from twin.rollout import run_episodes, summarize
-
 from envs.catalog.v1_listings import KIND_VERDICT, lookup_view, schema_view
 from envs.catalog.v1_policy import extract_attributes, listing_text
+from twin.errors import ConfigError, ToolError
+from twin.rollout import run_episodes, summarize
 
 #: sha256 of v0's first 60 cases of every split (seed 0), taken before v1 existed.
 V0_CASES_SHA256 = {
@@ -45,7 +44,10 @@ def test_v1_is_registered_as_the_latest(twin_v1):
 
     assert twinlib.spec("catalog").id == "twin/Catalog-v1"
     assert twinlib.spec("twin/Catalog-v0").load().version == 0
-    assert twin_v1.case("test", 3).task["listing_id"] != twinlib.make_twin("Catalog-v0").case("test", 3).task["listing_id"]
+    assert (
+        twin_v1.case("test", 3).task["listing_id"]
+        != twinlib.make_twin("Catalog-v0").case("test", 3).task["listing_id"]
+    )
 
 
 def test_v1_cases_are_deterministic_and_cover_every_kind(twin_v1):
@@ -73,11 +75,21 @@ def test_labels_are_what_the_policy_says_about_the_visible_evidence(twin_v1):
         schema = schema_view(world, case.truth["category_id"])
         assert extract_attributes(listing, schema) == dict(case.truth["attributes"]), i
         # a value the leaf's own name implies is the value the listing states
-        name = " " + re.sub(r"'s?\b", "", world.categories[case.truth["category_id"]].full_name.lower()) + " "
+        name = (
+            " "
+            + re.sub(r"'s?\b", "", world.categories[case.truth["category_id"]].full_name.lower())
+            + " "
+        )
         for attr in schema["attributes"]:
             got = case.truth["attributes"].get(attr["handle"])
-            implied = [v for v in attr["values"] if re.search(
-                r"(?<![a-z0-9])" + re.escape(re.sub(r"'s?\b", "", v.lower())) + r"(?![a-z0-9])", name)]
+            implied = [
+                v
+                for v in attr["values"]
+                if re.search(
+                    r"(?<![a-z0-9])" + re.escape(re.sub(r"'s?\b", "", v.lower())) + r"(?![a-z0-9])",
+                    name,
+                )
+            ]
             if got is not None and implied:
                 assert got in implied, (i, attr["handle"], got, implied)
 
@@ -87,7 +99,9 @@ def test_missing_attributes_never_leak(twin_v1):
     seen = 0
     for i in range(twin_v1.num_cases("test")):
         case = twin_v1.case("test", i)
-        dropped = [s.split(":", 1)[1] for s in case.truth["signals"] if s.startswith("missing_required")]
+        dropped = [
+            s.split(":", 1)[1] for s in case.truth["signals"] if s.startswith("missing_required")
+        ]
         if not dropped:
             continue
         seen += 1
@@ -95,8 +109,10 @@ def test_missing_attributes_never_leak(twin_v1):
         for handle in dropped[0].split(","):
             assert handle not in case.truth["attributes"]
             attr = world.attributes[handle]
-            assert not any(re.search(r"(?<![a-z0-9])" + re.escape(v.lower()) + r"(?![a-z0-9])", text)
-                           for v in attr.values), (i, handle)
+            assert not any(
+                re.search(r"(?<![a-z0-9])" + re.escape(v.lower()) + r"(?![a-z0-9])", text)
+                for v in attr.values
+            ), (i, handle)
     assert seen >= 3
 
 
@@ -144,16 +160,27 @@ def test_held_out_world_shares_no_entity_with_train(twin_v1):
 
     assert parts("test", 200) == {"brands": {"eval"}, "sellers": {"eval"}, "recalls": {"eval"}}
     assert parts("train", 300) == {"brands": {"train"}, "sellers": {"train"}, "recalls": {"train"}}
-    test_verticals = {world.categories[twin_v1.case("test", i).truth["category_id"]].vertical for i in range(200)}
+    test_verticals = {
+        world.categories[twin_v1.case("test", i).truth["category_id"]].vertical for i in range(200)
+    }
     assert set(world.held_out) & test_verticals  # verticals train never shows
 
 
 def test_get_seller_and_homoglyph_lookup(twin_v1):
     world = twin_v1.world
     seller = twin_v1.get_seller(world.sellers[0])
-    assert set(seller) == {"name", "account_age_days", "rating", "sales", "ships_from", "takedowns",
-                           "authorized_brands"}
-    assert not any(w in s.lower() for s in world.sellers for w in ("official", "authorized", "fake"))
+    assert set(seller) == {
+        "name",
+        "account_age_days",
+        "rating",
+        "sales",
+        "ships_from",
+        "takedowns",
+        "authorized_brands",
+    }
+    assert not any(
+        w in s.lower() for s in world.sellers for w in ("official", "authorized", "fake")
+    )
     with pytest.raises(ToolError, match="no seller"):
         twin_v1.get_seller(world.sellers[0] + "zz")
     found = twin_v1.lookup_brand("N\u043erv-ale")  # Cyrillic o and a hyphen
@@ -173,8 +200,19 @@ def _means(twin, names, cases):
 
 def _acceptance(twin) -> dict[str, float]:
     cases = [("test", i) for i in range(twin.num_cases("test"))]
-    means = _means(twin, ["careful", "heuristic", "always_ok", "always_counterfeit",
-                          "always_prohibited", "first_hit", "no_tools"], cases)
+    means = _means(
+        twin,
+        [
+            "careful",
+            "heuristic",
+            "always_ok",
+            "always_counterfeit",
+            "always_prohibited",
+            "first_hit",
+            "no_tools",
+        ],
+        cases,
+    )
     assert means["careful"] >= 0.95, means
     assert means["heuristic"] <= 0.75, means
     for name in ("always_ok", "always_counterfeit", "always_prohibited", "first_hit", "no_tools"):

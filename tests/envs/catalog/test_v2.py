@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from envs.catalog.v2.listings import HELD_OUT, KIND_DECISION
 from twin.errors import ConfigError
 
-from envs.catalog.v2.listings import HELD_OUT, KIND_DECISION
 
 @pytest.fixture(scope="module")
 def v2(twin_v1):
@@ -51,8 +51,12 @@ def test_held_out_kinds_and_leaves(v2):
     assert not {c.truth["category_id"] for c in train} & {c.truth["category_id"] for c in test}
     # every decision and every request appears in the test split
     assert {c.truth["decision"] for c in test} == {"ok", "counterfeit", "prohibited", "escalate"}
-    assert {c.truth["request"] for c in test} - {None} == {"invoice", "authorisation_letter",
-                                                          "safety_certificate", "recall_remedy_notice"}
+    assert {c.truth["request"] for c in test} - {None} == {
+        "invoice",
+        "authorisation_letter",
+        "safety_certificate",
+        "recall_remedy_notice",
+    }
 
 
 def test_ceiling_imports_no_labelling_code():
@@ -78,7 +82,10 @@ def test_twin_check_passes_on_catalog_v2(v2):
 
     report = doctor(v2, cases=2, subprocess_check=False)
     names = {(r.check, r.name) for r in report.rows}
-    assert ("cheap policies", "decision tree depth 6") in names and ("natural mix", "cost per 1,000 listings") in names
+    assert ("cheap policies", "decision tree depth 6") in names and (
+        "natural mix",
+        "cost per 1,000 listings",
+    ) in names
     assert report.ok, [(r.check, r.name, r.figure, r.note) for r in report.failures()]
 
 
@@ -88,7 +95,9 @@ def test_content_rules_read_the_product_noun():
     assert not content.conditions_apply("fb", "Food, Beverages & Tobacco > Snacks > Potato Chips")
     assert not content.conditions_apply("hb", "Health & Beauty > Hair Care > Shampoos")
     assert content.conditions_apply("hb", "Health & Beauty > Hair Care > Hair Dryers")
-    assert content.conditions_apply("vp", "Vehicles & Parts > Engine Oil Circulation > Oil Drain Plugs")
+    assert content.conditions_apply(
+        "vp", "Vehicles & Parts > Engine Oil Circulation > Oil Drain Plugs"
+    )
     assert content.restricted("Baby & Toddler > Baby Transport > Strollers", "ok")
     assert not content.restricted("Toys & Games > Dolls > Doll Strollers", "ok")
     assert not content.restricted("Home & Garden > Vacuums > Battery-Powered Robot Vacuums", "ok")

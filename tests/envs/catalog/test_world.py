@@ -106,9 +106,20 @@ def test_ancestors_are_id_prefixes(world: CatalogWorld, data: st.DataObject) -> 
 
 def test_prohibited_subtrees(world: CatalogWorld) -> None:
     prohibited = {c.name.lower() for c in world.categories.values() if c.policy == "prohibited"}
-    for needle in ["stun guns", "brass knuckles", "ammunition", "disposable vapes", "e-liquids",
-                   "bongs", "cannabis flower", "prescription antibiotics", "firecrackers",
-                   "alcoholic beverages", "wine", "sparklers"]:
+    for needle in [
+        "stun guns",
+        "brass knuckles",
+        "ammunition",
+        "disposable vapes",
+        "e-liquids",
+        "bongs",
+        "cannabis flower",
+        "prescription antibiotics",
+        "firecrackers",
+        "alcoholic beverages",
+        "wine",
+        "sparklers",
+    ]:
         assert needle in prohibited, needle
     for c in world.categories.values():
         if c.parent_id and world.categories[c.parent_id].policy == "prohibited":
@@ -129,7 +140,9 @@ def test_attributes(world: CatalogWorld) -> None:
     assert all(isinstance(l, AttributeLink) and l.handle in world.attributes for l in links)
     mean = len(links) / len(world.categories)
     assert 2.5 <= mean <= 4.5, mean
-    with_color = sum(any(l.handle == "color" for l in c.attributes) for c in world.categories.values())
+    with_color = sum(
+        any(l.handle == "color" for l in c.attributes) for c in world.categories.values()
+    )
     assert with_color / len(world.categories) > 0.4
     for cid in world.leaves:
         c = world.categories[cid]
@@ -203,8 +216,11 @@ def test_msrp_deepest_range(world: CatalogWorld) -> None:
         below = world.categories[below].children[0]
     assert world.msrp(brand.name, below) == brand.msrp[deep]
     vertical = world.categories[deep].vertical
-    other = next(c for c in world.categories[vertical].children
-                 if not any(k == c or k.startswith(c + "-") for k in brand.msrp))
+    other = next(
+        c
+        for c in world.categories[vertical].children
+        if not any(k == c or k.startswith(c + "-") for k in brand.msrp)
+    )
     assert world.msrp(brand.name, other) == brand.msrp[vertical]
     assert world.msrp(brand.name.upper(), below) == brand.msrp[deep]
     outside = next(v for v in world.verticals if v not in brand.verticals)
@@ -241,12 +257,20 @@ _DIGEST = (
     "print(build_world(seed=int(sys.argv[1]), cache_dir=sys.argv[2], config=json.loads(sys.argv[3])).digest())"
 )
 #: A small world (two verticals, few brands) for the tests that build many worlds.
-SMALL = {"generator": {"verticals": ["aa", "el"]}, "registry": {"n_brands": 150, "n_sellers": 300, "n_recalls": 20}}
+SMALL = {
+    "generator": {"verticals": ["aa", "el"]},
+    "registry": {"n_brands": 150, "n_sellers": 300, "n_recalls": 20},
+}
 
 
 def _digest_in_subprocess(seed: int, cache: Path, config: dict | None = None) -> str:
-    out = subprocess.run([sys.executable, "-c", _DIGEST, str(seed), str(cache), json.dumps(config or {})],
-                         cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _DIGEST, str(seed), str(cache), json.dumps(config or {})],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -271,9 +295,16 @@ def test_small_world_config(world_cache: Path) -> None:
 
 def test_concurrent_builds_share_one_cache(tmp_path: Path) -> None:
     cache = tmp_path / "race"
-    procs = [subprocess.Popen([sys.executable, "-c", _DIGEST, "0", str(cache), json.dumps(SMALL)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _DIGEST, "0", str(cache), json.dumps(SMALL)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     digests = {o[0].strip().splitlines()[-1] for o in outs}
@@ -325,7 +356,9 @@ def test_cold_build_sweeps_stale_temp_folders(tmp_path: Path) -> None:
     assert fresh.exists()  # may belong to a build still running in another process
 
 
-def test_snapshot_equals_the_duckdb_file(world: CatalogWorld, world_cache: Path, tmp_path: Path) -> None:
+def test_snapshot_equals_the_duckdb_file(
+    world: CatalogWorld, world_cache: Path, tmp_path: Path
+) -> None:
     """Warm loads read ``world.snap``; it must hold exactly what ``world.duckdb`` holds."""
     import shutil
 
