@@ -1,6 +1,6 @@
 """Time the catalog world: cold and warm builds, search and look-up latency.
 
-Run ``python -m envs.catalog.world.timing [--taxonomy PATH] [--seed N]``. Each build runs in a
+Run ``python -m bench.world_timing [--taxonomy PATH] [--seed N]``. Each build runs in a
 fresh process (so a warm load pays its imports and file reads, as a new worker would) against a
 temporary cache; latencies are measured in this process over sampled leaf names.
 """
@@ -24,7 +24,8 @@ __all__ = ["main"]
 _BUILD = (
     "import json, sys, time; t0 = time.perf_counter(); "
     "from envs.catalog.world import build_world; t1 = time.perf_counter(); "
-    "w = build_world(seed=int(sys.argv[1]), taxonomy_path=sys.argv[2] or None, cache_dir=sys.argv[3]); "
+    "w = build_world(seed=int(sys.argv[1]), taxonomy_path=sys.argv[2] or None, "
+    "cache_dir=sys.argv[3]); "
     "t2 = time.perf_counter(); "
     "print(json.dumps({'imports': t1 - t0, 'seconds': t2 - t1, 'categories': len(w.categories)}))"
 )
