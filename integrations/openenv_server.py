@@ -1,4 +1,5 @@
-"""A twin as an OpenEnv environment: OpenEnv's own server, client and wire protocol (openenv-core 0.3).
+"""A twin as an OpenEnv environment: OpenEnv's own server, client and wire protocol
+(openenv-core 0.3).
 
 ::
 
@@ -42,16 +43,23 @@ import contextlib
 import socket
 import threading
 import time
-import uuid
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from integrations._episode import ToolCallEpisode, resolve_twin
 from twin.core import Twin
 from twin.errors import CaseError, MissingDependencyError
-from twin.tools import thaw
+
+if TYPE_CHECKING:  # at run time these come from __getattr__, on first use
+    from integrations._openenv_models import (
+        TwinAction,
+        TwinEnvClient,
+        TwinEnvironment,
+        TwinObservation,
+        TwinState,
+    )
 
 __all__ = [
     "TwinAction",
@@ -75,13 +83,15 @@ def require_openenv() -> Any:
         from openenv.core.env_server.http_server import create_fastapi_app  # noqa: F401
     except ImportError as exc:
         raise MissingDependencyError(
-            f"the OpenEnv bridge needs openenv-core>=0.3, which is not installed ({exc}): {_INSTALL}"
+            "the OpenEnv bridge needs openenv-core>=0.3, which is not installed "
+            f"({exc}): {_INSTALL}"
         ) from None
     return core
 
 
 class EpisodeNotFoundError(LookupError):
-    """An HTTP step or state for an episode id the server does not hold (never reset, or dropped)."""
+    """An HTTP step or state for an episode id the server does not hold (never reset, or
+    dropped)."""
 
 
 class _EpisodeBook:
@@ -110,187 +120,20 @@ class _EpisodeBook:
         return episode
 
 
-# -- models, environment and client (built on first use: openenv-core is optional) --------------
-_BUILT: dict[str, Any] = {}
+# -- models, environment and client: integrations._openenv_models, imported on first use -------
+# (openenv-core is optional)
+def _models() -> Any:
+    """:mod:`integrations._openenv_models` (the OpenEnv classes), once openenv-core is known to
+    be installed (a clear error otherwise)."""
+    require_openenv()
+    from integrations import _openenv_models
 
-
-def _build() -> dict[str, Any]:
-    if _BUILT:
-        return _BUILT
-    core = require_openenv()
-    from openenv.core.client_types import StepResult
-    from pydantic import Field
-
-    class TwinAction(core.Action):  # type: ignore[misc, name-defined]
-        """One tool call of the twin's agent."""
-
-        tool: str = Field(description="The tool's name, as in the observation's `tools`.")
-        arguments: dict[str, Any] = Field(default_factory=dict, description="The tool's arguments.")
-
-    class TwinObservation(core.Observation):  # type: ignore[misc, name-defined]
-        """What the agent sees: the opening messages after reset, a tool's result after step."""
-
-        episode_id: str | None = Field(
-            default=None, description="The episode (name it in HTTP /step)."
-        )
-        messages: list[dict[str, Any]] = Field(
-            default_factory=list, description="Opening messages (reset)."
-        )
-        tools: list[dict[str, Any]] = Field(
-            default_factory=list, description="Tool schemas (reset)."
-        )
-        text: str = Field(default="", description="The tool's result, or what was wrong (step).")
-        error: bool = Field(default=False, description="Whether the call failed.")
-        reward_components: dict[str, float] | None = Field(
-            default=None,
-            description="Once done: each reward term's weighted share of `reward` (OpenEnv drops "
-            "`metadata` on the wire, so they travel here too).",
-        )
-
-    class TwinState(core.State):  # type: ignore[misc, name-defined]
-        """The episode's status; reward, submission and outcome only once it has ended."""
-
-        status: str = "not_started"
-        twin: str | None = None
-        split: str | None = None
-        index: int | None = None
-        case_id: str | None = None
-        turns: int = 0
-        invalid_calls: int = 0
-        submission: Any = None
-        reward: dict[str, Any] | None = None
-        outcome: Any = None
-
-    class TwinEnvironment(core.Environment):  # type: ignore[misc, name-defined]
-        """A twin's episode behind OpenEnv's ``reset`` / ``step`` / ``state``.
-
-        Args:
-            twin: The twin (shared read-only by every session).
-            book: Where HTTP episodes are kept between requests (None: WebSocket sessions only).
-        """
-
-        # Each instance holds its own TwinEnv; the twin's world is shared read-only.
-        SUPPORTS_CONCURRENT_SESSIONS = True
-
-        def __init__(self, twin: Twin, book: _EpisodeBook | None = None) -> None:
-            super().__init__()
-            self.twin = twin
-            self._book = book
-            # made by reset: HTTP builds one environment per request, most never reset
-            self._episode: ToolCallEpisode | None = None
-            self._episode_id: str | None = None
-
-        def reset(  # type: ignore[override]
-            self,
-            seed: int | None = None,
-            episode_id: str | None = None,
-            split: str = "train",
-            index: int | None = None,
-            **unknown: Any,
-        ) -> TwinObservation:
-            """Start case ``(split, index)`` (``index=None``: drawn from ``seed``)."""
-            if unknown:
-                raise ValueError(
-                    f"unknown reset option(s) {', '.join(sorted(unknown))}; the options are seed, "
-                    "episode_id, split and index"
-                )
-            episode = ToolCallEpisode(self.twin)
-            messages = episode.reset(split, index, seed)
-            self._episode = episode
-            self._episode_id = str(episode_id) if episode_id else uuid.uuid4().hex
-            if self._book is not None:
-                self._book.put(self._episode_id, episode)
-            return TwinObservation(
-                episode_id=self._episode_id,
-                messages=thaw(messages),
-                tools=thaw(self.twin.frozen_tool_schemas),
-                text=str(messages[-1].get("content", "")) if messages else "",
-            )
-
-        def step(  # type: ignore[override]
-            self, action: TwinAction, timeout_s: float | None = None, episode_id: str | None = None
-        ) -> TwinObservation:
-            """Run ``action`` as one assistant turn; ``episode_id`` picks an HTTP episode."""
-            episode = self._episode
-            if episode_id and self._book is not None:
-                episode = self._book.get(episode_id)
-            if episode is None or not episode.started:
-                raise ValueError(
-                    "reset() the episode before a step (over HTTP each request gets a fresh "
-                    "environment: send the reset's episode_id with the step, "
-                    '{"action": ..., "episode_id": ...})'
-                )
-            if episode.done:
-                return TwinObservation(
-                    episode_id=episode_id or self._episode_id,
-                    text="Error: the episode has ended; reset to start another.",
-                    error=True,
-                    done=True,
-                    reward=episode.final_reward(),
-                )
-            text, failed = episode.call(action.tool, action.arguments)
-            done = episode.done
-            terms = episode.final_terms() if done else None
-            return TwinObservation(
-                episode_id=episode_id or self._episode_id,
-                text=text,
-                error=failed,
-                done=done,
-                reward=episode.final_reward() if done else None,
-                reward_components=terms,
-                metadata={"reward_components": terms} if terms else {},
-            )
-
-        @property
-        def state(self) -> TwinState:
-            """This session's episode status (see :func:`_state_of`)."""
-            if self._episode is None:
-                return TwinState()
-            return _state_of(self._episode, self._episode_id)
-
-        def get_metadata(self) -> Any:
-            from openenv.core.env_server.types import EnvironmentMetadata
-
-            return EnvironmentMetadata(
-                name=f"twinrl/{self.twin.name}",
-                description=f"The {self.twin.name} twin: its tools, controlled cases and reward.",
-            )
-
-    def _state_of(episode: ToolCallEpisode, episode_id: str | None) -> TwinState:
-        report = episode.report()
-        return TwinState(episode_id=episode_id, step_count=int(report.get("turns") or 0), **report)
-
-    class TwinEnvClient(core.EnvClient):  # type: ignore[misc, name-defined]
-        """OpenEnv's WebSocket client, typed for a twin."""
-
-        def _step_payload(self, action: TwinAction) -> dict[str, Any]:
-            return {"tool": action.tool, "arguments": action.arguments}
-
-        def _parse_result(self, payload: dict[str, Any]) -> Any:
-            obs = TwinObservation(
-                **payload.get("observation", {}),
-                reward=payload.get("reward"),
-                done=bool(payload.get("done", False)),
-            )
-            return StepResult(observation=obs, reward=payload.get("reward"), done=obs.done)
-
-        def _parse_state(self, payload: dict[str, Any]) -> TwinState:
-            return TwinState(**payload)
-
-    _BUILT.update(
-        TwinAction=TwinAction,
-        TwinObservation=TwinObservation,
-        TwinState=TwinState,
-        TwinEnvironment=TwinEnvironment,
-        TwinEnvClient=TwinEnvClient,
-        state_of=_state_of,
-    )
-    return _BUILT
+    return _openenv_models
 
 
 def __getattr__(name: str) -> Any:
     if name in ("TwinAction", "TwinObservation", "TwinState", "TwinEnvironment", "TwinEnvClient"):
-        return _build()[name]
+        return getattr(_models(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -349,24 +192,24 @@ def build_app(
     api_key: str | None = None,
     **config: Any,
 ) -> Any:
-    """OpenEnv's FastAPI app serving ``twin`` (a :class:`Twin`, or a registered name with ``config``).
+    """OpenEnv's FastAPI app serving ``twin`` (a :class:`Twin`, or a registered name with
+    ``config``).
 
     Routes: OpenEnv's ``/ws``, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/metadata``,
     ``/health``, plus ``GET /episodes/{episode_id}`` (an HTTP episode's state). With
     ``api_key``, every route but ``/health`` needs it (:class:`_KeyGate`).
     """
-    built = _build()
+    models = _models()
     from fastapi import HTTPException
     from fastapi.responses import JSONResponse
     from openenv.core.env_server.http_server import create_fastapi_app
 
     resolved = resolve_twin(twin, **config)
     book = _EpisodeBook(max_http_episodes)
-    env_cls = built["TwinEnvironment"]
     app = create_fastapi_app(
-        lambda: env_cls(resolved, book),
-        built["TwinAction"],
-        built["TwinObservation"],
+        lambda: models.TwinEnvironment(resolved, book),
+        models.TwinAction,
+        models.TwinObservation,
         max_concurrent_envs=max_concurrent_envs,
     )
 
@@ -386,7 +229,7 @@ def build_app(
             episode = book.get(episode_id)
         except EpisodeNotFoundError as exc:
             raise HTTPException(status_code=404, detail=str(exc)) from None
-        return built["state_of"](episode, episode_id).model_dump()
+        return models.state_of(episode, episode_id).model_dump()
 
     if api_key:
         app.add_middleware(_KeyGate, api_key=api_key)
