@@ -115,7 +115,8 @@ class SessionBook:
     ) -> None:
         if max_sessions < 1 or idle_timeout_s <= 0:
             raise ValueError(
-                f"need max_sessions >= 1 and idle_timeout_s > 0, got {max_sessions}, {idle_timeout_s}"
+                "need max_sessions >= 1 and idle_timeout_s > 0, got "
+                f"{max_sessions}, {idle_timeout_s}"
             )
         self.twin = twin
         self.max_sessions = max_sessions
@@ -256,6 +257,129 @@ class _Recorder:
             log.warning("run store: run %s not finished: %s", self.run_id, exc)
 
 
+class _Handlers:
+    """The MCP request handlers of one server: tools, the ``case`` prompt and the episode
+    resource, each on the calling session's episode."""
+
+    def __init__(self, twin: Twin, sessions: SessionBook, recorder: _Recorder, types: Any) -> None:
+        from mcp.shared.exceptions import MCPError
+
+        self.twin = twin
+        self.sessions = sessions
+        self.recorder = recorder
+        self.types = types
+        self.error = MCPError
+        self.tools = [
+            types.Tool(
+                name=t.name,
+                description=t.description,
+                input_schema=t.schema["function"]["parameters"],
+            )
+            for t in twin.tools
+        ]
+
+    def episode_of(self, ctx: Any) -> ToolCallEpisode:
+        try:
+            return self.sessions.episode(_session_key(ctx))
+        except SessionGone as exc:
+            raise self.error(_INVALID_REQUEST, str(exc)) from None
+
+    def tool_result(self, text: str, *, is_error: bool) -> Any:
+        content = [self.types.TextContent(type="text", text=text)]
+        return self.types.CallToolResult(content=content, is_error=is_error)
+
+    async def list_tools(self, ctx: Any, params: Any) -> Any:
+        return self.types.ListToolsResult(tools=self.tools)
+
+    async def call_tool(self, ctx: Any, params: Any) -> Any:
+        episode = self.episode_of(ctx)
+        try:
+            if not episode.started:
+                episode.reset("train")
+            if episode.done:
+                return self.tool_result(
+                    "Error: the episode has ended; no tool runs now. The harness starts another "
+                    "with the 'case' prompt.",
+                    is_error=True,
+                )
+            text, failed = episode.call(params.name, params.arguments or {})
+        except Exception as exc:  # noqa: BLE001 - the client gets the message, the log one line
+            log.warning("tool %s failed: %s: %s", params.name, type(exc).__name__, exc)
+            return self.tool_result(
+                f"Error: the server could not run {params.name}: {type(exc).__name__}: {exc}",
+                is_error=True,
+            )
+        if episode.done:
+            self.recorder.record(episode)
+        return self.tool_result(text, is_error=failed)
+
+    async def list_prompts(self, ctx: Any, params: Any) -> Any:
+        types = self.types
+        splits = ", ".join(self.twin.splits)
+        split = types.PromptArgument(name="split", description=f"One of: {splits}.", required=False)
+        index = types.PromptArgument(
+            name="index", description="The case index in the split.", required=False
+        )
+        prompt = types.Prompt(
+            name=_PROMPT,
+            description=f"Start this session's {self.twin.name} episode on a controlled case; "
+            "returns its opening messages.",
+            arguments=[split, index],
+        )
+        return types.ListPromptsResult(prompts=[prompt])
+
+    async def get_prompt(self, ctx: Any, params: Any) -> Any:
+        if params.name != _PROMPT:
+            raise self.error(
+                _INVALID_PARAMS, f"unknown prompt {params.name!r}; the only prompt is {_PROMPT!r}"
+            )
+        args = dict(params.arguments or {})
+        unknown = set(args) - {"split", "index"}
+        if unknown:
+            raise self.error(
+                _INVALID_PARAMS,
+                f"unknown prompt arguments {sorted(unknown)}; allowed: split, index",
+            )
+        episode = self.episode_of(ctx)
+        try:
+            messages = episode.reset(args.get("split") or "train", args.get("index"))
+        except CaseError as exc:
+            raise self.error(_INVALID_PARAMS, str(exc)) from None
+        out = []
+        for m in messages:
+            role, text = m.get("role"), str(m.get("content") or "")
+            if role == "system":  # MCP prompts carry user and assistant messages only
+                role, text = "user", f"[system]\n{native_tool_calling(text)}"
+            content = self.types.TextContent(type="text", text=text)
+            out.append(self.types.PromptMessage(role=role, content=content))
+        report = episode.report()
+        return self.types.GetPromptResult(description=f"{report['case_id']}", messages=out)
+
+    async def list_resources(self, ctx: Any, params: Any) -> Any:
+        resource = self.types.Resource(
+            uri=EPISODE_URI,
+            name="episode",
+            mime_type="application/json",
+            description="This session's episode: status; reward, submission and outcome once it "
+            "has ended.",
+        )
+        return self.types.ListResourcesResult(resources=[resource])
+
+    async def read_resource(self, ctx: Any, params: Any) -> Any:
+        if str(params.uri) != EPISODE_URI:
+            raise self.error(
+                _INVALID_PARAMS,
+                f"unknown resource {params.uri!s}; the only resource is {EPISODE_URI}",
+            )
+        report = self.episode_of(ctx).report()
+        contents = self.types.TextResourceContents(
+            uri=EPISODE_URI,
+            mime_type="application/json",
+            text=json.dumps(report, ensure_ascii=False),
+        )
+        return self.types.ReadResourceResult(contents=[contents])
+
+
 def build_server(
     twin: Twin | str,
     *,
@@ -275,145 +399,22 @@ def build_server(
         book: The sessions (default: a new :class:`SessionBook`); :func:`build_app` shares it.
     """
     Server, types = _require_mcp()
-    from mcp.shared.exceptions import MCPError
-
     the_twin = resolve_twin(twin, **config)
     sessions = book or SessionBook(
         the_twin, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s
     )
     recorder = _Recorder(store, the_twin)
-    tools = [
-        types.Tool(
-            name=t.name,
-            description=t.description,
-            input_schema=t.schema["function"]["parameters"],
-        )
-        for t in the_twin.tools
-    ]
-    splits = ", ".join(the_twin.splits)
-
-    def episode_of(ctx: Any) -> ToolCallEpisode:
-        try:
-            return sessions.episode(_session_key(ctx))
-        except SessionGone as exc:
-            raise MCPError(_INVALID_REQUEST, str(exc)) from None
-
-    def tool_error(text: str) -> Any:
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=text)], is_error=True
-        )
-
-    async def list_tools(ctx: Any, params: Any) -> Any:
-        return types.ListToolsResult(tools=tools)
-
-    async def call_tool(ctx: Any, params: Any) -> Any:
-        episode = episode_of(ctx)
-        try:
-            if not episode.started:
-                episode.reset("train")
-            if episode.done:
-                return tool_error(
-                    "Error: the episode has ended; no tool runs now. The harness starts another "
-                    "with the 'case' prompt."
-                )
-            text, failed = episode.call(params.name, params.arguments or {})
-        except Exception as exc:  # noqa: BLE001 - the client gets the message, the log one line
-            log.warning("tool %s failed: %s: %s", params.name, type(exc).__name__, exc)
-            return tool_error(
-                f"Error: the server could not run {params.name}: {type(exc).__name__}: {exc}"
-            )
-        if episode.done:
-            recorder.record(episode)
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=text)], is_error=failed
-        )
-
-    async def list_prompts(ctx: Any, params: Any) -> Any:
-        return types.ListPromptsResult(
-            prompts=[
-                types.Prompt(
-                    name=_PROMPT,
-                    description=f"Start this session's {the_twin.name} episode on a controlled case; "
-                    "returns its opening messages.",
-                    arguments=[
-                        types.PromptArgument(
-                            name="split", description=f"One of: {splits}.", required=False
-                        ),
-                        types.PromptArgument(
-                            name="index", description="The case index in the split.", required=False
-                        ),
-                    ],
-                )
-            ]
-        )
-
-    async def get_prompt(ctx: Any, params: Any) -> Any:
-        if params.name != _PROMPT:
-            raise MCPError(
-                _INVALID_PARAMS, f"unknown prompt {params.name!r}; the only prompt is {_PROMPT!r}"
-            )
-        args = dict(params.arguments or {})
-        unknown = set(args) - {"split", "index"}
-        if unknown:
-            raise MCPError(
-                _INVALID_PARAMS,
-                f"unknown prompt arguments {sorted(unknown)}; allowed: split, index",
-            )
-        episode = episode_of(ctx)
-        try:
-            messages = episode.reset(args.get("split") or "train", args.get("index"))
-        except CaseError as exc:
-            raise MCPError(_INVALID_PARAMS, str(exc)) from None
-        out = []
-        for m in messages:
-            role, text = m.get("role"), str(m.get("content") or "")
-            if role == "system":  # MCP prompts carry user and assistant messages only
-                role, text = "user", f"[system]\n{native_tool_calling(text)}"
-            out.append(
-                types.PromptMessage(role=role, content=types.TextContent(type="text", text=text))
-            )
-        report = episode.report()
-        return types.GetPromptResult(description=f"{report['case_id']}", messages=out)
-
-    async def list_resources(ctx: Any, params: Any) -> Any:
-        return types.ListResourcesResult(
-            resources=[
-                types.Resource(
-                    uri=EPISODE_URI,
-                    name="episode",
-                    mime_type="application/json",
-                    description="This session's episode: status; reward, submission and outcome once it has ended.",
-                )
-            ]
-        )
-
-    async def read_resource(ctx: Any, params: Any) -> Any:
-        if str(params.uri) != EPISODE_URI:
-            raise MCPError(
-                _INVALID_PARAMS,
-                f"unknown resource {params.uri!s}; the only resource is {EPISODE_URI}",
-            )
-        report = episode_of(ctx).report()
-        return types.ReadResourceResult(
-            contents=[
-                types.TextResourceContents(
-                    uri=EPISODE_URI,
-                    mime_type="application/json",
-                    text=json.dumps(report, ensure_ascii=False),
-                )
-            ]
-        )
-
+    handlers = _Handlers(the_twin, sessions, recorder, types)
     server = Server(
         f"twin-{the_twin.name}",
         version=str(the_twin.version),
         instructions=the_twin.description or None,
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        on_list_prompts=list_prompts,
-        on_get_prompt=get_prompt,
-        on_list_resources=list_resources,
-        on_read_resource=read_resource,
+        on_list_tools=handlers.list_tools,
+        on_call_tool=handlers.call_tool,
+        on_list_prompts=handlers.list_prompts,
+        on_get_prompt=handlers.get_prompt,
+        on_list_resources=handlers.list_resources,
+        on_read_resource=handlers.read_resource,
     )
     server.twin_sessions = sessions  # type: ignore[attr-defined]  # build_app's gate shares it
     server.twin_recorder = recorder  # type: ignore[attr-defined]
