@@ -17,8 +17,7 @@ sequences of ``T`` tokens (``B = N * G`` after dynamic sampling); ``V`` vocabula
   sampling against the sampler), :func:`keep_informative_groups` (DAPO dynamic sampling),
   :func:`overlong_penalty` (DAPO soft overlong punishment), :func:`entropy_from_logits`,
   :func:`token_logprobs`.
-- :func:`trainer.objective.objective` composes them (and :func:`trainer.objective.policy_loss`,
-  the same with keyword settings) and returns ``(loss, LossStats)``.
+- :func:`trainer.objective.objective` composes them and returns ``(loss, LossStats)``.
 """
 
 from __future__ import annotations
@@ -568,8 +567,8 @@ def aggregation(name: str, *, max_tokens: int | None = None) -> Aggregation:
 
 # ==================================================================== the composed loss
 class LossStats(NamedTuple):
-    """Diagnostics of one :func:`trainer.objective.policy_loss` call (0-d detached tensors, token means over
-    the mask of this call).
+    """Diagnostics of one :func:`trainer.objective.objective` call (0-d detached tensors, token
+    means over the mask of this call).
 
     Attributes:
         policy_loss: The aggregated clipped-surrogate part.

@@ -7,7 +7,7 @@ sequences with loss masks, the sampler's logprobs and one advantage per sequence
     ref  = logprobs with the adapter disabled (no grad)     # only when kl_coef > 0
     for each mini-batch (optim.mini_batches):
         for scored in learner.score(mini-batch):            # micro-batches, shared prompts run once
-            loss = objective(scored, algorithm)             # trainer/objective.py: the equations
+            loss = objective(scored, settings)              # trainer/objective.py: the equations
             loss.backward()                                 # gradients accumulate
         clip_grad_norm_; optimizer.step() unless the loss or the norm is not finite
 
@@ -35,7 +35,7 @@ import torch
 
 from trainer import algorithms as algo
 from trainer.config import AlgorithmConfig, OptimConfig
-from trainer.objective import Scored, objective
+from trainer.objective import LossSettings, ScoredBatch, objective
 from trainer.scoring import BatchScorer, TrainBatch, pad_to
 from twin.errors import ConfigError
 
@@ -129,6 +129,8 @@ class Learner:
     ) -> None:
         self.model = model
         self.algorithm = algorithm
+        #: What the objective reads, built once from ``algorithm`` (trainer/objective.py).
+        self.loss_settings = LossSettings.of(algorithm)
         self.optim_config = optim
         self.max_tokens = int(max_tokens)
         #: How the model is read: micro-batches, shared prompts, checkpointing (trainer/scoring.py).
@@ -193,12 +195,12 @@ class Learner:
         """
         started = time.perf_counter()
         self._check_fits(batch)
-        cfg, n = self.algorithm, len(batch)
+        settings, n = self.loss_settings, len(batch)
         mini = max(1, min(self.optim_config.mini_batches, n))
         # pi_old and pi_ref are scored before any update (pi_old = this pass's own with one mini-batch)
         old = self.scorer.frozen_logprobs(batch, reference=False) if mini > 1 else None
-        ref = self.scorer.frozen_logprobs(batch, reference=True) if cfg.kl_coef > 0 else None
-        aggregate = algo.aggregation(cfg.loss_aggregation, max_tokens=self.max_tokens)
+        ref = self.scorer.frozen_logprobs(batch, reference=True) if settings.kl_coef > 0 else None
+        aggregate = algo.aggregation(self.algorithm.loss_aggregation, max_tokens=self.max_tokens)
         meter = _Meter()
         self.model.train()
         for chunk in (list(range(k, n, mini)) for k in range(mini)):
@@ -209,7 +211,7 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             chunk_loss = 0.0
             for scored in self.score(batch, chunk, old=old, ref=ref):
-                loss, stats = objective(scored, cfg, aggregate=aggregate, **counts)
+                loss, stats = objective(scored, settings, aggregate=aggregate, **counts)
                 loss.backward()  # gradients accumulate over the micro-batches
                 chunk_loss += float(loss.detach())
                 meter.add(stats)
@@ -232,7 +234,7 @@ class Learner:
         *,
         old: dict[int, torch.Tensor] | None = None,
         ref: dict[int, torch.Tensor] | None = None,
-    ) -> Iterator[Scored]:
+    ) -> Iterator[ScoredBatch]:
         """The rows' logprobs under the current weights, with grad, one micro-batch at a time.
 
         Micro-batches hold at most ``optim.micro_batch_tokens`` (:meth:`trainer.scoring.BatchScorer.plan`); a prompt that
@@ -246,10 +248,10 @@ class Learner:
             ref: Per row, reference logprobs (adapter disabled).
 
         Yields:
-            :class:`trainer.objective.Scored` micro-batches; the entropy carries grad only
+            :class:`trainer.objective.ScoredBatch` micro-batches; the entropy carries grad only
             when ``algorithm.entropy_coef > 0`` (it is logged either way).
         """
-        bonus = self.algorithm.entropy_coef > 0
+        bonus = self.loss_settings.entropy_coef > 0
         scorer = self.scorer
         for mrows, units in scorer.plan(rows, batch):
             mb = scorer.pad(mrows, batch, units)
@@ -260,7 +262,7 @@ class Learner:
                     return None
                 return torch.stack([pad_to(per_row[i], logp.shape[1]) for i in mrows])
 
-            yield Scored(
+            yield ScoredBatch(
                 logprobs=logp, mask=mb["mask"], advantages=mb["advantages"],
                 sampler_logprobs=mb["sampler_logprobs"], old_logprobs=stacked(old),
                 ref_logprobs=stacked(ref), entropy=ent,

@@ -16,13 +16,13 @@ Per micro-batch of scored episodes (:meth:`trainer.learner.Learner.step`), ``m``
 
 Each piece is a pure function of :mod:`trainer.algorithms`; this module composes them with the
 recipe's ``algorithm:`` settings. How the logprobs were computed (micro-batches, a group's
-shared prompt run once) is the learner's business: the objective sees :class:`Scored` tensors.
+shared prompt run once) is the learner's business: the objective sees :class:`ScoredBatch` tensors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -30,27 +30,22 @@ from torch import Tensor
 from trainer import algorithms as algo
 from twin.errors import ConfigError
 
+if TYPE_CHECKING:
+    from trainer.config import AlgorithmConfig
+
 __all__ = [
-    "LossSettings", "Scored", "Settings", "advantages", "check_overlong_owner", "group_rewards",
-    "informative", "objective", "placebo_advantages", "policy_loss", "shaped_rewards",
+    "LossSettings", "ScoredBatch", "advantages", "check_overlong_owner", "group_rewards",
+    "informative", "objective", "placebo_advantages", "shaped_rewards",
 ]  # fmt: skip
 
 
-class LossSettings(Protocol):
-    """The settings :func:`objective` reads (``trainer.config.AlgorithmConfig`` has them all)."""
-
-    eps_low: float
-    eps_high: float
-    kl_coef: float
-    entropy_coef: float
-    tis_cap: float | None
-    is_correction: str
-    is_mask_low: float
-
-
 @dataclass(frozen=True)
-class Settings:
-    """:class:`LossSettings` as plain values (the defaults are the recipe's, i.e. DAPO's)."""
+class LossSettings:
+    """What :func:`objective` reads, as plain values (the defaults are the recipe's, i.e. DAPO's).
+
+    The one way to pass them: a run builds it once from its recipe (:meth:`of`); a test writes
+    the values it needs.
+    """
 
     eps_low: float = 0.2
     eps_high: float = 0.28
@@ -60,9 +55,22 @@ class Settings:
     is_correction: str = "truncate"
     is_mask_low: float = 0.0
 
+    @classmethod
+    def of(cls, algorithm: AlgorithmConfig) -> LossSettings:
+        """The settings of a recipe's ``algorithm:`` section."""
+        return cls(
+            eps_low=algorithm.eps_low,
+            eps_high=algorithm.eps_high,
+            kl_coef=algorithm.kl_coef,
+            entropy_coef=algorithm.entropy_coef,
+            tis_cap=algorithm.tis_cap,
+            is_correction=algorithm.is_correction,
+            is_mask_low=algorithm.is_mask_low,
+        )
+
 
 @dataclass(frozen=True)
-class Scored:
+class ScoredBatch:
     """One micro-batch as the learner scored it: everything the objective reads.
 
     Attributes:
@@ -174,7 +182,7 @@ def advantages(shaped: Tensor, estimator: str) -> Tensor:
 
 # ==================================================================== per micro-batch
 def objective(
-    b: Scored,
+    b: ScoredBatch,
     cfg: LossSettings,
     *,
     aggregate: algo.Aggregation = algo.token_mean,
@@ -213,7 +221,7 @@ def objective(
     return loss, _stats(b, m, old, surr, w, kl, pg, cap=cfg.tis_cap if corrected else None)
 
 
-def _check(b: Scored, cfg: LossSettings) -> None:
+def _check(b: ScoredBatch, cfg: LossSettings) -> None:
     if b.mask.shape != b.logprobs.shape:
         raise ConfigError(
             f"objective: mask {tuple(b.mask.shape)} must have the shape of logprobs {tuple(b.logprobs.shape)} ([B, T])"
@@ -231,7 +239,7 @@ def _check(b: Scored, cfg: LossSettings) -> None:
 
 @torch.no_grad()
 def _stats(
-    b: Scored,
+    b: ScoredBatch,
     m: Tensor,
     old: Tensor,
     surr: algo.SurrogateOut,
@@ -264,70 +272,4 @@ def _stats(
         num_tokens=m.sum(),
         entropy=mean(b.entropy) if b.entropy is not None else zero,
         logprob_mismatch=mean((old - sampled).abs()) if sampled is not None else zero,
-    )
-
-
-def policy_loss(
-    logprobs: Tensor,  # [B, T]
-    advantages: Tensor,  # [B] or [B, T]
-    mask: Tensor,  # [B, T]
-    *,
-    aggregate: algo.Aggregation = algo.token_mean,
-    old_logprobs: Tensor | None = None,  # [B, T]
-    sampler_logprobs: Tensor | None = None,  # [B, T]
-    ref_logprobs: Tensor | None = None,  # [B, T]
-    entropy: Tensor | None = None,  # [B, T]
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-    kl_coef: float = 0.0,
-    entropy_coef: float = 0.0,
-    tis_cap: float | None = 2.0,
-    is_correction: str = "truncate",
-    is_mask_low: float = 0.0,
-    num_seqs: int | None = None,
-    num_tokens: float | None = None,
-) -> tuple[Tensor, algo.LossStats]:
-    """The GRPO-family policy loss with its settings as arguments (:func:`objective`).
-
-    ``loss = aggregate(w_t * -min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A)
-    + beta * KL_k3_t, mask) - entropy_coef * token mean of H_t`` with ``w_t`` from
-    :func:`trainer.algorithms.is_weights` (``truncate``: ``min(exp(lp_old - lp_sampler), cap)``).
-
-    Args:
-        logprobs: Learner logprobs of the sampled tokens (with grad).  # [B, T]
-        advantages: Per sequence or per token.  # [B] or [B, T]
-        mask: 1 on sampled tokens (the renderer's loss mask).  # [B, T]
-        aggregate: One of :data:`trainer.algorithms.LOSS_AGGREGATIONS`
-            (see :func:`trainer.algorithms.aggregation`).
-        old_logprobs: Learner logprobs before this update; default ``logprobs.detach()``
-            (one update per batch: ratio 1, clipping inactive).  # [B, T]
-        sampler_logprobs: The sampler's logprobs; enables the IS correction.  # [B, T]
-        ref_logprobs: Reference logprobs (adapter disabled); needed when ``kl_coef > 0``.
-        entropy: Per-token entropy (with grad); needed when ``entropy_coef > 0``.
-        eps_low: Lower clip range.
-        eps_high: Upper clip range (clip-higher when > ``eps_low``).
-        kl_coef: beta, weight of the k3 KL term (0 disables it).
-        entropy_coef: Weight of the entropy bonus (0 disables it).
-        tis_cap: Cap (truncate) or upper bound (masks) of the IS weight; None disables it.
-        is_correction: ``truncate``, ``token_mask`` or ``sequence_mask`` (:func:`trainer.algorithms.is_weights`).
-        is_mask_low: Lower bound of the masks.
-        num_seqs: Whole-batch sequence count for micro-batching
-            (see :class:`trainer.algorithms.Aggregation`).
-        num_tokens: Whole-batch token count for micro-batching.
-
-    Returns:
-        ``(loss, stats)``: the scalar to backpropagate and its :class:`LossStats`.
-
-    Raises:
-        ConfigError: ``kl_coef > 0`` without ``ref_logprobs``, ``entropy_coef > 0`` without
-            ``entropy``, or mismatched shapes.
-    """
-    scored = Scored(
-        logprobs, mask, advantages, sampler_logprobs, old_logprobs, ref_logprobs, entropy
-    )
-    settings = Settings(
-        eps_low, eps_high, kl_coef, entropy_coef, tis_cap, is_correction, is_mask_low
-    )
-    return objective(
-        scored, settings, aggregate=aggregate, num_seqs=num_seqs, num_tokens=num_tokens
     )

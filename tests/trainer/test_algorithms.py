@@ -27,7 +27,7 @@ from trainer.algorithms import (
     token_logprobs,
     token_mean,
 )
-from trainer.objective import policy_loss
+from trainer.objective import LossSettings, ScoredBatch, objective
 from twin.errors import ConfigError
 
 T = torch.tensor
@@ -276,7 +276,7 @@ def test_config_names_map_to_functions() -> None:
         aggregation("sum")
 
 
-# ================================================================== policy_loss
+# ================================================================== objective
 ADV = T([1.0, -0.5])
 LP_MASK = T([[1, 1, 0], [1, 0, 0]])
 
@@ -285,10 +285,10 @@ def lp_tensor() -> torch.Tensor:
     return T([[-1.0, -2.0, -3.0], [-0.5, -7.0, -7.0]], requires_grad=True)
 
 
-def test_policy_loss_on_policy_by_hand() -> None:
+def test_objective_on_policy_by_hand() -> None:
     # old = lp.detach(): ratio 1 everywhere, per-token loss -A: [-1, -1, .], [.5, ., .]
     lp = lp_tensor()
-    loss, stats = policy_loss(lp, ADV, LP_MASK, aggregate=token_mean)
+    loss, stats = objective(ScoredBatch(lp, LP_MASK, ADV), LossSettings(), aggregate=token_mean)
     assert close(loss, (-1 - 1 + 0.5) / 3)  # -0.5
     loss.backward()
     # d/d lp of -r*A / 3 tokens with r = 1: -A/3 on masked-in tokens only
@@ -297,7 +297,9 @@ def test_policy_loss_on_policy_by_hand() -> None:
     assert close(stats.tis_mean, 1.0) and close(stats.num_tokens, 3.0)
 
     lp = lp_tensor()
-    loss, _ = policy_loss(lp, ADV, LP_MASK, aggregate=seq_mean_token_mean)
+    loss, _ = objective(
+        ScoredBatch(lp, LP_MASK, ADV), LossSettings(), aggregate=seq_mean_token_mean
+    )
     assert close(loss, ((-1 - 1) / 2 + 0.5 / 1) / 2)  # -0.25
     loss.backward()
     assert close(lp.grad, [[-1 / 4, -1 / 4, 0.0], [0.5 / 2, 0.0, 0.0]])
@@ -310,36 +312,25 @@ def test_gradient_flows_only_through_masked_tokens() -> None:
     ref = T([[-1.1, -2.2, 30.0], [-0.6, 5.0, -40.0]])
     for agg in LOSS_AGGREGATIONS.values():
         lp.grad = None
-        loss, _ = policy_loss(
-            lp,
-            ADV,
-            LP_MASK,
-            aggregate=agg,
-            old_logprobs=old,
-            sampler_logprobs=sampler,
-            ref_logprobs=ref,
-            kl_coef=0.1,
+        scored = ScoredBatch(
+            lp, LP_MASK, ADV, sampler_logprobs=sampler, old_logprobs=old, ref_logprobs=ref
         )
+        loss, _ = objective(scored, LossSettings(kl_coef=0.1), aggregate=agg)
         loss.backward()
         assert torch.isfinite(loss)
         assert (lp.grad[LP_MASK == 0] == 0).all()
         assert (lp.grad[LP_MASK == 1] != 0).all()
 
 
-def test_policy_loss_with_tis_and_kl_by_hand() -> None:
+def test_objective_with_tis_and_kl_by_hand() -> None:
     lp = lp_tensor()
     # sampler logprobs: weights exp(old - sampler) = exp(1) -> cap 2, exp(-.5), exp(0) = 1
     sampler = T([[-2.0, -1.5, 0.0], [-0.5, 0.0, 0.0]])
     ref = T([[-1.0, -2.0 + math.log(0.5), 0.0], [-0.5, 0.0, 0.0]])
-    loss, stats = policy_loss(
-        lp,
-        ADV,
-        LP_MASK,
+    loss, stats = objective(
+        ScoredBatch(lp, LP_MASK, ADV, sampler_logprobs=sampler, ref_logprobs=ref),
+        LossSettings(kl_coef=0.1, tis_cap=2.0),
         aggregate=token_mean,
-        sampler_logprobs=sampler,
-        ref_logprobs=ref,
-        kl_coef=0.1,
-        tis_cap=2.0,
     )
     w = [2.0, math.exp(-0.5), 1.0]
     pg = (-1 * w[0] - 1 * w[1] + 0.5 * w[2]) / 3
@@ -352,19 +343,20 @@ def test_policy_loss_with_tis_and_kl_by_hand() -> None:
     assert set(stats.metrics()) >= {"losses/clip_frac", "losses/kl", "losses/tis_mean"}
 
 
-def test_policy_loss_clip_stats_by_hand() -> None:
+def test_objective_clip_stats_by_hand() -> None:
     lp = torch.log(T([[1.5, 0.5, 1.0], [0.5, 1.0, 1.0]]))
     old = torch.zeros(2, 3)
     mask = T([[1, 1, 1], [1, 0, 0]])
-    _, stats = policy_loss(lp, T([1.0, -1.0]), mask, old_logprobs=old, eps_low=0.2, eps_high=0.28)
+    scored = ScoredBatch(lp, mask, T([1.0, -1.0]), old_logprobs=old)
+    _, stats = objective(scored, LossSettings(eps_low=0.2, eps_high=0.28))
     # clipped high: (0,0) ratio 1.5 A>0; clipped low: (1,0) ratio .5 A<0; of 4 tokens
     assert close(stats.clip_frac_high, 0.25) and close(stats.clip_frac_low, 0.25)
     assert close(stats.clip_frac, 0.5)
     assert close(stats.ratio_mean, (1.5 + 0.5 + 1.0 + 0.5) / 4) and close(stats.ratio_max, 1.5)
 
 
-def test_policy_loss_errors() -> None:
+def test_objective_errors() -> None:
     with pytest.raises(ConfigError, match="ref_logprobs"):
-        policy_loss(lp_tensor(), ADV, LP_MASK, kl_coef=0.1)
+        objective(ScoredBatch(lp_tensor(), LP_MASK, ADV), LossSettings(kl_coef=0.1))
     with pytest.raises(ConfigError, match=r"\[B, T\]"):
-        policy_loss(lp_tensor(), ADV, T([[1, 1]]))
+        objective(ScoredBatch(lp_tensor(), T([[1, 1]]), ADV), LossSettings())

@@ -40,14 +40,15 @@ def test_sequence_mask_drops_whole_sequences_by_geometric_mean_over_sampled_toke
         algo.is_weights("clip", old, samp, mask, high=2.0)
 
 
-def test_policy_loss_uses_the_named_correction_and_reports_the_sampler_kl() -> None:
+def test_the_objective_uses_the_named_correction_and_reports_the_sampler_kl() -> None:
     lp = torch.zeros(1, 3, requires_grad=True)
     samp = torch.log(torch.tensor([[1 / 3.0, 1.0, 1.0]]))  # rho = 3 on the first token
     mask = torch.ones(1, 3)
     adv = torch.tensor([1.0])
-    loss_t, st_t = objective.policy_loss(lp, adv, mask, sampler_logprobs=samp, tis_cap=2.0)
-    loss_m, st_m = objective.policy_loss(
-        lp, adv, mask, sampler_logprobs=samp, tis_cap=2.0, is_correction="token_mask"
+    scored = objective.ScoredBatch(lp, mask, adv, sampler_logprobs=samp)
+    loss_t, st_t = objective.objective(scored, objective.LossSettings(tis_cap=2.0))
+    loss_m, st_m = objective.objective(
+        scored, objective.LossSettings(tis_cap=2.0, is_correction="token_mask")
     )
     assert float(loss_t) == pytest.approx(-(2.0 + 1 + 1) / 3)
     assert float(loss_m) == pytest.approx(-(0.0 + 1 + 1) / 3)

@@ -11,22 +11,21 @@ from trainer.config import AlgorithmConfig, OptimConfig
 from trainer.learner import Learner, TrainBatch
 from trainer.models import load_model
 from trainer.objective import (
-    Scored,
-    Settings,
+    LossSettings,
+    ScoredBatch,
     advantages,
     informative,
     objective,
-    policy_loss,
     shaped_rewards,
 )
 from trainer.runtime import make_batch
 from twin.errors import ConfigError
 
 
-def _scored(entropy: torch.Tensor | None = None) -> Scored:
+def _scored(entropy: torch.Tensor | None = None) -> ScoredBatch:
     lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.5, -4.0]], requires_grad=True)
     mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    return Scored(
+    return ScoredBatch(
         lp, mask, torch.tensor([1.0, -0.5]), sampler_logprobs=lp.detach() - 0.1, entropy=entropy
     )
 
@@ -35,8 +34,8 @@ def test_the_entropy_bonus_is_part_of_the_objective() -> None:
     h = torch.tensor(
         [[9.0, 2.0, 1.0], [3.0, 5.0, 9.0]], requires_grad=True
     )  # the 9.0s are masked out
-    base, _ = objective(_scored(), Settings())
-    loss, stats = objective(_scored(h), Settings(entropy_coef=0.1), num_tokens=8)
+    base, _ = objective(_scored(), LossSettings())
+    loss, stats = objective(_scored(h), LossSettings(entropy_coef=0.1), num_tokens=8)
     # loss - c_H * sum_t m_t H_t / n_tokens over the whole mini-batch's 8 tokens; the policy part
     # of base is a token mean over this micro-batch's 4, rescaled to 8
     assert float(loss.detach()) == pytest.approx(float(base) * 4 / 8 - 0.1 * (2 + 1 + 3 + 5) / 8)
@@ -50,19 +49,21 @@ def test_the_entropy_bonus_is_part_of_the_objective() -> None:
 
 def test_the_objective_refuses_missing_inputs_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"entropy_coef > 0 needs the per-token entropy"):
-        objective(_scored(), Settings(entropy_coef=0.1))
+        objective(_scored(), LossSettings(entropy_coef=0.1))
     with pytest.raises(ConfigError, match=r"kl_coef > 0 needs ref_logprobs"):
-        objective(_scored(), Settings(kl_coef=0.1))
+        objective(_scored(), LossSettings(kl_coef=0.1))
 
 
-def test_policy_loss_is_the_objective_with_keyword_settings() -> None:
+def test_loss_settings_of_a_recipe_carry_its_algorithm_section() -> None:
     b = _scored(torch.ones(2, 3))
     cfg = AlgorithmConfig(entropy_coef=0.05, is_correction="token_mask", tis_cap=1.05, eps_high=0.3)
-    loss, stats = objective(b, cfg)  # a recipe's algorithm: section is the settings as it stands
-    same, same_stats = policy_loss(
-        b.logprobs, b.advantages, b.mask, sampler_logprobs=b.sampler_logprobs, entropy=b.entropy,
-        entropy_coef=0.05, is_correction="token_mask", tis_cap=1.05, eps_high=0.3,
-    )  # fmt: skip
+    loss, stats = objective(b, LossSettings.of(cfg))  # how a run builds them (the learner)
+    written = LossSettings(
+        entropy_coef=0.05, is_correction="token_mask", tis_cap=1.05, eps_high=0.3
+    )
+    same, same_stats = objective(b, written)
+    assert LossSettings.of(cfg) == written
+    assert LossSettings.of(AlgorithmConfig()) == LossSettings()  # the same defaults (DAPO's)
     assert float(loss) == float(same) and same_stats.metrics() == stats.metrics()
 
 
