@@ -62,6 +62,7 @@ def _extra_body(raw: str | None) -> dict[str, Any] | None:
     return value
 
 
+# long: Typer options are the signature
 @app.command("eval")
 def eval_(
     name: Annotated[str, typer.Argument(help="Twin name or id.")],
@@ -113,7 +114,8 @@ def eval_(
         str | None,
         typer.Option(
             "--base-url",
-            help="Model server base URL (default $OPENAI_BASE_URL; anthropic: $ANTHROPIC_BASE_URL).",
+            help="Model server base URL (default $OPENAI_BASE_URL;"
+            " anthropic: $ANTHROPIC_BASE_URL).",
         ),
     ] = None,
     api_key: Annotated[
@@ -190,15 +192,11 @@ def eval_(
     Exit status: 0 every episode ran; 3 some episodes failed (stored, reasons in the summary);
     2 bad input; 1 the command failed; 130 interrupted.
     """
-    from twin.evaluation import EvalInterrupted, plan_evaluation
+    from twin.evaluation import plan_evaluation
     from twin.policies import PolicySettings, load_policy_file
     from twin.store import RunStore
 
     with errors():
-        if tracker is not None and tracker not in ("wandb", "trackio"):
-            from twin.errors import ConfigError
-
-            raise ConfigError(f"--tracker must be wandb or trackio, got {tracker!r}")
         tracker_lib = _tracker_library(tracker)
         settings = load_policy_file(policy_file) if policy_file else PolicySettings()
         settings = settings.merged(
@@ -220,25 +218,45 @@ def eval_(
             twin_config=config, policy_file=policy_file,
         )  # fmt: skip
         run_store = None if no_store else RunStore(store)
-        if not as_json:
-            err_console.print(f"[dim]{escape(job.describe())}[/]")
-        try:
-            result = job.run(run_store, progress=progress)
-        except EvalInterrupted as stop:
-            if stop.run_id is not None:
-                err_console.print(
-                    f"[yellow]interrupted: run {stop.run_id} keeps {stop.kept} episodes[/]"
-                )
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        finally:
-            if run_store is not None:
-                run_store.close()
-        summary = result.summary
+        result = _run_job(job, run_store, progress=progress, quiet=as_json)
+    _report(result, tracker_lib, tracker_project, as_json=as_json)
+
+
+def _run_job(job: Any, run_store: Any, *, progress: bool, quiet: bool) -> Any:
+    """Run the planned evaluation ``job`` into ``run_store`` (None: not stored); closes it.
+
+    Raises:
+        typer.Exit: interrupted (Ctrl-C), after saying how many episodes the run keeps.
+    """
+    from twin.evaluation import EvalInterrupted
+
+    if not quiet:
+        err_console.print(f"[dim]{escape(job.describe())}[/]")
+    try:
+        return job.run(run_store, progress=progress)
+    except EvalInterrupted as stop:
+        if stop.run_id is not None:
+            err_console.print(
+                f"[yellow]interrupted: run {stop.run_id} keeps {stop.kept} episodes[/]"
+            )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        if run_store is not None:
+            run_store.close()
+
+
+def _report(result: Any, tracker_lib: str | None, project: str, *, as_json: bool) -> None:
+    """Send ``result`` to the tracker, print its summary (tables, or JSON with ``as_json``).
+
+    Raises:
+        typer.Exit: some episodes failed (EXIT_EPISODES_FAILED).
+    """
+    summary = result.summary
     if tracker_lib is not None:
         from trainer.metrics import log_evaluation
 
         episodes = [t for g in result.groups for t in g.trajectories]
-        log_evaluation(tracker_lib, summary, episodes, project=tracker_project)
+        log_evaluation(tracker_lib, summary, episodes, project=project)
     if as_json:
         dump(summary)
     else:
@@ -251,13 +269,17 @@ def _tracker_library(tracker: str | None) -> str | None:
     """``tracker`` once its library imports (checked before the evaluation runs).
 
     Raises:
+        ConfigError: ``tracker`` is neither wandb nor trackio.
         MissingDependencyError: it is not installed; the message names the extra.
     """
     if tracker is None:
         return None
     import importlib.util
 
-    from twin.errors import MissingDependencyError
+    from twin.errors import ConfigError, MissingDependencyError
+
+    if tracker not in ("wandb", "trackio"):
+        raise ConfigError(f"--tracker must be wandb or trackio, got {tracker!r}")
 
     if importlib.util.find_spec(tracker) is None:
         raise MissingDependencyError(
