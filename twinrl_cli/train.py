@@ -3,7 +3,7 @@ trainer/plan.py) and the trajectory datasets ``twin sft`` learns from (twin/coll
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -61,8 +61,8 @@ def collect(
         typer.Option(
             "--policy",
             "-p",
-            help="A twin baseline (heuristic, oracle) | openai:MODEL | hf:PATH (a checkpoint too) | "
-            "replay:FILE | random.",
+            help="A twin baseline (heuristic, oracle) | openai:MODEL | hf:PATH (a checkpoint too)"
+            " | replay:FILE | random.",
         ),
     ] = None,
     split: SplitOpt = "train",
@@ -111,59 +111,103 @@ def collect(
 
     The episodes run through the same evaluation as `twin eval` and are stored as a run too.
     """
-    from twin.collect import collect as collect_episodes
-    from twin.collect import export_run
-    from twin.errors import ConfigError
-    from twin.policies import make_policy
     from twin.store import RunStore
 
     with errors():
         run_store = RunStore(store)
         try:
             if from_run is not None:
-                twin = None
-                if name is not None:
-                    twin = make_twin(name, parse_overrides(overrides))
-                    info = run_store.run(from_run)
-                    if info.twin != twin.name:
-                        raise ConfigError(
-                            f"run {from_run} is of twin {info.twin!r}, not {twin.name!r}; drop TWIN or fix it"
-                        )
-                result = export_run(run_store, from_run, out=out, min_reward=min_reward, twin=twin)
+                result = _export_run(run_store, from_run, name, overrides, out, min_reward)
             else:
-                if name is None or policy is None:
-                    raise ConfigError(
-                        "give TWIN and --policy to run episodes, or --from-run RUN_ID to export a run"
-                    )
-                config = parse_overrides(overrides)
-                twin = make_twin(name, config)
-                agent = make_policy(policy, twin, seed=seed, base_url=base_url, api_key=api_key)
-                if episodes > twin.num_cases(split) - start:
-                    raise ConfigError(
-                        f"{twin.name} split {split!r} has {twin.num_cases(split)} cases; {episodes} from index "
-                        f"{start} do not fit: lower --episodes or pick another --split"
-                    )
-                cases = [(split, start + i) for i in range(episodes)]
-                result = collect_episodes(
-                    twin,
-                    agent,
-                    cases,
-                    out=out,
-                    store=run_store,
-                    min_reward=min_reward,
-                    concurrency=concurrency,
-                    policy_spec=policy,
-                    progress=progress,
-                    config={
-                        "twin_config": config,
-                        "split": split,
-                        "start": start,
-                        "episodes": episodes,
-                        "seed": seed,
-                    },
-                )
+                result = _collect_episodes(
+                    run_store, name, policy, overrides, split=split, start=start,
+                    episodes=episodes, out=out, min_reward=min_reward, concurrency=concurrency,
+                    seed=seed, base_url=base_url, api_key=api_key, progress=progress,
+                )  # fmt: skip
         finally:
             run_store.close()
+    _print_collected(result, as_json=as_json)
+
+
+def _export_run(
+    run_store: Any,
+    run_id: int,
+    name: str | None,
+    overrides: list[str] | None,
+    out: str | None,
+    min_reward: float | None,
+) -> Any:
+    """``twin collect --from-run``: a stored run's episodes as a dataset (checked against TWIN
+    when it is given)."""
+    from twin.collect import export_run
+    from twin.errors import ConfigError
+
+    twin = None
+    if name is not None:
+        twin = make_twin(name, parse_overrides(overrides))
+        info = run_store.run(run_id)
+        if info.twin != twin.name:
+            raise ConfigError(
+                f"run {run_id} is of twin {info.twin!r}, not {twin.name!r}; drop TWIN or fix it"
+            )
+    return export_run(run_store, run_id, out=out, min_reward=min_reward, twin=twin)
+
+
+def _collect_episodes(
+    run_store: Any,
+    name: str | None,
+    policy: str | None,
+    overrides: list[str] | None,
+    *,
+    split: str,
+    start: int,
+    episodes: int,
+    seed: int,
+    base_url: str | None,
+    api_key: str | None,
+    **collect_options: Any,
+) -> Any:
+    """``twin collect TWIN --policy P``: run the policy's episodes into a dataset.
+
+    ``collect_options``: ``out``, ``min_reward``, ``concurrency``, ``progress`` of
+    :func:`twin.collect.collect`.
+    """
+    from twin.collect import collect
+    from twin.errors import ConfigError
+    from twin.policies import make_policy
+
+    if name is None or policy is None:
+        raise ConfigError(
+            "give TWIN and --policy to run episodes, or --from-run RUN_ID to export a run"
+        )
+    config = parse_overrides(overrides)
+    twin = make_twin(name, config)
+    agent = make_policy(policy, twin, seed=seed, base_url=base_url, api_key=api_key)
+    if episodes > twin.num_cases(split) - start:
+        raise ConfigError(
+            f"{twin.name} split {split!r} has {twin.num_cases(split)} cases; {episodes} from "
+            f"index {start} do not fit: lower --episodes or pick another --split"
+        )
+    cases = [(split, start + i) for i in range(episodes)]
+    return collect(
+        twin,
+        agent,
+        cases,
+        store=run_store,
+        policy_spec=policy,
+        config={
+            "twin_config": config,
+            "split": split,
+            "start": start,
+            "episodes": episodes,
+            "seed": seed,
+        },
+        **collect_options,
+    )
+
+
+def _print_collected(result: Any, *, as_json: bool) -> None:
+    """What ``twin collect`` wrote: a JSON report, or a few lines."""
     report = {
         "out": str(result.out),
         "rows": result.rows,
@@ -181,7 +225,8 @@ def collect(
         return
     mean = report["reward_mean"]
     console.print(
-        f"{result.rows} of {result.episodes} episodes -> {escape(str(result.out))} (run {result.run_id}"
+        f"{result.rows} of {result.episodes} episodes -> {escape(str(result.out))} "
+        f"(run {result.run_id}"
         + (f", mean reward {mean:.3f}" if isinstance(mean, (int, float)) else "")
         + ")"
         + (f"; {result.dropped_reward} under --min-reward" if result.dropped_reward else "")
@@ -280,11 +325,13 @@ def plan(
         ),
     ] = None,
 ) -> None:
-    """Print the per-device memory plan of a recipe (trainer.plan); exit 1 when a device does not fit."""
+    """Print the per-device memory plan of a recipe (trainer.plan); exit 1 when a device does not
+    fit."""
     with needs("plan", "trainer.plan:main"):
         from trainer.plan import main as plan_recipe
     run_target(
-        plan_recipe, recipe, gpu_memory_gb=gpu_memory_gb, gradient_checkpointing=gradient_checkpointing,
-        vllm_utilization=vllm_utilization, gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node, bench=bench,
+        plan_recipe, recipe, gpu_memory_gb=gpu_memory_gb,
+        gradient_checkpointing=gradient_checkpointing, vllm_utilization=vllm_utilization,
+        gpus=gpus, nodes=nodes, gpus_per_node=gpus_per_node, bench=bench,
         rollout_s=rollout_s, learner_s=learner_s,
     )  # fmt: skip
