@@ -89,7 +89,7 @@ from trainer.workers import (
     rollout_worker,
 )
 from twin.errors import ConfigError, TwinError
-from twin.http import tls_context
+from twin.policies.http import tls_context
 from twin.trajectory import Group
 
 __all__ = [

@@ -27,7 +27,7 @@ from trainer.learner import TrainBatch
 from trainer.samplers import SamplerError
 from trainer.serving.http import auth_headers
 from trainer.workers import AdapterSyncError, adapter_name
-from twin.http import tls_context
+from twin.policies.http import tls_context
 
 __all__ = ["PROBE_MAX_TOKENS", "PROBE_POSITIONS", "SyncProbe", "probe_sequence"]
 

@@ -38,7 +38,7 @@ import torch
 
 from twin.cases import stable_seed
 from twin.errors import ConfigError, TwinError
-from twin.http import tls_context
+from twin.policies.http import tls_context
 
 __all__ = [
     "DEFAULT_CONCURRENCY",

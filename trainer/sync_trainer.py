@@ -48,7 +48,7 @@ from trainer.weight_sync import (
 )
 from trainer.workers import adapter_name, sampler_context_length
 from twin.errors import ConfigError
-from twin.http import tls_context
+from twin.policies.http import tls_context
 
 __all__ = ["SyncTrainer"]
 

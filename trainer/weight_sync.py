@@ -29,7 +29,7 @@ from trainer.serving.process import ServerProcess
 from trainer.vllm import VLLMServer
 from trainer.workers import AdapterSyncError, adapter_name, guarded_command
 from twin.errors import ConfigError
-from twin.http import tls_context
+from twin.policies.http import tls_context
 
 __all__ = [
     "VLLM_UTILIZATION_ENV",

@@ -39,7 +39,7 @@ import httpx
 
 from trainer.placement import place_rollout_process
 from twin.errors import TwinError
-from twin.http import tls_context
+from twin.policies.http import tls_context
 
 __all__ = [
     "AdapterSyncError",

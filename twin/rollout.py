@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from twin.policies import Policy, policy_for_episode
+from twin.protocols import Policy, policy_for_episode
 from twin.trajectory import Group, Trajectory
 
 __all__ = [

@@ -450,7 +450,7 @@ def test_clients_share_one_tls_context(
     from trainer.samplers import ServerSampler
     from trainer.weight_sync import AdapterClient
     from trainer.workers import ModelCheckTransport, _batched_sampler
-    from twin.http import tls_context
+    from twin.policies.http import tls_context
 
     assert tls_context() is tls_context() and tls_context().verify_mode == ssl.CERT_REQUIRED
     url = str(server.base_url)

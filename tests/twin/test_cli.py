@@ -478,10 +478,10 @@ def test_runs_shows_killed_runs_as_interrupted_and_rejects_a_non_database(tmp_pa
     )
     from sqlalchemy import update
 
-    from twin.store import _Run
+    from twin.store import RunTable
 
     with store.engine.begin() as conn:
-        conn.execute(update(_Run).values(pid=int(dead.stdout)))
+        conn.execute(update(RunTable).values(pid=int(dead.stdout)))
     listing = runner.invoke(app, ["runs", "--store", str(db)])
     assert listing.exit_code == 0 and "interrupted" in listing.output
     assert (

@@ -530,7 +530,7 @@ def test_make_policy_specs(twin, tmp_path, monkeypatch):
 def test_policy_kinds_are_entry_point_plugins(twin, monkeypatch):
     from importlib.metadata import EntryPoint
 
-    import twin.policies as policies
+    import twin.policies.specs as policies
 
     assert (
         policies.policy_kinds()["hf"].value == "trainer.hf_policy:HFPolicy.from_spec"

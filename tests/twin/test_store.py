@@ -247,10 +247,10 @@ def _set_run(store: RunStore, run_id: int, **values) -> None:
     """Rewrite a run's liveness columns, as another process (or host) would have left them."""
     from sqlalchemy import update
 
-    from twin.store import _Run
+    from twin.store import RunTable
 
     with store.engine.begin() as conn:
-        conn.execute(update(_Run).where(_Run.id == run_id).values(**values))
+        conn.execute(update(RunTable).where(RunTable.id == run_id).values(**values))
 
 
 def test_stale_heartbeat_reads_interrupted_and_a_write_takes_the_run_over(store_url):

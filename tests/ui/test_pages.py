@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from starlette.testclient import TestClient
 
 from twin.errors import ConfigError
-from twin.store import RunStore, _Run
+from twin.store import RunStore, RunTable
 from twin.ui import check_host, create_app, is_loopback
 from twin.ui.charts import line_chart
 
@@ -66,7 +66,7 @@ def test_a_runs_summary_and_its_episodes_give_the_same_figures(planted_store) ->
     assert finished is not None and finished.metrics["reward_mean"] == pytest.approx(0.3)
     counted = replace(finished, status="running", metrics={})  # figures from its episodes
     with Session(engine) as session:
-        run = session.get(_Run, planted_store["a"])
+        run = session.get(RunTable, planted_store["a"])
         session.expunge(run)
         run.status = "running"  # a copy only: the store is read-only
         by_episodes = _rows(session, [run], None)[0]

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainer.serving.api import API_KEY_ENV, LogprobsMode
 from twin.errors import TwinError
-from twin.http import tls_context
+from twin.policies.http import tls_context
 
 __all__ = ["ManagedServer", "ServerProcess", "free_port"]
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
-from twin.store import _HOST, STALE_AFTER_S, _Episode, _Metric, _pid_alive, _Run
+from twin.store import STALE_AFTER_S, EpisodeTable, MetricTable, RunTable, writer_gone
 from twin.trajectory import Trajectory
 
 __all__ = [
@@ -123,7 +123,7 @@ def _status(status: str, pid: int | None, host: str | None, beat: Any, started: 
     writer is gone reads ``interrupted``."""
     if status != "running":
         return status
-    if pid is not None and host == _HOST and not _pid_alive(pid):
+    if writer_gone(pid, host):
         return "interrupted"
     last = beat or started
     if last is None:
@@ -138,14 +138,14 @@ def _stats(run_ids: Any = None) -> Any:
     """Per run: episodes, scored episodes, mean reward and mean squared reward (reads every
     episode row of the runs: for sorting by reward and for runs without a summary)."""
     query = select(
-        _Episode.run_id.label("run_id"),
-        func.count(_Episode.id).label("n"),
-        func.count(_Episode.reward).label("scored"),
-        func.avg(_Episode.reward).label("mean"),
-        func.avg(_Episode.reward * _Episode.reward).label("mean_sq"),
-    ).group_by(_Episode.run_id)
+        EpisodeTable.run_id.label("run_id"),
+        func.count(EpisodeTable.id).label("n"),
+        func.count(EpisodeTable.reward).label("scored"),
+        func.avg(EpisodeTable.reward).label("mean"),
+        func.avg(EpisodeTable.reward * EpisodeTable.reward).label("mean_sq"),
+    ).group_by(EpisodeTable.run_id)
     if run_ids is not None:
-        query = query.where(_Episode.run_id.in_(run_ids))
+        query = query.where(EpisodeTable.run_id.in_(run_ids))
     return query.subquery()
 
 
@@ -173,9 +173,9 @@ def _rows(
     counts = (
         dict(
             session.execute(
-                select(_Episode.run_id, func.count(_Episode.id))
-                .where(_Episode.run_id.in_(ids))
-                .group_by(_Episode.run_id)
+                select(EpisodeTable.run_id, func.count(EpisodeTable.id))
+                .where(EpisodeTable.run_id.in_(ids))
+                .group_by(EpisodeTable.run_id)
             ).all()
         )
         if ids
@@ -251,35 +251,35 @@ def runs_page(
     by_stats = sort in ("episodes", "reward")
     stats = _stats() if by_stats else None
     order_of = {
-        "id": _Run.id,
-        "started": _Run.started_at,
-        "twin": _Run.twin,
-        "policy": _Run.policy,
-        "kind": _Run.kind,
-        "status": _Run.status,
+        "id": RunTable.id,
+        "started": RunTable.started_at,
+        "twin": RunTable.twin,
+        "policy": RunTable.policy,
+        "kind": RunTable.kind,
+        "status": RunTable.status,
     }
     if stats is not None:
         order_of.update(episodes=func.coalesce(stats.c.n, 0), reward=stats.c.mean)
-    column = order_of.get(sort, _Run.id)
+    column = order_of.get(sort, RunTable.id)
     ordered = column.desc() if desc else column.asc()
-    query = select(_Run)
+    query = select(RunTable)
     if stats is not None:
-        query = select(_Run, stats.c.n, stats.c.scored, stats.c.mean, stats.c.mean_sq).outerjoin(
-            stats, stats.c.run_id == _Run.id
-        )
+        query = select(
+            RunTable, stats.c.n, stats.c.scored, stats.c.mean, stats.c.mean_sq
+        ).outerjoin(stats, stats.c.run_id == RunTable.id)
     if kind:
-        query = query.where(_Run.kind == kind)
+        query = query.where(RunTable.kind == kind)
     if text:
         pattern = f"%{text.lower()}%"
         query = query.where(
-            or_(func.lower(_Run.twin).like(pattern), func.lower(_Run.policy).like(pattern))
+            or_(func.lower(RunTable.twin).like(pattern), func.lower(RunTable.policy).like(pattern))
         )
     live = status in ("running", "interrupted")
     if status and not live:
-        query = query.where(_Run.status == status)
+        query = query.where(RunTable.status == status)
     elif live:
-        query = query.where(_Run.status == "running")
-    query = query.order_by(ordered.nulls_last(), _Run.id.desc())
+        query = query.where(RunTable.status == "running")
+    query = query.order_by(ordered.nulls_last(), RunTable.id.desc())
     page = max(1, page)
     with Session(engine) as session:
         if not live:
@@ -298,7 +298,7 @@ def runs_page(
 def run_row(engine: Engine, run_id: int) -> RunRow | None:
     """One run with its episode count, mean reward and its 95% interval (None: no such run)."""
     with Session(engine) as session:
-        run = session.get(_Run, run_id)
+        run = session.get(RunTable, run_id)
         return None if run is None else _rows(session, [run], None)[0]
 
 
@@ -340,10 +340,10 @@ def kind_table(engine: Engine, row: RunRow) -> list[dict[str, Any]]:
             if isinstance(v, dict)
         ]
     query = (
-        select(_Episode.case_kind, func.count(_Episode.id), func.avg(_Episode.reward))
-        .where(_Episode.run_id == row.id)
-        .group_by(_Episode.case_kind)
-        .order_by(_Episode.case_kind)
+        select(EpisodeTable.case_kind, func.count(EpisodeTable.id), func.avg(EpisodeTable.reward))
+        .where(EpisodeTable.run_id == row.id)
+        .group_by(EpisodeTable.case_kind)
+        .order_by(EpisodeTable.case_kind)
     )
     with engine.connect() as conn:
         return [
@@ -354,9 +354,9 @@ def kind_table(engine: Engine, row: RunRow) -> list[dict[str, Any]]:
 
 def _term_names(engine: Engine, row: RunRow) -> list[str]:
     query = (
-        select(_Episode.components)
-        .where(_Episode.run_id == row.id)
-        .order_by(_Episode.id.desc())
+        select(EpisodeTable.components)
+        .where(EpisodeTable.run_id == row.id)
+        .order_by(EpisodeTable.id.desc())
         .limit(1)
     )
     with engine.connect() as conn:
@@ -376,10 +376,10 @@ def term_means(engine: Engine, row: RunRow) -> list[tuple[str, float | None]]:
     names = _term_names(engine, row)
     if not names:
         return []
-    doc = _doc(engine, _Episode.components)
+    doc = _doc(engine, EpisodeTable.components)
     columns = [func.avg(doc[name].as_float()) for name in names]
     with engine.connect() as conn:
-        values = conn.execute(select(*columns).where(_Episode.run_id == row.id)).one()
+        values = conn.execute(select(*columns).where(EpisodeTable.run_id == row.id)).one()
     return [(n, None if v is None else float(v)) for n, v in zip(names, values, strict=True)]
 
 
@@ -404,7 +404,7 @@ def run_figures(
     reads each one's components document.
     """
     with Session(engine) as session:
-        run = session.get(_Run, run_id)
+        run = session.get(RunTable, run_id)
         if run is None:
             return None
         if _summary_stats(run.status, run.metrics) is not None:
@@ -412,15 +412,15 @@ def run_figures(
             return row, kind_table(engine, row), Terms(term_means(engine, row), row.episodes)
         query = (
             select(
-                _Episode.case_kind,
-                func.count(_Episode.id),
-                func.count(_Episode.reward),
-                func.sum(_Episode.reward),
-                func.sum(_Episode.reward * _Episode.reward),
+                EpisodeTable.case_kind,
+                func.count(EpisodeTable.id),
+                func.count(EpisodeTable.reward),
+                func.sum(EpisodeTable.reward),
+                func.sum(EpisodeTable.reward * EpisodeTable.reward),
             )
-            .where(_Episode.run_id == run_id)
-            .group_by(_Episode.case_kind)
-            .order_by(_Episode.case_kind)
+            .where(EpisodeTable.run_id == run_id)
+            .group_by(EpisodeTable.case_kind)
+            .order_by(EpisodeTable.case_kind)
         )
         per_kind = session.execute(query).all()
     n = scored = 0
@@ -446,9 +446,9 @@ def _counted_term_means(
     if not names:
         return []
     latest = (
-        select(_Episode.components.label("components"))
-        .where(_Episode.run_id == row.id)
-        .order_by(_Episode.id.desc())
+        select(EpisodeTable.components.label("components"))
+        .where(EpisodeTable.run_id == row.id)
+        .order_by(EpisodeTable.id.desc())
         .limit(cap)  # None: no limit
         .subquery()
     )
@@ -482,13 +482,13 @@ class Confusion:
 def confusion(engine: Engine, row: RunRow, cap: int | None = CONFUSION_CAP) -> Confusion | None:
     """The decision confusion of a run (truth key from :data:`DECISION_KEYS`), over its first
     ``cap`` episodes (None: all); None when its episodes carry no truth with a text decision."""
-    doc = _doc(engine, _Episode.trajectory)
+    doc = _doc(engine, EpisodeTable.trajectory)
     truth_at = ("info", "outcome", "truth")
     with engine.connect() as conn:
         first = conn.scalar(
-            select(_Episode.trajectory)
-            .where(_Episode.run_id == row.id, doc[truth_at].isnot(None))
-            .order_by(_Episode.id)
+            select(EpisodeTable.trajectory)
+            .where(EpisodeTable.run_id == row.id, doc[truth_at].isnot(None))
+            .order_by(EpisodeTable.id)
             .limit(1)
         )
         if first is None:
@@ -502,8 +502,8 @@ def confusion(engine: Engine, row: RunRow, cap: int | None = CONFUSION_CAP) -> C
                 doc[(*truth_at, key)].as_string().label("truth"),
                 doc[("submission", key)].as_string().label("submitted"),
             )
-            .where(_Episode.run_id == row.id)
-            .order_by(_Episode.id)
+            .where(EpisodeTable.run_id == row.id)
+            .order_by(EpisodeTable.id)
             .limit(cap)  # None: no limit
             .subquery()
         )
@@ -535,7 +535,9 @@ def curves(
     """A training run's logged metrics as ``[(group, [(name, [(step, value)])])]``, the groups in
     the order rewards, losses, policy, perf, then the rest; non-numeric values skipped."""
     query = (
-        select(_Metric.step, _Metric.values).where(_Metric.run_id == run_id).order_by(_Metric.id)
+        select(MetricTable.step, MetricTable.values)
+        .where(MetricTable.run_id == run_id)
+        .order_by(MetricTable.id)
     )
     series: dict[str, list[tuple[float, float]]] = {}
     with engine.connect() as conn:
@@ -587,24 +589,24 @@ def episodes_page(
     size: int = PAGE_SIZE,
 ) -> Page:
     """A page of a run's episodes (``order``: ``id``, ``reward`` or ``-reward``)."""
-    doc = _doc(engine, _Episode.trajectory)
-    where: list[ColumnElement[bool]] = [_Episode.run_id == run_id]
+    doc = _doc(engine, EpisodeTable.trajectory)
+    where: list[ColumnElement[bool]] = [EpisodeTable.run_id == run_id]
     if kind:
-        where.append(_Episode.case_kind == kind)
+        where.append(EpisodeTable.case_kind == kind)
     if step is not None:
-        where.append(_Episode.step == step)
+        where.append(EpisodeTable.step == step)
     ordering = {
-        "reward": (_Episode.reward.asc().nulls_first(), _Episode.id),
-        "-reward": (_Episode.reward.desc().nulls_last(), _Episode.id),
-    }.get(order, (_Episode.id.asc(),))
+        "reward": (EpisodeTable.reward.asc().nulls_first(), EpisodeTable.id),
+        "-reward": (EpisodeTable.reward.desc().nulls_last(), EpisodeTable.id),
+    }.get(order, (EpisodeTable.id.asc(),))
     page = max(1, page)
     query = (
         select(
-            _Episode.id,
-            _Episode.case_id,
-            _Episode.case_kind,
-            _Episode.step,
-            _Episode.reward,
+            EpisodeTable.id,
+            EpisodeTable.case_id,
+            EpisodeTable.case_kind,
+            EpisodeTable.step,
+            EpisodeTable.reward,
             doc["num_turns"].as_integer(),
             doc["invalid_calls"].as_integer(),
             doc["terminated"].as_boolean(),
@@ -615,15 +617,15 @@ def episodes_page(
         .offset((page - 1) * size)
     )
     with engine.connect() as conn:
-        total = conn.scalar(select(func.count(_Episode.id)).where(*where)) or 0
+        total = conn.scalar(select(func.count(EpisodeTable.id)).where(*where)) or 0
         rows = [EpisodeRow(*r) for r in conn.execute(query).all()]
     return Page(rows, page, int(total), size)
 
 
 def episode(engine: Engine, episode_id: int) -> tuple[int, int | None, Trajectory] | None:
     """``(run_id, step, trajectory)`` of one episode, or None."""
-    query = select(_Episode.run_id, _Episode.step, _Episode.trajectory).where(
-        _Episode.id == episode_id
+    query = select(EpisodeTable.run_id, EpisodeTable.step, EpisodeTable.trajectory).where(
+        EpisodeTable.id == episode_id
     )
     with engine.connect() as conn:
         found = conn.execute(query).first()
@@ -636,10 +638,14 @@ def neighbours(engine: Engine, run_id: int, episode_id: int) -> tuple[int | None
     """The ids of the episodes stored just before and just after ``episode_id`` in its run."""
     with engine.connect() as conn:
         before = conn.scalar(
-            select(func.max(_Episode.id)).where(_Episode.run_id == run_id, _Episode.id < episode_id)
+            select(func.max(EpisodeTable.id)).where(
+                EpisodeTable.run_id == run_id, EpisodeTable.id < episode_id
+            )
         )
         after = conn.scalar(
-            select(func.min(_Episode.id)).where(_Episode.run_id == run_id, _Episode.id > episode_id)
+            select(func.min(EpisodeTable.id)).where(
+                EpisodeTable.run_id == run_id, EpisodeTable.id > episode_id
+            )
         )
     return before, after
 
@@ -647,9 +653,9 @@ def neighbours(engine: Engine, run_id: int, episode_id: int) -> tuple[int | None
 def case_episodes(engine: Engine, run_id: int, case_id: str, limit: int = 64) -> list[int]:
     """Ids of a run's episodes of one case, in storing order."""
     query = (
-        select(_Episode.id)
-        .where(_Episode.run_id == run_id, _Episode.case_id == case_id)
-        .order_by(_Episode.id)
+        select(EpisodeTable.id)
+        .where(EpisodeTable.run_id == run_id, EpisodeTable.case_id == case_id)
+        .order_by(EpisodeTable.id)
         .limit(limit)
     )
     with engine.connect() as conn:
@@ -688,17 +694,17 @@ def _per_case(
     engine: Engine, run_id: int, threshold: float
 ) -> dict[str, tuple[str, int, float, int]]:
     # within float noise of the threshold counts (a reward of 0.1 + 0.2 reaches 0.3)
-    ok = func.sum(case((_Episode.reward >= threshold - 1e-9, 1), else_=0))
+    ok = func.sum(case((EpisodeTable.reward >= threshold - 1e-9, 1), else_=0))
     query = (
         select(
-            _Episode.case_id,
-            func.min(_Episode.case_kind),
-            func.count(_Episode.id),
-            func.avg(func.coalesce(_Episode.reward, 0.0)),
+            EpisodeTable.case_id,
+            func.min(EpisodeTable.case_kind),
+            func.count(EpisodeTable.id),
+            func.avg(func.coalesce(EpisodeTable.reward, 0.0)),
             ok,
         )
-        .where(_Episode.run_id == run_id)
-        .group_by(_Episode.case_id)
+        .where(EpisodeTable.run_id == run_id)
+        .group_by(EpisodeTable.case_id)
     )
     with engine.connect() as conn:
         return {

@@ -11,7 +11,7 @@ on the learner's core: a thread creating one client every 50 ms slowed a LoRA up
 ::
 
     import httpx
-    from twin.http import tls_context
+    from twin.policies.http import tls_context
 
     with httpx.Client(verify=tls_context(), timeout=30) as client:
         client.get("http://127.0.0.1:8000/health")
@@ -27,7 +27,8 @@ __all__ = ["tls_context"]
 
 @functools.cache
 def tls_context() -> ssl.SSLContext:
-    """The process's verified TLS context (built on first use, then shared; thread-safe to share)."""
+    """The process's verified TLS context (built on first use, then shared; thread-safe to
+    share)."""
     import httpx
 
     return httpx.create_ssl_context()

@@ -1,5 +1,6 @@
 """What the policies that call a model server share: the chat as servers take it, and the
-error a policy raises when the server fails (:mod:`twin.policies`, :mod:`twin.providers`)."""
+error a policy raises when the server fails (:mod:`twin.policies.openai_chat`,
+:mod:`twin.policies.providers`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from twin.errors import TwinError
+from twin.protocols import Message
 
 __all__ = ["Message", "PolicyError", "wire_messages"]
 
-Message = dict[str, Any]
 _MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 

@@ -24,8 +24,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from twin.chat_wire import Message, PolicyError, wire_messages
 from twin.errors import ConfigError, MissingDependencyError
+from twin.policies.chat_wire import PolicyError, wire_messages
+from twin.protocols import Message
 
 __all__ = ["PROVIDER_KINDS", "AnthropicPolicy", "OpenAIResponsesPolicy"]
 
