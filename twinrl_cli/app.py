@@ -182,7 +182,8 @@ _INSTALL_OF = {
     "trl": "twinrl[trl]", "verifiers": "twinrl[verifiers]", "wandb": "twinrl[trackers]",
     "trackio": "twinrl[trackers]", "datasets": "twinrl[trl]", "ray": "twinrl[ray]",
     "psycopg": "twinrl[postgres]", "openenv": "twinrl[openenv]", "openai": "twinrl[providers]",
-    "anthropic": "twinrl[providers]", "accelerate": "twinrl[train]", "starlette": "starlette>=0.37", "uvicorn": "uvicorn>=0.30",
+    "anthropic": "twinrl[providers]", "accelerate": "twinrl[train]", "starlette": "starlette>=0.37",
+    "uvicorn": "uvicorn>=0.30",
 }  # fmt: skip
 
 
@@ -202,8 +203,8 @@ def needs(command: str, target: str) -> Iterator[None]:
         missing = exc.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
             err_console.print(
-                f"[bold red]error:[/] `twin {command}` needs {module_name} ({target}), which is not "
-                "available in this installation."
+                f"[bold red]error:[/] `twin {command}` needs {module_name} ({target}), which is "
+                "not available in this installation."
             )
             raise typer.Exit(2) from None
         top = missing.partition(".")[0]

@@ -73,7 +73,7 @@ def bench_catalog(
 
 
 # -- trainer -----------------------------------------------------------------------------------
-class K0Threads(str, enum.Enum):
+class K0Threads(enum.StrEnum):
     """How the synchronous baseline of ``twin bench trainer`` runs."""
 
     best = "best"
@@ -81,7 +81,7 @@ class K0Threads(str, enum.Enum):
     all = "all"
 
 
-class Backend(str, enum.Enum):
+class Backend(enum.StrEnum):
     """Where ``twin bench trainer`` runs its workers."""
 
     local = "local"
@@ -130,17 +130,18 @@ def bench_trainer(
         Backend,
         typer.Option(
             "--backend",
-            help="local (processes) or ray (the same runs on a local Ray cluster or $RAY_ADDRESS's; "
-            "also prints Ray's overhead per lot).",
+            help="local (processes) or ray (the same runs on a local Ray cluster or"
+            " $RAY_ADDRESS's; also prints Ray's overhead per lot).",
         ),
     ] = Backend.local,
 ) -> None:
-    """Trainer benchmarks: the async two-worker loop (k=1) vs the same loop run synchronously (k=0)."""
+    """Trainer benchmarks: the async two-worker loop (k=1) vs the same loop run synchronously
+    (k=0)."""
     with needs("bench trainer", "bench.trainers:main"):
         from bench.trainers import main as run
     run_target(
-        run, steps=steps, warmup=warmup, set=list(overrides or []), json=json, output_dir=output_dir,
-        epochs=epochs, k0_threads=k0_threads.value, backend=backend.value,
+        run, steps=steps, warmup=warmup, set=list(overrides or []), json=json,
+        output_dir=output_dir, epochs=epochs, k0_threads=k0_threads.value, backend=backend.value,
     )  # fmt: skip
 
 
@@ -228,7 +229,8 @@ def _arguments(raw: str | None) -> str | None:
         value = raw
     if raw is not None and not isinstance(value, dict):
         raise typer.BadParameter(
-            f'{raw!r}: expected a JSON object of the tool\'s arguments, e.g. \'{{"query": "boxes"}}\''
+            f"{raw!r}: expected a JSON object of the tool's arguments, e.g. "
+            '\'{"query": "boxes"}\''
         )
     return raw
 

@@ -49,8 +49,8 @@ def demo(
         str | None,
         typer.Option(
             "--policies",
-            help="Baselines to run, comma-separated (default for v1: random, heuristic, careful, oracle "
-            "and the degenerate ones; for v0: random, heuristic, oracle).",
+            help="Baselines to run, comma-separated (default for v1: random, heuristic, careful,"
+            " oracle and the degenerate ones; for v0: random, heuristic, oracle).",
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="World and case seed.")] = 0,

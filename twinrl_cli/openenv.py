@@ -12,7 +12,8 @@ from twinrl_cli.app import app, console, errors, needs, parse_overrides, run_tar
 __all__ = ["init", "serve"]
 
 openenv_app = typer.Typer(
-    help="A twin as an OpenEnv environment: `twin openenv serve TWIN`, `twin openenv init TWIN DIR`.",
+    help="A twin as an OpenEnv environment: `twin openenv serve TWIN`,"
+    " `twin openenv init TWIN DIR`.",
     no_args_is_help=True,
 )
 app.add_typer(openenv_app, name="openenv")

@@ -19,8 +19,8 @@ def reward_test(
         bool,
         typer.Option(
             "--allow-import",
-            help="Let the files' `reward: module:attr` import any module (runs its code); by default "
-            "only the reward library and registered twins' packages.",
+            help="Let the files' `reward: module:attr` import any module (runs its code); by"
+            " default only the reward library and registered twins' packages.",
         ),
     ] = False,
 ) -> None:

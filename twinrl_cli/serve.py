@@ -13,7 +13,7 @@ from twinrl_cli.app import StoreOpt, app, err_console, errors, needs, parse_over
 __all__ = ["mcp", "serve"]
 
 
-class LogprobsMode(str, enum.Enum):
+class LogprobsMode(enum.StrEnum):
     """Which logprobs ``twin serve`` returns."""
 
     processed_logprobs = "processed_logprobs"
@@ -25,6 +25,7 @@ class LogprobsMode(str, enum.Enum):
 _LIMIT = "Limit (default: the server's, docs/security.md): "
 
 
+# long: Typer options are the signature
 @app.command()
 def serve(
     model: Annotated[
@@ -74,15 +75,16 @@ def serve(
         str | None,
         typer.Option(
             "--cpus",
-            help="Cores to pin the server to, taskset -c syntax (0 or 0,2-3); default $TWINRL_ROLLOUT_CPUS.",
+            help="Cores to pin the server to, taskset -c syntax (0 or 0,2-3);"
+            " default $TWINRL_ROLLOUT_CPUS.",
         ),
     ] = None,
     api_key: Annotated[
         str | None,
         typer.Option(
             "--api-key",
-            help="Bearer key required on every route but /health (default $TWINRL_API_KEY; prefer the "
-            "variable: arguments show in ps).",
+            help="Bearer key required on every route but /health (default $TWINRL_API_KEY;"
+            " prefer the variable: arguments show in ps).",
         ),
     ] = None,
     adapter_root: Annotated[
@@ -148,7 +150,8 @@ def serve(
         "max_n": max_n, "max_prompts": max_prompts, "max_rows": max_rows, "max_tokens": max_tokens,
         "max_prompt_tokens": max_prompt_tokens, "max_logprobs": max_logprobs,
         "max_stop_token_ids": max_stop_token_ids, "max_body_bytes": max_body_bytes,
-        "body_budget_bytes": body_budget_bytes, "read_timeout": read_timeout, "http_threads": http_threads, "max_connections": max_connections,
+        "body_budget_bytes": body_budget_bytes, "read_timeout": read_timeout,
+        "http_threads": http_threads, "max_connections": max_connections,
     }  # fmt: skip
     limits = {name: value for name, value in given.items() if value is not None}
     with needs("serve", "trainer.serving.cli:serve"):

@@ -195,7 +195,8 @@ def _load_tokenizer(spec: str) -> Any:
     path = Path(spec).expanduser()
     if not path.is_dir():
         raise TwinError(
-            f"--tokenizer {spec!r}: expected smollm2 or a local tokenizer folder; nothing is downloaded"
+            f"--tokenizer {spec!r}: expected smollm2 or a local tokenizer folder; nothing is "
+            "downloaded"
         )
     return AutoTokenizer.from_pretrained(path)
 
