@@ -81,8 +81,8 @@ class CostMatrix:
                     )
                 if true == pred and cost != 0:
                     raise ConfigError(
-                        f"CostMatrix diagonal cost({true!r}, {pred!r}) must be 0 (a right decision costs "
-                        f"nothing), got {cost!r}"
+                        f"CostMatrix diagonal cost({true!r}, {pred!r}) must be 0 (a right decision "
+                        f"costs nothing), got {cost!r}"
                     )
                 table[(true, pred)] = float(cost)
         missing = [(t, p) for t in labs for p in labs if t != p and (t, p) not in table]
@@ -118,7 +118,8 @@ class CostMatrix:
         return self.costs[(true, predicted)]
 
     def ratio(self, a: tuple[str, str], b: tuple[str, str]) -> float:
-        """``cost(*a) / cost(*b)``, e.g. ``ratio(("counterfeit", "ok"), ("ok", "counterfeit")) == 7``.
+        """``cost(*a) / cost(*b)``, e.g.
+        ``ratio(("counterfeit", "ok"), ("ok", "counterfeit")) == 7``.
 
         Raises:
             ConfigError: an unknown label, or ``b`` costs 0.

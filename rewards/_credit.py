@@ -97,7 +97,8 @@ def attribute_pairs(attributes: Mapping[str, Any] | None) -> set[tuple[str, str]
 
 
 def attribute_f1(truth: Mapping[str, Any] | None, submitted: Mapping[str, Any] | None) -> float:
-    """F1 over ``(attribute handle, value)`` pairs, values compared case-insensitively after trimming.
+    """F1 over ``(attribute handle, value)`` pairs, values compared case-insensitively after
+    trimming.
 
     An empty truth and an empty submission give 1.
     """

@@ -238,7 +238,8 @@ class Reward:
         for t, w in terms.items():
             if not isinstance(t, Term):
                 raise ConfigError(
-                    f"Reward keys must be Term objects, got {t!r}; decorate the function with @term(low=.., high=..)"
+                    f"Reward keys must be Term objects, got {t!r}; decorate the function with "
+                    "@term(low=.., high=..)"
                 )
             items.append((t, _finite(w, f"weight of term {t.name!r}")))
         self._terms: tuple[tuple[Term, float], ...] = tuple(items)
@@ -265,7 +266,8 @@ class Reward:
             for k, v in g.fail_values.items():
                 if k not in term_by_name:
                     raise ConfigError(
-                        f"gate {g.name!r}: fail value for unknown term {k!r}; terms: {list(term_by_name)}"
+                        f"gate {g.name!r}: fail value for unknown term {k!r}; terms: "
+                        f"{list(term_by_name)}"
                     )
                 t = term_by_name[k]
                 if not t.low <= v <= t.high:
@@ -497,7 +499,8 @@ class Reward:
             raise ConfigError(f"{p}: {exc}") from None
 
     def describe(self) -> str:
-        """A Markdown table of the terms, weights, ranges and descriptions, then penalties and gates."""
+        """A Markdown table of the terms, weights, ranges and descriptions, then penalties and
+        gates."""
         rows = ["| term | weight | range | description |", "| --- | --- | --- | --- |"]
         rows += [
             f"| {t.name} | {w:g} | [{t.low:g}, {t.high:g}] | {t.description} |"
@@ -517,7 +520,10 @@ class Reward:
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{t.name}={w:g}" for t, w in self._terms)
-        return f"Reward({self.name!r}: {inner}; penalties={[p.name for p in self._penalties]}, clip={self._clip})"
+        return (
+            f"Reward({self.name!r}: {inner}; penalties={[p.name for p in self._penalties]}, "
+            f"clip={self._clip})"
+        )
 
 
 def _unknown(what: str, key: Any, known: list[str]) -> str:

@@ -1,4 +1,5 @@
-"""Ready-made penalties, bonuses and gates: invalid calls, turn cost, soft overlong, useful tools."""
+"""Ready-made penalties, bonuses and gates: invalid calls, turn cost, soft overlong, useful
+tools."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def overlong_penalty(
     """
     if max_tokens <= 0 or buffer < 0 or buffer > max_tokens:
         raise ConfigError(
-            f"overlong_penalty needs 0 <= buffer <= max_tokens and max_tokens > 0, got max_tokens={max_tokens}, buffer={buffer}"
+            "overlong_penalty needs 0 <= buffer <= max_tokens and max_tokens > 0, got "
+            f"max_tokens={max_tokens}, buffer={buffer}"
         )
 
     def units(trajectory: Any, case: Any) -> float:

@@ -1,7 +1,8 @@
 """``submission_trajectory``: an episode that ends in a given submission, built without a twin.
 
 Its own module because the property checks (``rewards.properties``), the hypothesis strategies
-(``rewards.strategies``) and the rollout-testing kit (``rewards/testing/``) all build episodes this way.
+(``rewards.strategies``) and the rollout-testing kit (``rewards/testing/``) all build episodes this
+way.
 """
 
 from __future__ import annotations

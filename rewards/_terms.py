@@ -58,8 +58,8 @@ def check_name(name: Any, what: str) -> str:
         )
     if name in RESERVED_NAMES:
         raise ConfigError(
-            f"{what} name {name!r} is reserved (the reward reports {sorted(RESERVED_NAMES)} itself); "
-            "pick another name"
+            f"{what} name {name!r} is reserved (the reward reports {sorted(RESERVED_NAMES)} "
+            "itself); pick another name"
         )
     return name
 
@@ -119,7 +119,8 @@ class Term:
         except Exception as exc:  # a term that raises is a broken reward: say so, loudly
             raise TermError(
                 f"term {self.name!r} raised {type(exc).__name__}: {exc} (case {where}); "
-                "a term must return a number for every trajectory, including ones with no submission"
+                "a term must return a number for every trajectory, including ones with no "
+                "submission"
             ) from exc
         note = ""
         if isinstance(out, Scored):

@@ -8,7 +8,7 @@ and scores it against the row's ``truth`` column::
 
     from trl import GRPOTrainer
     reward_fn = as_trl_reward(make_catalog_reward(world.exists))
-    funcs, weights = as_trl_reward_funcs(make_catalog_reward(world.exists))   # + components, weight 0
+    funcs, weights = as_trl_reward_funcs(make_catalog_reward(world.exists))  # + components
     GRPOTrainer(model, reward_funcs=funcs, args=GRPOConfig(reward_weights=weights), ...)
 
 For logging elsewhere, :func:`component_metrics` turns results into ``rewards/<term>`` means.
@@ -204,8 +204,8 @@ def _score_all(
             case = twin.case(split, index)
         else:
             raise KeyError(
-                f"row {i}: no {truth_column!r} column; add the case truth to the dataset or pass twin= "
-                "with 'split' and 'index' columns"
+                f"row {i}: no {truth_column!r} column; add the case truth to the dataset or pass "
+                "twin= with 'split' and 'index' columns"
             )
         ids = _row(kwargs, "completion_ids", i)
         traj = completion_trajectory(

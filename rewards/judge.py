@@ -213,7 +213,8 @@ class Judge:
     def __post_init__(self) -> None:
         if not isinstance(self.spec, str) or ":" not in self.spec and self.policy is None:
             raise ConfigError(
-                f"judge spec must be a policy spec such as 'openai:MODEL' or 'hf:smollm2', got {self.spec!r}"
+                "judge spec must be a policy spec such as 'openai:MODEL' or 'hf:smollm2', got "
+                f"{self.spec!r}"
             )
         if self.timeout <= 0 or self.max_tokens < 1 or self.retries < 0 or self.concurrency < 1:
             raise ConfigError(
@@ -311,7 +312,8 @@ class Judge:
                 )
             if self.max_tokens_per_step is not None and u.tokens + cost > self.max_tokens_per_step:
                 over.append(
-                    f"{u.tokens} + {cost} estimated tokens > max_tokens_per_step={self.max_tokens_per_step}"
+                    f"{u.tokens} + {cost} estimated tokens > "
+                    f"max_tokens_per_step={self.max_tokens_per_step}"
                 )
             if over:
                 raise JudgeBudgetError(
@@ -388,7 +390,8 @@ class Judge:
         raise JudgeError(
             f"judge {self.spec!r} gave no usable answer after {self.retries + 1} attempt(s): "
             + "; ".join(problems)
-            + ". Check the judge server, raise `timeout`/`retries`, or make the rubric's answer format clearer"
+            + ". Check the judge server, raise `timeout`/`retries`, or make the rubric's answer "
+            "format clearer"
         )
 
     async def _ask_all(

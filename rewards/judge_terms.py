@@ -7,7 +7,7 @@
     from rewards.judge_terms import group_term, rubric_term, score_episodes
 
     judge = Judge("openai:gpt-4o-mini", max_calls_per_step=512)
-    tone = rubric_term("tone", judge, "Is the reply to the customer polite and clear?", scale=(1, 5))
+    tone = rubric_term("tone", judge, "Is the reply polite and clear?", scale=(1, 5))
     best = group_term("ranked", judge, "Which attempt solves the customer's problem best?")
     reward = Reward({correct: 0.7, tone: 0.1, best: 0.2})
     results = score_episodes(reward, [(trajectory, case), ...])   # batched, concurrent, cached
@@ -192,7 +192,8 @@ class RubricTerm(Term):
         lo, hi = self.scale
         mid = (lo + hi) // 2
         user = (
-            f"{RUBRIC_INTRO}\n\nEpisode:\n{self.render(trajectory, case)}\n\nQuestion: {self.question} "
+            f"{RUBRIC_INTRO}\n\nEpisode:\n{self.render(trajectory, case)}\n\nQuestion: "
+            f"{self.question} "
             f"Answer with a number from {lo} (worst) to {hi} (best), like this: SCORE: {mid}"
         )
         return [{"role": "user", "content": user}]  # one message: small judges follow it best
@@ -320,7 +321,8 @@ class GroupTerm(Term):
         task = getattr(case, "task", None)
         body = "\n\n".join(f"=== Attempt {lab} ===\n{txt}" for lab, txt in zip(labels, unique))
         user = (
-            f"Rubric: {self.rubric}\n\nTask: {_clip(json.dumps(task, default=str), 1500)}\n\n{body}\n\n"
+            f"Rubric: {self.rubric}\n\nTask: "
+            f"{_clip(json.dumps(task, default=str), 1500)}\n\n{body}\n\n"
             f"Score every attempt ({', '.join(labels)}) from 0 to 10."
         )
         request = [{"role": "system", "content": GROUP_SYSTEM}, {"role": "user", "content": user}]

@@ -89,7 +89,8 @@ def _cases_strategy(source: Any) -> Any:
     if callable(source):
         return st.integers(0, 10**6).map(source)
     raise TypeError(
-        f"source must be a Twin, a hypothesis strategy of Case, or a callable(int) -> Case; got {source!r}"
+        "source must be a Twin, a hypothesis strategy of Case, or a callable(int) -> Case; "
+        f"got {source!r}"
     )
 
 
@@ -142,22 +143,7 @@ def check_reward_properties(
     b = bounds or reward_bounds(reward)
     if b is None:
         raise AssertionError("the reward has no `bounds`; pass bounds=(low, high)")
-    lo, hi = b
-    report = PropertyReport(bounds=(lo, hi))
-    losses: dict[str, dict[float, float]] = {}  # rounded key -> first exact loss
-
-    def score(t: Trajectory, c: Case) -> Any:
-        r = reward(t, c)
-        assert isinstance(r.total, float) and math.isfinite(r.total), (
-            f"{c.id}: total {r.total!r} is not a finite float"
-        )
-        assert lo - tolerance <= r.total <= hi + tolerance, (
-            f"{c.id}: total {r.total} outside bounds [{lo}, {hi}]"
-        )
-        for k, v in r.components.items():
-            assert math.isfinite(v), f"{c.id}: component {k!r} = {v!r} is not finite"
-        return r
-
+    check = _Checker(reward, lo=b[0], hi=b[1], tolerance=tolerance)
     cases = _cases_strategy(source)
     extra = random_trajectories or (lambda c: st.none())
 
@@ -171,44 +157,89 @@ def check_reward_properties(
     @given(data=st.data())
     def run(data: Any) -> None:
         case = data.draw(cases, label="case")
-        best = submission_trajectory(case, oracle(case))
-        r1 = score(best, case)
-        r2 = score(best, case)
-        again = Trajectory.model_validate_json(best.model_dump_json())
-        case2 = Case.model_validate_json(case.model_dump_json())
-        r3 = score(again, case2)
-        assert r1 == r2 == r3, f"{case.id}: the same episode scored differently: {r1} / {r2} / {r3}"
-        assert math.isclose(r1.total, hi, abs_tol=tolerance), (
-            f"{case.id}: the oracle scored {r1.total}, not the maximum {hi}\n{r1.explain()}"
-        )
-        for label, traj in mistakes(case).items():
-            r = score(traj, case)
-            assert r.total < r1.total - tolerance, (
-                f"{case.id}: single mistake {label!r} scored {r.total}, not less than the oracle's {r1.total}\n"
-                f"{r.explain()}"
-            )
-            loss = r1.total - r.total
-            losses.setdefault(label, {}).setdefault(round(loss, 12), loss)
+        check.oracle_and_mistakes(case, oracle, mistakes)
         t = data.draw(extra(case), label="random trajectory")
         if t is not None:
-            score(t, case)
-            assert score(t, case) == score(t, case), (
-                f"{case.id}: a random episode scored differently twice"
-            )
-        report.examples += 1
+            check.random_episode(t, case)
+        check.report.examples += 1
 
     run()
-    report.losses = {k: sorted(v.values()) for k, v in losses.items()}
+    report = check.report
+    report.losses = {k: sorted(v.values()) for k, v in check.losses.items()}
     for a, bb, ratio in cost_ratios:
-        if a not in losses or bb not in losses:
-            raise AssertionError(
-                f"cost ratio {a!r}/{bb!r}: {'neither' if a not in losses and bb not in losses else 'one'} "
-                f"of the mistakes occurred in {report.examples} cases; raise max_examples"
-            )
-        for la in losses[a].values():
-            for lb in losses[bb].values():
-                assert lb > 0 and math.isclose(la / lb, ratio, rel_tol=1e-9), (
-                    f"cost ratio {a!r}/{bb!r}: losses {la} / {lb} = {la / lb if lb else math.inf}, expected {ratio}"
-                )
-                report.ratios[(a, bb)] = la / lb
+        report.ratios[(a, bb)] = _cost_ratio(check.losses, a, bb, ratio, report.examples)
     return report
+
+
+class _Checker:
+    """The per-case checks of :func:`check_reward_properties`, and the losses they saw."""
+
+    def __init__(self, reward: Callable[..., Any], *, lo: float, hi: float, tolerance: float):
+        self.reward = reward
+        self.lo, self.hi, self.tolerance = lo, hi, tolerance
+        self.report = PropertyReport(bounds=(lo, hi))
+        self.losses: dict[str, dict[float, float]] = {}  # label -> rounded loss -> first exact
+
+    def score(self, t: Trajectory, c: Case) -> Any:
+        """``reward(t, c)``, checked finite and within the bounds."""
+        lo, hi, tolerance = self.lo, self.hi, self.tolerance
+        r = self.reward(t, c)
+        assert isinstance(r.total, float) and math.isfinite(r.total), (
+            f"{c.id}: total {r.total!r} is not a finite float"
+        )
+        assert lo - tolerance <= r.total <= hi + tolerance, (
+            f"{c.id}: total {r.total} outside bounds [{lo}, {hi}]"
+        )
+        for k, v in r.components.items():
+            assert math.isfinite(v), f"{c.id}: component {k!r} = {v!r} is not finite"
+        return r
+
+    def oracle_and_mistakes(self, case: Case, oracle: Oracle, mistakes: Mistakes) -> None:
+        """The oracle scores the maximum, the same each time (also after a JSON round trip);
+        each single mistake scores strictly less (its loss is recorded)."""
+        best = submission_trajectory(case, oracle(case))
+        r1 = self.score(best, case)
+        r2 = self.score(best, case)
+        again = Trajectory.model_validate_json(best.model_dump_json())
+        case2 = Case.model_validate_json(case.model_dump_json())
+        r3 = self.score(again, case2)
+        assert r1 == r2 == r3, f"{case.id}: the same episode scored differently: {r1} / {r2} / {r3}"
+        assert math.isclose(r1.total, self.hi, abs_tol=self.tolerance), (
+            f"{case.id}: the oracle scored {r1.total}, not the maximum {self.hi}\n{r1.explain()}"
+        )
+        for label, traj in mistakes(case).items():
+            r = self.score(traj, case)
+            assert r.total < r1.total - self.tolerance, (
+                f"{case.id}: single mistake {label!r} scored {r.total}, not less than the "
+                f"oracle's {r1.total}\n{r.explain()}"
+            )
+            loss = r1.total - r.total
+            self.losses.setdefault(label, {}).setdefault(round(loss, 12), loss)
+
+    def random_episode(self, t: Trajectory, case: Case) -> None:
+        """Any other episode scores within the bounds, the same twice."""
+        self.score(t, case)
+        assert self.score(t, case) == self.score(t, case), (
+            f"{case.id}: a random episode scored differently twice"
+        )
+
+
+def _cost_ratio(
+    losses: dict[str, dict[float, float]], a: str, b: str, ratio: float, examples: int
+) -> float:
+    """loss(a) / loss(b), checked equal to ``ratio`` for every pair of losses seen."""
+    if a not in losses or b not in losses:
+        which = "neither" if a not in losses and b not in losses else "one"
+        raise AssertionError(
+            f"cost ratio {a!r}/{b!r}: {which} of the mistakes occurred in {examples} cases; "
+            "raise max_examples"
+        )
+    last = math.nan
+    for la in losses[a].values():
+        for lb in losses[b].values():
+            assert lb > 0 and math.isclose(la / lb, ratio, rel_tol=1e-9), (
+                f"cost ratio {a!r}/{b!r}: losses {la} / {lb} = "
+                f"{la / lb if lb else math.inf}, expected {ratio}"
+            )
+            last = la / lb
+    return last

@@ -26,7 +26,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--rollouts-allow-import",
         action="store_true",
         default=False,
-        help="let *.rollouts.yaml files import `reward: module:attr` from any module (runs its code)",
+        help="let *.rollouts.yaml files import `reward: module:attr` from any module (runs its "
+        "code)",
     )
 
 

@@ -27,7 +27,8 @@ def trajectories(
     *,
     max_invalid_calls: int = 10,
 ) -> st.SearchStrategy[Trajectory]:
-    """Episodes of ``case`` ending in a drawn submission (None: no valid submit) with 0..N invalid calls."""
+    """Episodes of ``case`` ending in a drawn submission (None: no valid submit) with 0..N invalid
+    calls."""
     return st.builds(
         lambda sub, n: submission_trajectory(case, sub, invalid_calls=n),
         submissions,
@@ -38,7 +39,8 @@ def trajectories(
 def twin_cases(
     twin: Any, splits: tuple[str, ...] | None = None, max_index: int = 1_000
 ) -> st.SearchStrategy[Case]:
-    """Cases the twin makes: ``twin.case(split, index)`` over its splits (first ``max_index`` of each)."""
+    """Cases the twin makes: ``twin.case(split, index)`` over its splits (first ``max_index`` of
+    each)."""
     names = tuple(splits or twin.splits)
     return st.sampled_from(names).flatmap(
         lambda s: st.integers(0, min(twin.num_cases(s), max_index) - 1).map(

@@ -71,7 +71,8 @@ def load_recording(path: str | Path) -> dict[str, str]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(
-            f"judge recording {str(p)!r} not found; make one with RecordingJudge.save or export_recording"
+            f"judge recording {str(p)!r} not found; make one with RecordingJudge.save or "
+            "export_recording"
         )
     data = load_yaml_file(p, what="judge recording")
     if isinstance(data, dict) and set(data) == {"answers"}:
@@ -115,7 +116,8 @@ class RecordedJudge:
                 return self.answers[key]
         prompt = " ".join(str(messages[-1].get("content") or "").split())[:200] if messages else ""
         raise JudgeError(
-            f"no recorded judge answer for request {key} in {self.source} (prompt starts {prompt!r}); "
+            f"no recorded judge answer for request {key} in {self.source} (prompt starts "
+            f"{prompt!r}); "
             "add it to the case's `judge_answers:` or to the file's `judge:` recording"
         )
 

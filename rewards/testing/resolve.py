@@ -103,8 +103,10 @@ def _check_import_allowed(spec: str, allow_import: bool) -> None:
     if any(module == p or module.startswith(p + ".") for p in trusted):
         return
     raise ConfigError(
-        f"reward {spec!r}: a rollout file may only name rewards of the reward library or of registered "
-        f"twins (modules under {', '.join(trusted)}); importing {module!r} would run its code. If you "
+        f"reward {spec!r}: a rollout file may only name rewards of the reward library or of "
+        "registered "
+        f"twins (modules under {', '.join(trusted)}); importing {module!r} would run its code. If "
+        "you "
         "trust the file, run `twin reward test --allow-import` (Python: allow_import=True; pytest: "
         "--rollouts-allow-import)"
     )
@@ -152,9 +154,10 @@ def _import_reward(spec: str, allow_import: bool = False) -> Scorer:
         ]  # fmt: skip
         return obj() if not params else obj
     raise ConfigError(
-        f"reward {spec!r} is {_kind(obj)}, not a Reward, a term or a reward factory its module declares "
-        f"(in {FACTORIES_ATTR}); a rollout file names rewards only, and nothing else is called. If you "
-        "trust the file, run `twin reward test --allow-import` (Python: allow_import=True)"
+        f"reward {spec!r} is {_kind(obj)}, not a Reward, a term or a reward factory its module "
+        "declares "
+        f"(in {FACTORIES_ATTR}); a rollout file names rewards only, and nothing else is called. If "
+        "you trust the file, run `twin reward test --allow-import` (Python: allow_import=True)"
     )
 
 

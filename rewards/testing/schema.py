@@ -228,12 +228,13 @@ class RolloutCase(BaseModel):
             has_submit, has_turns = "submit" in data, data.get("turns") is not None
             if has_submit == has_turns:
                 raise ValueError(
-                    "give exactly one of `submit:` (the terminal call's arguments; `submit: null` for "
-                    "no submission) or `turns:` (assistant turns to replay)"
+                    "give exactly one of `submit:` (the terminal call's arguments; `submit: null` "
+                    "for no submission) or `turns:` (assistant turns to replay)"
                 )
             if data.get("truth") is None and data.get("case") is None:
                 raise ValueError(
-                    "give the case's `truth:` (or `case: {split, index}` to use that case's own truth)"
+                    "give the case's `truth:` (or `case: {split, index}` to use that case's own "
+                    "truth)"
                 )
             if has_turns and data.get("invalid_calls"):
                 raise ValueError(
