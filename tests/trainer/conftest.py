@@ -20,6 +20,22 @@ from trainer.learner import TrainBatch, build_lora_model
 from trainer.models import load_model
 
 
+def _wait_until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def wait_until() -> Callable[..., None]:
+    """``wait_until(condition, what, timeout=30.0)``: poll until ``condition()`` holds; an
+    AssertionError naming ``what`` when it does not within ``timeout`` seconds. Tests wait on the
+    state they assert about, never on a fixed sleep (a slow host would skip the check)."""
+    return _wait_until
+
+
 def make_grouped_batch(seed: int = 1, groups: int = 3, group_size: int = 4) -> TrainBatch:
     """GRPO-shaped rows: a prompt per group, completions of varied length, some multi-turn."""
     g = torch.Generator().manual_seed(seed)

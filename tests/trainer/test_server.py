@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -323,7 +323,7 @@ def test_concurrent_requests_are_batched_and_match_serial(server: httpx.Client) 
 
 
 def test_request_finishes_on_its_adapter_when_unloaded_meanwhile(
-    tiny_dir: Path, adapters: list[Path], base
+    tiny_dir: Path, adapters: list[Path], base, wait_until: Callable[..., None]
 ) -> None:
     """A queued request keeps the adapter version it resolved on arrival."""
     from transformers import AutoModelForCausalLM
@@ -363,8 +363,7 @@ def test_request_finishes_on_its_adapter_when_unloaded_meanwhile(
             )
         )
         t.start()
-        while version.pending == 0:
-            time.sleep(0.01)
+        wait_until(lambda: version.pending > 0, "the request holds its adapter version")
         threading.Thread(target=core.unload_lora_adapter, args=({"lora_name": "policy@1"},)).start()
         core._model_lock.release()
         t.join(30)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,10 @@ def _serve(limits: ServeLimits, api_key: str | None = KEY) -> tuple[Any, str, in
 
 
 @pytest.fixture
-def slow_limits_server() -> Iterator[tuple[str, int]]:
-    # few handler threads and a long deadline: before the fix, 64 slow clients held every thread
+def slow_limits_server() -> Iterator[tuple[Any, str, int]]:
+    # few handler threads and a long deadline: 64 slow clients must not hold every thread
     httpd, url, port = _serve(ServeLimits(http_threads=8, read_timeout=30.0, max_connections=256))
-    yield url, port
+    yield httpd, url, port
     httpd.shutdown()
     httpd.server_close()
 
@@ -63,9 +63,9 @@ def _answer(sock: socket.socket) -> bytes:
 
 
 def test_slow_headers_hold_no_thread_and_health_answers_within_a_second(
-    slow_limits_server: tuple[str, int],
+    slow_limits_server: tuple[Any, str, int], wait_until: Callable[..., None]
 ) -> None:
-    url, port = slow_limits_server
+    httpd, url, port = slow_limits_server
     head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\n{AUTH}X-Pad: {'p' * 200}\r\n\r\n".encode()
     slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(64)]
     stop = threading.Event()
@@ -83,7 +83,7 @@ def test_slow_headers_hold_no_thread_and_health_answers_within_a_second(
     sender = threading.Thread(target=trickle, daemon=True)
     sender.start()
     try:
-        time.sleep(0.5)  # every slow client has started its request
+        wait_until(lambda: httpd.open_connections >= 64, "the server holds every slow client")
         for _ in range(5):
             # the answer must arrive within the client's 1 s timeout while all 64 still trickle
             assert httpx.get(f"{url}/health", timeout=1.0).status_code == 200
@@ -172,7 +172,7 @@ class _HeldCore(FakeCore):
         return {"held": True}
 
 
-def test_bodies_beyond_the_budget_wait_and_then_get_503() -> None:
+def test_bodies_beyond_the_budget_wait_and_then_get_503(wait_until: Callable[..., None]) -> None:
     core = _HeldCore(ServeLimits(max_body_bytes=4096, body_budget_bytes=8192, read_timeout=1.0))
     httpd = make_http_server(core, "127.0.0.1", 0, api_key=KEY)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -188,8 +188,7 @@ def test_bodies_beyond_the_budget_wait_and_then_get_503() -> None:
                 + body
             )
             held.append(s)
-        time.sleep(0.3)
-        assert httpd.budget.used == 2 * len(body)
+        wait_until(lambda: httpd.budget.used == 2 * len(body), "both bodies are in the budget")
         with socket.create_connection(("127.0.0.1", port), timeout=5.0) as s:
             s.sendall(
                 f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: {len(body)}\r\n\r\n".encode()
@@ -200,8 +199,7 @@ def test_bodies_beyond_the_budget_wait_and_then_get_503() -> None:
         core.release.set()
         for s in held:
             assert _answer(s).startswith(b"HTTP/1.1 200")
-        time.sleep(0.1)
-        assert httpd.budget.used == 0
+        wait_until(lambda: httpd.budget.used == 0, "the answered bodies leave the budget")
     finally:
         core.release.set()
         for s in held:

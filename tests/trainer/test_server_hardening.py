@@ -8,8 +8,7 @@ import os
 import shutil
 import socket
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,15 +132,20 @@ LIMITS = ServeLimits(read_timeout=2.0, http_threads=4, max_connections=64)
 
 
 @pytest.fixture(scope="module")
-def served(tiny_dir: Path, adapter_dir: Path) -> Iterator[tuple[str, CompletionServer]]:
+def served_http(tiny_dir: Path, adapter_dir: Path) -> Iterator[tuple[str, CompletionServer, Any]]:
     core = _core(tiny_dir, limits=LIMITS, adapter_root=adapter_dir)
     httpd = make_http_server(core, "127.0.0.1", 0, api_key="s3cret-key")
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}", core
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", core, httpd
     httpd.shutdown()
     httpd.server_close()
     core.close()
+
+
+@pytest.fixture(scope="module")
+def served(served_http: tuple[str, CompletionServer, Any]) -> tuple[str, CompletionServer]:
+    return served_http[0], served_http[1]
 
 
 AUTH = {"Authorization": "Bearer s3cret-key"}
@@ -262,11 +266,14 @@ def test_valid_requests_still_answer_strict_json(served: tuple[str, CompletionSe
 
 
 def test_stalled_connections_time_out_and_hold_a_bounded_number_of_threads(
-    served: tuple[str, CompletionServer],
+    served_http: tuple[str, CompletionServer, Any], wait_until: Callable[..., None]
 ) -> None:
-    """A body shorter than its Content-Length once held a thread forever, one thread per connection."""
-    url, _ = served
+    """A body shorter than its Content-Length once held a thread forever, one thread per
+    connection."""
+    url, _, httpd = served_http
     host, port = url.removeprefix("http://").split(":")
+    # earlier tests' idle connections close within the read timeout: count from none open
+    wait_until(lambda: httpd.open_connections == 0, "earlier connections are closed")
     before = threading.active_count()
     stalled = []
     for _ in range(20):
@@ -275,7 +282,8 @@ def test_stalled_connections_time_out_and_hold_a_bounded_number_of_threads(
                   b"Content-Length: 100\r\n\r\n{")  # fmt: skip
         stalled.append(s)
     try:
-        time.sleep(0.5)  # let the server accept them all
+        # the thread count means something only once the server holds every stalled connection
+        wait_until(lambda: httpd.open_connections >= 20, "the server accepts all 20")
         assert threading.active_count() - before <= LIMITS.http_threads
         # every stalled connection is answered (408) and closed by the server, none left hanging
         for s in stalled:
@@ -290,7 +298,7 @@ def test_stalled_connections_time_out_and_hold_a_bounded_number_of_threads(
     assert status == 200
 
 
-def test_connections_over_the_cap_get_503(tiny_dir: Path) -> None:
+def test_connections_over_the_cap_get_503(tiny_dir: Path, wait_until: Callable[..., None]) -> None:
     core = _core(tiny_dir, limits=ServeLimits(read_timeout=5.0, http_threads=2, max_connections=3))
     httpd = make_http_server(core, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -300,7 +308,7 @@ def test_connections_over_the_cap_get_503(tiny_dir: Path) -> None:
         for _ in range(3)
     ]
     try:
-        time.sleep(0.3)
+        wait_until(lambda: httpd.open_connections == 3, "the server holds the 3 connections")
         status, body = _raw(url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert (
             status == 503 and "too many open connections" in _strict_json(body)["error"]["message"]
@@ -433,7 +441,9 @@ def test_trainer_started_server_with_key_and_root_serves_its_clients(
 
 
 # -- 8: scheduling --------------------------------------------------------------------------------
-def test_a_large_request_is_chunked_so_a_small_one_behind_it_finishes_first(tiny_dir: Path) -> None:
+def test_a_large_request_is_chunked_so_a_small_one_behind_it_finishes_first(
+    tiny_dir: Path, wait_until: Callable[..., None]
+) -> None:
     """Requests take turns in chunks of max_batch_rows rows; a chunked request keeps its seeded samples."""
     core = _core(tiny_dir, max_batch_rows=4)
     big = {"prompt": [PROMPT, PROMPT[:5], PROMPT[:7], PROMPT[:9]], "n": 4, "max_tokens": 5, "seed": 9,
@@ -456,12 +466,10 @@ def test_a_large_request_is_chunked_so_a_small_one_behind_it_finishes_first(tiny
         core._model_lock.acquire()  # hold the worker so both requests are queued before it runs
         threads = [threading.Thread(target=call, args=("big", big))]
         threads[0].start()
-        while not core._queue:
-            time.sleep(0.01)
+        wait_until(lambda: core._queue, "the big request is queued")
         threads.append(threading.Thread(target=call, args=("small", small)))
         threads[1].start()
-        while not any(r.rows == 1 for r in list(core._queue)):
-            time.sleep(0.01)
+        wait_until(lambda: any(r.rows == 1 for r in list(core._queue)), "the small one is queued")
         core._model_lock.release()
         for t in threads:
             t.join(60)

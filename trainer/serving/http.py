@@ -311,6 +311,11 @@ class _AsyncHTTPServer:
         self._stopped = threading.Event()
         self._stop_requested = False
 
+    @property
+    def open_connections(self) -> int:
+        """Connections accepted and not yet closed (each counts against ``max_connections``)."""
+        return self._open
+
     # -- life cycle --------------------------------------------------------------------------------
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         """Serve until :meth:`shutdown` (``poll_interval`` is accepted for ``HTTPServer`` parity)."""
