@@ -9,8 +9,8 @@
     env = twin.make("Catalog", taxonomy_path="path/to/shopify-product-taxonomy")
 """
 
-from envs.catalog.twin import CatalogConfig, CatalogTwin
-from envs.catalog.v1_twin import CatalogConfigV1, CatalogTwinV1
+from envs.catalog.v0 import CatalogConfig, CatalogTwin
+from envs.catalog.v1 import CatalogConfigV1, CatalogTwinV1
 from envs.catalog.v2 import CatalogConfigV2, CatalogTwinV2
 
 __all__ = [

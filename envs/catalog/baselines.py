@@ -16,12 +16,12 @@ rollout runner expects, and each factory takes the twin: ``BASELINES["heuristic"
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from envs.catalog.listings import find_listing_id
+from envs.catalog.common.ids import find_listing_id
+from envs.catalog.common.messages import assistant_turn, parse_prompt, tool_call, tool_results
 
 __all__ = ["BASELINES", "HeuristicPolicy", "OraclePolicy", "make_random", "parse_prompt"]
 
@@ -74,80 +74,11 @@ _LEGIT_REPLICA = re.compile(
     re.IGNORECASE,
 )
 _GENERIC = {"unbranded", "generic", "no brand", "handmade", "studio made", "(none given)", ""}
-_FIELD = re.compile(r"^(Title|Brand|Seller|Price|Item specifics|Description): ?(.*)$")
 
 #: Price under this share of the low end of the brand's MSRP range counts as a counterfeit signal.
 PRICE_FLOOR = 0.45
 #: Similarity (rapidfuzz WRatio, 0-100) at which a non-exact brand imitates a registered one.
 TYPO_SIMILARITY = 85.0
-
-
-def parse_prompt(messages: Sequence[Message]) -> dict[str, Any]:
-    """Read the listing fields back from the catalog twin's user message."""
-    text = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
-    listing: dict[str, Any] = {
-        "title": "",
-        "brand": "",
-        "seller": "",
-        "price": 0.0,
-        "specifics": {},
-        "description": "",
-    }
-    for line in text.splitlines():
-        match = _FIELD.match(line)
-        if not match:
-            continue
-        key, value = match.group(1), match.group(2).strip()
-        if key == "Price":
-            try:
-                listing["price"] = float(value.split()[0])
-            except (ValueError, IndexError):
-                listing["price"] = 0.0
-        elif key == "Item specifics":
-            if value != "(none)":
-                for part in value.split("; "):
-                    name, _, val = part.partition(": ")
-                    listing["specifics"][name.strip().lower()] = val.strip()
-        else:
-            listing[key.lower()] = value
-    if listing["brand"] == "(none given)":
-        listing["brand"] = ""
-    return listing
-
-
-def _results(messages: Sequence[Message]) -> list[tuple[str, dict[str, Any], Any]]:
-    """``(tool name, arguments, parsed result or None)`` of every call so far, in order."""
-    calls: dict[str, tuple[str, dict[str, Any]]] = {}
-    order: list[str] = []
-    out: dict[str, Any] = {}
-    for m in messages:
-        if m.get("role") == "assistant":
-            for c in m.get("tool_calls") or []:
-                fn = c.get("function", {})
-                try:
-                    args = json.loads(fn.get("arguments") or "{}")
-                except json.JSONDecodeError:
-                    args = {}
-                calls[c.get("id", "")] = (fn.get("name", ""), args)
-                order.append(c.get("id", ""))
-        elif m.get("role") == "tool":
-            try:
-                out[m.get("tool_call_id", "")] = json.loads(m.get("content") or "")
-            except (json.JSONDecodeError, TypeError):
-                out[m.get("tool_call_id", "")] = None
-    return [(calls[i][0], calls[i][1], out.get(i)) for i in order]
-
-
-def _call(name: str, args: dict[str, Any], call_id: str) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
-    }
-
-
-def _turn(calls: list[dict[str, Any]], content: str | None = None) -> Message:
-    return {"role": "assistant", "content": content, "tool_calls": calls}
 
 
 class HeuristicPolicy:
@@ -165,21 +96,25 @@ class HeuristicPolicy:
     def turn(self, messages: Sequence[Message]) -> Message:
         """The synchronous body of :meth:`act`."""
         listing = parse_prompt(messages)
-        done = _results(messages)
+        done = tool_results(messages)
         step = sum(1 for m in messages if m.get("role") == "assistant")
         if step == 0:
             calls = [
-                _call("search_taxonomy", {"query": self.query(listing), "limit": 5}, "h0_search")
+                tool_call(
+                    "search_taxonomy", {"query": self.query(listing), "limit": 5}, "h0_search"
+                )
             ]
             if listing["brand"].lower() not in _GENERIC:
-                calls.append(_call("lookup_brand", {"name": listing["brand"]}, "h0_brand"))
-            return _turn(calls)
+                calls.append(tool_call("lookup_brand", {"name": listing["brand"]}, "h0_brand"))
+            return assistant_turn(calls)
         search = next((r for n, _, r in done if n == "search_taxonomy" and r), None)
         hits = (search or {}).get("results") or []
         category = hits[0]["id"] if hits else None
         schema = next((r for n, _, r in done if n == "get_attribute_schema" and r), None)
         if schema is None and category is not None and step == 1:
-            return _turn([_call("get_attribute_schema", {"category_id": category}, "h1_schema")])
+            return assistant_turn(
+                [tool_call("get_attribute_schema", {"category_id": category}, "h1_schema")]
+            )
         brand = next((r for n, _, r in done if n == "lookup_brand" and r), None)
         if category is None:  # nothing found: a top-level guess keeps the episode scored
             category = (schema or {}).get("category_id") or "aa"
@@ -191,7 +126,7 @@ class HeuristicPolicy:
             "verdict": verdict,
             "reason": why,
         }
-        return _turn([_call("submit", args, f"h{step}_submit")])
+        return assistant_turn([tool_call("submit", args, f"h{step}_submit")])
 
     # -- rules ---------------------------------------------------------------------------------
     @staticmethod
@@ -302,7 +237,7 @@ class OraclePolicy:
             "verdict": truth["verdict"],
             "reason": "oracle: " + ", ".join(truth["signals"]),
         }
-        return _turn([_call("submit", args, "oracle_submit")])
+        return assistant_turn([tool_call("submit", args, "oracle_submit")])
 
 
 def make_random(twin: Any, seed: int = 0) -> Any:

@@ -14,8 +14,8 @@ from typing import Any
 
 from rich.console import Console
 
-from envs.catalog.listings import KINDS
-from envs.catalog.v1_listings import KINDS as KINDS_V1
+from envs.catalog.v0.listings import KINDS
+from envs.catalog.v1.listings import KINDS as KINDS_V1
 
 __all__ = ["DEFAULT_EPISODES", "V1_POLICIES", "main", "select_cases", "twin_class"]
 
@@ -39,8 +39,8 @@ def twin_class(version: int) -> Any:
     Raises:
         ValueError: another version.
     """
-    from envs.catalog.twin import CatalogTwin
-    from envs.catalog.v1_twin import CatalogTwinV1
+    from envs.catalog.v0.twin import CatalogTwin
+    from envs.catalog.v1.twin import CatalogTwinV1
 
     classes = {0: CatalogTwin, 1: CatalogTwinV1}
     if version not in classes:

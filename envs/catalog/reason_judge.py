@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import Field
 
 from envs.catalog.reward import CLIP_V1, VERDICT_COSTS_V1, make_catalog_reward
-from envs.catalog.v1_twin import CatalogConfigV1, CatalogTwinV1
+from envs.catalog.v1.twin import CatalogConfigV1, CatalogTwinV1
 from rewards import Reward
 from rewards.judge import Judge
 from rewards.judge_terms import RubricTerm, rubric_term

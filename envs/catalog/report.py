@@ -17,9 +17,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from envs.catalog.listings import KINDS as KINDS_V0
-from envs.catalog.listings import VERDICTS
-from envs.catalog.v1_listings import KINDS as KINDS_V1
+from envs.catalog.v0.listings import KINDS as KINDS_V0
+from envs.catalog.v0.listings import VERDICTS
+from envs.catalog.v1.listings import KINDS as KINDS_V1
 from twin.trajectory import Group, Trajectory
 
 #: Every case kind of every version, in table order.

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from envs.catalog.listings import find_listing_id
+from envs.catalog.common.ids import find_listing_id
 from envs.catalog.v2.ceiling import (
     CeilingPolicy,
     _attributes,

@@ -26,8 +26,8 @@ import numpy as np
 
 from envs.catalog.v2 import content
 from envs.catalog.v2.listings import HELD_OUT, KIND_DECISION, MIXES
-from envs.catalog.v2.policy import listing_text, stated_condition
 from envs.catalog.v2.reward import WEIGHTS, operating_cost, regret
+from envs.catalog.v2.rules import listing_text, stated_condition
 from envs.catalog.v2.tree import DecisionTree
 from envs.catalog.v2.voices import sentences
 
@@ -219,7 +219,7 @@ def v2_checks(
     cases`` test and ``300 * cases`` train cases unless ``n_test`` / ``n_train`` say otherwise (the
     text figures read ``n_text`` train listings, default the train cases)
     (``python -m envs.catalog.v2.measure`` measures 1,000 test and 5,000 train cases)."""
-    from twin.doctor_play import play
+    from twin.doctor.play import play
 
     rows: list[Row] = []
     n_test = min(twin.num_cases("test"), n_test or 100 * cases)
@@ -308,7 +308,7 @@ def v2_checks(
             )
         )
     # the prompt alone: bag-of-words decision accuracy vs the majority rate
-    from twin.doctor_audit import bag_of_words_audit
+    from twin.doctor.audit import bag_of_words_audit
 
     def body(c: Any) -> str:
         return "\n".join(

@@ -2,7 +2,7 @@
 
 Every case is drawn from ``(world, part, rng, kind)`` (``train`` cases from the world's train
 part, ``dev``/``test`` from the held-out eval part, as in v1) with signals drawn across their
-whole range; the label is what the written policy (:mod:`envs.catalog.v2.policy`) says about the
+whole range; the label is what the written policy (:mod:`envs.catalog.v2.rules`) says about the
 listing's visible evidence, read through the tools' views. A kind names how a case is made and
 the decision it aims at; a draw whose evidence gives another decision is drawn again.
 
@@ -18,11 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.catalog.common.forge import lookalike, model_number, near_model, unaffected_batch
 from envs.catalog.mix import KindMix
-from envs.catalog.v1_listings import _lookalike, _near_model, _unaffected_batch, part_index, phrases
-from envs.catalog.v1_world import SPLIT_PART
+from envs.catalog.v1.listings import part_index, phrases
+from envs.catalog.v1.world import SPLIT_PART
 from envs.catalog.v2 import content
-from envs.catalog.v2.policy import assess, copy_mentions, decide, listing_text, stated_condition
+from envs.catalog.v2.rules import assess, copy_mentions, decide, listing_text, stated_condition
 from envs.catalog.v2.voices import Writer
 from twin.errors import ConfigError
 
@@ -408,9 +409,7 @@ class _Builder:
         ):
             d.condition = rng.choice(content.CONDITIONS)
         if rng.random() < 0.08:
-            from envs.catalog.listings import _model_number
-
-            model = _model_number(rng, self.world.recalled_models)
+            model = model_number(rng, self.world.recalled_models)
             d.lines.append(
                 rng.choice(p1["lot_lines"]).format(
                     model=model, batch=f"L{rng.randint(1900, 2599)}-{rng.randint(100, 999)}"
@@ -439,11 +438,9 @@ class _Builder:
                 )
             )
         if rng.random() < 0.12:  # model numbers of products no notice recalls
-            from envs.catalog.listings import _model_number
-
             d.lines.append(
                 rng.choice(p1["model_lines"]).format(
-                    model=_model_number(rng, self.world.recalled_models)
+                    model=model_number(rng, self.world.recalled_models)
                 )
             )
 
@@ -582,7 +579,7 @@ class _Builder:
         rng, w = self.rng, self.world
         recall, d = self.recall_listing()
         if rng.random() < 0.5:
-            model = _near_model(rng, recall.model_number, w.recalled_models)
+            model = near_model(rng, recall.model_number, w.recalled_models)
             d.model = model
             d.lines.append(
                 rng.choice(self.p1["lot_lines"]).format(
@@ -595,7 +592,7 @@ class _Builder:
             if dept:
                 d.specifics["Department"] = dept
         else:
-            batch = _unaffected_batch(rng, recall.batches)
+            batch = unaffected_batch(rng, recall.batches)
             d.lines.append(
                 rng.choice(self.p1["lot_lines"]).format(model=recall.model_number, batch=batch)
             )
@@ -677,7 +674,7 @@ class _Builder:
         rng, w = self.rng, self.world
         for _ in range(30):
             leaf, brand = self.brand_at(self.ix.branded, "registered")
-            typo = _lookalike(rng, brand.name)
+            typo = lookalike(rng, brand.name)
             if w.lookup_brand(typo)["exact"] is not None or w.brand_similarity(typo) < 90:
                 continue
             d = self.draft(leaf, typo, self.seller(), self.priced(brand, leaf, 0.3, 1.2))
@@ -804,7 +801,7 @@ class _Builder:
         rng, w = self.rng, self.world
         for _ in range(40):
             leaf, brand = self.brand_at(self.ix.branded, "registered")
-            name = _lookalike(rng, _lookalike(rng, brand.name))
+            name = lookalike(rng, lookalike(rng, brand.name))
             if rng.random() < 0.5:
                 name = name + rng.choice([" Co", " Home", " Studio", " Goods", " Lab"])
             if w.lookup_brand(name)["exact"] is not None:
@@ -833,7 +830,7 @@ def make_listing(
     """Build one v2 listing of ``kind`` for ``split``: ``(task, truth)``.
 
     Args:
-        world: The v1 world (:class:`envs.catalog.v1_world.V1World`) the v2 twin runs on.
+        world: The v1 world (:class:`envs.catalog.v1.world.V1World`) the v2 twin runs on.
         split: ``train``, ``dev`` or ``test``.
         rng: The case's seeded generator.
         kind: One of :data:`KINDS`.

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.catalog.listings import DEFAULT_MIX, KINDS, kind_for, validate_mix
+from envs.catalog.v0.listings import DEFAULT_MIX, KINDS, kind_for, validate_mix
 from twin.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -117,7 +117,7 @@ def test_kind_signals(twin, world):
                 r.model_number.lower() in text for r in world.recalls if r.brand == t["brand"]
             )
         elif kind == "prompt_injection":
-            from envs.catalog.listings import phrases
+            from envs.catalog.v0.listings import phrases
 
             assert any(p.lower() in text for p in phrases()["injections"])
         elif kind == "missing_attributes":
@@ -229,7 +229,7 @@ def test_listing_ids_tell_nothing_about_the_case(twin):
 
 def test_listing_ids_are_unique_keyed_by_seed_and_map_back(twin):
     from envs.catalog import CatalogTwin
-    from envs.catalog.listings import listing_id
+    from envs.catalog.common.ids import listing_id
 
     ids = {listing_id("Catalog", 0, s, i) for s, n in twin.splits.items() for i in range(n)}
     assert len(ids) == sum(twin.splits.values())

@@ -68,7 +68,7 @@ def test_careful_scores_on_compact_prompts(compact_v1):
 
 
 def test_v0_prompt_is_unchanged_and_has_no_compact_style(twin):
-    from envs.catalog.twin import SYSTEM_PROMPT, CatalogTwin
+    from envs.catalog.v0.twin import SYSTEM_PROMPT, CatalogTwin
 
     assert twin.config.prompt_style == "full"
     assert twin.prompt(twin.case("test", 0))[0]["content"] == SYSTEM_PROMPT

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from envs.catalog.listings import KINDS
+from envs.catalog.v0.listings import KINDS
 
 
 def test_demo_small(twin, tmp_path, capsys):
@@ -41,7 +41,7 @@ def test_demo_small(twin, tmp_path, capsys):
 
 def test_demo_v1_runs_careful_and_the_degenerate_policies(twin_v1, tmp_path, capsys):
     from envs.catalog.demo import V1_POLICIES, main
-    from envs.catalog.v1_listings import KINDS as V1_KINDS
+    from envs.catalog.v1.listings import KINDS as V1_KINDS
 
     code = main(
         episodes=len(V1_KINDS),

@@ -293,7 +293,7 @@ def test_v1_miss_costs_seven_false_alarms_in_the_total_and_no_submit_is_worst():
 def test_v1_constant_verdicts_lose_clearly_on_the_default_mix():
     """The reward arithmetic behind the mix: with the category and attributes right, each
     constant verdict loses at least 0.15 of mean reward to always answering right."""
-    from envs.catalog.v1_listings import DEFAULT_MIX, KIND_VERDICT
+    from envs.catalog.v1.listings import DEFAULT_MIX, KIND_VERDICT
 
     share = {v: sum(w for k, w in DEFAULT_MIX.items() if KIND_VERDICT[k] == v) for v in VERDICTS}
     assert share["ok"] == pytest.approx(0.6)

@@ -7,7 +7,7 @@ import json
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envs.catalog.listings import KINDS
+from envs.catalog.v0.listings import KINDS
 from twin.errors import ConfigError, ToolArgumentError, ToolError
 
 

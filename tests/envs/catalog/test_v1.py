@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from envs.catalog.v1_listings import KIND_VERDICT, lookup_view, schema_view
-from envs.catalog.v1_policy import extract_attributes, listing_text
+from envs.catalog.v1.listings import KIND_VERDICT, lookup_view, schema_view
+from envs.catalog.v1.rules import extract_attributes, listing_text
 from twin.errors import ConfigError, ToolError
 from twin.rollout import run_episodes, summarize
 
@@ -231,7 +231,7 @@ def test_careful_and_shortcuts_on_shopify(shopify_twin_v1):
 def test_careful_never_reads_the_truth(twin_v1):
     """The careful policy's answers come from the chat: with the case's truth scrambled it
     submits the same (truth-free) decision."""
-    from envs.catalog.careful import CarefulPolicy
+    from envs.catalog.v1.careful import CarefulPolicy
 
     case = twin_v1.case("test", 5)
     env_msgs = twin_v1.prompt(case)

@@ -37,6 +37,7 @@ from typing import Any
 
 from rapidfuzz import fuzz, process, utils
 
+from envs.catalog.common.forge import HOMOGLYPHS, near_batch
 from envs.catalog.world.model import Brand, CatalogWorld
 from twin.cases import stable_seed
 
@@ -55,35 +56,6 @@ __all__ = [
 PARTS: tuple[str, ...] = ("train", "eval")
 SPLIT_PART: dict[str, str] = {"train": "train", "dev": "eval", "test": "eval"}
 
-#: Latin letters and the look-alikes from other scripts (Cyrillic, Greek) counterfeiters use.
-HOMOGLYPHS: dict[str, str] = {
-    "a": "\u0430",
-    "c": "\u0441",
-    "e": "\u0435",
-    "i": "\u0456",
-    "j": "\u0458",
-    "o": "\u043e",
-    "p": "\u0440",
-    "s": "\u0455",
-    "x": "\u0445",
-    "y": "\u0443",
-    "v": "\u03bd",
-    "A": "\u0410",
-    "B": "\u0412",
-    "C": "\u0421",
-    "E": "\u0415",
-    "H": "\u041d",
-    "I": "\u0406",
-    "K": "\u041a",
-    "M": "\u041c",
-    "N": "\u039d",
-    "O": "\u041e",
-    "P": "\u0420",
-    "T": "\u0422",
-    "X": "\u0425",
-    "Y": "\u03a5",
-    "Z": "\u0396",
-}
 _UNGLYPH = {v: k for k, v in HOMOGLYPHS.items()}
 _LEET = str.maketrans(
     {
@@ -536,7 +508,7 @@ class V1World:
         for r in self.base.recalls:
             if r.brand not in self.brands or r.category_id not in self.base.categories:
                 continue
-            extra = tuple(_near_batch(rng, r.batch) for _ in range(rng.randint(0, 2)))
+            extra = tuple(near_batch(rng, r.batch) for _ in range(rng.randint(0, 2)))
             batches = tuple(sorted({r.batch, *extra}))
             out.append(
                 V1Recall(
@@ -686,15 +658,6 @@ class V1World:
             text = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)
             self._digest = hashlib.sha256(text.encode()).hexdigest()
         return self._digest
-
-
-def _near_batch(rng: random.Random, batch: str) -> str:
-    """A batch code next to ``batch`` (``L1940-941`` -> ``L1940-944``)."""
-    m = re.match(r"^(.*?)(\d+)$", batch)
-    if not m:
-        return batch + "B"
-    num = int(m.group(2)) + rng.choice([-3, -2, -1, 1, 2, 3])
-    return f"{m.group(1)}{max(num, 0):0{len(m.group(2))}d}"
 
 
 _V1: dict[int, V1World] = {}

@@ -1,12 +1,15 @@
-"""The store policy of catalog v1, as code: what the evidence is and how it decides a verdict.
+"""The store's rules of catalog v1, as code: what the evidence is and how it decides a verdict.
+
+These are the marketplace's rules, not an agent: "policy" names the agents that follow them
+(the baselines, :mod:`envs.catalog.v1.careful`).
 
 One function, :func:`decide`, turns :class:`Evidence` into a verdict. :func:`assess` reads the
 evidence from what the tools return (the brand registry view, the seller view, the category
 schema) and the listing's own words. The case generator plants every listing through these same
-functions, so a label is always what the policy says about the visible evidence, and the careful
-reference policy (:mod:`envs.catalog.careful`) reaches it through the tools alone.
+functions, so a label is always what the rules say about the visible evidence, and the careful
+reference policy (:mod:`envs.catalog.v1.careful`) reaches it through the tools alone.
 
-The policy, in the words of the system prompt (:data:`POLICY_TEXT`):
+The rules, in the words of the system prompt (:data:`RULES_TEXT`):
 
 * prohibited: the item's category is prohibited (the schema's ``policy``), or the item is the
   model of a recall notice of its brand and its batch is one the notice lists (or no batch is
@@ -37,7 +40,7 @@ __all__ = [
     "GOOD_STANDING_AGE_DAYS",
     "GOOD_STANDING_RATING",
     "IMITATION_SIMILARITY",
-    "POLICY_TEXT",
+    "RULES_TEXT",
     "assess",
     "copy_mentions",
     "decide",
@@ -59,7 +62,7 @@ IMITATION_SIMILARITY = 85.0
 GOOD_STANDING_AGE_DAYS = 365
 GOOD_STANDING_RATING = 4.5
 
-POLICY_TEXT = """\
+RULES_TEXT = """\
    - "prohibited": the item's category is prohibited by store policy (get_attribute_schema shows \
 the policy; the item's own name may not sound like it), or the item is a recalled model of its \
 brand (lookup_brand lists recall notices: model number and affected batches) and its batch is \
@@ -193,7 +196,7 @@ class Evidence:
 
 
 def decide(e: Evidence) -> tuple[str, str]:
-    """The verdict the policy gives ``e``, and the reason: ``(verdict, reason)``."""
+    """The verdict the rules give ``e``, and the reason: ``(verdict, reason)``."""
     if e.category_prohibited:
         return "prohibited", "the category is prohibited by store policy"
     if e.recall:

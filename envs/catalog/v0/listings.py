@@ -30,8 +30,6 @@ kind                                verdict       what is planted
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import random
 import re
 from collections.abc import Sequence
@@ -41,6 +39,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from envs.catalog.common.forge import fmt_price, model_number, state_value, typosquat
 from envs.catalog.mix import KindMix
 from twin.errors import ConfigError
 from twin.resources import data_path
@@ -51,8 +50,6 @@ __all__ = [
     "VERDICTS",
     "WorldIndex",
     "kind_for",
-    "listing_id",
-    "find_listing_id",
     "make_listing",
     "phrases",
     "validate_mix",
@@ -205,7 +202,6 @@ _ACCESSORY_WORDS = (
     "replacement",
     "parts",
 )
-_LEET = {"i": "1", "o": "0", "e": "3", "a": "4", "s": "5", "l": "1", "t": "7"}
 
 
 # -- phrases -----------------------------------------------------------------------------------
@@ -214,35 +210,6 @@ def phrases() -> dict[str, Any]:
     """The phrase vocabularies (``data/catalog-listings/phrases.yaml``), loaded once."""
     with open(data_path("catalog-listings", "phrases.yaml"), encoding="utf-8") as fh:
         return yaml.safe_load(fh)
-
-
-# -- case ids and the kind schedule ------------------------------------------------------------
-@lru_cache(maxsize=16)
-def _id_key(twin: str, seed: int) -> bytes:
-    return hashlib.sha256(f"{twin}\x1f{seed}\x1flisting-id-key".encode()).digest()
-
-
-def listing_id(twin: str, seed: int, split: str, index: int) -> str:
-    """The listing id shown to the agent for case ``(split, index)``: ``LST-`` and 12 letters
-    and digits of a keyed BLAKE2b hash of the case's address.
-
-    The id is opaque: it tells the agent nothing about the split, the index or (through the
-    kind schedule, a public function of both) the case's kind, yet the same seed gives the same
-    ids on every machine. Only the twin maps an id back (:meth:`CatalogTwin.case_of_listing`).
-    """
-    digest = hashlib.blake2b(
-        f"{split}\x1f{index}".encode(), key=_id_key(twin, seed), digest_size=10
-    ).digest()
-    return "LST-" + base64.b32encode(digest).decode()[:12]
-
-
-_LISTING_RE = re.compile(r"LST-[A-Z2-7]{12}")
-
-
-def find_listing_id(text: str) -> str | None:
-    """The first listing id in ``text`` (None when there is none)."""
-    match = _LISTING_RE.search(text)
-    return match.group(0) if match else None
 
 
 #: How v0 lays a case mix over a split (envs/catalog/mix.py).
@@ -421,61 +388,6 @@ def _lower_brands(world: Any) -> set[str]:
     return {name.lower() for name in world.brands}
 
 
-# -- text helpers ------------------------------------------------------------------------------
-def _fmt_price(rng: random.Random, value: float) -> float:
-    value = max(value, 0.5)
-    if value >= 20 and rng.random() < 0.5:  # retail-style .99 endings (rounded up: <= 5% off)
-        return round(int(value) + 0.99, 2)
-    return round(value, 2)
-
-
-def _model_number(rng: random.Random, avoid: frozenset[str]) -> str:
-    for _ in range(20):
-        letters = "".join(rng.choice("ABCDEFGHJKLMNPRSTUVWXYZ") for _ in range(rng.randint(2, 3)))
-        model = f"{letters}-{rng.randint(100, 9999)}"
-        if model not in avoid:
-            return model
-    return f"ZZ-{rng.randint(10000, 99999)}"
-
-
-def _typosquat(rng: random.Random, name: str) -> str:
-    """Alter a brand name the way counterfeiters dodge keyword takedowns ("Nikey", "N1ke")."""
-    words = name.split(" ")
-    pos = max(range(len(words)), key=lambda i: (len(words[i]), -i))  # alter the longest word
-    word = words[pos]
-    letters = [i for i, ch in enumerate(word) if ch.isalpha()]
-    ops = ["leet", "double", "suffix", "swap", "drop", "vowel"]
-    op = rng.choice(ops)
-    if op == "leet":
-        cands = [i for i in letters if word[i].lower() in _LEET]
-        if cands:
-            i = rng.choice(cands)
-            word = word[:i] + _LEET[word[i].lower()] + word[i + 1 :]
-        else:
-            op = "suffix"
-    if op == "double" and letters:
-        i = rng.choice(letters)
-        word = word[: i + 1] + word[i] + word[i + 1 :]
-    elif op == "swap" and len(letters) >= 3:
-        i = rng.choice(letters[1:-1])
-        word = word[:i] + word[i + 1] + word[i] + word[i + 2 :] if i + 1 < len(word) else word + "e"
-    elif op == "drop" and len(letters) >= 5:
-        i = rng.choice(letters[1:])
-        word = word[:i] + word[i + 1 :]
-    elif op == "vowel":
-        cands = [i for i in letters if word[i].lower() in "aeiou"]
-        if cands:
-            i = rng.choice(cands)
-            repl = rng.choice([v for v in "aeiouy" if v != word[i].lower()])
-            word = word[:i] + (repl.upper() if word[i].isupper() else repl) + word[i + 1 :]
-        else:
-            word += "z"
-    elif op in ("suffix", "swap", "drop"):
-        word += rng.choice(["y", "z", "e", "ey", "x"])
-    words[pos] = word
-    return " ".join(words)
-
-
 @dataclass
 class _Draft:
     """A listing under construction."""
@@ -498,25 +410,6 @@ def _item_name(rng: random.Random, cat: Any) -> str:
     if cat.synonyms and rng.random() < 0.35:
         return rng.choice(cat.synonyms)
     return cat.name
-
-
-def state_value(
-    rng: random.Random,
-    name: str,
-    value: str,
-    specifics: dict[str, str],
-    desc: list[str],
-    free_phrases: Sequence[str],
-) -> None:
-    """Write an attribute's value where a seller would: item specifics (70%), a plain
-    ``name: value.`` sentence (15%) or a free phrase of the description (15%)."""
-    roll = rng.random()
-    if roll < 0.7:
-        specifics[name] = value
-    elif roll < 0.85:
-        desc.append(f"{name}: {value}.")
-    else:
-        desc.append(rng.choice(free_phrases).format(value=value))
 
 
 def _fill_attributes(world: Any, rng: random.Random, draft: _Draft, drop_required: bool) -> int:
@@ -630,7 +523,7 @@ class _ListingBuilder:
             leaf=leaf,
             brand_text=brand.name if brand_text is None else brand_text,
             seller=seller,
-            price=_fmt_price(self.rng, price),
+            price=fmt_price(self.rng, price),
             item=_item_name(self.rng, cat),
         )
         words = d.item.split()
@@ -643,9 +536,7 @@ class _ListingBuilder:
 
     def maybe_model(self) -> str | None:
         return (
-            _model_number(self.rng, self.index.recalled_models)
-            if self.rng.random() < 0.35
-            else None
+            model_number(self.rng, self.index.recalled_models) if self.rng.random() < 0.35 else None
         )
 
     # kinds
@@ -766,7 +657,7 @@ class _ListingBuilder:
         for _ in range(30):
             leaf, brand = self.leaf_brand(self.index.registered_leaves, "registered")
             for _ in range(6):
-                typo = _typosquat(self.rng, brand.name)
+                typo = typosquat(self.rng, brand.name)
                 if typo.lower() == brand.name.lower() or typo.lower() in lower:
                     continue
                 hits = w.lookup_brand(typo, limit=3)["matches"]

@@ -1,11 +1,11 @@
-"""The store policy of catalog v2, as code: the labeller of every case.
+"""The store's rules of catalog v2, as code: the labeller of every case.
 
-:data:`POLICY_TEXT` is what the agent reads in the system prompt; it states every threshold the
+:data:`RULES_TEXT` is what the agent reads in the system prompt; it states every threshold the
 labels use. :func:`assess` reads the evidence from the tools' views (schema, brand look-up with
 the category, seller record, look-ups of names the listing says it copies) and the listing's own
 words; :func:`decide` turns it into a decision and, for ``escalate``, the document to request.
 The case generator labels every listing with these functions; the ceiling policy
-(:mod:`envs.catalog.v2.ceiling`) plays the same written policy without importing this module.
+(:mod:`envs.catalog.v2.ceiling`) plays the same written rules without importing this module.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 __all__ = [
     "DECISIONS",
     "Evidence",
-    "POLICY_TEXT",
+    "RULES_TEXT",
     "RECENT_YEAR",
     "REQUESTS",
     "assess",
@@ -49,7 +49,7 @@ NEAR_NAME = 80.0
 REMOVE_AT = 5
 REVIEW_AT = 3
 
-POLICY_TEXT = """\
+RULES_TEXT = """\
 Decide one of: ok, counterfeit, prohibited, escalate. Apply the rules in this order.
 1. prohibited: the item's category has policy "prohibited" (get_attribute_schema). Judge what \
 the item is, not what it is called: when the description says what it really is ("really a", \
@@ -230,7 +230,7 @@ def points(e: Evidence) -> dict[str, int]:
 
 
 def decide(e: Evidence) -> tuple[str, str | None, str]:
-    """``(decision, request, reason)`` of the written policy for ``e``."""
+    """``(decision, request, reason)`` of the written rules for ``e``."""
     if e.category_prohibited:
         return "prohibited", None, "the category is prohibited"
     if e.recall_affected:

@@ -1,9 +1,9 @@
 """Planted listings of catalog v1: signals that overlap, sellers as evidence, a held-out world.
 
 Every case is built from ``(world, part, rng, kind)``: ``train`` cases from the world's ``train``
-part, ``dev`` and ``test`` cases from the held-out ``eval`` part (:mod:`envs.catalog.v1_world`).
+part, ``dev`` and ``test`` cases from the held-out ``eval`` part (:mod:`envs.catalog.v1.world`).
 A kind says what the generator tries to plant; the label is always what the store policy
-(:func:`envs.catalog.v1_policy.decide`) says about the listing's visible evidence, read through
+(:func:`envs.catalog.v1.rules.decide`) says about the listing's visible evidence, read through
 the same views the tools return. A draw whose evidence does not give the kind's verdict, or
 whose required attributes a careful reader would read differently from the truth, is drawn
 again, so labels are consistent by construction.
@@ -48,9 +48,17 @@ from typing import Any
 
 import yaml
 
-from envs.catalog.listings import _fmt_price, _model_number, state_value
+from envs.catalog.common.forge import (
+    batch_code,
+    fmt_price,
+    lookalike,
+    model_number,
+    near_model,
+    state_value,
+    unaffected_batch,
+)
 from envs.catalog.mix import KindMix
-from envs.catalog.v1_policy import (
+from envs.catalog.v1.rules import (
     DEEP_DISCOUNT,
     DISCOUNT,
     assess,
@@ -59,7 +67,7 @@ from envs.catalog.v1_policy import (
     extract_attributes,
     good_standing,
 )
-from envs.catalog.v1_world import HOMOGLYPHS, SPLIT_PART, V1World
+from envs.catalog.v1.world import SPLIT_PART, V1World
 from twin.errors import ConfigError
 from twin.resources import data_path
 
@@ -531,7 +539,7 @@ class _ListingBuilder:
         cat = w.categories[leaf]
         item = rng.choice(cat.synonyms) if cat.synonyms and rng.random() < 0.3 else cat.name
         d = _Draft(
-            leaf=leaf, brand_text=brand_text, seller=seller, price=_fmt_price(rng, price), item=item
+            leaf=leaf, brand_text=brand_text, seller=seller, price=fmt_price(rng, price), item=item
         )
         d.specifics["Item type"] = item
         if leaf in self.ix.context or rng.random() < 0.2:
@@ -607,8 +615,8 @@ class _ListingBuilder:
         if rng.random() < 0.08:
             d.desc.append(rng.choice(p["conditions"]))
         if rng.random() < 0.10:
-            model = _model_number(rng, self.world.recalled_models)
-            d.tail.append(rng.choice(p["lot_lines"]).format(model=model, batch=_batch(rng)))
+            model = model_number(rng, self.world.recalled_models)
+            d.tail.append(rng.choice(p["lot_lines"]).format(model=model, batch=batch_code(rng)))
         if d.brand_text and rng.random() < 0.06:
             d.desc.append(rng.choice(p["authorized_claims"]).format(brand=d.brand_text))
         if rng.random() < 0.06:
@@ -746,13 +754,13 @@ class _ListingBuilder:
         brand = w.brands[recall.brand]
         d = self.recall_draft(recall, brand)
         if rng.random() < 0.5:
-            model = _near_model(rng, recall.model_number, w.recalled_models)
+            model = near_model(rng, recall.model_number, w.recalled_models)
             line = rng.choice(self.p["lot_lines"]).format(
                 model=model, batch=rng.choice(recall.batches)
             )
             d.signals.append(f"near_miss_model:{recall.recall_id}")
         else:
-            batch = _unaffected_batch(rng, recall.batches)
+            batch = unaffected_batch(rng, recall.batches)
             line = rng.choice(self.p["lot_lines"]).format(model=recall.model_number, batch=batch)
             d.signals.append(f"unaffected_batch:{recall.recall_id}")
         d.tail.append(line)
@@ -864,7 +872,7 @@ class _ListingBuilder:
         rng, w = self.rng, self.world
         for _ in range(30):
             leaf, brand = self.registry_brand(self.ix.branded, "registered")
-            typo = _lookalike(rng, brand.name)
+            typo = lookalike(rng, brand.name)
             found = w.lookup_brand(typo)
             if found["exact"] is not None or w.brand_similarity(typo) < 90:
                 continue
@@ -942,77 +950,6 @@ def _took_down(seller: Mapping[str, Any], brand: str) -> bool:
     )
 
 
-def _batch(rng: random.Random) -> str:
-    return f"L{rng.randint(1900, 2599)}-{rng.randint(100, 999)}"
-
-
-def _unaffected_batch(rng: random.Random, batches: tuple[str, ...]) -> str:
-    from envs.catalog.v1_world import _near_batch
-
-    for _ in range(20):
-        b = _near_batch(rng, rng.choice(batches))
-        if b not in batches:
-            return b
-    return _batch(rng)
-
-
-def _near_model(rng: random.Random, model: str, avoid: frozenset[str]) -> str:
-    """A model number one digit or suffix away from ``model`` that is not recalled."""
-    for _ in range(20):
-        m = re.match(r"^([A-Z]+-)(\d+)([A-Z]?)$", model)
-        if not m:
-            break
-        head, digits, suffix = m.groups()
-        roll = rng.random()
-        if roll < 0.4 and len(digits) >= 2:
-            i = rng.randrange(len(digits))
-            digits = digits[:i] + str((int(digits[i]) + rng.randint(1, 9)) % 10) + digits[i + 1 :]
-        elif roll < 0.7:
-            suffix = rng.choice([c for c in "ABCDEFGHJKLMNPRSTUVWXYZ" if c != suffix])
-        else:
-            digits = digits[::-1] if digits[::-1] != digits else digits + "0"
-        cand = head + digits + suffix
-        if cand != model and cand not in avoid:
-            return cand
-    return _model_number(rng, avoid)
-
-
-def _lookalike(rng: random.Random, name: str) -> str:
-    """Alter ``name`` the way counterfeiters dodge keyword filters, often beyond one edit."""
-    from envs.catalog.listings import _typosquat
-
-    op = rng.choice(["homoglyph", "homoglyph", "spacing", "punct", "leet", "misspell", "combo"])
-    text = name
-    if op in ("homoglyph", "combo"):
-        idx = [i for i, ch in enumerate(text) if ch in HOMOGLYPHS]
-        for i in rng.sample(idx, min(len(idx), rng.randint(1, 2))):
-            text = text[:i] + HOMOGLYPHS[text[i]] + text[i + 1 :]
-    if op in ("spacing", "combo"):
-        words = text.split(" ")
-        if len(words) > 1 and rng.random() < 0.5:
-            text = "".join(words)
-        else:
-            w = max(range(len(words)), key=lambda i: len(words[i]))
-            word = words[w]
-            if len(word) >= 4:
-                cut = rng.randint(2, len(word) - 2)
-                words[w] = word[:cut] + " " + word[cut:]
-            text = " ".join(words)
-    if op == "punct":
-        pos = rng.randint(1, max(1, len(text) - 1))
-        text = text[:pos] + rng.choice(["-", ".", "_", "'", "\u00b7"]) + text[pos:]
-    if op == "leet":
-        leet = {"o": "0", "i": "1", "e": "3", "a": "4", "s": "5", "l": "1"}
-        idx = [i for i, ch in enumerate(text) if ch.lower() in leet]
-        for i in rng.sample(idx, min(len(idx), rng.randint(1, 2))):
-            text = text[:i] + leet[text[i].lower()] + text[i + 1 :]
-    if op == "misspell":
-        text = _typosquat(rng, text)
-        if rng.random() < 0.5:
-            text = _typosquat(rng, text)
-    return text
-
-
 _GENERATORS = {
     "longtail": "longtail_kind",
 }
@@ -1024,7 +961,7 @@ def make_listing(
     """Build one v1 listing of ``kind`` for ``split``: return ``(task, truth)``.
 
     Args:
-        world: The :class:`envs.catalog.v1_world.V1World`.
+        world: The :class:`envs.catalog.v1.world.V1World`.
         split: ``train``, ``dev`` or ``test`` (train draws from the train part, the others from eval).
         rng: The case's seeded generator.
         kind: One of :data:`KINDS`.
@@ -1087,7 +1024,7 @@ def make_listing(
 
 
 def _text(listing: Mapping[str, Any]) -> str:
-    from envs.catalog.v1_policy import listing_text
+    from envs.catalog.v1.rules import listing_text
 
     return listing_text(listing)
 

@@ -2,7 +2,7 @@
 
 ``careful`` is what "solvable without shortcuts" means: a readable scripted analyst that sees only
 the prompt and the tools' answers (never the truth) and applies the store policy the system
-prompt states (:func:`envs.catalog.v1_policy.decide`):
+prompt states (:func:`envs.catalog.v1.rules.decide`):
 
 1. turn 1: search the taxonomy for the item type (with its department), look the brand up, read
    the seller's record, and look up every name the listing says the item copies;
@@ -26,8 +26,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from envs.catalog.baselines import _call, _results, _turn, parse_prompt
-from envs.catalog.v1_policy import assess, copy_mentions, decide, extract_attributes, listing_text
+from envs.catalog.common.messages import assistant_turn, parse_prompt, tool_call, tool_results
+from envs.catalog.v1.rules import assess, copy_mentions, decide, extract_attributes, listing_text
 
 __all__ = [
     "DEGENERATE",
@@ -131,20 +131,20 @@ class CarefulPolicy:
     def turn(self, messages: Sequence[Message]) -> Message:
         """The synchronous body of :meth:`act`."""
         listing = _listing(messages)
-        done = _results(messages)
+        done = tool_results(messages)
         step = sum(1 for m in messages if m.get("role") == "assistant")
         item = listing["specifics"].get("Item type") or self._title_words(listing)
         dept = listing["specifics"].get("Department", "")
         if step == 0:
             query = f"{item} {dept.split(' > ')[-1]}".strip() if dept else item
-            calls = [_call("search_taxonomy", {"query": query, "limit": 20}, "c0_search")]
+            calls = [tool_call("search_taxonomy", {"query": query, "limit": 20}, "c0_search")]
             if listing["brand"]:
-                calls.append(_call("lookup_brand", {"name": listing["brand"]}, "c0_brand"))
+                calls.append(tool_call("lookup_brand", {"name": listing["brand"]}, "c0_brand"))
             if listing["seller"]:
-                calls.append(_call("get_seller", {"name": listing["seller"]}, "c0_seller"))
+                calls.append(tool_call("get_seller", {"name": listing["seller"]}, "c0_seller"))
             for i, name in enumerate(copy_mentions(listing_text(listing))[:4]):
-                calls.append(_call("lookup_brand", {"name": name}, f"c0_copy{i}"))
-            return _turn(calls)
+                calls.append(tool_call("lookup_brand", {"name": name}, f"c0_copy{i}"))
+            return assistant_turn(calls)
         hits = []
         for n, _, r in done:
             if n == "search_taxonomy" and r:
@@ -153,9 +153,9 @@ class CarefulPolicy:
         schema = next((r for n, _, r in done if n == "get_attribute_schema" and r), None)
         if schema is None:
             if category is None:  # nothing found: a top-level guess keeps the episode scored
-                return _turn(
+                return assistant_turn(
                     [
-                        _call(
+                        tool_call(
                             "submit",
                             {
                                 "category_id": "aa",
@@ -167,16 +167,16 @@ class CarefulPolicy:
                         )
                     ]
                 )
-            calls = [_call("get_attribute_schema", {"category_id": category}, "c1_schema")]
+            calls = [tool_call("get_attribute_schema", {"category_id": category}, "c1_schema")]
             if listing["brand"]:
                 calls.append(
-                    _call(
+                    tool_call(
                         "lookup_brand",
                         {"name": listing["brand"], "category_id": category},
                         "c1_brand",
                     )
                 )
-            return _turn(calls)
+            return assistant_turn(calls)
         brand = next(
             (r for n, a, r in done if n == "lookup_brand" and r and a.get("category_id")), None
         )
@@ -205,7 +205,7 @@ class CarefulPolicy:
             "verdict": verdict,
             "reason": reason,
         }
-        return _turn([_call("submit", args, f"c{step}_submit")])
+        return assistant_turn([tool_call("submit", args, f"c{step}_submit")])
 
     @staticmethod
     def _title_words(listing: dict[str, Any]) -> str:
@@ -248,26 +248,30 @@ class CompactCarefulPolicy(CarefulPolicy):
         dept = listing["specifics"].get("Department", "")
         if step == 0:
             query = f"{item} {dept.split(' > ')[-1]}".strip() if dept else item
-            calls = [_call("search_taxonomy", {"query": query, "limit": self.SEARCH_LIMIT}, "s")]
+            calls = [
+                tool_call("search_taxonomy", {"query": query, "limit": self.SEARCH_LIMIT}, "s")
+            ]
             if listing["seller"]:
-                calls.append(_call("get_seller", {"name": listing["seller"]}, "v"))
-            return _turn(calls)
+                calls.append(tool_call("get_seller", {"name": listing["seller"]}, "v"))
+            return assistant_turn(calls)
         if step == 1:
-            hits = [h for n, _, r in _results(messages) if n == "search_taxonomy" and r
+            hits = [h for n, _, r in tool_results(messages) if n == "search_taxonomy" and r
                     for h in r.get("results") or []]  # fmt: skip
             category = choose_category(hits, item, dept)
             if category is None:
                 return super().turn(messages)  # careful's fallback submit
-            calls = [_call("get_attribute_schema", {"category_id": category}, "c")]
+            calls = [tool_call("get_attribute_schema", {"category_id": category}, "c")]
             if listing["brand"]:
                 calls.append(
-                    _call("lookup_brand", {"name": listing["brand"], "category_id": category}, "b")
+                    tool_call(
+                        "lookup_brand", {"name": listing["brand"], "category_id": category}, "b"
+                    )
                 )
             for i, name in enumerate(copy_mentions(listing_text(listing))[:4]):
                 calls.append(
-                    _call("lookup_brand", {"name": name, "category_id": category}, f"m{i}")
+                    tool_call("lookup_brand", {"name": name, "category_id": category}, f"m{i}")
                 )
-            return _turn(calls)
+            return assistant_turn(calls)
         message = super().turn(self._as_careful(messages))
         call = message["tool_calls"][0]
         args = json.loads(call["function"]["arguments"])
@@ -317,7 +321,7 @@ class NoToolsPolicy:
         listing = _listing(messages)
         verdict = "counterfeit" if self._COPY.search(listing_text(listing)) else "ok"
         args = {"category_id": "aa", "attributes": {}, "verdict": verdict, "reason": "no tools"}
-        return _turn([_call("submit", args, "n0_submit")])
+        return assistant_turn([tool_call("submit", args, "n0_submit")])
 
 
 class FirstHitPolicy:
@@ -331,17 +335,19 @@ class FirstHitPolicy:
     async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         """Search, read the first hit's schema, submit ok."""
         listing = _listing(messages)
-        done = _results(messages)
+        done = tool_results(messages)
         step = sum(1 for m in messages if m.get("role") == "assistant")
         if step == 0:
             query = CarefulPolicy._title_words(listing)
-            return _turn([_call("search_taxonomy", {"query": query, "limit": 5}, "f0_search")])
+            return assistant_turn(
+                [tool_call("search_taxonomy", {"query": query, "limit": 5}, "f0_search")]
+            )
         search = next((r for n, _, r in done if n == "search_taxonomy" and r), None)
         hits = (search or {}).get("results") or []
         schema = next((r for n, _, r in done if n == "get_attribute_schema" and r), None)
         if schema is None and hits and step == 1:
-            return _turn(
-                [_call("get_attribute_schema", {"category_id": hits[0]["id"]}, "f1_schema")]
+            return assistant_turn(
+                [tool_call("get_attribute_schema", {"category_id": hits[0]["id"]}, "f1_schema")]
             )
         category = (schema or {}).get("category_id") or (hits[0]["id"] if hits else "aa")
         attrs = extract_attributes(listing, schema) if schema else {}
@@ -351,7 +357,7 @@ class FirstHitPolicy:
             "verdict": "ok",
             "reason": "first hit",
         }
-        return _turn([_call("submit", args, f"f{step}_submit")])
+        return assistant_turn([tool_call("submit", args, f"f{step}_submit")])
 
 
 def _constant(verdict: str) -> Callable[[Any], ConstantVerdictPolicy]:

@@ -7,7 +7,7 @@ The agent plays the store's catalog analyst: it finds the right leaf category in
 ~13,000 categories (or a Shopify taxonomy the user points at), fills the attributes that category
 requires from the listing's own words, and decides whether the listing may go live: ``ok``,
 ``counterfeit`` or ``prohibited``. Cases are planted with known answers (see
-:mod:`envs.catalog.listings`), hard negatives included.
+:mod:`envs.catalog.v0.listings`), hard negatives included.
 
 ## Tools
 
@@ -31,15 +31,15 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from envs.catalog.listings import (
+from envs.catalog.common.ids import listing_id
+from envs.catalog.mix import KindMix
+from envs.catalog.v0.listings import (
     CASE_KINDS,
     DEFAULT_MIX,
     kind_for,
-    listing_id,
     make_listing,
     validate_mix,
 )
-from envs.catalog.mix import KindMix
 from twin.cases import Case
 from twin.core import Twin, TwinConfig
 from twin.errors import ToolError
@@ -93,7 +93,7 @@ class CatalogConfig(TwinConfig):
     Attributes:
         taxonomy_path: A checkout of Shopify's product taxonomy (``data/categories/*.yml``,
             ``data/attributes.yml``, ``data/values.yml``); None for the generated world.
-        case_mix: Share of each case kind (see :data:`envs.catalog.listings.KINDS`); normalised.
+        case_mix: Share of each case kind (see :data:`envs.catalog.v0.listings.KINDS`); normalised.
             Kinds left out are not planted.
         train_size: Cases in the ``train`` split.
         dev_size: Cases in the ``dev`` split.
@@ -202,7 +202,7 @@ class CatalogTwin(Twin):
     def case_of_listing(self, listing: str) -> Case | None:
         """The case whose listing id is ``listing`` (None for an id of no case of this twin).
 
-        Ids are opaque hashes (:func:`envs.catalog.listings.listing_id`); the first call maps
+        Ids are opaque hashes (:func:`envs.catalog.v0.listings.listing_id`); the first call maps
         every case of every split once (about 10 ms for 10,000 cases).
         """
         table = self._listing_ids
