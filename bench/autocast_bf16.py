@@ -47,8 +47,13 @@ def _learner(model: Any, autocast: str | None) -> Any:
     from trainer.config import AlgorithmConfig, OptimConfig
     from trainer.learner import Learner
 
-    return Learner(model, algorithm=AlgorithmConfig(), optim=OptimConfig(lr=1e-6, micro_batch_tokens=1 << 20),
-                   shared_prefix=False, autocast=autocast)  # fmt: skip
+    return Learner(
+        model,
+        algorithm=AlgorithmConfig(),
+        optim=OptimConfig(lr=1e-6, micro_batch_tokens=1 << 20),
+        shared_prefix=False,
+        autocast=autocast,
+    )
 
 
 def _timed(fn: Any) -> float:
@@ -67,12 +72,33 @@ def run(
 
     torch.set_num_threads(threads)
     base, tokenizer = load_model(model_name, "float32")
-    model = build_lora_model(base, lora_rank=16, lora_alpha=32, target_modules=[
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
+    model = build_lora_model(
+        base,
+        lora_rank=16,
+        lora_alpha=32,
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+    )
     batch = _batch(int(model.config.vocab_size), rows, tokens)
     learners = {"fp32": _learner(model, None), "bf16": _learner(model, "bfloat16")}
-    policies = {k: HFPolicy(model, tokenizer, temperature=0.0, max_new_tokens=new, prefix_cache=False,
-                            autocast=None if k == "fp32" else "bfloat16") for k in learners}  # fmt: skip
+    policies = {
+        k: HFPolicy(
+            model,
+            tokenizer,
+            temperature=0.0,
+            max_new_tokens=new,
+            prefix_cache=False,
+            autocast=None if k == "fp32" else "bfloat16",
+        )
+        for k in learners
+    }
     lp = {k: learners[k].logprobs(batch) for k in learners}
     diffs = [abs(a - b) for ra, rb in zip(lp["fp32"], lp["bf16"]) for a, b in zip(ra[1:], rb[1:])]
     step: dict[str, list[float]] = {k: [] for k in learners}
@@ -97,14 +123,22 @@ def run(
         for k, v in d.items()
     }
     return {
-        "model": model_name, "rows": rows, "tokens": tokens, "new_tokens": new, "repeats": repeats,
-        "threads": threads, "cpu": platform.processor() or platform.machine(), "cpu_flags": _cpu_flags(),
-        "torch": torch.__version__, **med,
+        "model": model_name,
+        "rows": rows,
+        "tokens": tokens,
+        "new_tokens": new,
+        "repeats": repeats,
+        "threads": threads,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_flags": _cpu_flags(),
+        "torch": torch.__version__,
+        **med,
         "step_speedup": med["step_fp32_s"] / med["step_bf16_s"],
         "decode_speedup": med["decode_fp32_s"] / med["decode_bf16_s"],
-        "logprob_abs_diff_mean": statistics.fmean(diffs), "logprob_abs_diff_max": max(diffs),
+        "logprob_abs_diff_mean": statistics.fmean(diffs),
+        "logprob_abs_diff_max": max(diffs),
         "load_average": list(__import__("os").getloadavg()),
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,14 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU flags {out['cpu_flags'] or 'none'}, load {out['load_average'][0]:.1f}"
     )
     print(
-        f"  learner step   fp32 {out['step_fp32_s']:.2f} s   bf16 {out['step_bf16_s']:.2f} s   x{out['step_speedup']:.2f}"
+        f"  learner step   fp32 {out['step_fp32_s']:.2f} s   bf16 {out['step_bf16_s']:.2f} s   "
+        f"x{out['step_speedup']:.2f}"
     )
     print(
         f"  greedy decode  fp32 {out['decode_fp32_s']:.2f} s   bf16 {out['decode_bf16_s']:.2f} s   "
         f"x{out['decode_speedup']:.2f}"
     )
     print(
-        f"  |logprob bf16 - fp32|: mean {out['logprob_abs_diff_mean']:.4f}, max {out['logprob_abs_diff_max']:.4f}"
+        f"  |logprob bf16 - fp32|: mean {out['logprob_abs_diff_mean']:.4f}, max "
+        f"{out['logprob_abs_diff_max']:.4f}"
     )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

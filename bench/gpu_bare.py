@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The GPU check for a bare, offline CUDA box: python3 with torch, transformers and peft, nothing else.
+"""The GPU check for a bare, offline CUDA box: python3 with torch, transformers and peft, nothing
+else.
 
 Brought along: the bundle ``make gpu-bundle`` writes (``build/gpu-bundle.tar.gz``: this project's
 source and ``wheels/``, the pure-Python dependencies plus pydantic-core and rapidfuzz for CPython
@@ -55,10 +56,21 @@ GIB = 1024**3
 
 #: Dense bf16 peak of known GPUs, TFLOP/s (MFU's denominator; ``--peak-tflops`` for others).
 PEAK_TFLOPS: dict[str, float] = {
-    "H200": 989.0, "H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0,
-    "H100": 756.0, "GH200": 989.0, "B200": 2250.0, "A100": 312.0, "L40S": 362.0, "L40": 181.0,
-    "RTX 6000 Ada": 364.0, "RTX PRO 6000": 504.0, "A6000": 155.0,
-}  # fmt: skip
+    "H200": 989.0,
+    "H100 SXM": 989.0,
+    "H100 80GB HBM3": 989.0,
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
+    "H100": 756.0,
+    "GH200": 989.0,
+    "B200": 2250.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "RTX 6000 Ada": 364.0,
+    "RTX PRO 6000": 504.0,
+    "A6000": 155.0,
+}
 
 
 # -- the wheels brought along ---------------------------------------------------------------------
@@ -82,7 +94,8 @@ def _older(installed: str, bundled: str) -> bool:
 
 
 def use_wheels(folder: Path) -> list[str]:
-    """Unpack the wheels of ``folder`` this python can use and lacks (or has older) onto ``sys.path``.
+    """Unpack the wheels of ``folder`` this python can use and lacks (or has older) onto
+    ``sys.path``.
 
     Returns:
         ``project==version`` of each wheel put on the path.
@@ -168,8 +181,10 @@ class Device:
         """Peak bytes since :meth:`reset_peak`: allocated and reserved by torch (None on CPU)."""
         if not self.cuda:
             return {"allocated": None, "reserved": None}
-        return {"allocated": float(self.torch.cuda.max_memory_allocated(self.name)),
-                "reserved": float(self.torch.cuda.max_memory_reserved(self.name))}  # fmt: skip
+        return {
+            "allocated": float(self.torch.cuda.max_memory_allocated(self.name)),
+            "reserved": float(self.torch.cuda.max_memory_reserved(self.name)),
+        }
 
 
 def qwen3_config(size: str) -> Any:
@@ -177,13 +192,37 @@ def qwen3_config(size: str) -> Any:
     from transformers import Qwen3Config
 
     shapes = {
-        "8b": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
-               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False},
-        "1b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 16, "num_attention_heads": 16,
-               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True},
-        "tiny": {"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 4, "num_attention_heads": 4,
-                 "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 2048, "tie_word_embeddings": False},
-    }  # fmt: skip
+        "8b": {
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "tie_word_embeddings": False,
+        },
+        "1b": {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "tie_word_embeddings": True,
+        },
+        "tiny": {
+            "hidden_size": 64,
+            "intermediate_size": 192,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 2048,
+            "tie_word_embeddings": False,
+        },
+    }
     return Qwen3Config(
         **shapes[size], max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6
     )
@@ -216,7 +255,8 @@ def linear_params(config: Any) -> int:
 
 def model_flops_per_token(config: Any, seq_len: int) -> float:
     """Model FLOPs per trained token: forward and input-gradient matmuls (frozen weights get no
-    weight gradient; LoRA's are negligible) and causal attention, without checkpointing's recompute."""
+    weight gradient; LoRA's are negligible) and causal attention, without checkpointing's
+    recompute."""
     attention = (
         2 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * seq_len
     )
@@ -244,19 +284,26 @@ class Sizes:
 
 # -- the parts ------------------------------------------------------------------------------------
 def recipe(sizes: Sizes, model_dir: Path, device: Device) -> Any:
-    """The shipped 9B recipe with the check's model and micro-batches (``--set``-style overrides)."""
+    """The shipped 9B recipe with the check's model and micro-batches (``--set``-style
+    overrides)."""
     from trainer.config import load_recipe
 
     overrides = [
-        f"model.path={model_dir}", f"model.dtype={'bfloat16' if device.cuda else 'float32'}",
-        f"lora.rank={sizes.lora_rank}", f"lora.alpha={2 * sizes.lora_rank}",
-        f"optim.micro_batch_tokens={sizes.micro_batch_tokens}", f"optim.logit_chunk_tokens={sizes.logit_chunk}",
-        f"sampler.max_episode_tokens={sizes.row_tokens}", f"sampler.max_new_tokens={sizes.row_tokens // 4}",
+        f"model.path={model_dir}",
+        f"model.dtype={'bfloat16' if device.cuda else 'float32'}",
+        f"lora.rank={sizes.lora_rank}",
+        f"lora.alpha={2 * sizes.lora_rank}",
+        f"optim.micro_batch_tokens={sizes.micro_batch_tokens}",
+        f"optim.logit_chunk_tokens={sizes.logit_chunk}",
+        f"sampler.max_episode_tokens={sizes.row_tokens}",
+        f"sampler.max_new_tokens={sizes.row_tokens // 4}",
         f"algorithm.overlong_buffer={sizes.row_tokens // 8}",
-        f"devices.learner={device.name if device.cuda else 'cpu'}", f"devices.rollout={device.name if device.cuda else 'cpu'}",
+        f"devices.learner={device.name if device.cuda else 'cpu'}",
+        f"devices.rollout={device.name if device.cuda else 'cpu'}",
         # the sampler is another machine's: twin plan then charges this device the learner alone
-        "sampler.kind=server", "sampler.base_url=http://127.0.0.1:9",
-    ]  # fmt: skip
+        "sampler.kind=server",
+        "sampler.base_url=http://127.0.0.1:9",
+    ]
     return load_recipe(ROOT / "data" / "recipes" / "catalog-9b-2x96gb.yaml", overrides)
 
 
@@ -303,8 +350,14 @@ def part_learner(ctx: dict[str, Any]) -> dict[str, Any]:
     )
     device.sync()
     build_s = time.perf_counter() - t0
-    learner = Learner(model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=cfg.sampler.temperature,
-                      max_tokens=cfg.sampler.max_episode_tokens, autocast=cfg.model.autocast)  # fmt: skip
+    learner = Learner(
+        model,
+        algorithm=cfg.algorithm,
+        optim=cfg.optim,
+        temperature=cfg.sampler.temperature,
+        max_tokens=cfg.sampler.max_episode_tokens,
+        autocast=cfg.model.autocast,
+    )
     ctx.update(learner=learner, cfg=cfg, config=config)
     batch = grpo_batch(sizes, config.vocab_size)
     tokens = sum(len(r) for r in batch.input_ids)
@@ -323,13 +376,19 @@ def part_learner(ctx: dict[str, Any]) -> dict[str, Any]:
     learner_plan = next(p for p in plan if "learner" in p.roles)
     return {
         "model": f"Qwen3 {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-                 f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params, LoRA r{cfg.lora.rank}",
-        "build_s": build_s, "tokens_per_step": tokens, "step_s": times, "tokens_per_s": tokens_per_s,
-        "model_tflops": flops / 1e12, "mfu": None if device.peak_flops is None else flops / device.peak_flops,
-        "peak_allocated_gib": _gib(peak["allocated"]), "peak_reserved_gib": _gib(peak["reserved"]),
+        f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params, LoRA "
+        f"r{cfg.lora.rank}",
+        "build_s": build_s,
+        "tokens_per_step": tokens,
+        "step_s": times,
+        "tokens_per_s": tokens_per_s,
+        "model_tflops": flops / 1e12,
+        "mfu": None if device.peak_flops is None else flops / device.peak_flops,
+        "peak_allocated_gib": _gib(peak["allocated"]),
+        "peak_reserved_gib": _gib(peak["reserved"]),
         "plan_learner_gib": learner_plan.total / GIB,
         "plan_components_gib": {c.name: c.bytes / GIB for c in learner_plan.components},
-    }  # fmt: skip
+    }
 
 
 def part_logits(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -340,7 +399,8 @@ def part_logits(ctx: dict[str, Any]) -> dict[str, Any]:
     scorer = learner.scorer
     if not hasattr(scorer, "logit_chunk"):
         return {
-            "note": "this learner has no chunked logprob path (BatchScorer.logit_chunk); nothing to compare"
+            "note": "this learner has no chunked logprob path (BatchScorer.logit_chunk); nothing "
+            "to compare"
         }
     from trainer.logits import logit_peak_bytes
 
@@ -360,8 +420,12 @@ def part_logits(ctx: dict[str, Any]) -> dict[str, Any]:
                 (scored.logprobs * scored.mask).sum().backward()
             device.sync()
             peak = device.peak()["allocated"]
-            out[label] = {"chunk": chunk, "seconds": time.perf_counter() - t,
-                          "peak_gib": _gib(peak), "peak_above_weights_gib": _gib(None if peak is None else peak - base)}  # fmt: skip
+            out[label] = {
+                "chunk": chunk,
+                "seconds": time.perf_counter() - t,
+                "peak_gib": _gib(peak),
+                "peak_above_weights_gib": _gib(None if peak is None else peak - base),
+            }
         except getattr(device.torch, "OutOfMemoryError", RuntimeError) as exc:
             out[label] = {"chunk": chunk, "error": f"out of memory: {str(exc).splitlines()[0]}"}
         finally:
@@ -406,9 +470,14 @@ def part_decode(ctx: dict[str, Any]) -> dict[str, Any]:
         max_batch=max(sizes.decode_batches),
     )
     rng = random.Random(0)
-    out: dict[str, Any] = {"model": f"Qwen3 {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-                                    f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B params",
-                           "prompt_tokens": sizes.decode_prompt, "new_tokens": sizes.decode_new}  # fmt: skip
+    out: dict[str, Any] = {
+        "model": f"Qwen3 {config.num_hidden_layers} layers, hidden "
+        f"{config.hidden_size}, "
+        f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B "
+        "params",
+        "prompt_tokens": sizes.decode_prompt,
+        "new_tokens": sizes.decode_new,
+    }
     sampler.sample([[1, 2, 3]] * 2, max_new_tokens=2, stop_ids=[eos], seed=0)  # warm-up
     for n in sizes.decode_batches:
         prompts = [[rng.randrange(1, eos) for _ in range(sizes.decode_prompt)] for _ in range(n)]
@@ -435,10 +504,18 @@ def part_grpo(ctx: dict[str, Any]) -> dict[str, Any]:
     where = device.name if device.cuda else "cpu"
     if not any(s.name == "Toy" for s in registry.list_twins()):  # not installed: no entry points
         registry.register("envs.toy:ToyTwin", name="Toy", version=0)
-    cfg = load_recipe("toy-cpu", [
-        f"train.steps={sizes.grpo_steps}", "train.store=false", "train.checkpoint_every=0", "train.log=[jsonl]",
-        f"train.output_dir={Path(ctx['tmp']) / 'grpo'}", f"devices.rollout={where}", f"devices.learner={where}",
-    ])  # fmt: skip
+    cfg = load_recipe(
+        "toy-cpu",
+        [
+            f"train.steps={sizes.grpo_steps}",
+            "train.store=false",
+            "train.checkpoint_every=0",
+            "train.log=[jsonl]",
+            f"train.output_dir={Path(ctx['tmp']) / 'grpo'}",
+            f"devices.rollout={where}",
+            f"devices.learner={where}",
+        ],
+    )
     try:
         import matplotlib  # noqa: F401
     except ImportError:  # the reward plot is the run's, not the check's
@@ -452,17 +529,22 @@ def part_grpo(ctx: dict[str, Any]) -> dict[str, Any]:
         trainer.cleanup()
     seconds = time.perf_counter() - t
     return {
-        "recipe": "toy-cpu (random tiny model, Toy twin, synchronous loop)", "steps": len(history), "seconds": seconds,
+        "recipe": "toy-cpu (random tiny model, Toy twin, synchronous loop)",
+        "steps": len(history),
+        "seconds": seconds,
         "rewards": [r.get("rewards/total") for r in history],
         "step_s": [r.get("perf/step_s") for r in history],
         "learner_tokens_per_s": [r.get("perf/learner_tokens_per_s") for r in history],
-    }  # fmt: skip
+    }
 
 
 PARTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "learner": part_learner, "logits": part_logits, "adapter_save": part_adapter_save,
-    "decode": part_decode, "grpo": part_grpo,
-}  # fmt: skip
+    "learner": part_learner,
+    "logits": part_logits,
+    "adapter_save": part_adapter_save,
+    "decode": part_decode,
+    "grpo": part_grpo,
+}
 NEEDS_LEARNER = ("logits", "adapter_save")
 
 
@@ -489,8 +571,11 @@ def table(results: dict[str, Any]) -> str:
         if name == "learner":
             step = _f(min(r["step_s"][1:] or r["step_s"]), ".2f")
             mfu = _f(None if r["mfu"] is None else 100 * r["mfu"], ".1f", " %")
-            peak = (f"{_f(r['peak_reserved_gib'], '.1f', ' GiB')} reserved, {_f(r['peak_allocated_gib'], '.1f', ' GiB')} "
-                    f"allocated; twin plan {_f(r['plan_learner_gib'], '.1f', ' GiB')}")  # fmt: skip
+            peak = (
+                f"{_f(r['peak_reserved_gib'], '.1f', ' GiB')} reserved, "
+                f"{_f(r['peak_allocated_gib'], '.1f', ' GiB')} "
+                f"allocated; twin plan {_f(r['plan_learner_gib'], '.1f', ' GiB')}"
+            )
             rows += [
                 (
                     "learner",
@@ -531,7 +616,8 @@ def table(results: dict[str, Any]) -> str:
                         (
                             "decode",
                             f"{key[5:]} sequences",
-                            f"{_f(x['tokens_per_s'], '.0f')} tokens/s ({x['tokens']} tokens, {_f(x['seconds'], '.1f')} s)",
+                            f"{_f(x['tokens_per_s'], '.0f')} tokens/s ({x['tokens']} tokens, "
+                            f"{_f(x['seconds'], '.1f')} s)",
                         )
                     )
         elif name == "grpo":
@@ -545,7 +631,28 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _run_parts(only: list[str], ctx: dict[str, Any]) -> dict[str, Any]:
+    """Each part's result by name; a part that raises has its error as its result."""
+    parts: dict[str, Any] = {}
+    for name in only:
+        if name in NEEDS_LEARNER and "learner" not in ctx:
+            parts[name] = {"error": "needs the learner part (it builds the model)"}
+            continue
+        t = time.perf_counter()
+        print(f"gpu_bare: {name} ...", flush=True)
+        try:
+            part = PARTS[name](ctx)
+        except Exception as exc:  # noqa: BLE001 - one part's failure is its result; the others run
+            part = {
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(),
+            }
+        part["wall_s"] = time.perf_counter() - t
+        parts[name] = part
+    return parts
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -571,6 +678,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads with --device cpu (default 1)"
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     only = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = [p for p in only if p not in PARTS]
@@ -588,7 +700,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(
-            f"gpu_bare: torch {torch.__version__} sees no CUDA device; give --device cpu --tiny for a dry run",
+            f"gpu_bare: torch {torch.__version__} sees no CUDA device; give --device cpu --tiny "
+            "for a dry run",
             file=sys.stderr,
         )
         return 3
@@ -596,33 +709,30 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)  # more threads than free cores only slows a small model
     device = Device("cuda:0" if args.device == "cuda" else args.device, args.peak_tflops)
     results: dict[str, Any] = {
-        "device": device.label, "device_name": device.name, "memory_gib": _gib(device.capacity), "tiny": args.tiny,
-        "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "wheels_used": added, "peak_tflops": None if device.peak_flops is None else device.peak_flops / 1e12, "parts": {},
-    }  # fmt: skip
+        "device": device.label,
+        "device_name": device.name,
+        "memory_gib": _gib(device.capacity),
+        "tiny": args.tiny,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "wheels_used": added,
+        "peak_tflops": None if device.peak_flops is None else device.peak_flops / 1e12,
+        "parts": {},
+    }
     import transformers
 
     results["transformers"] = transformers.__version__
-    print(f"gpu_bare: {device.label} ({device.name}), python {results['python']}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}; from the bundle: {', '.join(added) or 'nothing'}", flush=True)  # fmt: skip
+    print(
+        f"gpu_bare: {device.label} ({device.name}), python {results['python']}, torch "
+        f"{torch.__version__}, transformers {transformers.__version__}; from the bundle: "
+        f"{', '.join(added) or 'nothing'}",
+        flush=True,
+    )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="twinrl-gpu-check-") as tmp:
         ctx: dict[str, Any] = {"sizes": Sizes(args.tiny), "device": device, "tmp": tmp}
-        for name in only:
-            if name in NEEDS_LEARNER and "learner" not in ctx:
-                results["parts"][name] = {"error": "needs the learner part (it builds the model)"}
-                continue
-            t = time.perf_counter()
-            print(f"gpu_bare: {name} ...", flush=True)
-            try:
-                part = PARTS[name](ctx)
-            except Exception as exc:  # noqa: BLE001 - one part's failure is its result; the others run
-                part = {
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc(),
-                }
-            part["wall_s"] = time.perf_counter() - t
-            results["parts"][name] = part
+        results["parts"] = _run_parts(only, ctx)
     results["total_s"] = time.perf_counter() - started
     out = args.out or Path(f"gpu-check-{platform.node() or 'host'}.json")
     out.write_text(json.dumps(results, indent=1) + "\n")

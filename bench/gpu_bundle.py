@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if size > LIMIT:
         print(
-            f"gpu_bundle: the archive is over {LIMIT / 2**20:.0f} MiB; ask for fewer --python / --arch",
+            f"gpu_bundle: the archive is over {LIMIT / 2**20:.0f} MiB; ask for fewer --python / "
+            "--arch",
             file=sys.stderr,
         )
         return 1

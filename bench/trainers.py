@@ -1,4 +1,5 @@
-# Over 500 lines on purpose: the benchmark runs, their calibration and the report are one command and change together.
+# Over 500 lines on purpose: the benchmark runs, their calibration and the report are one command
+# and change together.
 """``twin bench trainer``: the async two-worker loop against the same loop run synchronously.
 
 Runs the toy twin with the tiny model through :class:`trainer.async_trainer.AsyncTrainer` with
@@ -45,9 +46,17 @@ from trainer.async_trainer import AsyncTrainer
 from trainer.ray_backend import RayTrainer
 
 __all__ = [
-    "BenchRun", "balance_of", "calibrated_epochs", "finite_max", "main", "overlap_slowdown", "pick_baseline",
-    "quickest_warmup_step", "ray_overhead", "summarize_run",
-]  # fmt: skip
+    "BenchRun",
+    "balance_of",
+    "calibrated_epochs",
+    "finite_max",
+    "main",
+    "overlap_slowdown",
+    "pick_baseline",
+    "quickest_warmup_step",
+    "ray_overhead",
+    "summarize_run",
+]
 
 #: Targets (docs/benchmarks.md): the design target and the lower bar the first async issue set.
 TARGET_RATIO_DESIGN = 1.8
@@ -101,7 +110,8 @@ class BenchRun:
 
 
 def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
-    """Throughput, per-step times, idle fractions and queue figures of the steps after ``warmup``."""
+    """Throughput, per-step times, idle fractions and queue figures of the steps after
+    ``warmup``."""
     rows = history[warmup:] if len(history) > warmup else history
     first = history[warmup - 1] if 0 < warmup <= len(history) - 1 else None
     wall = sum(r["perf/step_s"] for r in rows)
@@ -142,19 +152,24 @@ def summarize_run(history: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "queue_depth_max": max(r.get("async/queue_depth", 0.0) for r in rows),
         "staleness": mean("async/staleness"),
         "staleness_hist": {str(s): n for s, n in sorted(hist.items()) if n},
-        "dropped_stale": last.get("async/dropped_stale", 0.0) - (first.get("async/dropped_stale", 0.0) if first else 0.0),
+        "dropped_stale": last.get("async/dropped_stale", 0.0)
+        - (first.get("async/dropped_stale", 0.0) if first else 0.0),
         # NaN on a step where no background check completed (k >= 1): the worst of the others
         "logprob_mismatch": finite_max(r.get("async/logprob_mismatch", 0.0) for r in rows),
         "reward": mean("rewards/total"),
-    }  # fmt: skip
+    }
 
 
 def ray_overhead(transit: list[float]) -> dict[str, float] | None:
     """Mean, median and max of the lots' put-to-get seconds (None when no lot was measured)."""
     if not transit:
         return None
-    return {"lots": float(len(transit)), "mean_s": statistics.fmean(transit),
-            "median_s": statistics.median(transit), "max_s": max(transit)}  # fmt: skip
+    return {
+        "lots": float(len(transit)),
+        "mean_s": statistics.fmean(transit),
+        "median_s": statistics.median(transit),
+        "max_s": max(transit),
+    }
 
 
 def finite_max(values: Iterable[float]) -> float:
@@ -186,7 +201,8 @@ def calibrated_epochs(rollout_side_s: float, learner_other_s: float, pass_s: flo
 
 
 def balance_of(record: dict[str, Any], epochs: int) -> dict[str, float]:
-    """Each side's busy time in one ``k = 0`` step (a metrics record), split as the calibration needs.
+    """Each side's busy time in one ``k = 0`` step (a metrics record), split as the calibration
+    needs.
 
     At ``k = 0`` the learner waits exactly while the rollout side works, so ``learner_wait_s`` is
     the rollout side's time and the rest of the step is the learner's.
@@ -231,7 +247,8 @@ def overlap_slowdown(k0: dict[str, Any], k1: dict[str, Any]) -> tuple[float, flo
 
 
 def quickest_warmup_step(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The warm-up step (a ``k = 0`` metrics record) whose rollout side was quickest, the first left out.
+    """The warm-up step (a ``k = 0`` metrics record) whose rollout side was quickest, the first
+    left out.
 
     The rollout side is what the learner waited for the lot plus the adapter load. The first lots
     pay for start-up (the first lot, the server's first adapters; measured 2-3x slower than the
@@ -427,30 +444,99 @@ def main(
         raise ConfigError(f"--backend must be local or ray, got {backend!r}")
     overrides = [set] if isinstance(set, str) else list(set or [])
     root = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="twin-bench-trainer-"))
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
+    cores = _allowed_cores()
     runs = _runs(str(k0_threads), cores)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     placement = plan_cpu_placement(
         SimpleNamespace(cpu_affinity="auto", rollout="cpu", learner="cpu")
     )
+    _print_setup(backend, overrides, steps, warmup, cores, load, placement)
+    results, chosen, transit = _run_all(
+        runs, overrides, steps, warmup, root, epochs=epochs, backend=backend
+    )
+    _print_table(runs, results)
+    ratio, base_name, bound, slowdown = _print_ratio(results)
+    _print_sync_queue_mismatch(results)
+    overhead = _print_ray_overhead(transit) if backend == "ray" else None
+    after = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    print(f"load average after the runs: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
+    summary = {
+        "ratio": ratio,
+        "baseline": base_name,
+        "bound": bound,
+        "update_epochs": chosen,
+        "cores": cores,
+        "slowdown": slowdown,
+        "load_before": list(load),
+        "load_after": list(after),
+        "runs": results,
+        "overrides": overrides,
+        "placement": None
+        if placement is None
+        else {"rollout": placement.rollout, "learner": placement.learner},
+        "backend": backend,
+        "ray_overhead": overhead,
+    }
+    if json:
+        Path(json).write_text(_json.dumps(summary, indent=2))
+        print(f"figures: {json}")
+    return 0
+
+
+def _allowed_cores() -> int:
+    """Cores this process may run on (its affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _print_setup(
+    backend: str,
+    overrides: list[str],
+    steps: int,
+    warmup: int,
+    cores: int,
+    load: tuple[float, ...],
+    placement: Any,
+) -> None:
+    """What the bench runs, on which cores, under which load."""
     print(
         "twin bench trainer: async two-worker loop (k=1) vs the same loop run synchronously (k=0)"
         + (" on Ray (engine and rollout worker actors)" if backend == "ray" else "")
     )
-    print(f"  recipe toy-cpu + {' '.join(WORKLOAD[1:] + _fixed_length() + overrides)}; "
-          f"{steps} measured steps per run after {warmup} warm-up")  # fmt: skip
-    print(f"  {cores} core(s) allowed; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the runs "
-          "(other jobs on these cores distort every figure)")  # fmt: skip
+    print(
+        f"  recipe toy-cpu + {' '.join(WORKLOAD[1:] + _fixed_length() + overrides)}; "
+        f"{steps} measured steps per run after {warmup} warm-up"
+    )
+    print(
+        f"  {cores} core(s) allowed; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+        "before the runs (other jobs on these cores distort every figure)"
+    )
     if placement is not None:
-        print(f"  pinned runs: sampler server + rollout worker on core(s) {','.join(map(str, placement.rollout))}, "
-              f"learner on core(s) {','.join(map(str, placement.learner))}, 1 thread each, OMP_WAIT_POLICY=PASSIVE")  # fmt: skip
+        print(
+            "  pinned runs: sampler server + rollout worker on core(s) "
+            f"{','.join(map(str, placement.rollout))}, "
+            f"learner on core(s) {','.join(map(str, placement.learner))}, 1 thread each, "
+            "OMP_WAIT_POLICY=PASSIVE"
+        )
     else:
         print(
-            "  cpu pinning is not available here (needs Linux and >= 2 cores): the 'pinned' runs share the cores"
+            "  cpu pinning is not available here (needs Linux and >= 2 cores): the 'pinned' runs "
+            "share the cores"
         )
 
+
+def _run_all(
+    runs: list[BenchRun],
+    overrides: list[str],
+    steps: int,
+    warmup: int,
+    root: Path,
+    *,
+    epochs: int | None,
+    backend: str,
+) -> tuple[dict[str, dict[str, Any]], int | None, list[float]]:
+    """Each run's summary by name, the update passes chosen, and Ray's per-lot transit times."""
     results: dict[str, dict[str, Any]] = {}
     transit: list[float] = []
     chosen = epochs
@@ -458,23 +544,47 @@ def main(
         t0 = time.perf_counter()
         calibration: dict[str, float] = {}  # filled by the first run only (chosen is None)
         history, chosen = _run(
-            overrides, run, steps + warmup, root, epochs=chosen, warmup=max(1, warmup), on_calibrated=calibration.update,
+            overrides,
+            run,
+            steps + warmup,
+            root,
+            epochs=chosen,
+            warmup=max(1, warmup),
+            on_calibrated=calibration.update,
             **({"backend": backend, "transit": transit} if backend == "ray" else {}),
-        )  # fmt: skip
+        )
         results[run.name] = summarize_run(history, warmup)
         if calibration:
             results[run.name]["calibration"] = calibration
-        print(f"  {run.label}: {len(history)} steps in {time.perf_counter() - t0:.0f} s (start-up included), "
-              f"{chosen} update pass(es) per step", flush=True)  # fmt: skip
+        print(
+            f"  {run.label}: {len(history)} steps in {time.perf_counter() - t0:.0f} s (start-up "
+            f"included), {chosen} update pass(es) per step",
+            flush=True,
+        )
         if "calibration" in results[run.name]:
-            c = results[run.name]["calibration"]
-            print(f"    balance (quickest warm-up step after the first): rollout side {c['rollout_side_s']:.2f} s/step (sampling "
-                  f"{c['rollout_s']:.2f} s + envs, queue, adapter load {c['load_s']:.2f} s); learner side: one update "
-                  f"pass {c['pass_s']:.3f} s + {c['learner_other_s']:.2f} s (batch, sync {c['sync_s']:.2f} s, "
-                  f"check, metrics) -> {int(c['epochs'])} passes: learner side ~= "
-                  f"{c['epochs'] * c['pass_s'] + c['learner_other_s']:.2f} s/step")  # fmt: skip
+            _print_calibration(results[run.name]["calibration"])
+    return results, chosen, transit
 
-    _print_table(runs, results)
+
+def _print_calibration(c: dict[str, float]) -> None:
+    """The first run's balance of the two sides, from which the update passes are chosen."""
+    print(
+        "    balance (quickest warm-up step after the first): rollout side "
+        f"{c['rollout_side_s']:.2f} s/step (sampling "
+        f"{c['rollout_s']:.2f} s + envs, queue, adapter load {c['load_s']:.2f} s); "
+        "learner side: one update "
+        f"pass {c['pass_s']:.3f} s + {c['learner_other_s']:.2f} s (batch, sync "
+        f"{c['sync_s']:.2f} s, "
+        f"check, metrics) -> {int(c['epochs'])} passes: learner side ~= "
+        f"{c['epochs'] * c['pass_s'] + c['learner_other_s']:.2f} s/step"
+    )
+
+
+def _print_ratio(
+    results: dict[str, dict[str, Any]],
+) -> tuple[float, str, float, dict[str, float | None]]:
+    """The k=1 / k=0 throughput ratio against its bound; returns the ratio, the baseline's name,
+    the bound and the overlap slowdowns."""
     base_name = pick_baseline(results)
     base, overlap = results[base_name], results["k1_pinned"]
     ratio = overlap["steps_per_s"] / base["steps_per_s"] if base["steps_per_s"] else 0.0
@@ -495,15 +605,18 @@ def main(
     )
     others = ", ".join(
         f"{overlap['steps_per_s'] / r['steps_per_s']:.2f}x vs {name}"
-        for name, r in results.items() if name.startswith("k0") and r["steps_per_s"]
-    )  # fmt: skip
+        for name, r in results.items()
+        if name.startswith("k0") and r["steps_per_s"]
+    )
     print(
         f"throughput ratio k=1 / k=0: {ratio:.2f}x against the faster k=0 ({base_name}; {others}); "
         f"target >= {TARGET_RATIO_DESIGN}x (design), >= {TARGET_RATIO_ISSUE}x (first bar): {ok}"
     )
     print(
-        f"  bound for these times (W+B)/max(W+l, B-l) = {bound:.2f}x (k=0 pinned, per step: rollout side W = "
-        f"{wait:.2f} s, learner side B = {busy:.2f} s, adapter load l = {load_s:.2f} s); per-step times: rollout "
+        f"  bound for these times (W+B)/max(W+l, B-l) = {bound:.2f}x (k=0 pinned, per step: "
+        "rollout side W = "
+        f"{wait:.2f} s, learner side B = {busy:.2f} s, adapter load l = {load_s:.2f} s); per-step "
+        "times: rollout "
         f"(sampling) {ref['rollout_s']:.2f} s, learner updates {ref['learner_s']:.2f} s"
     )
     # On a small CPU the two sides share caches and memory bandwidth: each runs slower while the
@@ -511,51 +624,65 @@ def main(
     slow_roll, slow_learn, contended = overlap_slowdown(ref, overlap)
     if slow_roll and slow_learn:
         print(
-            f"  overlap slowdown at k=1 vs k=0 pinned: sampling x{slow_roll:.2f}, learner updates x{slow_learn:.2f} "
+            f"  overlap slowdown at k=1 vs k=0 pinned: sampling x{slow_roll:.2f}, learner updates "
+            f"x{slow_learn:.2f} "
             f"-> bound with these slowdowns {contended:.2f}x (1.00 each on separate GPUs)"
         )
+    return (
+        ratio,
+        base_name,
+        bound,
+        {"rollout": slow_roll, "learner": slow_learn, "bound": contended},
+    )
+
+
+def _print_sync_queue_mismatch(results: dict[str, dict[str, Any]]) -> None:
+    """Weight sync seconds, queue depth and staleness, logprob mismatch after sync, per run."""
     sync_s = max(r["sync_s"] for r in results.values())
     print(
         "weight sync (save + load as policy@<v>), s/step: "
-        + ", ".join(f"{name} {r['sync_s']:.3f} (save {r['save_s']:.3f}, load {r['load_s']:.3f})" for name, r in results.items())
+        + ", ".join(
+            f"{name} {r['sync_s']:.3f} (save {r['save_s']:.3f}, load {r['load_s']:.3f})"
+            for name, r in results.items()
+        )
         + f"; target <= {TARGET_SYNC_S} s: {'meets' if sync_s <= TARGET_SYNC_S else 'above'}"
-    )  # fmt: skip
+    )
     print(
         "queue depth (mean/max) and staleness histogram {versions: lots}: "
-        + "; ".join(f"{name} {r['queue_depth']:.1f}/{r['queue_depth_max']:.0f} {r['staleness_hist']}"
-                    f"{' dropped ' + str(int(r['dropped_stale'])) if r['dropped_stale'] else ''}" for name, r in results.items())
-    )  # fmt: skip
+        + "; ".join(
+            f"{name} {r['queue_depth']:.1f}/{r['queue_depth_max']:.0f} "
+            f"{r['staleness_hist']}"
+            f"{' dropped ' + str(int(r['dropped_stale'])) if r['dropped_stale'] else ''}"
+            for name, r in results.items()
+        )
+    )
     print(
         "logprob mismatch after sync (max): "
         + ", ".join(f"{name} {r['logprob_mismatch']:.1e}" for name, r in results.items())
         + " (~1e-6 = the sampler runs the adapter just trained; 0.1-0.5 = it does not)"
     )
-    overhead = ray_overhead(transit) if backend == "ray" else None
+
+
+def _print_ray_overhead(transit: list[float]) -> dict[str, float] | None:
+    """Ray's overhead per lot (worker put -> learner get), or None when no lot was measured."""
+    overhead = ray_overhead(transit)
     if overhead is not None:
         print(
-            f"Ray overhead per lot (worker put -> learner get through the Ray queue, {overhead['lots']:.0f} measured "
-            f"lots): mean {overhead['mean_s'] * 1e3:.1f} ms, median {overhead['median_s'] * 1e3:.1f} ms, max "
-            f"{overhead['max_s'] * 1e3:.1f} ms (a lot that waits in the queue for a busy learner counts that wait "
-            "too: see the queue depth above)"
-        )  # fmt: skip
-    after = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    print(f"load average after the runs: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}")
-    summary = {
-        "ratio": ratio, "baseline": base_name, "bound": bound, "update_epochs": chosen, "cores": cores,
-        "slowdown": {"rollout": slow_roll, "learner": slow_learn, "bound": contended},
-        "load_before": list(load), "load_after": list(after), "runs": results, "overrides": overrides,
-        "placement": None if placement is None else {"rollout": placement.rollout, "learner": placement.learner},
-        "backend": backend, "ray_overhead": overhead,
-    }  # fmt: skip
-    if json:
-        Path(json).write_text(_json.dumps(summary, indent=2))
-        print(f"figures: {json}")
-    return 0
+            "Ray overhead per lot (worker put -> learner get through the Ray queue, "
+            f"{overhead['lots']:.0f} measured "
+            f"lots): mean {overhead['mean_s'] * 1e3:.1f} ms, median "
+            f"{overhead['median_s'] * 1e3:.1f} ms, max "
+            f"{overhead['max_s'] * 1e3:.1f} ms (a lot that waits in the queue for a busy learner "
+            "counts that wait too: see the queue depth above)"
+        )
+    return overhead
 
 
 def _print_table(runs: list[BenchRun], results: dict[str, dict[str, Any]]) -> None:
-    header = (f"{'':25}{'steps/s':>8}{'tok/s':>7}{'step':>7}{'rollout':>8}{'learn':>7}{'sync':>6}"
-              f"{'roll idle':>10}{'learn idle':>11}")  # fmt: skip
+    header = (
+        f"{'':25}{'steps/s':>8}{'tok/s':>7}{'step':>7}{'rollout':>8}{'learn':>7}{'sync':>6}"
+        f"{'roll idle':>10}{'learn idle':>11}"
+    )
     print(header)
     for run in runs:
         r = results[run.name]

@@ -29,7 +29,8 @@ from typing import Any
 
 __all__ = ["TARGET_RATIO", "main", "run_ours", "run_trl"]
 
-#: Target (docs/benchmarks.md): our synchronous GRPO step vs TRL's GRPOTrainer, same tiny model and batch.
+# : Target (docs/benchmarks.md): our synchronous GRPO step vs TRL's GRPOTrainer, same tiny model and
+# batch.
 TARGET_RATIO = 3.0
 
 
@@ -282,14 +283,12 @@ def main(
     import warnings
 
     import torch
-    import trl
     from rich.console import Console
     from transformers.utils import logging as hf_logging
 
     # transformers 5 warns about renamed TrainingArguments that TRL still passes; not ours to fix
     warnings.filterwarnings("ignore", category=FutureWarning)
     hf_logging.disable_progress_bar()
-    from rich.table import Table
 
     s = {
         "steps": int(steps), "warmup": max(1, int(warmup)), "prompts": int(prompts),
@@ -300,12 +299,33 @@ def main(
     console = Console(width=110)
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    _print_settings(console, s, cores, load)
+    runs = _run_abba(s, root, console)
+    results = {name: _pool(rs) for name, rs in runs.items()}
+    torch.set_num_threads(s["threads"])
+    ratio = _print_results(console, results)
+    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    console.print(f"  load average after the runs: {load_after:.1f}")
+    if json:
+        summary = {"ratio": ratio, "target": TARGET_RATIO, "settings": s, "cores": cores,
+                   "load_before": load, "load_after": load_after, "runs": results,
+                   "each_run": runs}  # fmt: skip
+        Path(json).write_text(_json.dumps(summary, indent=2))
+        console.print(f"figures: {json}")
+    return 0
+
+
+def _print_settings(console: Any, s: dict[str, Any], cores: int, load: float) -> None:
+    """The settings both sides share, and the machine."""
+    import torch
+    import trl
+
     console.print("twin bench trl: our synchronous GRPO step vs TRL GRPOTrainer")
     console.print(
         "  settings (both sides): model tiny (random init, full fine-tune, fp32, CPU), "
         "Toy twin prompts (num_words 4, single turn), "
-        f"{s['prompts']} prompts x {s['group']} completions = {s['prompts'] * s['group']} per step, "
-        f"max {s['max_tokens']} completion tokens, temperature 1, top-p 1, "
+        f"{s['prompts']} prompts x {s['group']} completions = {s['prompts'] * s['group']} per "
+        f"step, max {s['max_tokens']} completion tokens, temperature 1, top-p 1, "
         f"lr {s['lr']:g} constant, AdamW wd 0, "
         f"grad clip 1, DAPO token-mean loss, clip 0.2/0.28, no KL, group z-score advantages, "
         f"{s['steps']} measured steps after {s['warmup']} warm-up, "
@@ -316,9 +336,13 @@ def main(
         f"  machine: {cores} CPU core(s), load average {load:.1f} before the runs "
         "(other jobs on the machine slow both sides; runs in ABBA order, --rounds 2 to balance)"
     )
+
+
+def _run_abba(s: dict[str, Any], root: Path, console: Any) -> dict[str, list[dict[str, float]]]:
+    """Each side's runs, in ABBA order (trl, ours, ours, trl, ...): a drift in machine load hits
+    both sides alike."""
     runs: dict[str, list[dict[str, float]]] = {"trl": [], "ours": []}
     fns = {"trl": run_trl, "ours": run_ours}
-    # ABBA order (trl, ours, ours, trl, ...): a drift in machine load hits both sides alike
     order = [
         n for r in range(s["rounds"]) for n in (("trl", "ours") if r % 2 == 0 else ("ours", "trl"))
     ]
@@ -331,8 +355,13 @@ def main(
             f"  {name}: {s['warmup'] + s['steps']} steps in {took:.1f} s (set-up included), "
             f"{sps:.3f} steps/s measured"
         )
-    results = {name: _pool(rs) for name, rs in runs.items()}
-    torch.set_num_threads(s["threads"])
+    return runs
+
+
+def _print_results(console: Any, results: dict[str, dict[str, float]]) -> float:
+    """The pooled figures of both sides as a table; returns the ratio ours / TRL."""
+    from rich.table import Table
+
     ours, theirs = results["ours"], results["trl"]
     ratio = ours["steps_per_s"] / theirs["steps_per_s"] if theirs["steps_per_s"] > 0 else 0.0
     table = Table(title="GRPO step throughput (CPU)")
@@ -351,15 +380,7 @@ def main(
     console.print(
         f"ratio ours / TRL (steps/s): {ratio:.2f}x  (target >= {TARGET_RATIO}x: {verdict})"
     )
-    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    console.print(f"  load average after the runs: {load_after:.1f}")
-    if json:
-        summary = {"ratio": ratio, "target": TARGET_RATIO, "settings": s, "cores": cores,
-                   "load_before": load, "load_after": load_after, "runs": results,
-                   "each_run": runs}  # fmt: skip
-        Path(json).write_text(_json.dumps(summary, indent=2))
-        console.print(f"figures: {json}")
-    return 0
+    return ratio
 
 
 if __name__ == "__main__":

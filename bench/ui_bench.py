@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from twin.store import RunStore
 from twin.trajectory import ToolCallRecord, Trajectory
@@ -41,13 +42,9 @@ VERDICTS = ("ok", "counterfeit", "prohibited")
 BATCH = 5_000
 
 
-def make_episode(rng: random.Random, case: int, policy: str, padding: str) -> Trajectory:
-    """A scored three-turn episode of case ``case`` with a seeded verdict and reward."""
-    kind = KINDS[case % len(KINDS)]
-    truth = VERDICTS[case % 3]
-    answer = truth if rng.random() < 0.6 else rng.choice(VERDICTS)
-    reward = 1.0 if answer == truth else rng.choice((-1.0, -0.5, 0.2))
-    calls = [
+def _calls(answer: str) -> list[ToolCallRecord]:
+    """Search, brand look-up, then the submission of ``answer``."""
+    return [
         ToolCallRecord(
             id="s",
             name="search_taxonomy",
@@ -74,6 +71,10 @@ def make_episode(rng: random.Random, case: int, policy: str, padding: str) -> Tr
             turn=2,
         ),
     ]
+
+
+def _messages(calls: list[ToolCallRecord], case: int, padding: str) -> list[dict[str, Any]]:
+    """The chat of ``calls``: the opening messages, then each call and its result."""
     messages = [
         {"role": "system", "content": "You are a catalog analyst. " + padding},
         {"role": "user", "content": f"New listing {case}. Title: Blue mug. Brand: Acme."},
@@ -100,6 +101,17 @@ def make_episode(rng: random.Random, case: int, policy: str, padding: str) -> Tr
                 "content": json.dumps(call.result),
             }
         )
+    return messages
+
+
+def make_episode(rng: random.Random, case: int, policy: str, padding: str) -> Trajectory:
+    """A scored three-turn episode of case ``case`` with a seeded verdict and reward."""
+    kind = KINDS[case % len(KINDS)]
+    truth = VERDICTS[case % 3]
+    answer = truth if rng.random() < 0.6 else rng.choice(VERDICTS)
+    reward = 1.0 if answer == truth else rng.choice((-1.0, -0.5, 0.2))
+    calls = _calls(answer)
+    messages = _messages(calls, case, padding)
     return Trajectory(
         twin="Catalog",
         case_id=f"Catalog/test/{case}",

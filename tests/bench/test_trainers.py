@@ -142,8 +142,12 @@ def test_runs_give_k0_the_same_and_the_shared_resources() -> None:
         trainers._runs("3", 2)
 
 
+@pytest.mark.parametrize("cores", [1, 2])
 def test_main_reports_the_ratio_against_the_faster_baseline(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cores: int,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     step_s = {"k0_pinned": 2.5, "k1_pinned": 1.25, "k0_shared": 2.0}
     calls: list[tuple[str, int | None]] = []
@@ -157,16 +161,19 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
         return _history(steps, step_s[run.name], k=run.k), epochs or 3
 
     monkeypatch.setattr(trainers, "_run", fake_run)
+    monkeypatch.setattr(trainers, "_allowed_cores", lambda: cores)
     out = tmp_path / "bench.json"
     assert trainers.main(steps=4, warmup=2, json=str(out), output_dir=str(tmp_path)) == 0
     text = capsys.readouterr().out
     # the first run calibrates; the others reuse its pass count
     assert calls[0] == ("k0_pinned", None) and all(e == 3 for _, e in calls[1:])
     figures = json.loads(out.read_text())
-    if len(calls) == 3:  # a machine with >= 2 cores: the shared k=0 run is measured too
+    if cores == 2:  # two cores: the shared k=0 run is measured too, and is the faster k=0
+        assert [name for name, _ in calls] == ["k0_pinned", "k1_pinned", "k0_shared"]
         assert figures["baseline"] == "k0_shared" and figures["ratio"] == pytest.approx(1.6)
         assert "1.60x against the faster k=0 (k0_shared" in text and "2.00x vs k0_pinned" in text
-    else:
+    else:  # one core: nothing to share
+        assert [name for name, _ in calls] == ["k0_pinned", "k1_pinned"]
         assert figures["baseline"] == "k0_pinned" and figures["ratio"] == pytest.approx(2.0)
     assert (
         "rollout side 1.20 s/step" in text
@@ -175,7 +182,7 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
     )
     assert "staleness histogram" in text and "{'1': 4}" in text and "load average" in text
     assert figures["runs"]["k0_pinned"]["calibration"]["epochs"] == 3.0
-    assert figures["update_epochs"] == 3 and figures["cores"] >= 1
+    assert figures["update_epochs"] == 3 and figures["cores"] == cores
     # _history gives both runs the same per-step times: no slowdown, and the bound is the plain one
     assert "sampling x1.00, learner updates x1.00" in text
     assert figures["slowdown"]["bound"] == pytest.approx(figures["bound"])
