@@ -500,28 +500,18 @@ class AsyncTrainer(TrainingRuntime):
     def train(self) -> list[dict[str, Any]]:
         """Run the remaining steps; return the metrics history (earlier steps included)."""
         assert self.metrics is not None and self.probe is not None, "train() before setup()"
-        cfg = self.cfg
         started = time.perf_counter()
-        learner_idle = 0.0
-        t_last = started
-        while self.step < cfg.train.steps:
+        learner_idle, t_last = 0.0, started
+        while self.step < self.cfg.train.steps:
             step = self.step
 
             # ROLLOUT: the worker's next lot; stale ones are dropped and counted
             lot, waited = self.next_lot()
             learner_idle += waited
             depth = self._qsize()
-            self.lots_used += 1
-            staleness = step - lot.version
-            if staleness > self.k:
-                self.dropped += 1
-                self.shared.update(consumed=self.lots_used)
-                log.warning("step %d: dropped lot %d sampled by version %d (%d versions old > max_staleness %d)",
-                            step, lot.index, lot.version, staleness, self.k)  # fmt: skip
+            staleness = self._claim(step, lot)
+            if staleness is None:
                 continue
-            self.shared.update(claimed=step + 1, consumed=self.lots_used)
-            self.cursor = lot.cursor
-            self.staleness_hist[staleness] += 1
             every = [Group.model_validate_json(g) for g in lot.groups]
             kept = [every[i] for i in lot.kept]
 
@@ -529,25 +519,13 @@ class AsyncTrainer(TrainingRuntime):
             # synchronous loop's update
             update = self.learn(kept, every, step)
 
-            # SYNC: the new adapter to the sampler, then the worker may sample with it (k = 0: loaded
-            # and published here; k >= 1: saved here, loaded and published by the load thread)
+            # SYNC: the new adapter to the sampler, then the worker may sample with it (k = 0:
+            # loaded and published here; k >= 1: saved here, loaded and published by the load
+            # thread)
             self.step = step + 1
             sync_s = self._sync(self.step)
-            # the checks completed meanwhile (waiting only for one older than this step's lot's
-            # adapter), then the check of the new adapter
             t_check = time.perf_counter()
-            mismatch, probed, checks = self.probe.collect(wait_below=step)
-            last = self.step == cfg.train.steps
-            if last or self.step % self.check_every == 0:
-                self.probe.launch(self.step, self._pending_load_of(self.step))
-            if (
-                last
-            ):  # nothing left to overlap with: the last load must have worked; report its check
-                self._settle_load(wait=True)
-                final, probed_last, more = self.probe.collect()
-                if more:
-                    mismatch = final if not math.isfinite(mismatch) else max(mismatch, final)
-                    probed, checks = probed_last, checks + more
+            check = self._check_sync(step)
             check_s = time.perf_counter() - t_check
 
             self._failures_since_step = 0
@@ -555,42 +533,25 @@ class AsyncTrainer(TrainingRuntime):
             # TRY NOT TO MODIFY: record
             now = time.perf_counter()
             step_s, t_last = now - t_last, now
-            wall = now - started
-            tokens = lot.stats.get("sampled_tokens", 0.0)
-            worker_wall = lot.stats.get("worker_wall_s", 0.0)
+            times = {
+                "async/learner_wait_s": waited,
+                "async/learner_idle_s": learner_idle,
+                "async/learner_wall_s": now - started,
+                "async/sync_s": sync_s,
+                "async/check_s": check_s,
+            }
             record = {
                 **update.episodes,
                 **{k: v for k, v in lot.stats.items() if k.startswith("batch/")},
                 **update.learn,
                 "batch/skipped": float(not kept),
                 "policy/version": float(self.step),
-                "async/staleness": float(staleness),
-                "async/staleness_hist": {str(s): n for s, n in sorted(self.staleness_hist.items())},
-                "async/dropped_stale": float(self.dropped),
-                "async/queue_depth": float(depth),
-                "async/rollout_idle_frac": lot.stats.get("worker_idle_s", 0.0) / worker_wall
-                if worker_wall
-                else 0.0,
-                "async/learner_idle_frac": learner_idle / wall if wall > 0 else 0.0,
-                "async/learner_wait_s": waited,
-                "async/learner_idle_s": learner_idle,
-                "async/learner_wall_s": wall,
-                "async/rollout_idle_s": lot.stats.get("worker_idle_s", 0.0),
-                "async/rollout_wall_s": worker_wall,
-                "async/sync_s": sync_s,
-                "async/load_wait_s": self.last_wait_s,
-                "async/save_s": self.publisher.last_save_s if self.publisher is not None else 0.0,
-                "async/load_s": self.last_load_s,
-                "async/logprob_mismatch": mismatch,
-                "async/checks": float(checks),
-                "async/check_s": check_s,
-                "async/probe_version": float(probed),
-                "async/sampler_restarts": float(self.restarts),
+                **self._async_metrics(lot, staleness, depth, check, times),
                 "perf/learn_s": update.learn_s,
-                "perf/sampled_tokens": tokens,
+                "perf/sampled_tokens": lot.stats.get("sampled_tokens", 0.0),
                 **step_perf(
                     rollout_s=lot.stats.get("rollout_s", 0.0),
-                    sampled_tokens=tokens,
+                    sampled_tokens=lot.stats.get("sampled_tokens", 0.0),
                     sync_s=sync_s,
                     step_s=step_s,
                     cursor=self.cursor,
@@ -598,6 +559,79 @@ class AsyncTrainer(TrainingRuntime):
             }
             self.record_step(step, record, every)
         return list(self.metrics.history)
+
+    def _claim(self, step: int, lot: Lot) -> int | None:
+        """Take ``lot`` for ``step``: its staleness, or None when it is too stale (dropped)."""
+        self.lots_used += 1
+        staleness = step - lot.version
+        if staleness > self.k:
+            self.dropped += 1
+            self.shared.update(consumed=self.lots_used)
+            log.warning(
+                "step %d: dropped lot %d sampled by version %d (%d versions old > max_staleness %d)",
+                step, lot.index, lot.version, staleness, self.k,
+            )  # fmt: skip
+            return None
+        self.shared.update(claimed=step + 1, consumed=self.lots_used)
+        self.cursor = lot.cursor
+        self.staleness_hist[staleness] += 1
+        return staleness
+
+    def _check_sync(self, step: int) -> tuple[float, int, int]:
+        """The sync checks after ``step``'s update: ``(mismatch, probed version, checks)``.
+
+        Collects the checks completed meanwhile (waiting only for one older than this step's
+        lot's adapter), then launches the check of the new adapter. After the last step nothing
+        is left to overlap with: the last load must have worked, and its check is reported.
+        """
+        assert self.probe is not None
+        mismatch, probed, checks = self.probe.collect(wait_below=step)
+        last = self.step == self.cfg.train.steps
+        if last or self.step % self.check_every == 0:
+            self.probe.launch(self.step, self._pending_load_of(self.step))
+        if last:
+            self._settle_load(wait=True)
+            final, probed_last, more = self.probe.collect()
+            if more:
+                mismatch = final if not math.isfinite(mismatch) else max(mismatch, final)
+                probed, checks = probed_last, checks + more
+        return mismatch, probed, checks
+
+    def _async_metrics(
+        self,
+        lot: Lot,
+        staleness: int,
+        depth: int,
+        check: tuple[float, int, int],
+        times: dict[str, float],
+    ) -> dict[str, Any]:
+        """A step's ``async/*`` metrics: staleness, queue, idle fractions, sync and its check."""
+        mismatch, probed, checks = check
+        worker_wall = lot.stats.get("worker_wall_s", 0.0)
+        worker_idle = lot.stats.get("worker_idle_s", 0.0)
+        wall = times["async/learner_wall_s"]
+        return {
+            "async/staleness": float(staleness),
+            "async/staleness_hist": {str(s): n for s, n in sorted(self.staleness_hist.items())},
+            "async/dropped_stale": float(self.dropped),
+            "async/queue_depth": float(depth),
+            "async/rollout_idle_frac": worker_idle / worker_wall if worker_wall else 0.0,
+            "async/learner_idle_frac": times["async/learner_idle_s"] / wall if wall > 0 else 0.0,
+            "async/learner_wait_s": times["async/learner_wait_s"],
+            "async/learner_idle_s": times["async/learner_idle_s"],
+            "async/learner_wall_s": wall,
+            "async/rollout_idle_s": worker_idle,
+            "async/rollout_wall_s": worker_wall,
+            "async/sync_s": times["async/sync_s"],
+            "async/load_wait_s": self.last_wait_s,
+            "async/save_s": self.publisher.last_save_s if self.publisher is not None else 0.0,
+            "async/load_s": self.last_load_s,
+            "async/logprob_mismatch": mismatch,
+            "async/checks": float(checks),
+            "async/check_s": times["async/check_s"],
+            "async/probe_version": float(probed),
+            "async/sampler_restarts": float(self.restarts),
+        }
 
     def _qsize(self) -> int:
         try:

@@ -138,14 +138,43 @@ def collect_groups(
         with group terms (RULER-style judges) scores each group's episodes together once all of
         them have ended (:meth:`twin.core.Twin.score_groups`), in one batch for all groups.
     """
+    started = time.perf_counter()
+    live = _open_episodes(twin, cases, renderer_factory, group_size, settings)
+    if decode is None and live:
+        decode = _decoder(live[0].renderer.tokenizer)
+    stop_ids = sorted(live[0].renderer.stop_ids) if live else None
+    if getattr(sampler, "streams_turns", False):
+        _advance_independently(live, sampler, settings, seed, stop_ids, decode)
+    else:
+        _advance_together(live, sampler, settings, seed, stop_ids, decode)
+    total_s = time.perf_counter() - started
+    groups = [
+        _close_group(live[g * group_size : (g + 1) * group_size], total_s, policy_version)
+        for g in range(len(cases))
+    ]
+    if twin.needs_group and live:
+        cases_of = [(item.env.trajectory, item.env.case) for item in live]
+        twin.score_groups(
+            [cases_of[g * group_size : (g + 1) * group_size] for g in range(len(cases))],
+            new_step=new_judge_step,
+        )
+    return groups
+
+
+def _open_episodes(
+    twin: Twin,
+    cases: Sequence[tuple[str, int]],
+    renderer_factory: Callable[[list[dict[str, Any]]], Any],
+    group_size: int,
+    settings: RolloutSettings,
+) -> list[_RunningEpisode]:
+    """Reset ``group_size`` envs per case and render their openings (once per group when the
+    renderer can fork); an opening already over the token budget ends its episode, overlong."""
     from twin.env import TwinEnv
 
-    started = time.perf_counter()
     live: list[_RunningEpisode] = []
     for split, index in cases:
-        opening: tuple[Any, Any, Any] | None = (
-            None  # (obs, tools, renderer) of the group's first episode
-        )
+        opening: tuple[Any, Any, Any] | None = None  # (obs, tools, renderer) of the first episode
         for _ in range(group_size):
             env = TwinEnv(twin)
             obs, info = env.reset(options={"split": split, "index": int(index)})
@@ -162,43 +191,33 @@ def collect_groups(
                 item.done = item.overlong = True
                 env.truncate(CUT_NOTE)  # the env counts turns, not tokens
             live.append(item)
-    if decode is None and live:
-        tok = live[0].renderer.tokenizer
+    return live
 
-        def decode(ids: list[int]) -> str:
-            return str(
-                tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            )
 
-    stop_ids = sorted(live[0].renderer.stop_ids) if live else None
-    if getattr(sampler, "streams_turns", False):
-        _advance_independently(live, sampler, settings, seed, stop_ids, decode)
-    else:
-        _advance_together(live, sampler, settings, seed, stop_ids, decode)
-    total_s = time.perf_counter() - started
-    groups: list[Group] = []
-    for g, (split, index) in enumerate(cases):
-        trajs: list[Trajectory] = []
-        for item in live[g * group_size : (g + 1) * group_size]:
-            traj = item.env.trajectory
-            traj.token_turns = item.renderer.token_turns()
-            traj.completion_tokens = sum(len(t.completion_ids) for t in traj.token_turns)
-            traj.info["overlong"] = item.overlong
-            traj.info["episode_tokens"] = len(item.renderer.ids)
-            traj.info["renderer"] = dict(item.renderer.stats)
-            traj.timings["policy"] = item.sample_s
-            traj.timings["total"] = total_s
-            trajs.append(traj)
-        groups.append(
-            Group(case_id=trajs[0].case_id, trajectories=trajs, policy_version=policy_version)
-        )
-    if twin.needs_group and live:
-        cases_of = [(item.env.trajectory, item.env.case) for item in live]
-        twin.score_groups(
-            [cases_of[g * group_size : (g + 1) * group_size] for g in range(len(cases))],
-            new_step=new_judge_step,
-        )
-    return groups
+def _decoder(tok: Any) -> Callable[[list[int]], str]:
+    """``ids -> text`` with the tokenizer, special tokens kept (what the env parses)."""
+
+    def decode(ids: list[int]) -> str:
+        return str(tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    return decode
+
+
+def _close_group(items: list[_RunningEpisode], total_s: float, policy_version: int) -> Group:
+    """One case's ended episodes as a :class:`Group`: each trajectory gets its token turns, token
+    counts, overlong flag, renderer stats and timings."""
+    trajs: list[Trajectory] = []
+    for item in items:
+        traj = item.env.trajectory
+        traj.token_turns = item.renderer.token_turns()
+        traj.completion_tokens = sum(len(t.completion_ids) for t in traj.token_turns)
+        traj.info["overlong"] = item.overlong
+        traj.info["episode_tokens"] = len(item.renderer.ids)
+        traj.info["renderer"] = dict(item.renderer.stats)
+        traj.timings["policy"] = item.sample_s
+        traj.timings["total"] = total_s
+        trajs.append(traj)
+    return Group(case_id=trajs[0].case_id, trajectories=trajs, policy_version=policy_version)
 
 
 def _take_turn(
