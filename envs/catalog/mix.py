@@ -27,7 +27,8 @@ __all__ = ["KindMix"]
 def _slots(
     kinds: tuple[str, ...], cycle: int, mix_items: tuple[tuple[str, float], ...]
 ) -> tuple[str, ...]:
-    """One cycle of kinds: largest-remainder counts over ``cycle`` slots, each kind at least once."""
+    """One cycle of kinds: largest-remainder counts over ``cycle`` slots, each kind at least
+    once."""
     raw = {k: w * cycle for k, w in mix_items}
     counts = {k: max(1, int(v)) for k, v in raw.items()}
     left = cycle - sum(counts.values())

@@ -116,7 +116,8 @@ class CatalogJudgeConfig(CatalogConfigV1):
 
 
 class CatalogJudgeTwin(CatalogTwinV1):
-    """Catalog v1 with the optional ``reason_cites`` judge term (off unless ``reason_judge`` is set)."""
+    """Catalog v1 with the optional ``reason_cites`` judge term (off unless ``reason_judge`` is
+    set)."""
 
     name = "CatalogJudge"
     version = 0

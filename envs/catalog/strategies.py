@@ -77,7 +77,8 @@ def catalog_cases(
 
 
 def catalog_submissions(truth: dict[str, Any] | None = None) -> st.SearchStrategy[dict[str, Any]]:
-    """Arguments of ``submit``: random, or (given ``truth``) random mixes of right and wrong parts."""
+    """Arguments of ``submit``: random, or (given ``truth``) random mixes of right and wrong
+    parts."""
     ids = category_ids()
     attrs = attribute_dicts()
     if truth is not None:

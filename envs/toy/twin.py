@@ -121,7 +121,7 @@ def _squeeze(text: str) -> str:
 # -- reward ------------------------------------------------------------------------------------
 @term(low=0.0, high=1.0)
 def closeness(trajectory: Trajectory, case: Case) -> float:
-    """Character similarity (0..1) of the first assistant turn to the ideal call (whitespace ignored)."""
+    """Character similarity (0..1) of the first assistant turn to the ideal call (whitespace ignored)."""  # noqa: E501 (a term's first docstring line is its description)
     return (
         fuzz.ratio(_squeeze(_first_turn(trajectory)), _squeeze(ideal_call(case.truth["answer"])))
         / 100.0
@@ -129,7 +129,8 @@ def closeness(trajectory: Trajectory, case: Case) -> float:
 
 
 def ideal_pieces(answer: str) -> list[str]:
-    """The ideal call cut into the pieces a tokenizer writes as single tokens (whitespace dropped)."""
+    """The ideal call cut into the pieces a tokenizer writes as single tokens (whitespace
+    dropped)."""
     return [
         "<tool_call>",
         '{"name":"',
@@ -163,7 +164,7 @@ def call(trajectory: Trajectory, case: Case) -> float:
 
 @term(low=0.0, high=1.0)
 def no_repeat(trajectory: Trajectory, case: Case) -> float:
-    """1 when the first turn writes no piece of the call twice (a policy stuck repeating scores 0)."""
+    """1 when the first turn writes no piece of the call twice (a policy stuck repeating scores 0)."""  # noqa: E501 (a term's first docstring line is its description)
     text = _squeeze(_first_turn(trajectory))
     pieces = [p for p in ideal_pieces(case.truth["answer"]) if p != case.truth["answer"]]
     return float(all(text.count(p) <= 1 for p in pieces))
@@ -198,7 +199,7 @@ def named(trajectory: Trajectory, case: Case) -> float:
 
 @term(low=0.0, high=1.0)
 def wrong(trajectory: Trajectory, case: Case) -> float:
-    """1 when the call's fixed prefix is followed by one of :data:`WORDS` other than the named one."""
+    """1 when the call's fixed prefix is followed by one of :data:`WORDS` other than the named one."""  # noqa: E501 (a term's first docstring line is its description)
     found = _word_after_prefix(trajectory)
     return float(found in WORDS and found != case.truth["answer"])
 

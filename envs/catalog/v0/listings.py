@@ -472,7 +472,8 @@ class _ListingBuilder:
 
     # pick helpers
     def leaf_brand(self, leaves: tuple[str, ...], want: str = "any") -> tuple[str, Any]:
-        """A leaf from ``leaves`` and a brand with an MSRP there (``want``: any/protected/registered)."""
+        """A leaf from ``leaves`` and a brand with an MSRP there (``want``:
+        any/protected/registered)."""
         rng, w = self.rng, self.world
         for _ in range(50):
             leaf = rng.choice(leaves)

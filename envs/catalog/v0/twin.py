@@ -241,7 +241,8 @@ class CatalogTwin(Twin):
         return trajectory.reward is not None and trajectory.reward >= SUCCESS_THRESHOLD
 
     def baselines(self) -> dict[str, Any]:
-        """Baseline policy factories: ``{"random", "heuristic", "oracle"}`` -> ``f(twin) -> policy``."""
+        """Baseline policy factories: ``{"random", "heuristic", "oracle"}`` -> ``f(twin) ->
+        policy``."""
         from envs.catalog.baselines import BASELINES
 
         return dict(BASELINES)

@@ -99,7 +99,8 @@ _BATCH_RE = re.compile(
 
 
 def copy_mentions(text: str) -> list[str]:
-    """Names the listing presents the item as a copy of (``"inspired by Norvale."`` -> ``["Norvale"]``)."""
+    """Names the listing presents the item as a copy of (``"inspired by Norvale."`` ->
+    ``["Norvale"]``)."""
     out: list[str] = []
     for m in _COPY_RE.finditer(text):
         words = m.group(1).strip().split()

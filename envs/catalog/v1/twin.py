@@ -378,7 +378,8 @@ class CatalogTwinV1(CatalogTwin):
         return result
 
     def _schema_view(self, category_id: str) -> dict[str, Any]:
-        """What ``get_attribute_schema`` shows: v1's view (:func:`envs.catalog.v1.listings.schema_view`)."""
+        """What ``get_attribute_schema`` shows: v1's view
+        (:func:`envs.catalog.v1.listings.schema_view`)."""
         return schema_view(self.world, category_id)
 
 

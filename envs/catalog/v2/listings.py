@@ -206,7 +206,8 @@ _EXTRA: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
 
 
 def _extra(world: Any, part: str) -> dict[str, Any]:
-    """v2 pools of a world part: durable branded leaves, restricted leaves, recalls on its leaves."""
+    """v2 pools of a world part: durable branded leaves, restricted leaves, recalls on its
+    leaves."""
     held = _EXTRA.get((id(world), part))
     if held is not None and held[0] is world:
         return held[1]

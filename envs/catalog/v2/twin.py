@@ -208,7 +208,8 @@ class CatalogTwinV2(CatalogTwinV1):
         return OracleV2(self)
 
     def degenerate_policies(self) -> dict[str, Any]:
-        """Constant decisions (with the ceiling's category and attributes) and the two-call flagger."""
+        """Constant decisions (with the ceiling's category and attributes) and the two-call
+        flagger."""
         from envs.catalog.v2.baselines import DEGENERATE_V2
 
         return {name: f(self) for name, f in DEGENERATE_V2.items()}

@@ -37,14 +37,16 @@ _DONE = "DONE"
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Where worlds are cached: ``cache_dir``, else ``$TWINRL_CACHE/catalog``, else ``~/.cache/twinrl/catalog``."""
+    """Where worlds are cached: ``cache_dir``, else ``$TWINRL_CACHE/catalog``, else
+    ``~/.cache/twinrl/catalog``."""
     if cache_dir is not None:
         return Path(cache_dir)
     return Path(os.environ.get("TWINRL_CACHE") or Path.home() / ".cache" / "twinrl") / "catalog"
 
 
 def _source_fingerprint(taxonomy_path: Path | None) -> str:
-    """What the world is made from: our vocabularies, or the loaded files' names, sizes and mtimes."""
+    """What the world is made from: our vocabularies, or the loaded files' names, sizes and
+    mtimes."""
     if taxonomy_path is None:
         return "generated"
     from envs.catalog.world.shopify import shopify_files  # local: the loader is optional

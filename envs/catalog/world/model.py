@@ -230,7 +230,8 @@ class CatalogWorld:
         return self.category(category_id).depth
 
     def ancestors(self, category_id: str) -> list[str]:
-        """The ids on the path from the vertical down to ``category_id`` (root first, itself last)."""
+        """The ids on the path from the vertical down to ``category_id`` (root first, itself
+        last)."""
         node = self.category(category_id)
         path = [node.id]
         while node.parent_id is not None:

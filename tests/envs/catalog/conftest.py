@@ -32,7 +32,7 @@ def twin(catalog_cache: Path):
     from envs.catalog import CatalogTwin
 
     t = CatalogTwin(seed=0)
-    t.world  # build now, inside the session cache
+    _ = t.world  # build now, inside the session cache
     return t
 
 
@@ -50,7 +50,7 @@ def shopify_twin(catalog_cache: Path):
     from envs.catalog import CatalogTwin
 
     t = CatalogTwin(seed=0, taxonomy_path=str(SHOPIFY))
-    t.world
+    _ = t.world
     return t
 
 
@@ -60,7 +60,7 @@ def twin_v1(twin):
     from envs.catalog import CatalogTwinV1
 
     t = CatalogTwinV1(seed=0)
-    t.world
+    _ = t.world
     return t
 
 
@@ -70,5 +70,5 @@ def shopify_twin_v1(shopify_twin):
     from envs.catalog import CatalogTwinV1
 
     t = CatalogTwinV1(seed=0, taxonomy_path=str(SHOPIFY))
-    t.world
+    _ = t.world
     return t

@@ -1,4 +1,5 @@
-"""``compact``: the careful analyst's decisions in the fewest tokens, the SFT teacher of Catalog-v1."""
+"""``compact``: the careful analyst's decisions in the fewest tokens, the SFT teacher of
+Catalog-v1."""
 
 from __future__ import annotations
 

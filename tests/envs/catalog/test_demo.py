@@ -1,4 +1,5 @@
-"""``twin demo``: runs end to end on a few episodes, prints the per-type table, writes the report."""
+"""``twin demo``: runs end to end on a few episodes, prints the per-type table, writes the
+report."""
 
 from __future__ import annotations
 

@@ -94,9 +94,9 @@ def test_policy_marks_prohibited_subtrees_only(world: CatalogWorld) -> None:
 def test_every_leaf_with_attributes_requires_one(world: CatalogWorld) -> None:
     for cid in world.leaves:
         c = world.categories[cid]
-        assert all(l.handle in world.attributes for l in c.attributes)
+        assert all(link.handle in world.attributes for link in c.attributes)
         if c.attributes:
-            assert 1 <= sum(l.required for l in c.attributes) <= 3, cid
+            assert 1 <= sum(link.required for link in c.attributes) <= 3, cid
 
 
 @needs_shopify

@@ -19,7 +19,7 @@ def v2(twin_v1):
     from envs.catalog import CatalogTwinV2
 
     t = CatalogTwinV2(seed=0, taxonomy_path=None, train_size=2000, dev_size=200, test_size=400)
-    t.world
+    _ = t.world
     return t
 
 

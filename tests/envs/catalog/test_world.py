@@ -1,4 +1,5 @@
-"""The generated catalog world: sizes, shape, ids, attributes, brands, recalls, cache, determinism."""
+"""The generated catalog world: sizes, shape, ids, attributes, brands, recalls, cache,
+determinism."""
 
 from __future__ import annotations
 
@@ -136,33 +137,37 @@ def test_attributes(world: CatalogWorld) -> None:
     for handle, a in world.attributes.items():
         assert isinstance(a, Attribute) and a.handle == handle
         assert len(a.values) >= 2 and len(set(a.values)) == len(a.values), handle
-    links = [l for c in world.categories.values() for l in c.attributes]
-    assert all(isinstance(l, AttributeLink) and l.handle in world.attributes for l in links)
+    links = [link for c in world.categories.values() for link in c.attributes]
+    assert all(
+        isinstance(link, AttributeLink) and link.handle in world.attributes for link in links
+    )
     mean = len(links) / len(world.categories)
     assert 2.5 <= mean <= 4.5, mean
     with_color = sum(
-        any(l.handle == "color" for l in c.attributes) for c in world.categories.values()
+        any(link.handle == "color" for link in c.attributes) for c in world.categories.values()
     )
     assert with_color / len(world.categories) > 0.4
     for cid in world.leaves:
         c = world.categories[cid]
-        handles = [l.handle for l in c.attributes]
+        handles = [link.handle for link in c.attributes]
         assert len(handles) == len(set(handles)), cid
-        assert any(l.required for l in c.attributes), f"leaf {cid} requires nothing"
+        assert any(link.required for link in c.attributes), f"leaf {cid} requires nothing"
 
 
 def test_attributes_inherit_down(world: CatalogWorld) -> None:
     for c in world.categories.values():
         if c.parent_id:
-            parent = {l.handle for l in world.categories[c.parent_id].attributes}
-            assert parent <= {l.handle for l in c.attributes}, c.id
+            parent = {link.handle for link in world.categories[c.parent_id].attributes}
+            assert parent <= {link.handle for link in c.attributes}, c.id
 
 
 def test_schema(world: CatalogWorld) -> None:
     leaf = world.leaves[0]
     schema = world.schema(leaf)
     assert schema and all(isinstance(a, Attribute) and isinstance(r, bool) for a, r in schema)
-    assert [a.handle for a, _ in schema] == [l.handle for l in world.categories[leaf].attributes]
+    assert [a.handle for a, _ in schema] == [
+        link.handle for link in world.categories[leaf].attributes
+    ]
 
 
 # -- brands, sellers, recalls --------------------------------------------------------------------
@@ -336,9 +341,9 @@ def test_generator_invariants_hold_for_any_seed(seed: int, codes: list[str]) -> 
             assert cats[c.parent_id].full_name + " > " + c.name == c.full_name
         names = [cats[k].name for k in c.children]
         assert len(names) == len(set(names))
-        assert all(l.handle in attrs for l in c.attributes)
+        assert all(link.handle in attrs for link in c.attributes)
         if c.is_leaf and c.attributes:
-            assert any(l.required for l in c.attributes)
+            assert any(link.required for link in c.attributes)
 
 
 def test_cold_build_sweeps_stale_temp_folders(tmp_path: Path) -> None:
