@@ -30,7 +30,8 @@ EpisodeReport = dict[str, Any]
 
 
 def resolve_twin(twin: Twin | str, **config: Any) -> Twin:
-    """``twin`` itself, or the registered twin called ``twin`` (e.g. ``"Returns"``) built with ``config``."""
+    """``twin`` itself, or the registered twin called ``twin`` (e.g. ``"Returns"``) built with
+    ``config``."""
     if isinstance(twin, Twin):
         if config:
             raise TypeError("pass config options only with a twin name, not with a Twin instance")

@@ -147,7 +147,9 @@ app = build_app(TWIN, api_key=os.environ.get("TWINRL_API_KEY") or None, **CONFIG
 
 def main() -> None:
     """Serve the twin (HOST and PORT from the flags or $HOST / $PORT)."""
-    parser = argparse.ArgumentParser(description=f"Serve the {{TWIN}} twin as an OpenEnv environment.")
+    parser = argparse.ArgumentParser(
+        description=f"Serve the {{TWIN}} twin as an OpenEnv environment."
+    )
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     ns = parser.parse_args()

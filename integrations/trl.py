@@ -107,7 +107,8 @@ class TwinTRLEnvironment:
 
 
 def _docstring(tool: Tool) -> str:
-    """The tool's description plus a Google-style ``Args:`` block (TRL builds the schema from it)."""
+    """The tool's description plus a Google-style ``Args:`` block (TRL builds the schema from
+    it)."""
     params = tool.schema["function"]["parameters"].get("properties", {})
     lines = [tool.description.strip()]
     if params:

@@ -61,7 +61,9 @@ class {cls}Harness(TwinHarness):
     """The in-process twin agent loop (the twin's own validation, tools and turn budget)."""
 
 
-def load_environment(split: str = "train", num_cases: int | None = None, **twin_options: Any) -> Any:
+def load_environment(
+    split: str = "train", num_cases: int | None = None, **twin_options: Any
+) -> Any:
     """The verifiers environment of the {twin} twin; every keyword is a twin option
     (``max_turns``, ``prompt_style``, ``seed``, ...), except ``env_config`` (EnvConfig fields)."""
     return _load_environment({twin_id!r}, split=split, num_cases=num_cases, taskset_id=ENV_ID,

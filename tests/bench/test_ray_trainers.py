@@ -1,4 +1,5 @@
-"""``twin bench trainer --backend ray``: the local report plus Ray's overhead per lot (runs faked)."""
+"""``twin bench trainer --backend ray``: the local report plus Ray's overhead per lot (runs
+faked)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,30 @@ from twin.errors import ConfigError
 
 
 def _history(n: int, step_s: float, k: int) -> list[dict[str, Any]]:
-    return [{
-        "step": i, "perf/step_s": step_s, "perf/sampled_tokens": 100.0, "perf/rollout_s": 1.0, "perf/learn_s": 1.0,
-        "perf/learner_s": 0.5, "async/sync_s": 0.1, "async/save_s": 0.03, "async/load_s": 0.07,
-        "async/rollout_idle_s": 0.5 * i, "async/rollout_wall_s": 2.0 * i, "async/learner_idle_s": 0.0,
-        "async/learner_wall_s": 2.0 * i, "async/queue_depth": 0.0, "async/staleness": float(min(i, k)),
-        "async/staleness_hist": {"0": i + 1}, "async/dropped_stale": 0.0, "async/logprob_mismatch": 1e-7,
-        "rewards/total": 0.1,
-    } for i in range(n)]  # fmt: skip
+    return [
+        {
+            "step": i,
+            "perf/step_s": step_s,
+            "perf/sampled_tokens": 100.0,
+            "perf/rollout_s": 1.0,
+            "perf/learn_s": 1.0,
+            "perf/learner_s": 0.5,
+            "async/sync_s": 0.1,
+            "async/save_s": 0.03,
+            "async/load_s": 0.07,
+            "async/rollout_idle_s": 0.5 * i,
+            "async/rollout_wall_s": 2.0 * i,
+            "async/learner_idle_s": 0.0,
+            "async/learner_wall_s": 2.0 * i,
+            "async/queue_depth": 0.0,
+            "async/staleness": float(min(i, k)),
+            "async/staleness_hist": {"0": i + 1},
+            "async/dropped_stale": 0.0,
+            "async/logprob_mismatch": 1e-7,
+            "rewards/total": 0.1,
+        }
+        for i in range(n)
+    ]
 
 
 def test_ray_backend_prints_the_ratios_and_the_overhead_per_lot(
@@ -28,9 +45,18 @@ def test_ray_backend_prints_the_ratios_and_the_overhead_per_lot(
 ) -> None:
     seen: list[tuple[str, str]] = []
 
-    def fake_run(overrides: list[str], run: trainers.BenchRun, steps: int, output_dir: Path, *, epochs: Any,
-                 warmup: int, on_calibrated: Any = None, backend: str = "local",
-                 transit: list[float] | None = None) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    def fake_run(
+        overrides: list[str],
+        run: trainers.BenchRun,
+        steps: int,
+        output_dir: Path,
+        *,
+        epochs: Any,
+        warmup: int,
+        on_calibrated: Any = None,
+        backend: str = "local",
+        transit: list[float] | None = None,
+    ) -> tuple[list[dict[str, Any]], int]:
         seen.append((run.name, backend))
         assert transit is not None
         transit.extend([0.010, 0.020, 0.030])

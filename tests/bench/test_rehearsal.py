@@ -39,8 +39,6 @@ SYNCED = 1e-4
 def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from transformers import AutoTokenizer
-
     from bench.rehearsal import (
         REHEARSAL_RECIPE,
         RehearsalTrainer,
@@ -48,8 +46,6 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(
         rehearsal_overrides,
     )
     from trainer.config import load_recipe
-    from trainer.renderer import load_chat_template
-    from trainer.vllm import VLLMServer
     from trainer.weight_sync import AdapterClient
     from trainer.workers import adapter_name
     from twin.store import RunStore
@@ -61,21 +57,10 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(
     # dynamic_sampling off: a random model scores every episode alike, and the recipe's dynamic
     # sampling would drop every group, so the learner would never step
     overrides = rehearsal_overrides(model, tmp_path / "run", steps=STEPS, dynamic_sampling=False)
-    # the token record is checked below: keep it in the store (training runs leave it out by default)
+    # the token record is checked below: keep it in the store (training runs leave it out by
+    # default)
     cfg = load_recipe(REHEARSAL_RECIPE, [*overrides, "train.store=true", "train.store_tokens=full"])
-    # the rehearsal is the shipped recipe: the same twin, algorithm, sampler kind and async settings
-    assert cfg.twin == shipped.twin and cfg.sampler.kind == "vllm" and cfg.async_ == shipped.async_
-    assert cfg.model.chat_template is None  # the model's own template, as with Qwen3-8B
-    for key in (
-        "advantage",
-        "loss_aggregation",
-        "eps_low",
-        "eps_high",
-        "tis_cap",
-        "max_refill_rounds",
-    ):
-        assert getattr(cfg.algorithm, key) == getattr(shipped.algorithm, key), key
-    assert cfg.optim == shipped.optim
+    _assert_the_shipped_recipe(cfg, shipped)
 
     loads: list[str] = []
     real_load = AdapterClient.load
@@ -87,16 +72,15 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(
 
     monkeypatch.setattr(AdapterClient, "load", load)
 
-    trainer = RehearsalTrainer(
-        cfg
-    )  # each adapter moves: flat rewards alone would leave it at B = 0
+    trainer = RehearsalTrainer(cfg)  # each adapter moves: flat rewards alone would leave B = 0
     try:
         trainer.setup()
         history = trainer.train()
     finally:
         trainer.cleanup()
 
-    # the sampler never died (the trainer would have restarted it and gone on; here that is a failure)
+    # the sampler never died (the trainer would have restarted it and gone on; here that is a
+    # failure)
     assert trainer.restarts == 0, _vllm_errors(tmp_path / "run" / "vllm.log")
     # the adapters really moved (else the mismatch check below could not tell them apart)
     assert any(
@@ -113,28 +97,62 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(
     checked = [r["async/logprob_mismatch"] for r in history if r["async/checks"]]
     assert checked and all(math.isfinite(m) and m < SYNCED for m in checked), checked
 
-    # episodes rendered with the qwen3 template: each opening is the template's own rendering, and
-    # its history rewrite (the last turn's empty <think> block dropped) hit the append-only rule
+    # episodes rendered with the qwen3 template
+    trajs = RunStore(tmp_path / "runs.db").episodes(trainer.run_id)
+    assert len(trajs) >= STEPS * cfg.algorithm.groups_per_step * cfg.algorithm.group_size
+    _assert_qwen3_openings(trajs, model, cfg)
+    _assert_within_the_context(trajs, model, cfg, tmp_path / "run" / "vllm.log")
+
+
+def _assert_the_shipped_recipe(cfg: Any, shipped: Any) -> None:
+    """The rehearsal is the shipped recipe: the same twin, algorithm, sampler kind and async
+    settings."""
+    assert cfg.twin == shipped.twin and cfg.sampler.kind == "vllm" and cfg.async_ == shipped.async_
+    assert cfg.model.chat_template is None  # the model's own template, as with Qwen3-8B
+    for key in (
+        "advantage",
+        "loss_aggregation",
+        "eps_low",
+        "eps_high",
+        "tis_cap",
+        "max_refill_rounds",
+    ):
+        assert getattr(cfg.algorithm, key) == getattr(shipped.algorithm, key), key
+    assert cfg.optim == shipped.optim
+
+
+def _assert_qwen3_openings(trajs: list[Any], model: Any, cfg: Any) -> None:
+    """Each opening is the qwen3 template's own rendering, and its history rewrite (the last
+    turn's empty <think> block dropped) hit the append-only rule."""
+    from transformers import AutoTokenizer
+
+    from trainer.renderer import load_chat_template
+
     tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
     qwen3 = load_chat_template("qwen3")
     assert tokenizer.chat_template == qwen3
-    trajs = RunStore(tmp_path / "runs.db").episodes(trainer.run_id)
-    assert len(trajs) >= STEPS * cfg.algorithm.groups_per_step * cfg.algorithm.group_size
     opening_ok = 0
     for t in trajs:
         first = t.token_turns[0]
         opening = [m for m in t.messages[:2] if m["role"] in ("system", "user")]
         text = tokenizer.apply_chat_template(
-            opening, tools=t.info.get("tools") or _tools(cfg), add_generation_prompt=True, tokenize=False,
+            opening,
+            tools=t.info.get("tools") or _tools(cfg),
+            add_generation_prompt=True,
+            tokenize=False,
             chat_template=qwen3,
-        )  # fmt: skip
+        )
         opening_ok += first.prompt_ids == tokenizer.encode(text, add_special_tokens=False)
     assert opening_ok == len(trajs)
     multi = [t for t in trajs if len(t.token_turns) >= 2]
     assert multi and all(t.info["renderer"].get("prefix_breaks", 0) >= 1 for t in multi)
 
-    # no request exceeded the context: vLLM's max_model_len is the episode budget, no episode went
-    # past it, and vLLM refused nothing (a refusal would also have failed the run)
+
+def _assert_within_the_context(trajs: list[Any], model: Any, cfg: Any, log: Path) -> None:
+    """No request exceeded the context: vLLM's max_model_len is the episode budget, no episode
+    went past it, and vLLM refused nothing (a refusal would also have failed the run)."""
+    from trainer.vllm import VLLMServer
+
     context = VLLMServer.from_recipe(cfg, model=model, python=PYTHON).max_model_len
     assert context == cfg.sampler.max_episode_tokens
     for t in trajs:
@@ -144,7 +162,7 @@ def test_9b_recipe_rehearsal_with_a_small_qwen3_through_vllm(
             assert sent <= context, (t.case_id, sent)
     # the limit was met, not avoided: episodes ran into it and ended overlong (and scored)
     assert any(t.info["overlong"] for t in trajs)
-    vllm_log = (tmp_path / "run" / "vllm.log").read_text(errors="replace")
+    vllm_log = log.read_text(errors="replace")
     assert "maximum context length" not in vllm_log and " 400 Bad Request" not in vllm_log
 
 

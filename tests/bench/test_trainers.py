@@ -24,14 +24,29 @@ def _history(
     rows = []
     for i in range(n):
         hist = {"0": i + 1} if k == 0 else {"0": 1, "1": i}
-        rows.append({
-            "step": i, "perf/step_s": step_s, "perf/sampled_tokens": 100.0, "perf/rollout_s": rollout_s,
-            "perf/learn_s": learn_s, "perf/learner_s": learn_s / 2, "async/sync_s": 0.1, "async/save_s": 0.03,
-            "async/load_s": 0.07, "async/rollout_idle_s": 0.5 * i, "async/rollout_wall_s": 2.0 * i,
-            "async/learner_idle_s": 0.0, "async/learner_wall_s": 2.0 * i, "async/queue_depth": float(i % 2),
-            "async/staleness": float(min(i, k)), "async/staleness_hist": hist, "async/dropped_stale": 0.0,
-            "async/logprob_mismatch": 1e-7, "rewards/total": 0.1,
-        })  # fmt: skip
+        rows.append(
+            {
+                "step": i,
+                "perf/step_s": step_s,
+                "perf/sampled_tokens": 100.0,
+                "perf/rollout_s": rollout_s,
+                "perf/learn_s": learn_s,
+                "perf/learner_s": learn_s / 2,
+                "async/sync_s": 0.1,
+                "async/save_s": 0.03,
+                "async/load_s": 0.07,
+                "async/rollout_idle_s": 0.5 * i,
+                "async/rollout_wall_s": 2.0 * i,
+                "async/learner_idle_s": 0.0,
+                "async/learner_wall_s": 2.0 * i,
+                "async/queue_depth": float(i % 2),
+                "async/staleness": float(min(i, k)),
+                "async/staleness_hist": hist,
+                "async/dropped_stale": 0.0,
+                "async/logprob_mismatch": 1e-7,
+                "rewards/total": 0.1,
+            }
+        )
     return rows
 
 
@@ -43,7 +58,8 @@ def test_summary_windows_the_cumulative_counters() -> None:
         and s["tokens_per_s"] == pytest.approx(50.0)
     )
     assert s["rollout_idle_frac"] == pytest.approx(0.25) and s["learner_idle_frac"] == 0.0
-    # cumulative {0: 1, 1: 4} at the end minus {0: 1, 1: 1} after the warm-up: 3 lots one version old
+    # cumulative {0: 1, 1: 4} at the end minus {0: 1, 1: 1} after the warm-up: 3 lots one version
+    # old
     assert s["staleness_hist"] == {"1": 3}
     assert s["queue_depth_max"] == 1.0 and s["queue_depth"] == pytest.approx(1 / 3)
     assert s["save_s"] == pytest.approx(0.03) and s["load_s"] == pytest.approx(0.07)
@@ -63,8 +79,10 @@ def test_summary_mismatch_skips_steps_without_a_completed_check() -> None:
 
 
 @given(
-    rollout=st.floats(0.01, 100.0), other=st.floats(0.0, 1.0), pass_s=st.floats(0.001, 10.0),
-)  # fmt: skip
+    rollout=st.floats(0.01, 100.0),
+    other=st.floats(0.0, 1.0),
+    pass_s=st.floats(0.001, 10.0),
+)
 def test_calibration_balances_the_learner_side_against_the_rollout_side(
     rollout: float, other: float, pass_s: float
 ) -> None:
@@ -82,8 +100,14 @@ def test_calibration_without_a_measured_pass_keeps_one() -> None:
 
 def test_balance_splits_a_synchronous_step_between_the_sides() -> None:
     # k=0: the learner waited 1.2 s for the lot, then was busy 0.8 s (2 passes of 0.25 s + 0.3 s)
-    record = {"perf/step_s": 2.0, "async/learner_wait_s": 1.2, "async/load_s": 0.1, "perf/learner_s": 0.25,
-              "perf/rollout_s": 1.0, "async/sync_s": 0.15}  # fmt: skip
+    record = {
+        "perf/step_s": 2.0,
+        "async/learner_wait_s": 1.2,
+        "async/load_s": 0.1,
+        "perf/learner_s": 0.25,
+        "perf/rollout_s": 1.0,
+        "async/sync_s": 0.15,
+    }
     b = trainers.balance_of(record, epochs=2)
     assert b["rollout_side_s"] == pytest.approx(1.3) and b["learner_side_s"] == pytest.approx(0.8)
     assert b["learner_other_s"] == pytest.approx(0.3)
@@ -152,12 +176,30 @@ def test_main_reports_the_ratio_against_the_faster_baseline(
     step_s = {"k0_pinned": 2.5, "k1_pinned": 1.25, "k0_shared": 2.0}
     calls: list[tuple[str, int | None]] = []
 
-    def fake_run(overrides: list[str], run: trainers.BenchRun, steps: int, output_dir: Path, *, epochs: int | None,
-                 warmup: int, on_calibrated: Any = None) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    def fake_run(
+        overrides: list[str],
+        run: trainers.BenchRun,
+        steps: int,
+        output_dir: Path,
+        *,
+        epochs: int | None,
+        warmup: int,
+        on_calibrated: Any = None,
+    ) -> tuple[list[dict[str, Any]], int]:
         calls.append((run.name, epochs))
         if epochs is None and on_calibrated is not None:
-            on_calibrated({"rollout_s": 1.0, "rollout_side_s": 1.2, "learner_side_s": 0.8, "learner_other_s": 0.3,
-                           "pass_s": 0.3, "sync_s": 0.1, "load_s": 0.05, "epochs": 3.0})  # fmt: skip
+            on_calibrated(
+                {
+                    "rollout_s": 1.0,
+                    "rollout_side_s": 1.2,
+                    "learner_side_s": 0.8,
+                    "learner_other_s": 0.3,
+                    "pass_s": 0.3,
+                    "sync_s": 0.1,
+                    "load_s": 0.05,
+                    "epochs": 3.0,
+                }
+            )
         return _history(steps, step_s[run.name], k=run.k), epochs or 3
 
     monkeypatch.setattr(trainers, "_run", fake_run)

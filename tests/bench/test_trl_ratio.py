@@ -41,9 +41,14 @@ def test_bench_prints_both_figures_and_ratio(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out_json = tmp_path / "trl.json"
     rc = trl_ratio.main(
-        steps=1, warmup=1, prompts=2, group=2, max_tokens=4,
-        json=str(out_json), output_dir=str(tmp_path / "runs"),
-    )  # fmt: skip
+        steps=1,
+        warmup=1,
+        prompts=2,
+        group=2,
+        max_tokens=4,
+        json=str(out_json),
+        output_dir=str(tmp_path / "runs"),
+    )
     text = capsys.readouterr().out
     assert rc == 0
     number = r"(\d+\.\d+)"

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _calls(twin, split: str, index: int) -> list[tuple[str, dict]]:
-    """A right answer to the case, as a harness that knew it would play it (the agent never does)."""
+    """A right answer to the case, as a harness that knew it would play it (the agent never
+    does)."""
     truth = twin.case(split, index).truth
     return [
         ("search_taxonomy", {"query": "electrical boxes", "limit": 3}),
@@ -145,7 +146,7 @@ def test_streamable_http_plays_a_catalog_episode_and_reads_the_reward(env):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise AssertionError(
                         proc.stdout.read().decode() if proc.stdout else "no output"
-                    )
+                    ) from None
                 time.sleep(0.2)
 
         async def main() -> dict:
@@ -255,12 +256,17 @@ def test_sessions_past_the_cap_are_refused_and_idle_ones_expire_with_a_clear_err
                     await third.list_tools()
             report = json.loads((await first.read_resource(EPISODE_URI)).contents[0].text)
             assert report["case_id"] == "Catalog/test/1"  # the live victim kept its case
-            await anyio.sleep(1.3)  # past the idle timeout
+            now[0] += 1.3  # past the idle timeout
             with pytest.raises(Exception) as gone:
                 await first.call_tool("search_taxonomy", {"query": "boxes"})
             return _messages(full.value), _messages(gone.value)
 
     app = build_app("Catalog", max_sessions=2, idle_timeout_s=1.0)
+    # the sessions' clock is the test's: a slow machine cannot expire them early; the SDK's own
+    # transport expiry (wall-clock) is pushed out of the way, the gate's is what is tested
+    now = [0.0]
+    app.server.twin_sessions._clock = lambda: now[0]
+    app.server.session_manager.session_idle_timeout = 3600.0
     with _http_server(app) as url:
         full, gone = anyio.run(main, url)
     assert "already holds 2 MCP sessions" in full

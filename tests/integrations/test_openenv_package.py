@@ -13,6 +13,7 @@ import textwrap
 import time
 import venv
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -64,6 +65,31 @@ def test_generated_package_validates_and_its_openenv_only_client_plays(tmp_path)
     pytest.importorskip(
         "openenv.core", reason="openenv-core is not installed: pip install 'twinrl[openenv]'"
     )
+    lean = _lean_venv(tmp_path)
+    py = lean / "bin" / "python"
+    env = dict(
+        os.environ,
+        PATH=f"{lean / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT),
+        TWINRL_CACHE=str(tmp_path / "cache"),
+    )
+    package = tmp_path / "catalog_env"
+    _init_and_validate(package, env, lean)
+    twin = make_twin("Catalog")
+    play = _serve_and_play(package, env, py, twin)
+    assert play.returncode == 0, play.stderr[-3000:]
+    out = json.loads(play.stdout.strip().splitlines()[-1])
+    episode = ToolCallEpisode(twin)
+    episode.reset("test", 0)
+    for name, args in _calls(twin):
+        episode.call(name, args)
+    assert out["tools"] == [t.name for t in twin.tools] and out["done"]
+    assert out["reward"] == pytest.approx(episode.final_reward()) and not out["twinrl"]
+    assert sum(out["terms"].values()) == pytest.approx(out["reward"])
+
+
+def _lean_venv(tmp_path: Path) -> Path:
+    """A venv with openenv-core (the version twinrl runs) and uv only."""
     from importlib.metadata import version
 
     lean = tmp_path / "lean"
@@ -87,13 +113,11 @@ def test_generated_package_validates_and_its_openenv_only_client_plays(tmp_path)
         )
     )
     assert pip.returncode == 0, pip.stderr[-3000:]
-    env = dict(
-        os.environ,
-        PATH=f"{lean / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        PYTHONPATH=str(ROOT),
-        TWINRL_CACHE=str(tmp_path / "cache"),
-    )
-    package = tmp_path / "catalog_env"
+    return lean
+
+
+def _init_and_validate(package: Path, env: dict[str, str], lean: Path) -> None:
+    """``twin openenv init`` writes the package; OpenEnv's own ``openenv validate`` passes it."""
     init = subprocess.run(
         [
             sys.executable,
@@ -123,6 +147,11 @@ def test_generated_package_validates_and_its_openenv_only_client_plays(tmp_path)
     )
     assert check.returncode == 0 and "[OK]" in check.stdout, check.stdout + check.stderr
 
+
+def _serve_and_play(
+    package: Path, env: dict[str, str], py: Path, twin: Any
+) -> subprocess.CompletedProcess[str]:
+    """Serve the twin, and play one episode with the package's client under the lean venv."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -142,13 +171,12 @@ def test_generated_package_validates_and_its_openenv_only_client_plays(tmp_path)
                 pass
             assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.3)
-        twin = make_twin("Catalog")
         play = subprocess.run(
             [
                 str(py),
                 "-c",
                 _PLAY,
-                str(tmp_path),
+                str(package.parent),
                 package.name,
                 f"http://127.0.0.1:{port}",
                 json.dumps(_calls(twin)),
@@ -162,12 +190,4 @@ def test_generated_package_validates_and_its_openenv_only_client_plays(tmp_path)
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert play.returncode == 0, play.stderr[-3000:]
-    out = json.loads(play.stdout.strip().splitlines()[-1])
-    episode = ToolCallEpisode(twin)
-    episode.reset("test", 0)
-    for name, args in _calls(twin):
-        episode.call(name, args)
-    assert out["tools"] == [t.name for t in twin.tools] and out["done"]
-    assert out["reward"] == pytest.approx(episode.final_reward()) and not out["twinrl"]
-    assert sum(out["terms"].values()) == pytest.approx(out["reward"])
+    return play

@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 REPLAY = [
     (
-        'I will look it up. <tool_call>{"name": "lookup_order", "arguments": {"order_id": "R-10273"}}'
+        'I will look it up. <tool_call>{"name": "lookup_order", "arguments": {"order_id": '
+        '"R-10273"}}'
         "</tool_call>"
     ),
     {

@@ -1,4 +1,5 @@
-"""A twin inside TRL: ``GRPOTrainer(environment_factory=...)`` trains on the Returns twin (CPU, tiny model)."""
+"""A twin inside TRL: ``GRPOTrainer(environment_factory=...)`` trains on the Returns twin (CPU,
+tiny model)."""
 
 from __future__ import annotations
 
@@ -84,16 +85,34 @@ def test_grpo_trainer_two_steps_logs_the_twins_reward(tmp_path, monkeypatch):
     for p in model.parameters():
         p.requires_grad_(True)
     args = GRPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, fp16=False, seed=0, max_steps=2,
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=12,
-        max_tool_calling_iterations=2, learning_rate=1e-3, beta=0.0, logging_steps=1,
-        report_to=[], save_strategy="no", disable_tqdm=True, use_vllm=False, shuffle_dataset=False,
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=0,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=12,
+        max_tool_calling_iterations=2,
+        learning_rate=1e-3,
+        beta=0.0,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        use_vllm=False,
+        shuffle_dataset=False,
         reward_weights=weights,
-    )  # fmt: skip
+    )
     trainer = GRPOTrainer(
-        model=model, args=args, train_dataset=trl_dataset(twin, split="train", n=8),
-        processing_class=tokenizer, environment_factory=ReturnsEnv, reward_funcs=reward_funcs,
-    )  # fmt: skip
+        model=model,
+        args=args,
+        train_dataset=trl_dataset(twin, split="train", n=8),
+        processing_class=tokenizer,
+        environment_factory=ReturnsEnv,
+        reward_funcs=reward_funcs,
+    )
     trainer.train()
 
     logs = [r for r in trainer.state.log_history if "rewards/ReturnsEnv/mean" in r]

@@ -27,10 +27,10 @@ pytest.importorskip(
     "verifiers.v1", reason="verifiers not installed: pip install 'twinrl[verifiers]'"
 )
 
-from integrations.verifiers_package import write_package
-from twin.evaluation import evaluate
-from twin.policies import ReplayPolicy
-from twin.registry import make_twin
+from integrations.verifiers_package import write_package  # noqa: E402 - after the skip
+from twin.evaluation import evaluate  # noqa: E402
+from twin.policies import ReplayPolicy  # noqa: E402
+from twin.registry import make_twin  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = 3
@@ -91,6 +91,48 @@ _VF_EVAL = "import sys; from verifiers.v1.cli.eval.main import main; sys.exit(ma
 def test_package_installs_in_a_fresh_venv_and_vf_eval_runs_it_offline(tmp_path):
     package = write_package("Returns", tmp_path / "twinrl-returns")
     fresh = tmp_path / "venv"
+    py = _install_in_fresh_venv(package, fresh)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "FAKE_OPENAI_KEY": "not-a-secret",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TWINRL_CACHE": str(tmp_path / "cache"),
+    }
+    run = _vf_eval_against_a_fake_server(py, env, tmp_path)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    (traces,) = (tmp_path / "out").glob("*/traces.jsonl")
+    got = {}
+    for line in traces.read_text().splitlines():
+        record = json.loads(line)
+        assert record["ok"], record["errors"]
+        (trace,) = (
+            record["traces"] if isinstance(record["traces"], list) else record["traces"].values()
+        )
+        data = record["task"]["data"]
+        assert data["twin_config"] == {"max_turns": 2}
+        got[data["case_id"]] = trace["metrics"]["twin/total"]
+    twin = make_twin("returns", max_turns=2)
+    expected = evaluate(
+        twin, ReplayPolicy(TURNS), [("test", i) for i in range(CASES)], progress=False
+    )
+    want = {g.trajectories[0].case_id: g.trajectories[0].reward for g in expected.groups}
+    assert got == pytest.approx(want)
+    where = subprocess.run(
+        [str(py), "-c", "import twinrl_returns; print(twinrl_returns.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert where.stdout.strip().startswith(str(fresh))  # the installed package, not a checkout
+    assert sys.executable != str(py)
+
+
+def _install_in_fresh_venv(package: Path, fresh: Path) -> Path:
+    """The package and twinrl (no deps; this interpreter's site-packages on the path) in a fresh
+    venv; returns its python."""
     venv.create(fresh, with_pip=True)
     py = fresh / "bin" / "python"
     site = subprocess.run(
@@ -109,17 +151,17 @@ def test_package_installs_in_a_fresh_venv_and_vf_eval_runs_it_offline(tmp_path):
     )
     assert pip.returncode == 0, pip.stderr[-3000:]
 
+    return py
+
+
+def _vf_eval_against_a_fake_server(
+    py: Path, env: dict[str, str], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """``vf-eval`` of the installed taskset, its model a local fake OpenAI server that replays
+    the turns."""
     FakeOpenAI.requests = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "FAKE_OPENAI_KEY": "not-a-secret",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TWINRL_CACHE": str(tmp_path / "cache"),
-    }
     try:
         run = subprocess.run(
             [
@@ -158,30 +200,4 @@ def test_package_installs_in_a_fresh_venv_and_vf_eval_runs_it_offline(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    (traces,) = (tmp_path / "out").glob("*/traces.jsonl")
-    got = {}
-    for line in traces.read_text().splitlines():
-        record = json.loads(line)
-        assert record["ok"], record["errors"]
-        (trace,) = (
-            record["traces"] if isinstance(record["traces"], list) else record["traces"].values()
-        )
-        data = record["task"]["data"]
-        assert data["twin_config"] == {"max_turns": 2}
-        got[data["case_id"]] = trace["metrics"]["twin/total"]
-    twin = make_twin("returns", max_turns=2)
-    expected = evaluate(
-        twin, ReplayPolicy(TURNS), [("test", i) for i in range(CASES)], progress=False
-    )
-    want = {g.trajectories[0].case_id: g.trajectories[0].reward for g in expected.groups}
-    assert got == pytest.approx(want)
-    where = subprocess.run(
-        [str(py), "-c", "import twinrl_returns; print(twinrl_returns.__file__)"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    assert where.stdout.strip().startswith(str(fresh))  # the installed package, not a checkout
-    assert sys.executable != str(py)
+    return run

@@ -108,7 +108,8 @@ def test_category_credit_is_bounded_and_symmetric(a, b):
     assert (c == 1.0) == (a == b)
 
 
-# -- F1 -----------------------------------------------------------------------------------------------
+# -- F1
+# -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("truth", "sub", "expected"),
     [
@@ -134,7 +135,8 @@ def test_set_f1_and_normalize():
     assert normalize_value("  Mixed Case ") == "mixed case"
 
 
-# -- shaping -------------------------------------------------------------------------------------------
+# -- shaping
+# -------------------------------------------------------------------------------------------
 def test_invalid_call_penalty_and_cap():
     p = invalid_call_penalty(0.01, cap=0.05)
     assert [p.amount(T(invalid_calls=n), CASE) for n in (0, 1, 3, 5, 9)] == pytest.approx(

@@ -112,16 +112,27 @@ def test_collect_groups_scores_each_group_with_the_judge_once_per_step() -> None
     twin = _toy_with_group_term(judge, max_turns=1)
     settings = RolloutSettings(max_new_tokens=12, max_episode_tokens=600)
     groups = collect_groups(
-        twin, [("train", 0), ("train", 1)], HFSampler(model, tok), lambda tools: Renderer(tok, tools),
-        group_size=4, settings=settings, seed=0,
-    )  # fmt: skip
+        twin,
+        [("train", 0), ("train", 1)],
+        HFSampler(model, tok),
+        lambda tools: Renderer(tok, tools),
+        group_size=4,
+        settings=settings,
+        seed=0,
+    )
     assert judge.steps == 1 and judge.requests == 2  # one budget step, one request per group
     told_apart = [_assert_ranked_by_the_judge(g.trajectories) for g in groups]
     assert any(told_apart)
     collect_groups(
-        twin, [("train", 2)], HFSampler(model, tok), lambda tools: Renderer(tok, tools),
-        group_size=2, settings=settings, seed=1, new_judge_step=False,
-    )  # fmt: skip
+        twin,
+        [("train", 2)],
+        HFSampler(model, tok),
+        lambda tools: Renderer(tok, tools),
+        group_size=2,
+        settings=settings,
+        seed=1,
+        new_judge_step=False,
+    )
     assert judge.steps == 1 and judge.requests == 3  # a refill round stays in its step
 
 
@@ -171,17 +182,29 @@ def test_a_grpo_step_trains_on_the_group_scored_rewards(tmp_path) -> None:
     from trainer.runtime import build_learner, learn_from_groups, make_batch
     from trainer.samplers import HFSampler
 
-    cfg = load_recipe("toy-cpu", [
-        f"train.output_dir={tmp_path}", "algorithm.group_size=4", "algorithm.groups_per_step=2",
-        "algorithm.dynamic_sampling=false", "sampler.max_new_tokens=12",
-    ])  # fmt: skip
+    cfg = load_recipe(
+        "toy-cpu",
+        [
+            f"train.output_dir={tmp_path}",
+            "algorithm.group_size=4",
+            "algorithm.groups_per_step=2",
+            "algorithm.dynamic_sampling=false",
+            "sampler.max_new_tokens=12",
+        ],
+    )
     learner, tok = build_learner(cfg, "tiny", temperature=cfg.sampler.temperature)
     judge = RankingJudge()
     twin = _toy_with_group_term(judge, max_turns=1)
     step = sample_step(
-        cfg, twin, lambda n: [("train", i) for i in range(n)], HFSampler(learner.model, tok),
-        lambda tools: Renderer(tok, tools), rollout_settings(cfg), seed_key=("test",), policy_version=0,
-    )  # fmt: skip
+        cfg,
+        twin,
+        lambda n: [("train", i) for i in range(n)],
+        HFSampler(learner.model, tok),
+        lambda tools: Renderer(tok, tools),
+        rollout_settings(cfg),
+        seed_key=("test",),
+        policy_version=0,
+    )
     assert judge.steps == 1 and judge.requests == 2
     groups = step.kept_groups
     assert any(_assert_ranked_by_the_judge(g.trajectories) for g in groups)

@@ -92,7 +92,10 @@ def _rollout_file(path: Path, judge_section: str, answers: dict[str, str] | None
         if answers and name in answers:
             case["judge_answers"] = [answers[name]]
         cases.append(case)
-    text = f"twin: CatalogJudge\nconfig: {{reason_judge: 'openai:judge'}}\n{judge_section}\ncases: {json.dumps(cases)}\n"
+    text = (
+        f"twin: CatalogJudge\nconfig: {{reason_judge: "
+        f"'openai:judge'}}\n{judge_section}\ncases: {json.dumps(cases)}\n"
+    )
     path.write_text(text)
     return path
 

@@ -80,7 +80,12 @@ def test_turns_are_replayed_and_scored_with_the_file_truth(toy, tmp_path):
             turns:
               - '{call("peek", n=1)}'
               - 'thinking out loud, no call'
-              - {{role: assistant, content: null, tool_calls: [{{id: c1, type: function, function: {{name: submit, arguments: '{{"answer": 42}}'}}}}]}}
+              - role: assistant
+                content: null
+                tool_calls:
+                  - id: c1
+                    type: function
+                    function: {{name: submit, arguments: '{{"answer": 42}}'}}
             expect: {{total: 0.9, components: {{right: 1, penalty: 0.1}}}}
           - name: bad arguments then no submit
             truth: {{answer: 3}}

@@ -114,7 +114,8 @@ def test_glob_patterns_and_missing_files(tmp_path, capsys):
             "exactly one of `submit:`",
         ),
         (
-            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, turns: [hi], expect: {total: 1}}\n",
+            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, turns: [hi], expect: {total: "
+            "1}}\n",
             "exactly one",
         ),
         (
@@ -122,11 +123,13 @@ def test_glob_patterns_and_missing_files(tmp_path, capsys):
             "total and/or components",
         ),
         (
-            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 'import os'}}\n",
+            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 'import "
+            "os'}}\n",
             "arithmetic",
         ),
         (
-            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 1}, typo: 1}\n",
+            "twin: X\ncases:\n  - {name: a, truth: {}, submit: null, expect: {total: 1}, typo: "
+            "1}\n",
             r"cases.0 \('a'\).typo",
         ),
         ("twin: [unclosed\n", "not valid YAML"),
@@ -203,7 +206,9 @@ def test_rewards_of_registered_twins_load_without_the_flag(tmp_path):
             truth: {decision: refund, amount: 25.0, reason: changed_mind}
             task: {order_id: R-1}
             submit: {order_id: R-1, decision: refund, amount: 25.0, reason: policy}
-            expect: {total: 0.9, components: {correct_decision: 1, correct_amount: 1, checked_order: 0}}
+            expect:
+              total: 0.9
+              components: {correct_decision: 1, correct_amount: 1, checked_order: 0}
         """,
     )
     (outcome,) = run_rollout_file(p)
@@ -407,13 +412,16 @@ def test_the_report_survives_surrogates_escapes_and_huge_names(tmp_path):
     code = (
         "import sys; from rewards.testing import cli_main, register_reward\n"
         "from envs.catalog.reward import make_catalog_reward\n"
-        f"register_reward('KitCatalog', lambda: make_catalog_reward({sorted(IDS)!r}.__contains__), override=True)\n"
-        "sys.exit(cli_main(sys.argv[1:]))\n"
+        f"register_reward('KitCatalog', lambda: make_catalog_reward({sorted(IDS)!r}.__contains__), "
+        "override=True)\nsys.exit(cli_main(sys.argv[1:]))\n"
     )
     run = subprocess.run(
-        [sys.executable, "-c", code, str(odd), str(huge), str(good)], capture_output=True, timeout=120,
-        cwd=ROOT, env={**os.environ, "PYTHONIOENCODING": "utf-8"},
-    )  # fmt: skip
+        [sys.executable, "-c", code, str(odd), str(huge), str(good)],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
     out = run.stdout.decode("utf-8")
     assert run.returncode == 1, run.stderr.decode()[-2000:]
     assert "Traceback" not in out + run.stderr.decode()

@@ -105,14 +105,39 @@ def _record(monkeypatch, spec: str, result: Any = 0) -> list[dict[str, Any]]:
 def test_bench_trainer_options_reach_the_function(monkeypatch, tmp_path):
     calls = _record(monkeypatch, "bench.trainers:main")
     out = tmp_path / "b.json"
-    args = ["bench", "trainer", "--steps", "3", "--set", "a.b=1", "--set", "c=2", "--k0-threads", "1",
-            "--backend", "ray", "--json", str(out), "--epochs", "2"]  # fmt: skip
+    args = [
+        "bench",
+        "trainer",
+        "--steps",
+        "3",
+        "--set",
+        "a.b=1",
+        "--set",
+        "c=2",
+        "--k0-threads",
+        "1",
+        "--backend",
+        "ray",
+        "--json",
+        str(out),
+        "--epochs",
+        "2",
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert calls == [{
-        "args": (), "steps": 3, "warmup": 4, "set": ["a.b=1", "c=2"], "json": str(out), "output_dir": None,
-        "epochs": 2, "k0_threads": "1", "backend": "ray",
-    }]  # fmt: skip
+    assert calls == [
+        {
+            "args": (),
+            "steps": 3,
+            "warmup": 4,
+            "set": ["a.b=1", "c=2"],
+            "json": str(out),
+            "output_dir": None,
+            "epochs": 2,
+            "k0_threads": "1",
+            "backend": "ray",
+        }
+    ]
 
 
 def test_bench_trl_and_catalog_options_reach_their_functions(monkeypatch):
@@ -141,8 +166,18 @@ def test_bench_trl_and_catalog_options_reach_their_functions(monkeypatch):
 
 def test_bench_openenv_parses_transports_and_arguments(monkeypatch):
     calls = _record(monkeypatch, "bench.openenv_latency:step_latency", result={"ws": {}})
-    args = ["bench", "openenv", "--transports", "ws", "--arguments", '{"query": "boxes", "limit": 2}',
-            "--steps", "7", "--twin", "Returns"]  # fmt: skip
+    args = [
+        "bench",
+        "openenv",
+        "--transports",
+        "ws",
+        "--arguments",
+        '{"query": "boxes", "limit": 2}',
+        "--steps",
+        "7",
+        "--twin",
+        "Returns",
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert calls[0]["transports"] == ("ws",)
@@ -206,8 +241,13 @@ def test_a_twinrl_error_in_the_target_is_one_line(monkeypatch):
     ],
 )
 def test_a_bad_option_value_is_one_line_saying_what_is_allowed(monkeypatch, args, allowed):
-    for spec in ("bench.trainers:main", "bench.trl_ratio:main", "bench.catalog:main",
-                 "bench.openenv_latency:step_latency", "envs.catalog.demo:main"):  # fmt: skip
+    for spec in (
+        "bench.trainers:main",
+        "bench.trl_ratio:main",
+        "bench.catalog:main",
+        "bench.openenv_latency:step_latency",
+        "envs.catalog.demo:main",
+    ):
         _record(monkeypatch, spec)  # nothing may run: the value is refused while parsing
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
