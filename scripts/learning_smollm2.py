@@ -144,12 +144,13 @@ BASE_ROWS = (
     ("sft", "SmolLM2 after SFT"),
 )
 VERDICTS = ("ok", "counterfeit", "prohibited")
-#: The v2 chain: the references, then zero-shot, SFT, GRPO seed 0, its placebo control (seed 0,
-#: advantages shuffled), GRPO seed 1, each scored on the same test cases; then the natural mix.
+#: The v2 chain: the references, zero-shot, the teacher's demonstrations, SFT, GRPO seed 0, its
+#: placebo control (seed 0, advantages shuffled), GRPO seed 1, each model scored on the same test
+#: cases; then the natural mix.
 V2_STAGES = (
     "refs",
-    "collect",
     "zeroshot",
+    "collect",
     "sft",
     "sft_eval",
     "grpo",
@@ -361,7 +362,7 @@ def episode_row(t: Any, truth: dict[str, Any]) -> dict[str, Any]:
     (``none``: no accepted submit); v2 rows add the document asked for and the one due."""
     turns = [m for m in t.messages if m.get("role") == "assistant"]
     sub = t.submission or {}
-    key = "verdict" if "verdict" in truth else "decision"
+    key = "decision" if "decision" in truth else "verdict"
     row = {
         "case_id": t.case_id,
         "index": t.index,

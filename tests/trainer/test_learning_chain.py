@@ -161,3 +161,16 @@ def test_v2_flag_figures_count_misses_and_false_alarms_per_1000(chain: Any) -> N
     assert (f["misses_per_1000"], f["false_alarms_per_1000"]) == (500, 250)
     assert f["cost_per_1000"] == pytest.approx(1000 * (6 + 5.5 + 2 + 1.5) / 4)
     assert (f["precision"], f["recall"]) == (0.5, pytest.approx(1 / 3))
+
+
+def test_v2_episode_rows_read_the_decision_and_the_document(chain: Any) -> None:
+    from twin.trajectory import Trajectory
+
+    t = Trajectory(twin="Catalog", case_id="Catalog/test/3", split="test", index=3)
+    t.submission = {"decision": " Escalate", "request": "invoice", "verdict": "ok"}
+    truth = {"verdict": "escalate", "decision": "escalate", "request": "safety_certificate"}
+    row = chain.episode_row(t, truth)
+    assert (row["verdict"], row["true_verdict"]) == ("escalate", "escalate")
+    assert (row["request"], row["true_request"]) == ("invoice", "safety_certificate")
+    v1 = chain.episode_row(t, {"verdict": "ok"})
+    assert (v1["verdict"], v1["true_verdict"]) == ("ok", "ok") and "request" not in v1
