@@ -1,9 +1,9 @@
 """The toy twin: the user names a word; the agent must call ``submit(answer=<word>)``.
 
 It exists to prove that the trainer learns: a randomly initialised tiny model
-(:func:`trainer.tiny.build_tiny`) starts near a reward of 0.1 and GRPO lifts it above 0.8 in a
-few minutes on two CPU cores. It is built only from the public twin API (``twin.Twin``,
-``twin.tool``) and the reward library.
+(:func:`trainer.tiny.build_tiny`) starts at a reward of 0.10 and GRPO lifts it to 0.94-1.00 in
+200 steps, 1-2 minutes on two CPU cores (``data/recipes/toy-cpu.yaml``, seeds 0-3). It is built
+only from the public twin API (``twin.Twin``, ``twin.tool``) and the reward library.
 
 **Tools.** ``submit(answer)`` (terminal).
 
@@ -290,7 +290,9 @@ class ToyTwin(Twin):
             {"role": "system", "content": "Call submit with the word the user names."},
             {
                 "role": "user",
-                "content": f"The word is {' '.join([case.task['word']] * self.config.repeat)}. Submit it.",
+                "content": (
+                    f"The word is {' '.join([case.task['word']] * self.config.repeat)}. Submit it."
+                ),
             },
         ]
 
