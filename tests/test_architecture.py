@@ -50,6 +50,17 @@ def test_the_libraries_are_checked_to_import_no_benchmark() -> None:
     assert "(bench) sit above the libraries: none imports them KEPT" in line, report
 
 
+def test_the_core_of_twin_is_checked_to_import_none_of_its_sub_packages() -> None:
+    # twin/*.py (tools, cases, Twin, TwinEnv, parsing, registry, rollout, ...) never import the
+    # run store, evaluation, policies, doctor or web viewer; that contract is checked, and holds
+    _, report = _lint()
+    line = " ".join(report.split())
+    assert (
+        "the core of twin imports none of its sub-packages (store, evaluation, policies, doctor, "
+        "ui) KEPT" in line
+    ), report
+
+
 # Import cycles between our modules not yet broken, as (importer, imported) of the import that
 # closes the cycle. Lazy imports inside functions count: they still tie the two modules together.
 KNOWN_CYCLES: frozenset[tuple[str, str]] = frozenset()

@@ -350,7 +350,7 @@ class DataConfig(_Section):
     paths: list[str] = Field(
         default_factory=list,
         description="Datasets: folders written by `twin collect`, their episodes.jsonl files, or "
-        "folders saved with datasets.Dataset.save_to_disk (twin/collect.py).",
+        "folders saved with datasets.Dataset.save_to_disk (twin/evaluation/collect.py).",
     )
     min_reward: float | None = Field(
         None,

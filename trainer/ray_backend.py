@@ -523,7 +523,7 @@ class RayTrainer(AsyncTrainer):
         self._final_restarts: list[int] | None = None
 
     def start_rollout(self) -> RolloutSide:
-        from twin.ray_eval import ensure_ray
+        from twin.evaluation.ray_eval import ensure_ray
 
         ray = ensure_ray(self.cfg.ray.address)
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -744,7 +744,7 @@ class RemoteLearner:
         self._seen = 0
 
     def _start(self, resume: bool, overwrite: bool) -> None:
-        from twin.ray_eval import ensure_ray
+        from twin.evaluation.ray_eval import ensure_ray
 
         ray = ensure_ray(self.cfg.ray.address)
         gpu = self.cfg.devices.learner.startswith("cuda")

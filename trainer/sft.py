@@ -338,7 +338,7 @@ class SFTTrainer:
         )  # fmt: skip
 
     def _read_rows(self) -> list[dict[str, Any]]:
-        from twin.collect import read_dataset
+        from twin.evaluation.collect import read_dataset
 
         rows: list[dict[str, Any]] = []
         for path in self.cfg.data.paths:

@@ -4,7 +4,7 @@
 """
 
 from twin.cases import Case, case_rng, stable_seed
-from twin.check import check_twin
+from twin.contract import check_twin
 from twin.core import Twin, TwinConfig
 from twin.env import TwinEnv
 from twin.errors import (

@@ -9,8 +9,8 @@ registered twin. It checks that:
 * the prompt is valid chat, and neither the reset observation nor its ``info`` carries the truth;
 * the env answers junk with messages, and ``gymnasium.utils.env_checker.check_env`` passes.
 
-Import it from :mod:`twin.check`, which also gives the doctor; this module is separate because
-the doctor (:mod:`twin.doctor`) runs this check first.
+Import it as ``twin.check_twin``, or from :mod:`twin.doctor` beside the doctor, which runs this
+check first.
 """
 
 from __future__ import annotations
@@ -47,11 +47,19 @@ def check_twin(twin_or_id: Twin | str, *, cases: int = 5, env_check: bool = True
     Raises:
         TwinCheckError: the first check that fails, with what to fix.
     """
-    from twin.env import TwinEnv
     from twin.registry import make_twin
-    from twin.spaces import ChatMessages
 
     twin = make_twin(twin_or_id) if isinstance(twin_or_id, str) else twin_or_id
+    _check_class(twin)
+    _check_schemas(twin)
+    _check_cases(twin, cases)
+    _check_env(twin)
+    if env_check:
+        _check_gymnasium(twin)
+
+
+def _check_class(twin: Twin) -> None:
+    """Name, version and splits set; tools, one of them terminal."""
     cls = type(twin)
     for attr in ("name", "version", "splits"):
         if not hasattr(cls, attr):
@@ -65,7 +73,9 @@ def check_twin(twin_or_id: Twin | str, *, cases: int = 5, env_check: bool = True
             twin, "no terminal tool; mark the one that ends an episode @tool(terminal=True)"
         )
 
-    # -- schemas ------------------------------------------------------------------------------
+
+def _check_schemas(twin: Twin) -> None:
+    """Unique tool names; valid OpenAI function schemas that hide the injected parameters."""
     names = [t.name for t in twin.tools]
     if len(set(names)) != len(names):
         raise _fail(twin, f"tool names must be unique, got {names}")
@@ -92,7 +102,12 @@ def check_twin(twin_or_id: Twin | str, *, cases: int = 5, env_check: bool = True
         except (TypeError, ValueError) as exc:
             raise _fail(twin, f"tool {t.name!r}: schema is not JSON ({exc})") from None
 
-    # -- cases ----------------------------------------------------------------------------------
+
+def _check_cases(twin: Twin, cases: int) -> None:
+    """Deterministic cases and prompts, valid chat, no truth in the prompt."""
+    from twin.spaces import ChatMessages
+
+    cls = type(twin)
     fresh = cls(**twin.config.model_dump())
     space = ChatMessages()
     for split in twin.splits:
@@ -116,7 +131,11 @@ def check_twin(twin_or_id: Twin | str, *, cases: int = 5, env_check: bool = True
                 raise _fail(twin, f"prompt of ({split!r}, {index}) is not deterministic")
             _check_no_truth(twin, case.truth, prompt, where=f"prompt of ({split!r}, {index})")
 
-    # -- the env --------------------------------------------------------------------------------
+
+def _check_env(twin: Twin) -> None:
+    """The reset carries no truth and has the documented info; junk is answered with errors."""
+    from twin.env import TwinEnv
+
     env = TwinEnv(twin)
     split = next(iter(twin.splits))
     obs, info = env.reset(options={"split": split, "index": 0})
@@ -132,20 +151,26 @@ def check_twin(twin_or_id: Twin | str, *, cases: int = 5, env_check: bool = True
             raise _fail(twin, f"step({junk!r}) did not answer with an error message")
         if out[2] or out[3]:
             env.reset(options={"split": split, "index": 0})
-    if env_check:
-        from gymnasium.utils.env_checker import check_env
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            # Gymnasium's checker rejects an env that truncates after one step; single-turn twins
-            # (max_turns=1) are legitimate, so check them with a budget of two turns.
-            roomy = twin
-            if twin.config.max_turns < 2:
-                roomy = cls(**{**twin.config.model_dump(), "max_turns": 2})
-            try:
-                check_env(TwinEnv(roomy), skip_render_check=True)
-            except AssertionError as exc:
-                raise _fail(twin, f"gymnasium check_env: {exc}") from exc
+
+def _check_gymnasium(twin: Twin) -> None:
+    """Gymnasium's ``check_env`` on a :class:`twin.env.TwinEnv` of the twin."""
+    from gymnasium.utils.env_checker import check_env
+
+    from twin.env import TwinEnv
+
+    cls = type(twin)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # Gymnasium's checker rejects an env that truncates after one step; single-turn twins
+        # (max_turns=1) are legitimate, so check them with a budget of two turns.
+        roomy = twin
+        if twin.config.max_turns < 2:
+            roomy = cls(**{**twin.config.model_dump(), "max_turns": 2})
+        try:
+            check_env(TwinEnv(roomy), skip_render_check=True)
+        except AssertionError as exc:
+            raise _fail(twin, f"gymnasium check_env: {exc}") from exc
 
 
 def _has_key(data: Any, key: str) -> bool:

@@ -41,7 +41,7 @@ from twin.errors import CaseError, ConfigError
 from twin.tools import Tool, freeze, tools_of
 from twin.trajectory import Trajectory
 
-__all__ = ["RewardFn", "RewardResultLike", "Twin", "TwinConfig"]
+__all__ = ["RewardFn", "RewardResultLike", "Twin", "TwinConfig", "as_policy"]
 
 
 @runtime_checkable
@@ -67,7 +67,8 @@ class TwinConfig(BaseModel):
         seed: Seed of the world and of every case.
         max_turns: Assistant turns before the episode is truncated.
         max_action_chars: Longest assistant turn accepted; longer ones are rejected with a message.
-        max_result_chars: Tool results longer than this are cut (with a note) before the agent sees them.
+        max_result_chars: Tool results longer than this are cut (with a note) before the agent
+            sees them.
         max_calls_per_turn: Most tool calls run in one assistant turn; the calls after them are
             not run, each answered with a message and counted as an invalid call.
         prompt_style: ``"full"`` (the default) or ``"compact"``: a shorter system prompt and
@@ -300,7 +301,7 @@ class Twin:
 
     # -- doctor hooks (``twin check``, :func:`twin.doctor.doctor`) ------------------------------
     #: Thresholds of ``twin check`` this twin holds itself to (names: see
-    #: :data:`twin.doctor_report.DEFAULT_THRESHOLDS`); say in a comment why one differs.
+    #: :data:`twin.doctor.report.DEFAULT_THRESHOLDS`); say in a comment why one differs.
     check_thresholds: ClassVar[dict[str, float]] = {}
 
     def kind_of(self, split: str, index: int) -> str | None:
@@ -323,7 +324,7 @@ class Twin:
 
     def extra_checks(self, cases: int) -> list[dict[str, Any]]:
         """The twin's own ``twin check`` rows, each a dict of
-        :meth:`twin.doctor_report.Report.add` arguments (``check``, ``name``, ``status``, ...);
+        :meth:`twin.doctor.report.Report.add` arguments (``check``, ``name``, ``status``, ...);
         ``cases`` is the check's per-kind case count. Default: none."""
         return []
 
@@ -346,7 +347,7 @@ class Twin:
         :meth:`baselines` other than ``oracle`` and ``random``, made for this twin.
         """
         return {
-            name: _made(self, factory)
+            name: as_policy(self, factory)
             for name, factory in _baselines_of(self).items()
             if name not in ("oracle", "random")
         }
@@ -355,7 +356,7 @@ class Twin:
         """A policy that reaches the maximum reward on every case (it may read the truth); used
         only to prove every case is solvable. Default: the ``oracle`` baseline, or None."""
         factory = _baselines_of(self).get("oracle")
-        return None if factory is None else _made(self, factory)
+        return None if factory is None else as_policy(self, factory)
 
     def degenerate_policies(self) -> dict[str, Any]:
         """Twin-specific shortcut policies ``twin check`` holds against the references, e.g. one
@@ -404,8 +405,9 @@ def _baselines_of(twin: Twin) -> dict[str, Any]:
     return dict(twin.baselines() or {})
 
 
-def _made(twin: Twin, policy_or_factory: Any) -> Any:
-    """A policy (has ``act``) as it is; a factory ``f(twin) -> policy`` called with ``twin``."""
+def as_policy(twin: Twin, policy_or_factory: Any) -> Any:
+    """A hook's value as a policy: a policy (has ``act``) as it is; a factory
+    ``f(twin) -> policy`` called with ``twin``."""
     if hasattr(policy_or_factory, "act") and not isinstance(policy_or_factory, type):
         return policy_or_factory
     return policy_or_factory(twin)

@@ -13,8 +13,8 @@ system + user messages on ``reset``, then on each ``step`` only the *new* messag
 message per call, and a ``user`` message when the turn had no usable call. The whole chat so far
 is :attr:`TwinEnv.messages`.
 
-**Action.** The assistant's raw text or an assistant message dict (:class:`twin.spaces.AssistantTurn`).
-Tool calls are read by :func:`twin.parsing.parse_tool_calls`.
+**Action.** The assistant's raw text or an assistant message dict
+(:class:`twin.spaces.AssistantTurn`). Tool calls are read by :func:`twin.parsing.parse_tool_calls`.
 
 **Reward.** 0.0 until the episode ends; then the twin's reward of the whole trajectory, with
 its components in ``info["reward"]``. A reward with terms scored against the episode's group
@@ -413,23 +413,7 @@ class TwinEnv(gym.Env[list, Any]):
                 time.perf_counter() - started,
             )
         latency = time.perf_counter() - started
-        try:
-            kind = type(result)
-            text = (
-                result.json_text() if kind is FrozenDict or kind is FrozenList else _dumps(result)
-            )
-            if kind not in _SHAREABLE:
-                # the episode's own copy: the tool may have handed out shared, mutable data
-                result = from_json(text)
-        except Exception as exc:  # e.g. a lone surrogate or a cycle
-            logger.warning("tool %s returned data that is not JSON: %s", name, exc)
-            text = json.dumps(_describe(result), ensure_ascii=False)
-            result = text
-        if len(text) > self._max_result:
-            text = (
-                f"{text[: self._max_result]}... [result cut at {self._max_result} of {len(text)} "
-                "characters; ask for less]"
-            )
+        result, text = self._result_text(name, result)
         if tool.terminal:
             self._traj.submission = submission  # type: ignore[union-attr]
         record = _construct(
@@ -447,6 +431,28 @@ class TwinEnv(gym.Env[list, Any]):
             },
         )
         return record, text
+
+    def _result_text(self, name: str, result: Any) -> tuple[Any, str]:
+        """A tool's result as the trajectory keeps it, and the text the agent sees (cut at
+        ``max_result_chars``)."""
+        try:
+            kind = type(result)
+            text = (
+                result.json_text() if kind is FrozenDict or kind is FrozenList else _dumps(result)
+            )
+            if kind not in _SHAREABLE:
+                # the episode's own copy: the tool may have handed out shared, mutable data
+                result = from_json(text)
+        except Exception as exc:  # e.g. a lone surrogate or a cycle
+            logger.warning("tool %s returned data that is not JSON: %s", name, exc)
+            text = json.dumps(_describe(result), ensure_ascii=False)
+            result = text
+        if len(text) > self._max_result:
+            text = (
+                f"{text[: self._max_result]}... [result cut at {self._max_result} of {len(text)} "
+                "characters; ask for less]"
+            )
+        return result, text
 
     def _fetch_world(self) -> Any:
         """The twin's shared world, fetched on the first tool call that needs it."""

@@ -63,4 +63,5 @@ class ConfigError(TwinError, ValueError):
 
 
 class MissingDependencyError(TwinError, ImportError):
-    """An optional library a feature needs is not installed; the message names the install command."""
+    """An optional library a feature needs is not installed; the message names the install
+    command."""

@@ -416,7 +416,8 @@ def _call_from_fields(
             name,
             None,
             raw,
-            f'{where} ({short_text(name)}): "arguments" must be a JSON object, got {_json_type(args)}',
+            f'{where} ({short_text(name)}): "arguments" must be a JSON object, got '
+            f"{_json_type(args)}",
         )
     if not _shallow(args):
         return ParsedCall(
@@ -450,7 +451,8 @@ _WS = re.compile(r"\s*")
 
 
 def _json_sequence(body: str, turn: int, fmt: str) -> tuple[list[ParsedCall], list[str]]:
-    """Calls written as JSON objects separated by ``;`` (Llama 3); stops at the first unreadable one."""
+    """Calls written as JSON objects separated by ``;`` (Llama 3); stops at the first unreadable
+    one."""
     calls: list[ParsedCall] = []
     errors: list[str] = []
     n = len(body)
@@ -503,7 +505,8 @@ def _parse_llama(text: str, turn: int) -> ParsedTurn:
 
 
 def _parse_mistral(text: str, turn: int) -> ParsedTurn:
-    """``content[TOOL_CALLS][{...}, ...]`` or ``content[TOOL_CALLS]NAME[ARGS]{...}[TOOL_CALLS]...``."""
+    """``content[TOOL_CALLS][{...}, ...]`` or
+    ``content[TOOL_CALLS]NAME[ARGS]{...}[TOOL_CALLS]...``."""
     segments = text.split(_MISTRAL)
     content = [segments[0]]
     calls: list[ParsedCall] = []
@@ -658,58 +661,9 @@ def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -
             body,
             f"{where}: text after </function>; write one function per <tool_call>",
         )
-    inner = body[close + 1 : end]
-    values: dict[str, str] = {}
-    pos = 0
-    usage = "write each argument as <parameter=NAME>\\nVALUE\\n</parameter>"
-    while True:
-        start = inner.find("<parameter=", pos)
-        gap = inner[pos : start if start >= 0 else len(inner)]
-        if gap.strip():
-            return ParsedCall(
-                call_id,
-                name,
-                None,
-                body,
-                f"{where}: unexpected text {short_text(gap.strip())!r}; {usage}",
-            )
-        if start < 0:
-            break
-        tag_end = inner.find(">", start)
-        if tag_end < 0 or "\n" in inner[start:tag_end]:
-            return ParsedCall(
-                call_id, name, None, body, f"{where}: malformed <parameter=...> tag; {usage}"
-            )
-        arg = inner[start + 11 : tag_end].strip()  # 11 == len("<parameter=")
-        if not arg:
-            return ParsedCall(
-                call_id, name, None, body, f"{where}: a parameter name is empty; {usage}"
-            )
-        value_end = inner.find("</parameter>", tag_end)
-        if value_end < 0:
-            return ParsedCall(
-                call_id,
-                name,
-                None,
-                body,
-                f"{where}: <parameter={short_text(arg)}> is not closed; end it with </parameter>",
-            )
-        if arg in values:
-            return ParsedCall(
-                call_id,
-                name,
-                None,
-                body,
-                f"{where}: parameter {short_text(arg)!r} is given twice; give each argument once",
-            )
-        value = inner[tag_end + 1 : value_end]
-        # The template puts the value on lines of its own: one newline each side is layout.
-        if value.startswith("\n"):
-            value = value[1:]
-        if value.endswith("\n"):
-            value = value[:-1]
-        values[arg] = value
-        pos = value_end + 12  # 12 == len("</parameter>")
+    values = _xml_parameters(body[close + 1 : end], where)
+    if isinstance(values, str):
+        return ParsedCall(call_id, name, None, body, values)
     props = _properties(tools, name)
     args = {
         arg: _typed(value, props.get(arg) if props is not None else None)
@@ -725,6 +679,40 @@ def _call_from_xml(body: str, call_id: str, k: int, tools: ToolSchemas | None) -
             "send flat JSON arguments",
         )
     return ParsedCall(call_id, name, args, body)
+
+
+def _xml_parameters(inner: str, where: str) -> dict[str, str] | str:
+    """The ``<parameter=NAME>VALUE</parameter>`` values inside a ``<function=...>`` (raw text),
+    or the error message for the first malformed one."""
+    values: dict[str, str] = {}
+    pos = 0
+    usage = "write each argument as <parameter=NAME>\\nVALUE\\n</parameter>"
+    while True:
+        start = inner.find("<parameter=", pos)
+        gap = inner[pos : start if start >= 0 else len(inner)]
+        if gap.strip():
+            return f"{where}: unexpected text {short_text(gap.strip())!r}; {usage}"
+        if start < 0:
+            return values
+        tag_end = inner.find(">", start)
+        if tag_end < 0 or "\n" in inner[start:tag_end]:
+            return f"{where}: malformed <parameter=...> tag; {usage}"
+        arg = inner[start + 11 : tag_end].strip()  # 11 == len("<parameter=")
+        if not arg:
+            return f"{where}: a parameter name is empty; {usage}"
+        value_end = inner.find("</parameter>", tag_end)
+        if value_end < 0:
+            return f"{where}: <parameter={short_text(arg)}> is not closed; end it with </parameter>"
+        if arg in values:
+            return f"{where}: parameter {short_text(arg)!r} is given twice; give each argument once"
+        value = inner[tag_end + 1 : value_end]
+        # The template puts the value on lines of its own: one newline each side is layout.
+        if value.startswith("\n"):
+            value = value[1:]
+        if value.endswith("\n"):
+            value = value[:-1]
+        values[arg] = value
+        pos = value_end + 12  # 12 == len("</parameter>")
 
 
 def _properties(tools: ToolSchemas | None, name: str) -> Mapping[str, Any] | None:
@@ -747,7 +735,8 @@ def _properties(tools: ToolSchemas | None, name: str) -> Mapping[str, Any] | Non
 
 
 def _schema_types(schema: Any) -> set[str]:
-    """The JSON types a schema allows (``type``, ``anyOf``/``oneOf`` members, ``enum``/``const``)."""
+    """The JSON types a schema allows (``type``, ``anyOf``/``oneOf`` members,
+    ``enum``/``const``)."""
     if not isinstance(schema, Mapping):
         return set()
     types: set[str] = set()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Message", "Policy", "policy_for_episode"]
+__all__ = ["Message", "Policy", "PolicyHost", "policy_for_episode"]
 
 #: A chat message in OpenAI's format (``role``, ``content``, ``tool_calls``, ...).
 Message = dict[str, Any]
@@ -26,6 +26,15 @@ class Policy(Protocol):
 
     async def act(self, messages: list[Message], tools: list[dict[str, Any]]) -> Message:
         """Return the next assistant message for the chat ``messages`` (do not mutate it)."""
+        ...
+
+
+class PolicyHost(Protocol):
+    """What a policy spec reads from the twin it is made for (:class:`twin.core.Twin` is one):
+    its named policies, ``{name: factory(twin) -> policy}`` (or a policy)."""
+
+    def baselines(self) -> dict[str, Any]:
+        """Named policies of the twin."""
         ...
 
 

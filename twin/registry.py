@@ -165,7 +165,8 @@ def register(
 
 
 def spec(id_or_name: str) -> TwinSpec:
-    """The spec for an id (``twin/Returns-v0``) or a name (``Returns``, ``returns``, ``Returns-v0``).
+    """The spec for an id (``twin/Returns-v0``) or a name (``Returns``, ``returns``,
+    ``Returns-v0``).
 
     A name without a version means its latest version.
 

@@ -15,7 +15,8 @@ _REPO_DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 def data_path(*parts: str) -> Path:
-    """Return the path of a shipped data file or folder, e.g. ``data_path("recipes", "toy-cpu.yaml")``.
+    """Return the path of a shipped data file or folder, e.g.
+    ``data_path("recipes", "toy-cpu.yaml")``.
 
     Raises:
         FileNotFoundError: the file is not shipped; the message names where it was looked for.

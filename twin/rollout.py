@@ -24,11 +24,15 @@ import math
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from twin.protocols import Policy, policy_for_episode
 from twin.trajectory import Group, Trajectory
+
+if TYPE_CHECKING:
+    from twin.core import Twin
+    from twin.env import TwinEnv
 
 __all__ = [
     "Group",
@@ -38,6 +42,7 @@ __all__ = [
     "max_reward",
     "pass_at_k",
     "pass_hat_k",
+    "progress_bar",
     "run_episodes",
     "storable",
     "success_fn",
@@ -57,7 +62,7 @@ _REASON_CHARS = 160
 
 # -- runner ------------------------------------------------------------------------------------
 async def arun_episodes(
-    twin: Any,
+    twin: Twin,
     policy: Policy,
     cases: Sequence[CaseRef],
     *,
@@ -94,22 +99,15 @@ async def arun_episodes(
     """
     from twin.env import TwinEnv  # the env imports the registry; keep `import twin.rollout` light
 
-    if group_size < 1 or concurrency < 1:
-        raise ValueError(
-            f"group_size and concurrency must be >= 1, got {group_size} and {concurrency}"
-        )
-    cases = [(str(split), int(index)) for split, index in cases]
-    for split, index in cases:
-        twin.case(split, index)  # fail fast (CaseError) before any episode starts
+    cases = _checked_cases(twin, cases, group_size, concurrency)
     blocking = twin.blocking_tools
     max_turns = twin.config.max_turns + _TURN_SLACK
     semaphore = asyncio.Semaphore(concurrency)
-    pool: list[Any] = []
+    pool: list[TwinEnv] = []
     results: list[list[Trajectory | None]] = [[None] * group_size for _ in cases]
     remaining = [group_size] * len(cases)
-    bar = _progress_bar(
-        len(cases) * group_size, enabled=progress, desc=f"{twin.name} x {policy.name}"
-    )
+    desc = f"{twin.name} x {policy.name}"
+    bar = progress_bar(len(cases) * group_size, enabled=progress, desc=desc)
     counts = {"turns": 0, "errors": 0}
 
     def refresh() -> None:
@@ -138,6 +136,31 @@ async def arun_episodes(
             if inspect.isawaitable(outcome):
                 await outcome
 
+    async with _ticking(bar, refresh):
+        await asyncio.gather(
+            *(episode(ci, k) for ci in range(len(cases)) for k in range(group_size))
+        )
+    return [_group(trajs) for trajs in results]
+
+
+def _checked_cases(
+    twin: Twin, cases: Sequence[CaseRef], group_size: int, concurrency: int
+) -> list[CaseRef]:
+    """The cases as ``(str, int)`` pairs; fails fast (CaseError) before any episode starts."""
+    if group_size < 1 or concurrency < 1:
+        raise ValueError(
+            f"group_size and concurrency must be >= 1, got {group_size} and {concurrency}"
+        )
+    cases = [(str(split), int(index)) for split, index in cases]
+    for split, index in cases:
+        twin.case(split, index)
+    return cases
+
+
+@contextlib.asynccontextmanager
+async def _ticking(bar: Any, refresh: Callable[[], None]) -> AsyncIterator[None]:
+    """Refresh the progress bar every tick while the block runs, then close it."""
+
     async def ticker() -> None:
         # Between episode ends (minutes apart on a slow server) the bar still moves.
         while True:
@@ -146,9 +169,7 @@ async def arun_episodes(
 
     tick = asyncio.ensure_future(ticker()) if bar is not None else None
     try:
-        await asyncio.gather(
-            *(episode(ci, k) for ci in range(len(cases)) for k in range(group_size))
-        )
+        yield
     finally:
         if tick is not None:
             tick.cancel()
@@ -156,10 +177,9 @@ async def arun_episodes(
                 await tick
         if bar is not None:
             bar.close()
-    return [_group(trajs) for trajs in results]
 
 
-def _progress_figures(counts: dict[str, int], policy: Any) -> dict[str, Any]:
+def _progress_figures(counts: dict[str, int], policy: Policy) -> dict[str, Any]:
     figures: dict[str, Any] = {"turns": counts["turns"]}
     report = getattr(policy, "progress", None)
     if callable(report):
@@ -173,7 +193,7 @@ def _progress_figures(counts: dict[str, int], policy: Any) -> dict[str, Any]:
 
 
 def run_episodes(
-    twin: Any,
+    twin: Twin,
     policy: Policy,
     cases: Sequence[CaseRef],
     *,
@@ -197,7 +217,7 @@ def run_episodes(
 
 
 async def _run_one(
-    env: Any,
+    env: TwinEnv,
     policy: Policy,
     split: str,
     index: int,
@@ -221,7 +241,8 @@ async def _run_one(
         env_s += time.perf_counter() - t0
         tools = info["tools"]
         actor = policy_for_episode(policy, f"{info['case_id']}#{k}")
-        for turn in range(1, max_turns + 1):
+        # `turn` outlives the loop: an exception reports the turn it failed on
+        for turn in range(1, max_turns + 1):  # noqa: B007
             t0 = time.perf_counter()
             message = await actor.act(env.messages, tools)
             t1 = time.perf_counter()
@@ -301,11 +322,11 @@ def _encodable(value: Any) -> Any:
     return value
 
 
-def _twin_name(env: Any) -> str:
+def _twin_name(env: TwinEnv) -> str:
     return str(getattr(env.twin, "name", "?"))
 
 
-def _partial_trajectory(env: Any, name: str, split: str, index: int) -> Trajectory:
+def _partial_trajectory(env: TwinEnv | None, name: str, split: str, index: int) -> Trajectory:
     traj = getattr(env, "trajectory", None) if env is not None else None
     if isinstance(traj, Trajectory):
         return traj.model_copy(deep=True)
@@ -317,7 +338,8 @@ def _group(trajs: Sequence[Trajectory | None]) -> Group:
     return Group(case_id=done[0].case_id if done else "", trajectories=done)
 
 
-def _progress_bar(total: int, *, enabled: bool, desc: str) -> Any:
+def progress_bar(total: int, *, enabled: bool, desc: str) -> Any:
+    """A tqdm bar on stderr counting episodes (None when not ``enabled``)."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
@@ -359,7 +381,7 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     return math.comb(c, k) / math.comb(n, k)
 
 
-def max_reward(twin: Any) -> float:
+def max_reward(twin: Twin) -> float:
     """The most an episode of ``twin`` can score: the reward's upper bound, else 1.0.
 
     Reads ``reward.bounds`` (``rewards.Reward``: term bounds within the clip), then
@@ -381,7 +403,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def success_fn(twin: Any, threshold: float | None = None) -> Callable[[Trajectory], bool]:
+def success_fn(twin: Twin, threshold: float | None = None) -> Callable[[Trajectory], bool]:
     """How ``twin`` decides success: :meth:`Twin.success` where it answers, else a threshold.
 
     Args:
@@ -445,30 +467,7 @@ def summarize(
     for t in trajs:
         for name, value in t.components.items():
             comp_values[name].append(float(value))
-
-    pass_at: dict[str, float] = {}
-    pass_hat: dict[str, float] = {}
-    counts = []
-    for g in groups:
-        valid = [t for t in g.trajectories if "error" not in t.info]
-        if valid:
-            counts.append((len(valid), sum(oks[id(t)] for t in valid)))
-    for k in range(1, kmax + 1):
-        pass_at[str(k)] = _mean([pass_at_k(n, c, k) for n, c in counts])
-        pass_hat[str(k)] = _mean([pass_hat_k(n, c, k) for n, c in counts])
-
-    by_kind: dict[str, dict[str, Any]] = {}
-    kinds: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(trajs):
-        kinds[t.case_kind].append(i)
-    for kind in sorted(kinds):
-        idx = kinds[kind]
-        by_kind[kind] = {
-            "episodes": len(idx),
-            "reward_mean": _mean([rewards[i] for i in idx]),
-            "success_rate": _mean([float(ok[i]) for i in idx]),
-        }
-
+    pass_at, pass_hat = _pass_figures(groups, oks, kmax)
     n = len(trajs)
     return {
         "episodes": n,
@@ -486,13 +485,48 @@ def summarize(
         "invalid_calls_total": sum(t.invalid_calls for t in trajs),
         "terminated_rate": _mean([float(t.terminated) for t in trajs]),
         "truncated_rate": _mean([float(t.truncated) for t in trajs]),
-        "by_kind": by_kind,
+        "by_kind": _by_kind(trajs, rewards, ok),
         "timings": {
             key: _mean([float(t.timings.get(key, 0.0)) for t in trajs])
             for key in ("policy", "env", "total")
         },
         "error_reasons": error_reasons(all_trajs),
     }
+
+
+def _pass_figures(
+    groups: list[Group], oks: dict[int, bool], kmax: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """pass@k and pass^k for k = 1..kmax, each averaged over the groups' error-free episodes."""
+    pass_at: dict[str, float] = {}
+    pass_hat: dict[str, float] = {}
+    counts = []
+    for g in groups:
+        valid = [t for t in g.trajectories if "error" not in t.info]
+        if valid:
+            counts.append((len(valid), sum(oks[id(t)] for t in valid)))
+    for k in range(1, kmax + 1):
+        pass_at[str(k)] = _mean([pass_at_k(n, c, k) for n, c in counts])
+        pass_hat[str(k)] = _mean([pass_hat_k(n, c, k) for n, c in counts])
+    return pass_at, pass_hat
+
+
+def _by_kind(
+    trajs: list[Trajectory], rewards: list[float], ok: list[bool]
+) -> dict[str, dict[str, Any]]:
+    """Episodes, mean reward and success rate per case kind, kinds sorted."""
+    by_kind: dict[str, dict[str, Any]] = {}
+    kinds: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajs):
+        kinds[t.case_kind].append(i)
+    for kind in sorted(kinds):
+        idx = kinds[kind]
+        by_kind[kind] = {
+            "episodes": len(idx),
+            "reward_mean": _mean([rewards[i] for i in idx]),
+            "success_rate": _mean([float(ok[i]) for i in idx]),
+        }
+    return by_kind
 
 
 def error_reasons(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:

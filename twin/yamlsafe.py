@@ -111,7 +111,8 @@ def load_yaml_text(text: str, *, what: str, max_nodes: int = MAX_NODES) -> Any:
             raise ConfigError(f"{what}: {exc}") from None
         if size > max_nodes:
             raise ConfigError(
-                f"{what}: the YAML expands to more than {max_nodes:,} nodes once its aliases (*name) "
+                f"{what}: the YAML expands to more than {max_nodes:,} nodes once its aliases "
+                "(*name) "
                 "are expanded; write the values out or use fewer nested aliases"
             )
         return loader.construct_document(node)
@@ -154,7 +155,8 @@ def load_yaml_file(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"{name} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); give a YAML file"
+            f"{name} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); give "
+            "a YAML file"
         ) from None
     if "\x00" in text:
         raise ConfigError(f"{name} is a binary file (it holds NUL bytes); give a YAML file")

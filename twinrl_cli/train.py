@@ -1,5 +1,6 @@
 """``twin train``, ``twin sft``, ``twin collect`` and ``twin plan``: recipes (trainer/cli.py,
-trainer/plan.py) and the trajectory datasets ``twin sft`` learns from (twin/collect.py)."""
+trainer/plan.py) and the trajectory datasets ``twin sft`` learns from
+(twin/evaluation/collect.py)."""
 
 from __future__ import annotations
 
@@ -139,8 +140,8 @@ def _export_run(
 ) -> Any:
     """``twin collect --from-run``: a stored run's episodes as a dataset (checked against TWIN
     when it is given)."""
-    from twin.collect import export_run
     from twin.errors import ConfigError
+    from twin.evaluation.collect import export_run
 
     twin = None
     if name is not None:
@@ -170,10 +171,10 @@ def _collect_episodes(
     """``twin collect TWIN --policy P``: run the policy's episodes into a dataset.
 
     ``collect_options``: ``out``, ``min_reward``, ``concurrency``, ``progress`` of
-    :func:`twin.collect.collect`.
+    :func:`twin.evaluation.collect.collect`.
     """
-    from twin.collect import collect
     from twin.errors import ConfigError
+    from twin.evaluation.collect import collect
     from twin.policies import make_policy
 
     if name is None or policy is None:

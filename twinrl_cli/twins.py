@@ -236,7 +236,7 @@ def check(
     shortcuts, split overlap (twin.doctor). Exit 1 when a check fails (warnings do not)."""
     with errors():
         from twin.doctor import doctor
-        from twin.doctor_report import parse_threshold
+        from twin.doctor.report import parse_threshold
 
         twin = make_twin(name, twin_config(overrides, taxonomy))
         report = doctor(

@@ -2,7 +2,7 @@
 
 A tiny model is built here (:func:`trainer.tiny.build_tiny`, its BPE trained on rendered catalog
 episodes: prompts, tool schemas, tool results) and taught the tools by SFT on a demonstrator's
-episodes (:func:`twin.collect.collect`, train split), then trained by GRPO from that checkpoint
+episodes (:func:`twin.evaluation.collect.collect`, train split), then trained by GRPO from that checkpoint
 (``model.init_from``) on the catalog twin (v1, compact prompt, at most three turns). Both stages
 run as ``twin train`` runs them (:func:`trainer.cli.train`). Both checkpoints are then scored on the
 same held-out ``dev`` cases (v1's held-out world, never seen by either stage) with the same
@@ -38,8 +38,8 @@ from rich.console import Console
 from envs.catalog.baselines import parse_prompt
 from trainer.cli import train
 from trainer.tiny import build_tiny, chat_template, chat_text
-from twin.collect import collect, read_dataset
 from twin.errors import ConfigError
+from twin.evaluation.collect import collect, read_dataset
 from twin.registry import make_twin
 
 #: The twin: catalog v1 with the compact prompt. The demonstrator takes two turns (search and

@@ -19,9 +19,9 @@ from trainer.learner import Learner, TrainBatch
 from trainer.models import load_model
 from trainer.renderer import Renderer
 from trainer.sft import SFTTrainer, render_row, sft_step
-from twin.collect import collect, read_dataset
 from twin.errors import ConfigError
 from twin.evaluation import evaluate
+from twin.evaluation.collect import collect, read_dataset
 from twin.policies import make_policy
 from twin.registry import make_twin
 from twin.store import RunStore
@@ -92,7 +92,7 @@ def returns_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[An
         twin, make_policy("oracle", twin), [("train", i) for i in range(4)], progress=False
     )
     trajectories = [t for g in result.groups for t in g.trajectories]
-    from twin.collect import trajectory_row, write_dataset
+    from twin.evaluation.collect import trajectory_row, write_dataset
 
     write_dataset(
         [trajectory_row(t, twin.tool_schemas, run_id=None) for t in trajectories], root / "ds"

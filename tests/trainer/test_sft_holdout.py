@@ -12,8 +12,8 @@ import pytest
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 from trainer.config import load_recipe
 from trainer.sft import SFTTrainer
-from twin.collect import collect
 from twin.errors import ConfigError
+from twin.evaluation.collect import collect
 from twin.registry import make_twin
 
 TOY = {"num_words": 2, "repeat": 16}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from twin import Case, CaseError, ConfigError, Twin, TwinConfig, case_rng, stable_seed
 
@@ -34,8 +35,8 @@ def test_case_addressing_and_json():
     assert case.id == "Dice/dev/3" and case.split == "dev" and case.index == 3
     assert case.canonical_json().startswith('{"index": 3, "kind": ')
     assert Case.model_validate_json(case.model_dump_json()) == case
-    with pytest.raises(Exception):
-        case.index = 4  # frozen
+    with pytest.raises(ValidationError, match="frozen"):
+        case.index = 4
 
 
 @settings(max_examples=50, deadline=None)

@@ -472,7 +472,7 @@ def test_eval_bad_request_settings_are_one_line_errors(cli_twin, tmp_path):
 def test_runs_shows_killed_runs_as_interrupted_and_rejects_a_non_database(tmp_path):
     db = tmp_path / "r.db"
     store = RunStore(db)
-    run = store.start_run("eval", "Returns", "random")
+    store.start_run("eval", "Returns", "random")
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )

@@ -1,4 +1,5 @@
-"""Trajectory datasets (twin/collect.py, `twin collect`): rows, both formats, the store, filters."""
+"""Trajectory datasets (twin/evaluation/collect.py, `twin collect`): rows, both formats, the store,
+filters."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from twin.collect import HF_HINT, collect, export_run, read_dataset, write_dataset
 from twin.errors import ConfigError
+from twin.evaluation.collect import HF_HINT, collect, export_run, read_dataset, write_dataset
 from twin.policies import make_policy
 from twin.registry import make_twin
 from twin.store import RunStore

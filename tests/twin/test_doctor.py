@@ -20,10 +20,10 @@ import pytest
 from typer.testing import CliRunner
 
 import twin
-from twin.check import Report, doctor
 from twin.core import Twin
-from twin.doctor_audit import bag_of_words_audit, scan_leaks
-from twin.doctor_report import DEFAULT_THRESHOLDS, parse_threshold, thresholds_for
+from twin.doctor import Report, doctor
+from twin.doctor.audit import bag_of_words_audit, scan_leaks
+from twin.doctor.report import DEFAULT_THRESHOLDS, parse_threshold, thresholds_for
 from twin.errors import ConfigError
 from twin.tools import tool
 from twinrl_cli import app
@@ -334,7 +334,7 @@ def test_cases_that_differ_between_processes_fail_determinism(
     monkeypatch.syspath_prepend(str(tmp_path))
     from doctor_hash_twin import HashTwin  # type: ignore[import-not-found]
 
-    from twin.doctor import _check_determinism
+    from twin.doctor.runner import _check_determinism
 
     report = Report(twin="x")
     _check_determinism(HashTwin(), report, per_split=5, subprocess_check=True)
@@ -343,7 +343,7 @@ def test_cases_that_differ_between_processes_fail_determinism(
 
 
 def test_a_class_a_fresh_process_cannot_import_only_warns() -> None:
-    from twin.doctor import _check_determinism
+    from twin.doctor.runner import _check_determinism
 
     class Local(Desk):  # defined in a function: no fresh process can import it
         name = "DoctorLocal"

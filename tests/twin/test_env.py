@@ -186,12 +186,14 @@ TOOLS = "look, big, boom, submit"
         (
             "<tool_call>{oops}</tool_call>",
             "tool",
-            "Error: tool call #1 is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2 (char 1)",
+            "Error: tool call #1 is not valid JSON: Expecting property name enclosed in double "
+            "quotes at line 1 column 2 (char 1)",
         ),
         (
             call("look", word=3),
             "tool",
-            "Error: look: argument 'word': Input should be a valid string (expected string, got 3). Usage: look(word: string)",
+            "Error: look: argument 'word': Input should be a valid string (expected string, got "
+            "3). Usage: look(word: string)",
         ),
         (
             call("look"),
@@ -207,7 +209,8 @@ TOOLS = "look, big, boom, submit"
         (
             call("boom"),
             "tool",
-            "Error: boom failed with an internal error (RuntimeError); this is not your fault. Try other arguments or another tool",
+            "Error: boom failed with an internal error (RuntimeError); this is not your fault. "
+            "Try other arguments or another tool",
         ),
     ],
 )
@@ -279,7 +282,8 @@ def test_step_after_the_end_answers_and_changes_nothing(env):
     assert obs == [
         {
             "role": "user",
-            "content": "the episode has ended (a terminal call succeeded); call reset() to start a new one",
+            "content": "the episode has ended (a terminal call succeeded); call reset() to start a "
+            "new one",
         }
     ]
     assert (reward, terminated, truncated) == (0.0, True, False)
@@ -475,7 +479,8 @@ def test_reset_is_byte_identical_across_processes():
     code = (
         "import json, twin; e = twin.make('Returns');"
         "print(json.dumps([e.reset(options={'split': s, 'index': i}) for s, i in "
-        "[('train', 0), ('train', 4321), ('dev', 7), ('test', 99)]], sort_keys=True, ensure_ascii=False))"
+        "[('train', 0), ('train', 4321), ('dev', 7), ('test', 99)]], sort_keys=True, "
+        "ensure_ascii=False))"
     )
     outs = [
         subprocess.run(

@@ -1,4 +1,5 @@
-"""``evaluate(backend="ray")`` / ``twin eval --backend ray``: the same episodes, stored the same way."""
+"""``evaluate(backend="ray")`` / ``twin eval --backend ray``: the same episodes, stored the same
+way."""
 
 from __future__ import annotations
 
@@ -74,8 +75,17 @@ def test_twin_eval_backend_ray_equals_local_on_200_catalog_episodes(ray_cluster,
     db = tmp_path / "runs.db"
     summaries = {}
     for backend in ("local", "ray"):
-        result = runner.invoke(app, ["eval", "catalog", "--backend", backend, "--policy", "heuristic",
-                                     "--episodes", "200", "--store", str(db), "--json", "--no-progress"])  # fmt: skip
+        args = [
+            "eval",
+            "catalog",
+            "--backend",
+            backend,
+            "--policy",
+            "heuristic",
+            "--episodes",
+            "200",
+        ]
+        result = runner.invoke(app, [*args, "--store", str(db), "--json", "--no-progress"])
         assert result.exit_code == 0, result.output
         summaries[backend] = json.loads(result.stdout)
     local, remote = summaries["local"], summaries["ray"]

@@ -132,7 +132,8 @@ TURN_ERRORS = [
     ('<tool_call {"name": "a"}>', f"malformed <tool_call> tag; write it exactly as {F}"),
     (
         None,
-        "the action must be the assistant's text (str) or an assistant message (dict), got NoneType",
+        "the action must be the assistant's text (str) or an assistant message (dict), got "
+        "NoneType",
     ),
     (
         3.5,
@@ -157,12 +158,14 @@ CALL_ERRORS = [
     ("<tool_call></tool_call>", f"tool call #1 is empty; expected {F}"),
     (
         '<tool_call>{"name": "a", }</tool_call>',
-        "tool call #1 is not valid JSON: Expecting property name enclosed in double quotes at line 1 "
+        "tool call #1 is not valid JSON: Expecting property name enclosed in double quotes at "
+        "line 1 "
         "column 15 (char 14)",
     ),
     (
         '<tool_call>{"name": "a"} {"name": "b"}</tool_call>',
-        "tool call #1 is not valid JSON: extra data after the object at line 1 column 15 (char 14); "
+        "tool call #1 is not valid JSON: extra data after the object at line 1 column 15 (char "
+        "14); "
         "send exactly one JSON object per call",
     ),
     (
@@ -187,12 +190,14 @@ CALL_ERRORS = [
     ),
     (
         '<tool_call>{"name": "a", "arguments": "{bad"}</tool_call>',
-        'tool call #1 (a): "arguments" is not valid JSON: Expecting property name enclosed in double '
+        'tool call #1 (a): "arguments" is not valid JSON: Expecting property name enclosed in '
+        "double "
         "quotes at line 1 column 2 (char 1)",
     ),
     (
         '<tool_call><tool_call>{"name": "a"}</tool_call>',
-        f"tool call #1: <tool_call> opened twice before </tool_call>; close each call before the next: {F}",
+        "tool call #1: <tool_call> opened twice before </tool_call>; close each call before the "
+        f"next: {F}",
     ),
     (
         '{"name": "a", "arguments": 3}',
@@ -201,7 +206,8 @@ CALL_ERRORS = [
     ('{"nam": "a"}', f'the JSON call: missing "name"; expected {F}'),
     (
         "{not json}",
-        "the JSON call is not valid JSON: Expecting property name enclosed in double quotes at line 1 "
+        "the JSON call is not valid JSON: Expecting property name enclosed in double quotes at "
+        "line 1 "
         "column 2 (char 1)",
     ),
     (
@@ -224,7 +230,8 @@ CALL_ERRORS = [
     ),
     (
         {"tool_calls": [{"function": {"name": "a", "arguments": {"x": {1, 2}}}}]},
-        'tool_calls[0] (a): "arguments" must be JSON data (Object of type set is not JSON serializable)',
+        'tool_calls[0] (a): "arguments" must be JSON data (Object of type set is not JSON '
+        "serializable)",
     ),
     (
         {"tool_calls": [{"function": {"arguments": "{}"}}]},

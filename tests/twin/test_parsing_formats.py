@@ -68,7 +68,8 @@ def test_qwen_xml_values_are_typed_by_the_schema_when_given():
     text = (
         "<tool_call><function=decide><parameter=order_id>10042</parameter><parameter=amount>3</parameter>"
         "<parameter=urgent>True</parameter><parameter=note>null</parameter>"
-        '<parameter=tags>["a", "b"]</parameter><parameter=extra>{"k": 1}</parameter></function></tool_call>'
+        '<parameter=tags>["a", "b"]</parameter><parameter=extra>{"k": '
+        "1}</parameter></function></tool_call>"
     )
     typed = parse_tool_calls(text, tools=SCHEMAS).calls[0].arguments
     assert typed == {
@@ -135,7 +136,8 @@ XML_ERRORS = [
     ),
     (
         "<tool_call><function=a><parameter=>1</parameter></function></tool_call>",
-        "tool call #1 (a): a parameter name is empty; write each argument as <parameter=NAME>\\nVALUE\\n</parameter>",
+        "tool call #1 (a): a parameter name is empty; write each argument as "
+        "<parameter=NAME>\\nVALUE\\n</parameter>",
     ),
     (
         "<tool_call><function=a></function><function=b></function></tool_call>",
@@ -147,7 +149,10 @@ XML_ERRORS = [
 
 # -- Llama 3 JSON -------------------------------------------------------------------------------
 def test_llama_python_tag_calls_separated_by_semicolons():
-    text = 'Let me check.<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}<|eom_id|>'
+    text = (
+        'Let me check.<|python_tag|>{"name": "a", "parameters": {"x": 1}}; '
+        '{"name": "b", "parameters": {}}<|eom_id|>'
+    )
     turn = parse_tool_calls(text, turn=1)
     assert (turn.content, turn.errors) == ("Let me check.", [])
     assert _calls(text, turn=1) == [("call_1_0", "a", {"x": 1}, None), ("call_1_1", "b", {}, None)]
@@ -184,7 +189,8 @@ LLAMA_ERRORS = [
     ),
     (
         '{"name": "a", "parameters": {}}; {"name": "b", "parameters": {x}}',
-        "tool call #2 is not valid JSON: Expecting property name enclosed in double quotes at line 1 "
+        "tool call #2 is not valid JSON: Expecting property name enclosed in double quotes at "
+        "line 1 "
         "column 63 (char 62)",
     ),
 ]
@@ -192,7 +198,8 @@ LLAMA_TURN_ERRORS = [
     ("<|python_tag|>  <|eom_id|>", f"no call after <|python_tag|>; write {L}"),
     (
         '<|python_tag|>{"name": "a", "parameters": {}} then more',
-        f"unexpected text after tool call #1: 'then more'; separate calls with ';' and write nothing "
+        "unexpected text after tool call #1: 'then more'; separate calls with ';' and write "
+        "nothing "
         f"after them: {L}",
     ),
     (
@@ -248,7 +255,8 @@ MISTRAL_ERRORS = [
     ),
     (
         '[TOOL_CALLS]a[ARGS]{"x": }',
-        'tool call #1 (a): "arguments" is not valid JSON: Expecting value at line 1 column 7 (char 6)',
+        'tool call #1 (a): "arguments" is not valid JSON: Expecting value at line 1 column 7 '
+        "(char 6)",
     ),
     ("[TOOL_CALLS]a[ARGS][1]", 'tool call #1 (a): "arguments" must be a JSON object, got an array'),
     (
@@ -279,7 +287,10 @@ def test_harmony_call_after_analysis_and_preamble():
 def test_harmony_recipient_in_the_role_part_and_a_final_answer():
     text = "<|start|>assistant to=functions.a<|channel|>commentary json<|message|>{}<|call|>"
     assert _calls(text) == [("call_0_0", "a", {}, None)]
-    final = "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final<|message|>All done.<|return|>"
+    final = (
+        "<|channel|>analysis<|message|>hmm<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>All done.<|return|>"
+    )
     assert parse_tool_calls(final) == parse_tool_calls("All done.")
 
 
@@ -291,7 +302,8 @@ HARMONY_ERRORS = [
     ),
     (
         "<|channel|>commentary to=functions.a<|message|>{bad}<|call|>",
-        'tool call #1 (a): "arguments" is not valid JSON: Expecting property name enclosed in double '
+        'tool call #1 (a): "arguments" is not valid JSON: Expecting property name enclosed in '
+        "double "
         "quotes at line 1 column 2 (char 1)",
     ),
     (
@@ -395,7 +407,8 @@ def test_harmony_roundtrip(calls, thought):
     bodies = [json.dumps(a, ensure_ascii=False) for _, a in calls]
     assume(_clean(thought, *bodies))
     msgs = "".join(
-        f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>{body}<|call|>"
+        f"<|start|>assistant<|channel|>commentary to=functions.{n} "
+        f"<|constrain|>json<|message|>{body}<|call|>"
         for (n, _), body in zip(calls, bodies)
     )
     text = f"<|channel|>analysis<|message|>{thought}<|end|>{msgs}"

@@ -50,7 +50,10 @@ def test_the_env_does_not_execute_a_submit_drafted_in_reasoning() -> None:
     twin = make_twin("Toy", max_turns=3)
     env = TwinEnv(twin)
     env.reset(options={"split": "train", "index": 0})
-    drafted = '<think>Answer: <tool_call>{"name": "submit", "arguments": {"answer": "red"}}</tool_call>?</think>\nLet me think more.'
+    drafted = (
+        '<think>Answer: <tool_call>{"name": "submit", "arguments": {"answer": "red"}}</tool_call>?'
+        "</think>\nLet me think more."
+    )
     _obs, _reward, terminated, _truncated, _info = env.step(drafted)
     assert not terminated  # the toy twin's submit ends the episode: it did not run
     _obs, _reward, terminated, _truncated, _info = env.step("<think>now</think>" + SUBMIT)

@@ -112,7 +112,8 @@ def test_replay_returns_copies():
 def test_replay_from_yaml_and_json(tmp_path):
     y = tmp_path / "turns.yaml"
     y.write_text(
-        "turns:\n  - name: lookup\n    arguments: {key: k12}\n  - name: submit\n    arguments: {value: v84}\n"
+        "turns:\n  - name: lookup\n    arguments: {key: k12}\n  - name: submit\n    arguments: "
+        "{value: v84}\n"
     )
     j = tmp_path / "turns.json"
     j.write_text(json.dumps([{"name": "lookup", "arguments": {"key": "k12"}}]))
@@ -420,7 +421,8 @@ def test_openai_client_survives_several_event_loops(twin):
 
 # -- a real OpenAI-compatible server on loopback ---------------------------------------------------
 class _FakeChat(BaseHTTPRequestHandler):
-    """Serves /v1/chat/completions: lookup the key in the prompt, then submit the looked-up value."""
+    """Serves /v1/chat/completions: lookup the key in the prompt, then submit the looked-up
+    value."""
 
     requests: list[dict] = []
 
@@ -727,8 +729,8 @@ class _ReasoningModel(BaseHTTPRequestHandler):
                 400,
                 {
                     "error": {
-                        "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
-                        "Use 'max_completion_tokens' instead.",
+                        "message": "Unsupported parameter: 'max_tokens' is not supported with "
+                        "this model. Use 'max_completion_tokens' instead.",
                         "type": "invalid_request_error",
                         "param": "max_tokens",
                         "code": "unsupported_parameter",
@@ -740,8 +742,8 @@ class _ReasoningModel(BaseHTTPRequestHandler):
                 400,
                 {
                     "error": {
-                        "message": "Unsupported value: 'temperature' does not support 0 with this model. "
-                        "Only the default (1) value is supported.",
+                        "message": "Unsupported value: 'temperature' does not support 0 with "
+                        "this model. Only the default (1) value is supported.",
                         "type": "invalid_request_error",
                         "param": "temperature",
                         "code": "unsupported_value",

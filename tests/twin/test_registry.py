@@ -14,7 +14,7 @@ import pytest
 
 import twin
 from twin import UnknownTwinError
-from twin.check import TwinCheckError, check_twin
+from twin.doctor import TwinCheckError, check_twin
 from twin.registry import TwinSpec, load_plugins, registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +80,7 @@ def test_register_a_class_and_a_string(tmp_path):
         s2 = twin.register("envs.returns:ReturnsTwin", id="twin/Desk-v1")
         assert (s2.name, s2.version) == ("Desk", 1)
         s3 = twin.register("envs.returns:ReturnsTwin", id="twin/Desk2-v0")
+        assert (s3.name, s3.version) == ("Desk2", 0)
         assert twin.make_twin("desk2").name == "Returns"
     finally:
         for key in ("twin/MyReturns-v2", "twin/Desk-v1", "twin/Desk2-v0"):

@@ -177,8 +177,13 @@ WRITER = textwrap.dedent(
     run = store.start_run("eval", "Kill", "random")
     batch = 0
     while True:
-        store.add_episodes(run, [Trajectory(twin="Kill", case_id=f"Kill/test/{batch}-{i}", reward=0.1 * i)
-                                 for i in range(10)])
+        store.add_episodes(
+            run,
+            [
+                Trajectory(twin="Kill", case_id=f"Kill/test/{batch}-{i}", reward=0.1 * i)
+                for i in range(10)
+            ],
+        )
         batch += 1
         print(batch, flush=True)
     """
@@ -539,6 +544,8 @@ def test_twin_runs_reads_a_postgres_store_and_hides_its_password(postgres_url):
         "twin.rollout",
         "twin.policies",
         "twin.evaluation",
+        "twin.doctor",
+        "twin.protocols",
         "twinrl_cli",
         "twinrl_cli.app",
         "twinrl_cli.bench",

@@ -1,4 +1,5 @@
-"""@tool: schemas from signatures and docstrings, hidden injected parameters, validation messages."""
+"""@tool: schemas from signatures and docstrings, hidden injected parameters, validation
+messages."""
 
 from __future__ import annotations
 
@@ -102,27 +103,34 @@ def test_call_validates_and_dumps_models():
     [
         (
             {},
-            "lookup: missing required argument 'order_id' (string). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
+            "lookup: missing required argument 'order_id' (string). Usage: lookup(order_id: "
+            "string, limit?: integer, tags?: array of string | null)",
         ),
         (
             {"order_id": 5},
-            "lookup: argument 'order_id': Input should be a valid string (expected string, got 5). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
+            "lookup: argument 'order_id': Input should be a valid string (expected string, got "
+            "5). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
         ),
         (
             {"order_id": "a", "limit": "many"},
-            "lookup: argument 'limit': Input should be a valid integer, unable to parse string as an integer (expected integer, got 'many'). Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
+            "lookup: argument 'limit': Input should be a valid integer, unable to parse string as "
+            "an integer (expected integer, got 'many'). Usage: lookup(order_id: string, limit?: "
+            "integer, tags?: array of string | null)",
         ),
         (
             {"order_id": "a", "colour": 1},
-            "lookup: unknown argument 'colour'; allowed: order_id, limit, tags. Usage: lookup(order_id: string, limit?: integer, tags?: array of string | null)",
+            "lookup: unknown argument 'colour'; allowed: order_id, limit, tags. Usage: "
+            "lookup(order_id: string, limit?: integer, tags?: array of string | null)",
         ),
         (
             "{nope",
-            'lookup: arguments are not valid JSON (Expecting property name enclosed in double quotes at position 1); send a JSON object like {"order_id": "<string>"}',
+            "lookup: arguments are not valid JSON (Expecting property name enclosed in double "
+            'quotes at position 1); send a JSON object like {"order_id": "<string>"}',
         ),
         (
             [1],
-            'lookup: arguments must be a JSON object, got list; send a JSON object like {"order_id": "<string>"}',
+            "lookup: arguments must be a JSON object, got list; send a JSON object like "
+            '{"order_id": "<string>"}',
         ),
     ],
 )

@@ -68,44 +68,20 @@ def episode(
         {"role": "user", "content": listing},
     ]
     if invalid:
-        messages += [
-            {
-                "role": "assistant",
-                "content": reply or "calling lookup_brnd",
-                "tool_calls": [
-                    {
-                        "id": "bad",
-                        "type": "function",
-                        "function": {"name": "lookup_brnd", "arguments": '{"name": "x"}'},
-                    }
-                ],
-            },
-            {
-                "role": "tool",
-                "tool_call_id": "bad",
-                "name": "lookup_brnd",
-                "content": "error: unknown tool 'lookup_brnd'",
-            },
-        ]
-    messages += [
-        {
-            "role": "assistant",
-            "content": reply or "submitting",
-            "tool_calls": [
-                {
-                    "id": "sub",
-                    "type": "function",
-                    "function": {"name": "submit", "arguments": f'{{"verdict": "{answer}"}}'},
-                }
-            ],
-        },
-        {
-            "role": "tool",
-            "tool_call_id": "sub",
-            "name": "submit",
-            "content": '{"status": "submitted"}',
-        },
-    ]
+        messages += _exchange(
+            "bad",
+            "lookup_brnd",
+            '{"name": "x"}',
+            reply or "calling lookup_brnd",
+            "error: unknown tool 'lookup_brnd'",
+        )
+    messages += _exchange(
+        "sub",
+        "submit",
+        f'{{"verdict": "{answer}"}}',
+        reply or "submitting",
+        '{"status": "submitted"}',
+    )
     return Trajectory(
         twin=twin,
         case_id=f"{twin}/test/{case}",
@@ -125,6 +101,17 @@ def episode(
         reward_notes=[f"policy: true {truth!r}, submitted {answer!r}"],
         info={"outcome": {"truth": {"verdict": truth, "category_id": "hg-1"}, "kind": kind}},
     )
+
+
+def _exchange(
+    call_id: str, name: str, arguments: str, content: str, result: str
+) -> list[dict[str, object]]:
+    """An assistant message calling tool ``name``, and the tool's answer."""
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return [
+        {"role": "assistant", "content": content, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "name": name, "content": result},
+    ]
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from twin.errors import ConfigError
 from twin.policies.openai_chat import OpenAIChatPolicy
 from twin.policies.scripted import RandomPolicy, ReplayPolicy
-from twin.protocols import Policy
+from twin.protocols import Policy, PolicyHost
 
 __all__ = [
     "POLICY_ENTRY_POINT_GROUP",
@@ -125,7 +125,7 @@ def policy_kinds() -> dict[str, Any]:
 
 def make_policy(
     spec: str,
-    twin: Any = None,
+    twin: PolicyHost | None = None,
     *,
     seed: int = 0,
     base_url: str | None = None,
@@ -190,7 +190,7 @@ def make_policy(
     raise ConfigError(f"unknown policy spec {spec!r}; allowed: " + "; ".join(forms))
 
 
-def _baselines(twin: Any) -> dict[str, Any]:
+def _baselines(twin: PolicyHost | None) -> dict[str, Any]:
     if twin is None:  # make_policy without a twin: only the generic forms
         return {}
     return dict(twin.baselines() or {})

@@ -35,13 +35,18 @@ write. A ``running`` run whose process is gone (same host) or whose heartbeat is
         run.metrics = summarize(groups)     # finished with these; failed if the block raises
 """
 
-from twin.store.run_store import DEFAULT_STORE, RunStore, damaged_store_message, resolve_url
+from twin.store.run_store import (
+    DEFAULT_STORE,
+    RunHandle,
+    RunStore,
+    damaged_store_message,
+    resolve_url,
+)
 from twin.store.runs import (
     HEARTBEAT_S,
     RUN_KINDS,
     RUN_STATUSES,
     STALE_AFTER_S,
-    RunHandle,
     RunInfo,
     RunNotFoundError,
     writer_gone,

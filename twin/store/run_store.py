@@ -9,13 +9,14 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from twin.errors import ConfigError
 from twin.store.runs import (
@@ -24,7 +25,6 @@ from twin.store.runs import (
     RUN_KINDS,
     RUN_STATUSES,
     STALE_AFTER_S,
-    RunHandle,
     RunInfo,
     RunNotFoundError,
     run_info,
@@ -51,6 +51,35 @@ log = logging.getLogger(__name__)
 
 #: Where the store lives unless ``url`` or ``$TWINRL_STORE`` says otherwise.
 DEFAULT_STORE = "runs/twinrl.db"
+
+
+@dataclass
+class RunHandle:
+    """The run of a :meth:`RunStore.track_run` block: write to it, set how it ends.
+
+    Attributes:
+        store: The store.
+        id: The run id.
+        metrics: Summary stored when the block ends (set it inside the block).
+        status: Status stored when the block ends without an exception (default ``finished``).
+    """
+
+    store: RunStore
+    id: int
+    metrics: dict[str, Any] | None = None
+    status: str = "finished"
+
+    def add_episodes(self, trajectories: Iterable[Trajectory], step: int | None = None) -> int:
+        """:meth:`RunStore.add_episodes` for this run."""
+        return self.store.add_episodes(self.id, trajectories, step=step)
+
+    def log_metrics(self, step: int, values: dict[str, Any]) -> None:
+        """:meth:`RunStore.log_metrics` for this run."""
+        self.store.log_metrics(self.id, step, values)
+
+    def count_episodes(self) -> int:
+        """Episodes stored so far."""
+        return self.store.count_episodes(self.id)
 
 
 def resolve_url(url: str | os.PathLike[str] | None = None) -> str:
@@ -474,7 +503,7 @@ class RunStore:
         return f"RunStore({self.url!r})"
 
     @staticmethod
-    def _get_run(session: Any, run_id: int) -> RunTable:
+    def _get_run(session: Session, run_id: int) -> RunTable:
         row = session.get(RunTable, run_id)
         if row is None:
             raise RunNotFoundError(

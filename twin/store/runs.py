@@ -1,28 +1,22 @@
-"""What the store says about a run: its kinds and statuses, :class:`RunInfo`, the
-:class:`RunHandle` of a tracked run, and whether a run's writer still lives."""
+"""What the store says about a run: its kinds and statuses, :class:`RunInfo` (a ``runs`` row
+read back) and whether the run's writer still lives."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
 import socket
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twin.errors import TwinError
 from twin.store.schema import RunTable
-from twin.trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from twin.store.run_store import RunStore
 
 __all__ = [
     "HEARTBEAT_S",
     "HOST",
     "RUN_KINDS",
     "RUN_STATUSES",
-    "RunHandle",
     "RunInfo",
     "RunNotFoundError",
     "STALE_AFTER_S",
@@ -86,35 +80,6 @@ class RunInfo:
     pid: int | None = None
     host: str | None = None
     heartbeat_at: dt.datetime | None = None
-
-
-@dataclass
-class RunHandle:
-    """The run of a :meth:`RunStore.track_run` block: write to it, set how it ends.
-
-    Attributes:
-        store: The store.
-        id: The run id.
-        metrics: Summary stored when the block ends (set it inside the block).
-        status: Status stored when the block ends without an exception (default ``finished``).
-    """
-
-    store: RunStore
-    id: int
-    metrics: dict[str, Any] | None = None
-    status: str = "finished"
-
-    def add_episodes(self, trajectories: Iterable[Trajectory], step: int | None = None) -> int:
-        """:meth:`RunStore.add_episodes` for this run."""
-        return self.store.add_episodes(self.id, trajectories, step=step)
-
-    def log_metrics(self, step: int, values: dict[str, Any]) -> None:
-        """:meth:`RunStore.log_metrics` for this run."""
-        self.store.log_metrics(self.id, step, values)
-
-    def count_episodes(self) -> int:
-        """Episodes stored so far."""
-        return self.store.count_episodes(self.id)
 
 
 def pid_alive(pid: int) -> bool:

@@ -11,9 +11,12 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from twin.errors import ConfigError
+
+if TYPE_CHECKING:
+    from twin.core import Twin
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -62,7 +65,8 @@ def parse_threshold(item: str) -> tuple[str, float]:
     name = name.strip()
     if not sep or name not in DEFAULT_THRESHOLDS:
         raise ConfigError(
-            f"--threshold expects NAME=VALUE with NAME one of {', '.join(DEFAULT_THRESHOLDS)}; got {item!r}"
+            f"--threshold expects NAME=VALUE with NAME one of {', '.join(DEFAULT_THRESHOLDS)}; "
+            f"got {item!r}"
         )
     try:
         value = float(raw)
@@ -73,7 +77,7 @@ def parse_threshold(item: str) -> tuple[str, float]:
     return name, value
 
 
-def thresholds_for(twin: Any, overrides: Mapping[str, float] | None = None) -> dict[str, float]:
+def thresholds_for(twin: Twin, overrides: Mapping[str, float] | None = None) -> dict[str, float]:
     """Defaults, then the twin's ``check_thresholds``, then ``overrides``.
 
     Raises:

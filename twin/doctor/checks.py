@@ -6,18 +6,19 @@ import json
 from typing import Any
 
 from twin.core import Twin
-from twin.doctor_audit import bag_of_words_audit, label_like_values, scan_leaks
-from twin.doctor_play import (
+from twin.doctor.audit import bag_of_words_audit, label_like_values, scan_leaks
+from twin.doctor.play import (
     ConstantAnswerPolicy,
     NoToolsPolicy,
-    _guard,
     _Run,
     as_policy,
     constant_answers,
     first_output,
+    guard,
     play,
 )
-from twin.doctor_report import WARN_SHARE, Report
+from twin.doctor.report import WARN_SHARE, Report
+from twin.protocols import Policy
 
 __all__ = ["Doctor"]
 
@@ -51,35 +52,36 @@ class Doctor:
         from twin.rollout import max_reward
 
         self.top = max_reward(self.twin)
-        with _guard(self.report, "solvable", "oracle"):
+        with guard(self.report, "solvable", "oracle"):
             self.refs = self.pick_cases()
             self.solvable()
         if not hasattr(self, "refs"):
             return
-        with _guard(self.report, "reference", "reference policies"):
+        with guard(self.report, "reference", "reference policies"):
             self.reference()
-        with _guard(self.report, "degenerate", "degenerate policies"):
+        with guard(self.report, "degenerate", "degenerate policies"):
             self.degenerate()
-        with _guard(self.report, "truth", "prompt"):
+        with guard(self.report, "truth", "prompt"):
             self.audit_cases = [
                 self.twin.case(self.split_train, i) for i in range(self.n_train)
             ] + [self.twin.case(self.split_test, i) for i in range(self.n_test)]
             self.truth_in_prompts()
-        with _guard(self.report, "shortcut", "prompt"):
+        with guard(self.report, "shortcut", "prompt"):
             self.shortcut_prompt()
-        with _guard(self.report, "shortcut", "first tool output"):
+        with guard(self.report, "shortcut", "first tool output"):
             self.shortcut_first_output()
-        with _guard(self.report, "truth", "tool outputs and info"):
+        with guard(self.report, "truth", "tool outputs and info"):
             self.truth_in_outputs()
-        with _guard(self.report, "overlap", "world entities"):
+        with guard(self.report, "overlap", "world entities"):
             self.overlap()
-        with _guard(self.report, "twin", "extra_checks"):
+        with guard(self.report, "twin", "extra_checks"):
             for row in self.twin.extra_checks(self.cases):
                 self.report.add(**row)
 
     # -- cases and policies --------------------------------------------------------------------
     def pick_cases(self) -> list[CaseRef]:
-        """Up to ``cases`` test-split cases of every kind among the split's first ``250 * cases``."""
+        """Up to ``cases`` test-split cases of every kind among the split's first
+        ``250 * cases``."""
         limit = min(self.twin.num_cases(self.split_test), 250 * self.cases)
         by_kind: dict[str, list[int]] = {}
         for index in range(limit):
@@ -91,7 +93,7 @@ class Doctor:
         self.report.settings["played_cases"] = sum(map(len, by_kind.values()))
         return sorted((self.split_test, i) for chosen in by_kind.values() for i in chosen)
 
-    def _play(self, name: str, policy: Any) -> _Run:
+    def _play(self, name: str, policy: Policy) -> _Run:
         run = self.runs[name] = play(self.twin, policy, self.refs)
         return run
 

@@ -1,13 +1,13 @@
-"""``twin check TWIN``: a doctor that proves a twin has no shortcuts (``twin.check.doctor``).
+"""``twin check TWIN``: a doctor that proves a twin has no shortcuts (``twin.doctor.doctor``).
 
-:func:`twin.check.check_twin` checks the contract (schemas, prompts, the env); the doctor also
+:func:`twin.contract.check_twin` checks the contract (schemas, prompts, the env); the doctor also
 plays the twin and asks whether it can be solved, and only the right way:
 
-* **contract**: :func:`twin.check.check_twin` passes;
+* **contract**: :func:`twin.contract.check_twin` passes;
 * **determinism**: a fresh process builds the same case bytes and prompts (SHA-256 compared);
 * **truth**: no prompt, non-terminal tool output or non-terminal ``info`` carries a truth
   string of its own case more often than it carries it for other cases
-  (:func:`twin.doctor_audit.scan_leaks`; the strings come from :meth:`Twin.truth_fields`);
+  (:func:`twin.doctor.audit.scan_leaks`; the strings come from :meth:`Twin.truth_fields`);
 * **solvable**: the oracle (:meth:`Twin.oracle_policy`) reaches the maximum reward on every
   case of every kind it plays;
 * **degenerate**: every constant answer of the terminal tool (each enum / Literal value, put
@@ -20,14 +20,14 @@ plays the twin and asks whether it can be solved, and only the right way:
 * **overlap**: the share of each kind of test-split world entity (:meth:`Twin.world_entities`)
   also used by train-split cases stays under ``split_overlap``;
 * **the twin's own rows**: :meth:`Twin.extra_checks` (``extra_checks(cases)``) returns more rows
-  (dicts of :meth:`twin.doctor_report.Report.add`'s arguments: check, name, status, figure,
+  (dicts of :meth:`twin.doctor.report.Report.add`'s arguments: check, name, status, figure,
   threshold, note, value), each with its own threshold (``twin/Catalog-v2``: cheap policies,
   decision trees, held-out tactics, text templates, realism, base rates, natural-mix costs).
 
-Thresholds: :data:`twin.doctor_report.DEFAULT_THRESHOLDS`, the twin's ``check_thresholds``,
+Thresholds: :data:`twin.doctor.report.DEFAULT_THRESHOLDS`, the twin's ``check_thresholds``,
 then the caller's. In a test::
 
-    from twin.check import doctor
+    from twin.doctor import doctor
     doctor("Returns").assert_ok()
 """
 
@@ -42,9 +42,9 @@ from collections.abc import Mapping
 
 from twin.contract import check_twin
 from twin.core import Twin
-from twin.doctor_checks import Doctor
-from twin.doctor_play import _guard
-from twin.doctor_report import CheckRow, Report, thresholds_for
+from twin.doctor.checks import Doctor
+from twin.doctor.play import guard
+from twin.doctor.report import CheckRow, Report, thresholds_for
 from twin.errors import ConfigError
 
 __all__ = ["CheckRow", "Report", "case_digest", "doctor"]
@@ -94,7 +94,7 @@ def doctor(
         split_train: Split the classifier trains on (and overlap's reference).
         split_test: Split the policies play and the classifier is scored on.
         thresholds: Overrides of the thresholds (names: ``DEFAULT_THRESHOLDS``).
-        contract: Also run :func:`twin.check.check_twin` (with Gymnasium's ``check_env``).
+        contract: Also run :func:`twin.contract.check_twin` (with Gymnasium's ``check_env``).
         subprocess_check: Build cases in a fresh process for the determinism check.
 
     Raises:
@@ -126,7 +126,7 @@ def doctor(
         },
     )
     if contract:
-        with _guard(report, "contract", "check_twin"):
+        with guard(report, "contract", "check_twin"):
             try:
                 check_twin(twin, cases=min(cases, 3))
                 report.add(
@@ -134,7 +134,7 @@ def doctor(
                 )
             except AssertionError as exc:
                 report.add("contract", "check_twin", "fail", note=str(exc))
-    with _guard(report, "determinism", "fresh process"):
+    with guard(report, "determinism", "fresh process"):
         _check_determinism(twin, report, per_split=max(3, cases), subprocess_check=subprocess_check)
     Doctor(
         twin,
@@ -147,6 +147,29 @@ def doctor(
         n_test=n_test,
     ).run()
     return report
+
+
+def _digest_in_fresh_process(twin: Twin, per_split: int) -> subprocess.CompletedProcess[str]:
+    """:func:`case_digest` of the same class and config, computed by a new Python process."""
+    cls = type(twin)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # a new hash() salt
+    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+    config = json.dumps(twin.config.model_dump(mode="json"))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _SUBPROCESS,
+            cls.__module__,
+            cls.__qualname__,
+            config,
+            str(per_split),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def _check_determinism(twin: Twin, report: Report, per_split: int, subprocess_check: bool) -> None:
@@ -181,27 +204,11 @@ def _check_determinism(twin: Twin, report: Report, per_split: int, subprocess_ch
             "warn",
             figure=here[:12],
             threshold="same bytes",
-            note=f"{cls.__qualname__} cannot be imported by a fresh process; checked in-process only",
+            note=f"{cls.__qualname__} cannot be imported by a fresh process; checked in-process "
+            "only",
         )
         return
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # a new hash() salt
-    env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-    config = json.dumps(twin.config.model_dump(mode="json"))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _SUBPROCESS,
-            cls.__module__,
-            cls.__qualname__,
-            config,
-            str(per_split),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    proc = _digest_in_fresh_process(twin, per_split)
     if proc.returncode == _NOT_IMPORTABLE:
         report.add(
             "determinism",

@@ -27,7 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from twin.rollout import CaseRef, arun_episodes, success_fn, summarize
+from twin.core import Twin
+from twin.protocols import Policy
+from twin.rollout import CaseRef, OnGroup, arun_episodes, success_fn, summarize
 from twin.store import RunStore
 from twin.trajectory import Group
 
@@ -35,9 +37,15 @@ if TYPE_CHECKING:
     from twin.policies import PolicySettings
 
 __all__ = [
-    "BACKENDS", "Backend", "EvalInterrupted", "EvalJob", "EvalResult", "evaluate", "plan_evaluation",
+    "BACKENDS",
+    "Backend",
+    "EvalInterrupted",
+    "EvalJob",
+    "EvalResult",
+    "evaluate",
+    "plan_evaluation",
     "score_group",
-]  # fmt: skip
+]
 
 #: Where the episodes run: this process, or a Ray cluster.
 Backend = Literal["local", "ray"]
@@ -81,8 +89,8 @@ class EvalInterrupted(KeyboardInterrupt):
 
 
 def evaluate(
-    twin: Any,
-    policy: Any,
+    twin: Twin,
+    policy: Policy,
     cases: Sequence[CaseRef],
     *,
     group_size: int = 1,
@@ -107,7 +115,7 @@ def evaluate(
         config: The run's configuration, stored with it (must not hold secrets).
         progress: Progress bar on stderr.
         backend: ``"local"`` (this process, asyncio) or ``"ray"`` (chunks of groups as Ray tasks
-            on a cluster, :mod:`twin.ray_eval`; the same groups, stored the same way).
+            on a cluster, :mod:`twin.evaluation.ray_eval`; the same groups, stored the same way).
         ray_address: The Ray cluster to join (default ``$RAY_ADDRESS``, else a local one).
 
     Returns:
@@ -122,85 +130,122 @@ def evaluate(
         from twin.errors import ConfigError
 
         raise ConfigError(f"unknown eval backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    ray_usage: dict[str, Any] | None = None
     for split, index in cases:
         twin.case(split, index)  # fail before a run is recorded
 
-    async def run_all(store_group: Any) -> list[Group]:
-        nonlocal ray_usage
-        on_group = store_group
-        if twin.needs_group:  # the group's episodes are scored together before they are stored
-            if backend == "ray":
-
-                def on_group(group: Group) -> None:
-                    score_group(twin, group)
-                    if store_group is not None:
-                        store_group(group)
-            else:
-
-                async def on_group(group: Group) -> None:
-                    await asyncio.to_thread(score_group, twin, group)  # the judge may take seconds
-                    if store_group is not None:
-                        store_group(group)
-
-        try:
-            if backend == "ray":
-                from twin.ray_eval import run_on_ray  # Ray is imported only on this path
-
-                groups, ray_usage = run_on_ray(
-                    twin, policy, cases, group_size=group_size, concurrency=concurrency,
-                    progress=progress, on_group=on_group, address=ray_address,
-                )  # fmt: skip
-                return groups
-            return await arun_episodes(
-                twin,
-                policy,
-                cases,
-                group_size=group_size,
-                concurrency=concurrency,
-                progress=progress,
-                on_group=on_group,
-            )
-        finally:
-            closer = getattr(policy, "aclose", None)
-            if closer is not None:
-                await closer()
-
-    def summary_of(groups: list[Group], run_id: int | None) -> dict[str, Any]:
-        summary = summarize(groups, success=success_fn(twin))
-        summary.update(
-            {
-                "twin": twin.name,
-                "policy": policy.name,
-                "split": cases[0][0] if cases else "",
-                "run_id": run_id,
-            }
-        )
-        usage = ray_usage if backend == "ray" else getattr(policy, "usage", None)
-        if isinstance(usage, dict):
-            summary["usage"] = dict(usage)
-        return summary
+    def run_all(store_group: OnGroup | None) -> tuple[list[Group], Any]:
+        """The groups, and the request usage the policy (or the Ray workers') counted."""
+        on_group = _scoring(twin, store_group, backend)
+        groups, ray_usage = asyncio.run(
+            _run_groups(twin, policy, cases, on_group, group_size=group_size,
+                        concurrency=concurrency, progress=progress, backend=backend,
+                        ray_address=ray_address)
+        )  # fmt: skip
+        return groups, ray_usage if backend == "ray" else getattr(policy, "usage", None)
 
     if store is None:
         try:
-            groups = asyncio.run(run_all(None))
+            groups, usage = run_all(None)
         except KeyboardInterrupt:
             raise EvalInterrupted(None, 0) from None
-        return EvalResult(summary_of(groups, None), groups, None)
+        return EvalResult(_summary(twin, policy, cases, groups, None, usage), groups, None)
 
     spec = policy_spec or policy.name
     with store.track_run("eval", twin.name, spec, config) as run:
         try:
-            groups = asyncio.run(run_all(lambda group: run.add_episodes(group.trajectories)))
+            groups, usage = run_all(lambda group: run.add_episodes(group.trajectories))
         except KeyboardInterrupt:
             raise EvalInterrupted(run.id, run.count_episodes()) from None
-        summary = summary_of(groups, run.id)
+        summary = _summary(twin, policy, cases, groups, run.id, usage)
         run.metrics = summary
     summary["store"] = store.url
     return EvalResult(summary, groups, run.id)
 
 
-def score_group(twin: Any, group: Group) -> None:
+def _scoring(twin: Twin, store_group: OnGroup | None, backend: Backend) -> OnGroup | None:
+    """What to call with each finished group: store it, after scoring it together when the
+    twin's reward ranks episodes within their group (``twin.needs_group``)."""
+    if not twin.needs_group:
+        return store_group
+    if backend == "ray":
+
+        def on_group(group: Group) -> None:
+            score_group(twin, group)
+            if store_group is not None:
+                store_group(group)
+
+        return on_group
+
+    async def on_group_async(group: Group) -> None:
+        await asyncio.to_thread(score_group, twin, group)  # the judge may take seconds
+        if store_group is not None:
+            store_group(group)
+
+    return on_group_async
+
+
+async def _run_groups(
+    twin: Twin,
+    policy: Policy,
+    cases: Sequence[CaseRef],
+    on_group: OnGroup | None,
+    *,
+    group_size: int,
+    concurrency: int,
+    progress: bool,
+    backend: Backend,
+    ray_address: str | None,
+) -> tuple[list[Group], dict[str, Any] | None]:
+    """The groups, and the usage the Ray workers' policies counted (None on the local backend);
+    the policy's ``aclose()`` (if any) is awaited however the run ends."""
+    try:
+        if backend == "ray":
+            from twin.evaluation.ray_eval import run_on_ray  # Ray is imported only on this path
+
+            return run_on_ray(
+                twin, policy, cases, group_size=group_size, concurrency=concurrency,
+                progress=progress, on_group=on_group, address=ray_address,
+            )  # fmt: skip
+        groups = await arun_episodes(
+            twin,
+            policy,
+            cases,
+            group_size=group_size,
+            concurrency=concurrency,
+            progress=progress,
+            on_group=on_group,
+        )
+        return groups, None
+    finally:
+        closer = getattr(policy, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+def _summary(
+    twin: Twin,
+    policy: Policy,
+    cases: Sequence[CaseRef],
+    groups: list[Group],
+    run_id: int | None,
+    usage: Any,
+) -> dict[str, Any]:
+    """:func:`twin.rollout.summarize`'s figures with the run's names, id and request usage."""
+    summary = summarize(groups, success=success_fn(twin))
+    summary.update(
+        {
+            "twin": twin.name,
+            "policy": policy.name,
+            "split": cases[0][0] if cases else "",
+            "run_id": run_id,
+        }
+    )
+    if isinstance(usage, dict):
+        summary["usage"] = dict(usage)
+    return summary
+
+
+def score_group(twin: Twin, group: Group) -> None:
     """Score a finished group's episodes together, for a twin whose reward ranks episodes within
     their group (``twin.needs_group``): :meth:`twin.core.Twin.score_groups` on the episodes that
     ended without an error. A judge that fails marks those episodes failed (reward None, the
@@ -238,8 +283,8 @@ class EvalJob:
         config: The run's configuration as stored (never the API key).
     """
 
-    twin: Any
-    policy: Any
+    twin: Twin
+    policy: Policy
     policy_spec: str
     cases: list[CaseRef]
     group_size: int
@@ -273,7 +318,7 @@ class EvalJob:
 
 
 def plan_evaluation(
-    twin: Any,
+    twin: Twin,
     settings: PolicySettings,
     *,
     episodes: int,

@@ -19,13 +19,16 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from twin.core import Twin
 from twin.errors import ConfigError
-from twin.rollout import CaseRef, _progress_bar, arun_episodes
+from twin.protocols import Policy
+from twin.rollout import CaseRef, arun_episodes, progress_bar
 from twin.trajectory import Group
 
 __all__ = ["RAY_ADDRESS_ENV", "ensure_ray", "run_on_ray"]
 
-#: The cluster to join (``ray start --head`` prints it); unset: a running local cluster, else a new one.
+#: The cluster to join (``ray start --head`` prints it); unset: a running local cluster, else a
+#: new one.
 RAY_ADDRESS_ENV = "RAY_ADDRESS"
 #: Chunks per CPU of the cluster: a few per CPU keep every worker busy to the end of the run.
 CHUNKS_PER_CPU = 4
@@ -97,14 +100,14 @@ def _run_chunk(
     return groups, grown
 
 
-def _usage(policy: Any) -> dict[str, Any] | None:
+def _usage(policy: Policy) -> dict[str, Any] | None:
     usage = getattr(policy, "usage", None)
     return dict(usage) if isinstance(usage, dict) else None
 
 
 def run_on_ray(
-    twin: Any,
-    policy: Any,
+    twin: Twin,
+    policy: Policy,
     cases: Sequence[CaseRef],
     *,
     group_size: int,
@@ -152,7 +155,7 @@ def run_on_ray(
     }
     results: list[Group | None] = [None] * len(cases)
     usage: dict[str, Any] | None = None
-    bar = _progress_bar(
+    bar = progress_bar(
         len(cases) * group_size, enabled=progress, desc=f"{twin.name} x {policy.name} (ray)"
     )
     try:

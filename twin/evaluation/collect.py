@@ -23,7 +23,7 @@ text: Arrow gives every dict of a column the union of all their keys (a tool sch
 
 ::
 
-    from twin.collect import collect, read_dataset
+    from twin.evaluation.collect import collect, read_dataset
     result = collect(twin, policy, [("train", i) for i in range(64)], out="runs/datasets/returns",
                      store=RunStore(), min_reward=0.9)
     rows = read_dataset(result.out)
@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from twin.core import Twin
 from twin.errors import ConfigError
+from twin.protocols import Policy
 from twin.rollout import CaseRef
 from twin.store import RunStore
 from twin.trajectory import Trajectory
@@ -65,7 +67,10 @@ META_FILE = "dataset.json"
 #: Columns stored as JSON text in the Hugging Face copy (see the module docstring).
 JSON_COLUMNS = ("messages", "tools", "components")
 #: How to get the Hugging Face copy when ``datasets`` is missing.
-HF_HINT = "pip install 'twinrl[integrations]' (the `datasets` package) to also write the Hugging Face format"
+HF_HINT = (
+    "pip install 'twinrl[integrations]' (the `datasets` package) to also write the Hugging Face "
+    "format"
+)
 
 
 @dataclass
@@ -240,7 +245,8 @@ def read_dataset(path: str | Path, *, min_reward: float | None = None) -> list[d
         rows = [_decode_row(dict(r)) for r in datasets.load_from_disk(str(hf))]
     else:
         raise ConfigError(
-            f"dataset {str(path)!r} not found: give a folder written by `twin collect`, a JSONL file of "
+            f"dataset {str(path)!r} not found: give a folder written by `twin collect`, a JSONL "
+            "file of "
             "rows, or a folder saved with datasets.Dataset.save_to_disk"
         )
     for n, row in enumerate(rows):
@@ -261,8 +267,8 @@ def default_out(twin: str, policy: str, split: str, run_id: int | None) -> Path:
 
 
 def collect(
-    twin: Any,
-    policy: Any,
+    twin: Twin,
+    policy: Policy,
     cases: Sequence[CaseRef],
     *,
     out: str | Path | None = None,
@@ -289,12 +295,13 @@ def collect(
         config: The run's configuration.
         progress: Progress bar on stderr.
     """
-    from twin.evaluation import evaluate
+    from twin.evaluation.runner import evaluate
 
     spec = policy_spec or policy.name
     result = evaluate(
         twin, policy, cases, group_size=group_size, concurrency=concurrency, store=store,
-        policy_spec=spec, config={**(config or {}), "collect": True, "min_reward": min_reward}, progress=progress,
+        policy_spec=spec, progress=progress,
+        config={**(config or {}), "collect": True, "min_reward": min_reward},
     )  # fmt: skip
     trajectories = [t for g in result.groups for t in g.trajectories]
     rows, seen, low, failed = _select(trajectories, twin.tool_schemas, result.run_id, min_reward)
@@ -327,7 +334,7 @@ def export_run(
     *,
     out: str | Path | None = None,
     min_reward: float | None = None,
-    twin: Any = None,
+    twin: Twin | None = None,
 ) -> CollectResult:
     """Write the episodes of a stored run (any kind) as a dataset.
 

@@ -1,7 +1,7 @@
 """Playing a twin for ``twin check`` (:mod:`twin.doctor`): episodes, probe policies, guarded checks.
 
 Its own module because both the doctor (:mod:`twin.doctor`) and its playing checks
-(:mod:`twin.doctor_checks`) use these, and the doctor runs those checks.
+(:mod:`twin.doctor.checks`) use these, and the doctor runs those checks.
 """
 
 from __future__ import annotations
@@ -10,12 +10,16 @@ import asyncio
 import contextlib
 import json
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from twin.core import Twin, _made
-from twin.doctor_report import Report
+from twin.core import Twin, as_policy
+from twin.doctor.report import Report
+from twin.protocols import Policy
+
+if TYPE_CHECKING:
+    from twin.env import TwinEnv
 
 __all__ = [
     "ConstantAnswerPolicy",
@@ -23,6 +27,7 @@ __all__ = [
     "as_policy",
     "constant_answers",
     "first_output",
+    "guard",
     "play",
 ]
 
@@ -65,13 +70,13 @@ class NoToolsPolicy:
 class ConstantAnswerPolicy:
     """``base``'s turns with argument ``arg`` of every ``tool`` call set to ``value``."""
 
-    def __init__(self, base: Any, tool: str, arg: str, value: Any) -> None:
+    def __init__(self, base: Policy, tool: str, arg: str, value: Any) -> None:
         self.base, self.tool, self.arg, self.value = base, tool, arg, value
         self.name = f"constant {arg}={value}"
 
     def for_episode(self, key: str) -> ConstantAnswerPolicy:
         """The base's episode copy (random bases), wrapped."""
-        from twin.policies import policy_for_episode
+        from twin.protocols import policy_for_episode
 
         return ConstantAnswerPolicy(
             policy_for_episode(self.base, key), self.tool, self.arg, self.value
@@ -117,7 +122,7 @@ def constant_answers(twin: Twin) -> list[tuple[str, str, Any]]:
 
 
 @contextlib.contextmanager
-def _guard(report: Report, check: str, name: str) -> Iterator[None]:
+def guard(report: Report, check: str, name: str) -> Iterator[None]:
     """A check that raises becomes a failed row (the other checks still run)."""
     try:
         yield
@@ -127,10 +132,10 @@ def _guard(report: Report, check: str, name: str) -> Iterator[None]:
         )
 
 
-def play(twin: Twin, policy: Any, refs: list[tuple[str, int]]) -> _Run:
+def play(twin: Twin, policy: Policy, refs: list[tuple[str, int]]) -> _Run:
     """Play one episode of ``policy`` per case, keeping what the agent could read before the end."""
     from twin.env import TwinEnv
-    from twin.policies import policy_for_episode
+    from twin.protocols import policy_for_episode
 
     env = TwinEnv(twin)
     run = _Run()
@@ -144,7 +149,12 @@ def play(twin: Twin, policy: Any, refs: list[tuple[str, int]]) -> _Run:
 
 
 def _play_one(
-    env: Any, loop: Any, policy: Any, for_episode: Any, split: str, index: int
+    env: TwinEnv,
+    loop: asyncio.AbstractEventLoop,
+    policy: Policy,
+    for_episode: Callable[[Policy, str], Policy],
+    split: str,
+    index: int,
 ) -> _Episode:
     _, info = env.reset(options={"split": split, "index": index})
     case, tools = env.case, info["tools"]
@@ -163,11 +173,11 @@ def _play_one(
         return _Episode(case, None, "\n".join(seen), error=f"{type(exc).__name__}: {exc}")
 
 
-def first_output(twin: Twin, policy: Any, refs: list[tuple[str, int]]) -> list[str | None]:
+def first_output(twin: Twin, policy: Policy, refs: list[tuple[str, int]]) -> list[str | None]:
     """The text of ``policy``'s first turn's tool results per case (None: its first turn ended it
     or called no tool)."""
     from twin.env import TwinEnv
-    from twin.policies import policy_for_episode
+    from twin.protocols import policy_for_episode
 
     env = TwinEnv(twin)
     loop = asyncio.new_event_loop()
@@ -187,8 +197,3 @@ def first_output(twin: Twin, policy: Any, refs: list[tuple[str, int]]) -> list[s
     finally:
         loop.close()
     return out
-
-
-def as_policy(twin: Twin, value: Any) -> Any:
-    """A hook's value as a policy: a policy as it is, a factory ``f(twin)`` called."""
-    return _made(twin, value)
