@@ -49,7 +49,8 @@ __all__ = [
 
 REASON_QUESTION = (
     "Does the agent's reason cite the evidence that decided this case? 5: it names the deciding "
-    "evidence (the signal and the brand, seller or recall involved); 3: it points at the right kind "
+    "evidence (the signal and the brand, seller or "
+    "recall involved); 3: it points at the right kind "
     "of evidence but vaguely; 1: it cites nothing, or evidence that did not decide the case."
 )
 

@@ -227,8 +227,10 @@ def write_report(out: str | Path, results: dict[str, dict[str, Any]], meta: dict
         c = s["components"]
         lines.append(
             f"| {name} | {s['reward_mean']:.3f} | {c.get('category', 0):.3f} | "
-            f"{c.get('attributes', 0):.3f} | {c.get('policy', 0):.3f} | {s['pass@k'].get('1', 0):.3f} | "
-            f"{s['pass@k'].get(k, 0):.3f} | {s['pass^k'].get(k, 0):.3f} | {m['verdict_accuracy']:.3f} | "
+            f"{c.get('attributes', 0):.3f} | {c.get('policy', 0):.3f} | "
+            f"{s['pass@k'].get('1', 0):.3f} | "
+            f"{s['pass@k'].get(k, 0):.3f} | {s['pass^k'].get(k, 0):.3f} | "
+            f"{m['verdict_accuracy']:.3f} | "
             f"{m['missed']} | {m['false_alarms']} |"
         )
     lines += ["", f"k = group size. ![mean reward]({plots['reward']})", ""]
@@ -237,8 +239,8 @@ def write_report(out: str | Path, results: dict[str, dict[str, Any]], meta: dict
         lines += [
             f"## {name}: per case type",
             "",
-            "| case type | n | reward | verdict acc | category exact | true | ok | counterfeit | "
-            "prohibited | none |",
+            "| case type | n | reward | verdict acc | category "
+            "exact | true | ok | counterfeit | prohibited | none |",
             "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
         ]
         for kind, row in m["by_kind"].items():
@@ -246,7 +248,8 @@ def write_report(out: str | Path, results: dict[str, dict[str, Any]], meta: dict
                 counts = row["confusion"][true]
                 head = (
                     (
-                        f"{kind} | {row['episodes']} | {row['reward_mean']:.3f} | {row['accuracy']:.2f} | "
+                        f"{kind} | {row['episodes']} | {row['reward_mean']:.3f} | "
+                        f"{row['accuracy']:.2f} | "
                         f"{row['category_exact']:.2f}"
                     )
                     if i == 0

@@ -4,14 +4,18 @@
 
     R = clip(0.3*C + 0.3*A + 0.4*P - penalties, -0.4, 1.0)
 
-| component    | meaning                                                                          | range      |
-| ------------ | -------------------------------------------------------------------------------- | ---------- |
-| `category`   | C: 1 if the id is the true one, else depth(deepest common ancestor) / max depth; 0 for an id that does not exist | [0, 1] |
-| `attributes` | A: F1 over (handle, value) pairs vs the true required attributes; values case-insensitive, trimmed; empty vs empty = 1 | [0, 1] |
-| `policy`     | P: 1 - cost(true verdict, submitted verdict), costs in :data:`VERDICT_COSTS`     | [-1, 1]    |
-| `invalid_calls` | 0.01 per invalid tool call (or turn without a call), at most 0.05             | [0, 0.05]  |
-| `penalty`    | sum of the penalties (= `invalid_calls`)                                         | [0, 0.05]  |
-| `submitted`  | 1 when a valid `submit` ended the episode; else R = -0.4, P = -1, C = A = 0      | {0, 1}     |
+Components (range in brackets):
+
+- `category` [0, 1]: C: 1 if the id is the true one, else depth(deepest common ancestor) / max
+  depth; 0 for an id that does not exist.
+- `attributes` [0, 1]: A: F1 over (handle, value) pairs vs the true required attributes; values
+  case-insensitive, trimmed; empty vs empty = 1.
+- `policy` [-1, 1]: P: 1 - cost(true verdict, submitted verdict), costs in
+  :data:`VERDICT_COSTS`.
+- `invalid_calls` [0, 0.05]: 0.01 per invalid tool call (or turn without a call), at most 0.05.
+- `penalty` [0, 0.05]: sum of the penalties (= `invalid_calls`).
+- `submitted` {0, 1}: 1 when a valid `submit` ended the episode; else R = -0.4, P = -1,
+  C = A = 0.
 
 A missed counterfeit or prohibited item (P = -1) costs exactly 7x a false alarm (P = 5/7):
 ``VERDICT_COSTS.ratio(("counterfeit", "ok"), ("ok", "counterfeit")) == 7``.

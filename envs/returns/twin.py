@@ -35,9 +35,13 @@ ITEMS = (
     ("kettle", 39.9),
 )
 MESSAGES = {
-    "changed_mind": "Hi, I'd like to return order {oid}, the {item}. I changed my mind; it's unopened.",
+    "changed_mind": (
+        "Hi, I'd like to return order {oid}, the {item}. I changed my mind; it's unopened."
+    ),
     "damaged": "Order {oid}: the {item} arrived broken, the box was crushed. I want my money back.",
-    "opened": "Hello, about order {oid}: I opened the {item} and used it once, but I don't like it.",
+    "opened": (
+        "Hello, about order {oid}: I opened the {item} and used it once, but I don't like it."
+    ),
 }
 # Frozen (read-only): tools hand these shared objects to every episode.
 POLICY = freeze(
@@ -211,7 +215,7 @@ class ReturnsTwin(Twin):
         """Reference policies: ``oracle`` applies the policy to what the tools return."""
         return {"oracle": lambda twin: OraclePolicy()}
 
-    # -- twin check hooks (twin/doctor.py) -----------------------------------------------------
+    # -- twin check hooks (twin/doctor/) --------------------------------------------------------
     # lookup_order is meant to reveal what the decision follows from (days since delivery,
     # final sale): its output predicting the decision is the task, not a shortcut.
     check_thresholds = {"first_output_margin": 1.0}

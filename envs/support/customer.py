@@ -24,7 +24,8 @@ from twin.errors import ConfigError, ToolError
 __all__ = ["LLMCustomer", "RuleCustomer", "customer_system_prompt", "is_yes", "opening_message"]
 
 _CONFIRM = re.compile(
-    r"\b(confirm|proceed|go ahead|shall i|should i|do you want me|would you like me|ok to|okay to)\b"
+    r"\b(confirm|proceed|go ahead|shall i|should i|do "
+    r"you want me|would you like me|ok to|okay to)\b"
 )
 _DECLINE = re.compile(
     r"\b(can ?not|can't|unable|not able|not eligible|isn't eligible|not possible|"
@@ -97,8 +98,8 @@ class RuleCustomer:
             pushed = sum(1 for h in history if h.get("customer", "").startswith("Please,"))
             if goal["pushes"] and pushed < 2:
                 return (
-                    "Please, I've been a loyal customer for years. Can't you make an exception "
-                    "just this once?"
+                    "Please, I've been a loyal customer for years. "
+                    "Can't you make an exception just this once?"
                 )
             return "Fine, I understand. Thanks anyway."
         if re.search(r"anything else|help you with|is there more", m):
@@ -109,8 +110,8 @@ class RuleCustomer:
 def customer_system_prompt(goal: dict[str, Any]) -> str:
     """The LLM customer's instructions: the persona, the hidden goal and how to behave."""
     push = (
-        "If the agent declines, insist once or twice that they make an exception for a loyal "
-        "customer, then accept."
+        "If the agent declines, insist once or twice that they "
+        "make an exception for a loyal customer, then accept."
         if goal["pushes"]
         else "Accept the agent's answer politely."
     )
@@ -121,7 +122,8 @@ def customer_system_prompt(goal: dict[str, Any]) -> str:
     return (
         f"You are {goal['name']}, a customer of an online shop, chatting with a support agent. You "
         f"are {goal['mood']}. You want to {goal['intent']} your order {goal['order_id']} "
-        f"(a {goal['item']}).{claim} Your account email is {goal['email']}. If asked how to refund, "
+        f"(a {goal['item']}).{claim} Your account email "
+        f"is {goal['email']}. If asked how to refund, "
         f"you prefer {refund}. Give a detail only when the agent asks for it. When the agent asks "
         f"you to confirm the action you want, answer starting with 'Yes'. {push} Reply with one or "
         "two short sentences, as the customer only."

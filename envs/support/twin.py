@@ -239,7 +239,8 @@ class SupportDeskTwin(Twin):
         order = self._current(order_id, world, state)
         if order["status"] != "processing":
             raise ToolError(
-                f"order {order['order_id']} is {order['status']}; only processing orders can be cancelled"
+                f"order {order['order_id']} is {order['status']}; "
+                "only processing orders can be cancelled"
             )
         change = {"status": "cancelled"}
         state["changes"][order["order_id"]] = change
@@ -262,7 +263,8 @@ class SupportDeskTwin(Twin):
         order = self._current(order_id, world, state)
         if order["status"] != "delivered":
             raise ToolError(
-                f"order {order['order_id']} is {order['status']}; only delivered orders can be returned"
+                f"order {order['order_id']} is {order['status']}; "
+                "only delivered orders can be returned"
             )
         change = {"status": "return_requested", "refund_to": refund_to}
         state["changes"][order["order_id"]] = change

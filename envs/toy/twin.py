@@ -296,7 +296,7 @@ class ToyTwin(Twin):
             },
         ]
 
-    # -- twin check hooks (twin/doctor.py) -----------------------------------------------------
+    # -- twin check hooks (twin/doctor/) --------------------------------------------------------
     # The prompt names the answer by design (the task is reading it), so a bag-of-words
     # classifier on prompts is expected to be perfect.
     check_thresholds = {"shortcut_margin": 1.0}

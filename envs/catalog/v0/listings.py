@@ -11,15 +11,15 @@ Case kinds (``KINDS``), after the signals a trust-and-safety analyst checks:
 kind                                verdict       what is planted
 ==================================  ============  =============================================
 ``clean``                           ok            a genuine listing with every required attribute
-``hard_negative_sale``              ok            genuine brand at a real sale price (60-85% of MSRP)
+``hard_negative_sale``              ok            genuine brand at a sale price (60-85% of MSRP)
 ``hard_negative_authorized``        ok            authorized reseller of a protected brand
 ``hard_negative_replica``           ok            "replica" used legitimately (painting, movie prop)
-``hard_negative_accessory``         ok            an accessory *for* a protected brand, by another maker
-``counterfeit_price``               counterfeit   price far under the brand's MSRP (8-30% of the low end)
+``hard_negative_accessory``         ok            another maker's accessory *for* a protected brand
+``counterfeit_price``               counterfeit   far under the brand's MSRP (8-30% of the low end)
 ``counterfeit_typosquat``           counterfeit   altered brand text ("Nikey", "N1ke")
 ``counterfeit_replica_wording``     counterfeit   "1:1", "mirror quality", "inspired by", "dupe"
 ``counterfeit_unauthorized_seller`` counterfeit   protected brand, seller not authorized
-``prohibited_category``             prohibited    an item of a prohibited subtree (weapons, drugs, ...)
+``prohibited_category``             prohibited    an item of a prohibited subtree (weapons, drugs)
 ``prohibited_recall``               prohibited    matches a recall notice (model number, batch)
 ``wrong_category_words``            ok            words that suggest a wrong category ("shoe charm")
 ``missing_attributes``              ok            some required attributes are not stated at all
@@ -801,7 +801,8 @@ def make_listing(
         value for the required attributes the listing states), ``verdict``, ``signals``.
 
     Raises:
-        ConfigError: unknown kind, or a world that cannot host it (no recalls, no prohibited leaves).
+        ConfigError: unknown kind, or a world that cannot host it (no recalls, no prohibited
+            leaves).
     """
     if kind not in KINDS:
         raise ConfigError(f"unknown case kind {kind!r}; known kinds: {', '.join(KINDS)}")

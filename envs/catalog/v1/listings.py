@@ -17,7 +17,7 @@ kind                            verdict       what is planted
 ==============================  ============  ================================================
 ``clean``                       ok            registry brand at a normal price, any seller
 ``longtail``                    ok            a small brand that is not in the registry
-``genuine_discount``            ok            35-70% of MSRP, condition stated, seller in good standing
+``genuine_discount``            ok            35-70% of MSRP, condition stated, good-standing seller
 ``gated_authorized``            ok            gated brand from an authorized (often young) seller
 ``lookalike_registered``        ok            a registered brand whose name resembles another
 ``compatible_accessory``        ok            "compatible with <gated brand>", by another maker
@@ -962,7 +962,8 @@ def make_listing(
 
     Args:
         world: The :class:`envs.catalog.v1.world.V1World`.
-        split: ``train``, ``dev`` or ``test`` (train draws from the train part, the others from eval).
+        split: ``train``, ``dev`` or ``test`` (train draws from the train part, the others from
+            eval).
         rng: The case's seeded generator.
         kind: One of :data:`KINDS`.
         lid: The listing id shown to the agent.

@@ -90,7 +90,8 @@ SYSTEM_PROMPT_V1_COMPACT = """\
 You are a marketplace catalog analyst. Check the listing with the tools, then call submit once:
 1. category_id: the most specific leaf category of the item actually sold ("Item type" and \
 "Department" beat title words).
-2. attributes: the category's required attributes, only values the listing states, spelled as allowed.
+2. attributes: the category's required attributes, only values the listing states, spelled as \
+allowed.
 3. verdict:
 - prohibited: the schema's policy prohibits the category, or the item is a recalled model of its \
 brand with an affected or unstated batch.
@@ -114,7 +115,8 @@ COMPACT_TOOL_TEXT: dict[str, tuple[str, dict[str, str]]] = {
         {"query": "Item words.", "limit": "Results (1-50)."},
     ),
     "lookup_brand": (
-        "Brand registry: exact and similar brands, registered, gated, authorized sellers, MSRP, recalls.",
+        "Brand registry: exact and similar brands, "
+        "registered, gated, authorized sellers, MSRP, recalls.",
         {"name": "Brand as written.", "category_id": "Optional: MSRP for this category only."},
     ),
     "get_attribute_schema": (
@@ -162,7 +164,8 @@ class CatalogTwinV1(CatalogTwin):
     """Catalog v1: overlapping signals, sellers as evidence, a held-out test world.
 
     Args:
-        **config: :class:`CatalogConfigV1` fields, e.g. ``CatalogTwinV1(seed=1, taxonomy_path=PATH)``.
+        **config: :class:`CatalogConfigV1` fields, e.g.
+            ``CatalogTwinV1(seed=1, taxonomy_path=PATH)``.
     """
 
     name = "Catalog"
@@ -372,7 +375,8 @@ class CatalogTwinV1(CatalogTwin):
             close = self.world.similar_sellers(text)
             hint = f"; similar handles: {', '.join(close)}" if close else ""
             raise ToolError(
-                f"get_seller: no seller {text!r}{hint}. Pass the handle exactly as the listing shows it"
+                f"get_seller: no seller {text!r}{hint}. Pass "
+                "the handle exactly as the listing shows it"
             )
         result = self._seller_cache[text] = freeze(view)
         return result

@@ -250,7 +250,8 @@ class Seller:
         rating: Buyer rating, 1.0-5.0.
         sales: Completed orders.
         ships_from: ISO country code.
-        takedowns: Past takedowns: ``(brand, reason, year)``; reason ``counterfeit`` or another policy.
+        takedowns: Past takedowns: ``(brand, reason, year)``; reason ``counterfeit`` or another
+            policy.
         authorized_brands: Registered brands this seller is an authorized reseller of.
     """
 

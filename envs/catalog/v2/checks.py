@@ -225,7 +225,7 @@ def v2_checks(
     n_test = min(twin.num_cases("test"), n_test or 100 * cases)
     n_train = min(twin.num_cases("train"), n_train or 300 * cases)
     # base rates of each mix (from the kind schedule: no case is built)
-    for mix, split in (("evaluation", "test"), ("training", "train"), ("natural", None)):
+    for mix, _split in (("evaluation", "test"), ("training", "train"), ("natural", None)):
         shares = MIXES[mix]
         rates = Counter()
         for k, s in shares.items():
@@ -338,7 +338,8 @@ def v2_checks(
         ok = bool(got)
         fig = (
             (
-                f"ceiling {statistics.fmean(got):.3f}, heuristic {statistics.fmean(h_kind.get(kind, [0.0])):.3f}, "
+                f"ceiling {statistics.fmean(got):.3f}, heuristic "
+                f"{statistics.fmean(h_kind.get(kind, [0.0])):.3f}, "
                 f"{len(got)} cases"
             )
             if got
@@ -368,7 +369,8 @@ def v2_checks(
             tf["top1"] <= 0.02,
             f"{tf['top1']:.2%}",
             "<= 2%",
-            note=f"{tf['sentences']} sentences, {tf['templates']} templates; e.g. {tf['top1_text'][:60]!r}",
+            note=f"{tf['sentences']} sentences, {tf['templates']} templates; e.g. "
+            f"{tf['top1_text'][:60]!r}",
             value=tf["top1"],
         )
     )

@@ -74,8 +74,12 @@ KINDS: tuple[str, ...] = tuple(KIND_DECISION)
 HELD_OUT: dict[str, str] = {
     "invisible_brand": "evasion: zero-width characters inside a registered brand name",
     "fresh_account_gated": "evasion: a days-old account selling a gated brand at full price",
-    "deep_clearance_authorised": "hard negative: an authorised seller's deep clearance (20-40% of MSRP)",
-    "reformed_seller": "hard negative: a seller whose counterfeit takedown for the brand is years old",
+    "deep_clearance_authorised": (
+        "hard negative: an authorised seller's deep clearance (20-40% of MSRP)"
+    ),
+    "reformed_seller": (
+        "hard negative: a seller whose counterfeit takedown for the brand is years old"
+    ),
 }
 
 #: Evaluation mix (dev and test): 45% ok, 20% counterfeit, 10% prohibited, 25% escalate, so that

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = v2_checks(twin, 2, n_test=args.test, n_train=args.train, n_text=args.text)
     for r in rows:
         print(
-            f"{r['status']:4}  {r['check']:16}  {r['name']:38}  {r['figure']}  [{r['threshold']}]  {r['note']}"
+            f"{r['status']:4}  {r['check']:16}  {r['name']:38} "
+            f" {r['figure']}  [{r['threshold']}]  {r['note']}"
         )
     return int(any(r["status"] == "fail" for r in rows))
 

@@ -13,7 +13,7 @@ decision)::
     ok               | 0   | 2           | 2          | 1.5       a false alarm costs the sale (2);
     counterfeit      | 6   | 0           | 0.5        | 1.5       a review costs its fee (1.5)
     prohibited       | 6   | 0.5         | 0          | 1.5       whatever the truth; a miss 6
-    escalate         | 4.5 | 3           | 3          | 1.5       (+1 when the wrong document is requested)
+    escalate         | 4.5 | 3           | 3          | 1.5       (+1 for a wrong document)
 
 ``escalate`` truth is a listing the policy calls unproven: passing it unreviewed risks a miss
 (4.5), removing it without proof is a false alarm plus an appeal (3), a review costs its fee.

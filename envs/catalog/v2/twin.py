@@ -263,7 +263,8 @@ class CatalogTwinV2(CatalogTwinV1):
             close = self.world.similar_sellers(text)
             hint = f"; similar handles: {', '.join(close)}" if close else ""
             raise ToolError(
-                f"get_seller: no seller {text!r}{hint}. Pass the handle exactly as the listing shows it"
+                f"get_seller: no seller {text!r}{hint}. Pass "
+                "the handle exactly as the listing shows it"
             )
         found = self._seller_cache[text] = freeze(view)
         return found

@@ -142,8 +142,9 @@ def strip_item(item: str, brand: str | None, model: str | None) -> str:
 def resolve_item(
     search: Any, item: str, brand: str | None, model: str | None, dept: str
 ) -> str | None:
-    """The leaf the category rule picks: among the search hits for the item (and department), the
-    one whose name has the item's :func:`content.item_key` and whose path ends with the department."""
+    """The leaf the category rule picks: among the search hits for the item (and department),
+    the one whose name has the item's :func:`content.item_key` and whose path ends with the
+    department."""
     bare = strip_item(item, brand, model)
     key = content.item_key(bare)
     last = dept.split(" > ")[-1] if dept else ""

@@ -85,7 +85,9 @@ class Writer:
         return f"{self.pick('ship_verbs')} {when} {self.pick('ship_extras')}".strip()
 
     def returns(self) -> str:
-        return f"{self.pick('returns').format(n=self.rng.choice([7, 14, 30, 30, 60, 90]))} {self.pick('returns_tails')}".strip()
+        frame = self.pick("returns")
+        days = self.rng.choice([7, 14, 30, 30, 60, 90])
+        return f"{frame.format(n=days)} {self.pick('returns_tails')}".strip()
 
     def closer(self) -> str:
         return self.pick("closers")
@@ -122,14 +124,16 @@ class Writer:
         )
 
     def discount(self, percent: int) -> str:
-        return f"{self.pick('discount_frames').format(p=percent)} {self.pick('discount_tails')}".strip()
+        frame = self.pick("discount_frames").format(p=percent)
+        return f"{frame} {self.pick('discount_tails')}".strip()
 
     # -- voices --------------------------------------------------------------------------------
     def render(self, parts: list[str]) -> str:
         """The sentences in this writer's voice, as one description."""
         rng, v = self.rng, self.voice
         parts = [s.strip() for s in parts if s and s.strip()]
-        # a sentence that says what the item really is keeps its full stop: the item's name ends there
+        # a sentence that says what the item really is keeps its full stop: the item's name
+        # ends there
         parts = [
             s
             if s[-1] in ".!?:"

@@ -115,7 +115,6 @@ class TaxonomyIndex:
         words = query_words(query)
         if not words:
             return ()
-        text = " ".join(words)
         parts = []
         for word in dict.fromkeys(words):
             part = self._words.get(word)

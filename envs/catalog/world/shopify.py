@@ -50,7 +50,8 @@ def shopify_files(path: str | Path) -> list[Path]:
     if missing:
         raise ConfigError(
             f"{root} is not a Shopify product-taxonomy checkout: missing "
-            f"{', '.join(str(m.relative_to(root)) for m in missing)}; expected data/categories/*.yml, "
+            f"{', '.join(str(m.relative_to(root)) for m in missing)}; expected "
+            f"data/categories/*.yml, "
             f"data/attributes.yml and data/values.yml (github.com/Shopify/product-taxonomy)"
         )
     cats = sorted((data / "categories").glob("*.yml"))
@@ -259,8 +260,8 @@ def load_shopify(
     if len(categories) != len(raw):
         orphans = sorted(set(raw) - set(categories))[:5]
         raise ConfigError(
-            f"{path}: {len(raw) - len(categories)} categories are not reachable from a "
-            f"vertical, e.g. {orphans}"
+            f"{path}: {len(raw) - len(categories)} categories "
+            f"are not reachable from a vertical, e.g. {orphans}"
         )
     bands = {r: vocab_bands.get(r, DEFAULT_BAND) for r in sorted(roots)}
     return categories, attributes, bands

@@ -34,16 +34,19 @@ _SUB = "\x1e"  # joins the parts of one cell (an MSRP's category, low and high)
 _SCHEMA = {
     "meta": "key VARCHAR, value VARCHAR",
     "categories": "ord INTEGER, id VARCHAR, name VARCHAR, full_name VARCHAR, parent_id VARCHAR, "
-    "depth INTEGER, vertical VARCHAR, is_leaf BOOLEAN, synonyms VARCHAR, policy VARCHAR, links VARCHAR",
+    "depth INTEGER, vertical VARCHAR, is_leaf BOOLEAN, "
+    "synonyms VARCHAR, policy VARCHAR, links VARCHAR",
     "attributes": "ord INTEGER, handle VARCHAR, name VARCHAR, packed_values VARCHAR",
     "attribute_values": "handle VARCHAR, pos INTEGER, value VARCHAR",
     "category_attributes": "category_id VARCHAR, pos INTEGER, handle VARCHAR, required BOOLEAN",
-    "brands": "ord INTEGER, name VARCHAR, registered BOOLEAN, protected BOOLEAN, verticals VARCHAR, "
+    "brands": "ord INTEGER, name VARCHAR, registered BOOLEAN, protected BOOLEAN, verticals "
+    "VARCHAR, "
     "packed_sellers VARCHAR, packed_msrp VARCHAR",
     "brand_sellers": "brand VARCHAR, pos INTEGER, seller VARCHAR",
     "brand_msrp": "brand VARCHAR, pos INTEGER, category_id VARCHAR, low DOUBLE, high DOUBLE",
     "sellers": "ord INTEGER, handle VARCHAR",
-    "recalls": "ord INTEGER, recall_id VARCHAR, brand VARCHAR, product VARCHAR, model_number VARCHAR, "
+    "recalls": "ord INTEGER, recall_id VARCHAR, brand VARCHAR, product VARCHAR, model_number "
+    "VARCHAR, "
     "batch VARCHAR, category_id VARCHAR, reason VARCHAR",
 }
 
@@ -200,7 +203,8 @@ def read_world(path: Path) -> dict[str, Any]:
             interned["0" + handle] = link(handle, False)
             interned["1" + handle] = link(handle, True)
         rows = q(
-            "SELECT id, name, parent_id, is_leaf, synonyms, policy, links FROM categories ORDER BY ord"
+            "SELECT id, name, parent_id, is_leaf, synonyms, "
+            "policy, links FROM categories ORDER BY ord"
         )
         children: dict[str, list[str]] = {}
         for row in rows:
@@ -225,7 +229,8 @@ def read_world(path: Path) -> dict[str, Any]:
             )
         brands = {}
         for name, registered, protected, verts, sellers_, msrp_ in q(
-            "SELECT name, registered, protected, verticals, packed_sellers, packed_msrp FROM brands ORDER BY ord"
+            "SELECT name, registered, protected, verticals, "
+            "packed_sellers, packed_msrp FROM brands ORDER BY ord"
         ):
             msrp = {}
             for cell in _split(msrp_):
@@ -259,11 +264,13 @@ def write_snapshot(path: Path, parts: Mapping[str, Any]) -> None:
     Args:
         path: The file to write.
         parts: The keyword arguments of :class:`CatalogWorld` (``source``, ``categories``,
-            ``attributes``, ``brands``, ``sellers``, ``recalls``), as :func:`write_world` takes them.
+            ``attributes``, ``brands``, ``sellers``, ``recalls``), as :func:`write_world` takes
+            them.
     """
     source, categories, attributes = parts["source"], parts["categories"], parts["attributes"]
     brands, sellers, recalls = parts["brands"], parts["sellers"], parts["recalls"]
-    # attribute links are shared objects (two per attribute): a table of them, referenced by position
+    # attribute links are shared objects (two per attribute): a table of them, referenced by
+    # position
     links: dict[tuple[str, bool], int] = {}
     for c in categories.values():
         for a in c.attributes:

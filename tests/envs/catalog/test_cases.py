@@ -141,7 +141,8 @@ def _digest_code(n: int) -> str:
         "t = CatalogTwin(seed=0)\n"
         "h = hashlib.sha256(t.world.digest().encode())\n"
         f"for i in range({n}): h.update(t.case('test', i).canonical_json().encode())\n"
-        f"for i in range({n}): h.update(t.case('train', 7919 * i % 10000).canonical_json().encode())\n"
+        f"for i in range({n}): h.update(t.case('train', 7919 * i % "
+        f"10000).canonical_json().encode())\n"
         "print(h.hexdigest())\n"
     )
 

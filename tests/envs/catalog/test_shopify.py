@@ -73,13 +73,16 @@ def test_policy_marks_prohibited_subtrees_only(world: CatalogWorld) -> None:
         "Mature > Weapons & Weapon Accessories > Weapons > Brass Knuckles",
         "Mature > Weapons & Weapon Accessories > Weapon Care & Accessories > Ammunition",
         "Food, Beverages & Tobacco > Beverages > Alcoholic Beverages > Liquor & Spirits > Gin",
-        "Food, Beverages & Tobacco > Tobacco Products > Vaporizers & Electronic Cigarettes > Electronic Cigarettes",
-        "Arts & Entertainment > Party & Celebration > Party Supplies > Fireworks & Firecrackers > Firecrackers",
+        "Food, Beverages & Tobacco > Tobacco Products > Vaporizers "
+        "& Electronic Cigarettes > Electronic Cigarettes",
+        "Arts & Entertainment > Party & Celebration > Party "
+        "Supplies > Fireworks & Firecrackers > Firecrackers",
     ]
     for name in banned:
         assert by_name[name].policy == "prohibited", name
     allowed = [
-        "Arts & Entertainment > Hobbies & Creative Arts > Arts & Crafts > Art & Crafting Tools > Glue Guns",
+        "Arts & Entertainment > Hobbies & Creative Arts > "
+        "Arts & Crafts > Art & Crafting Tools > Glue Guns",
         "Animals & Pet Supplies > Pet Supplies > Dog Supplies > Dog Food > Prescription Dog Food",
         "Food, Beverages & Tobacco > Beverages > Coffee",
         "Hardware > Tools > Heat Guns",

@@ -119,7 +119,10 @@ def test_missing_attributes_never_leak(twin_v1):
 def test_no_phrase_marks_a_kind(twin_v1):
     """Wording v0 planted only on one side appears on ok and on bad listings alike."""
     families = {
-        "injection": r"ignore (all )?previous instructions|admin override|pre-approved|do not flag|approve",
+        "injection": (
+            r"ignore (all )?previous instructions|admin "
+            r"override|pre-approved|do not flag|approve"
+        ),
         "lot/batch": r"\b(lot|batch)\b",
         "inspired by": r"inspired by",
         "compatible with": r"compatible|fits |works with|made to fit|designed for|designed to fit",

@@ -259,7 +259,8 @@ def test_warm_load_equals_cold_build(world: CatalogWorld, world_cache: Path) -> 
 
 _DIGEST = (
     "import json, sys; from envs.catalog.world import build_world; "
-    "print(build_world(seed=int(sys.argv[1]), cache_dir=sys.argv[2], config=json.loads(sys.argv[3])).digest())"
+    "print(build_world(seed=int(sys.argv[1]), cache_dir=sys.argv[2], "
+    "config=json.loads(sys.argv[3])).digest())"
 )
 #: A small world (two verticals, few brands) for the tests that build many worlds.
 SMALL = {
