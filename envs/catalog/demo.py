@@ -108,8 +108,7 @@ def main(
         progress: Show progress bars.
         version: Catalog version (1, the latest, or 0).
     """
-    from envs.catalog.report import catalog_metrics, print_tables, write_report
-    from twin.rollout import run_episodes, summarize
+    from envs.catalog.report import write_report
 
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
@@ -132,48 +131,87 @@ def main(
         console.print(f"[red]unknown policies {unknown}; baselines: {', '.join(baselines)}[/]")
         return 2
     cases = select_cases(twin, split, episodes)
-    run_store = None
-    # None means the default store; False, "none" or "false" (--no-store) mean no store.
-    if store is None or (store is not False and str(store).lower() not in ("none", "false")):
-        from twin.store import RunStore
+    run_store = _open_store(store)
+    config = {"split": split, "cases": len(cases), "group_size": group_size, "seed": seed,
+              "taxonomy": taxonomy, "world": world.digest()}  # fmt: skip
+    results, run_ids = _run_baselines(
+        console,
+        twin,
+        [(n, baselines[n]) for n in names],
+        cases,
+        group_size,
+        progress,
+        run_store,
+        config,
+    )
+    total_s = time.perf_counter() - started
+    kinds = len({twin.kind_of(s, i) for s, i in cases})
+    meta = _meta(world, split, f"{len(cases)} ({kinds} case types), group size {group_size}")
+    meta["world build (s)"] = f"{build_s:.2f}"
+    meta["total wall time (s)"] = f"{total_s:.1f}"
+    meta["run store"] = (
+        f"{run_store.url} runs {run_ids}" if run_store is not None else "not written"
+    )
+    path = write_report(out, results, meta)
+    console.print(f"report: {path} | run store: {meta['run store']} | total {total_s:.1f} s")
+    if run_store is not None:
+        run_store.close()
+    return 0
 
-        run_store = RunStore(store)
+
+def _run_baselines(
+    console: Console,
+    twin: Any,
+    policies: list[tuple[str, Any]],
+    cases: list[tuple[str, int]],
+    group_size: int,
+    progress: bool,
+    run_store: Any,
+    config: dict[str, Any],
+) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """Run every ``(name, factory)`` of ``policies`` on ``cases``, print its tables, and record
+    it in ``run_store`` (when given): ``({name: {summary, metrics}}, {name: run id})``."""
+    from envs.catalog.report import catalog_metrics, print_tables
+    from twin.rollout import run_episodes, summarize
+
     results: dict[str, dict[str, Any]] = {}
     run_ids: dict[str, int] = {}
-    for name in names:
-        policy = baselines[name](twin)
+    for name, make in policies:
         t1 = time.perf_counter()
-        groups = run_episodes(twin, policy, cases, group_size=group_size, progress=progress)
+        groups = run_episodes(twin, make(twin), cases, group_size=group_size, progress=progress)
         elapsed = time.perf_counter() - t1
         summary = summarize(groups, success=twin.success)
         metrics = catalog_metrics(groups, twin)
         metrics["wall_s"] = round(elapsed, 3)
         results[name] = {"summary": summary, "metrics": metrics}
         if run_store is not None:
-            config = {"split": split, "cases": len(cases), "group_size": group_size, "seed": seed,
-                      "taxonomy": taxonomy, "world": world.digest()}  # fmt: skip
             with run_store.track_run("demo", twin.name, name, config) as run:
                 run.add_episodes([t for g in groups for t in g.trajectories])
                 run.metrics = {"summary": summary, "catalog": metrics}
             run_ids[name] = run.id
         print_tables(console, name, summary, metrics)
         console.print(f"{name}: {len(cases) * group_size} episodes in {elapsed:.1f} s\n")
-    total_s = time.perf_counter() - started
-    meta = {
+    return results, run_ids
+
+
+def _open_store(store: str | bool | None) -> Any:
+    """The run store the demo writes to: None means the default store; False, "none" or
+    "false" (``--no-store``) mean no store."""
+    if store is None or (store is not False and str(store).lower() not in ("none", "false")):
+        from twin.store import RunStore
+
+        return RunStore(store)
+    return None
+
+
+def _meta(world: Any, split: str, cases: str) -> dict[str, str]:
+    """The report's header rows that describe the world and the cases."""
+    return {
         "world": repr(world),
         "world digest": world.digest()[:16],
         "split": split,
-        "cases": f"{len(cases)} ({len({twin.kind_of(s, i) for s, i in cases})} case types), "
-        f"group size {group_size}",
-        "world build (s)": f"{build_s:.2f}",
-        "total wall time (s)": f"{total_s:.1f}",
-        "run store": f"{run_store.url} runs {run_ids}" if run_store is not None else "not written",
+        "cases": cases,
     }
-    path = write_report(out, results, meta)
-    console.print(f"report: {path} | run store: {meta['run store']} | total {total_s:.1f} s")
-    if run_store is not None:
-        run_store.close()
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -286,6 +286,29 @@ def _words(text: str) -> set[str]:
 _PARTS: dict[tuple[int, str], tuple[Any, PartIndex]] = {}
 
 
+def _department_context(world: V1World) -> dict[str, str]:
+    """Path context for leaves whose name other leaves share (Shopify's "Shorts", "Ponchos"):
+    the shortest tail of the ancestor path that tells the leaf apart."""
+    cats = world.categories
+    by_name: dict[str, list[str]] = {}
+    for leaf in world.leaves:
+        by_name.setdefault(cats[leaf].name.lower(), []).append(leaf)
+    context: dict[str, str] = {}
+    for leaves in by_name.values():
+        if len(leaves) < 2:
+            continue
+        paths = {x: cats[x].full_name.split(" > ")[:-1] for x in leaves}
+        for x in leaves:
+            for k in range(1, len(paths[x]) + 1):
+                tail = paths[x][-k:]
+                if all(paths[y][-k:] != tail for y in leaves if y != x):
+                    context[x] = " > ".join(tail)
+                    break
+            else:
+                context[x] = " > ".join(paths[x])
+    return context
+
+
 def part_index(world: V1World, part: str) -> PartIndex:
     """The :class:`PartIndex` of ``part``, built once per world."""
     held = _PARTS.get((id(world), part))
@@ -327,23 +350,7 @@ def part_index(world: V1World, part: str) -> PartIndex:
         for brand, reason, _ in world.seller_records[s].takedowns:
             if reason == "counterfeit":
                 takedowns.setdefault(brand, []).append(s)
-    # path context for leaves whose name other leaves share (Shopify's "Shorts", "Ponchos")
-    by_name: dict[str, list[str]] = {}
-    for leaf in world.leaves:
-        by_name.setdefault(cats[leaf].name.lower(), []).append(leaf)
-    context: dict[str, str] = {}
-    for leaves in by_name.values():
-        if len(leaves) < 2:
-            continue
-        paths = {x: cats[x].full_name.split(" > ")[:-1] for x in leaves}
-        for x in leaves:
-            for k in range(1, len(paths[x]) + 1):
-                tail = paths[x][-k:]
-                if all(paths[y][-k:] != tail for y in leaves if y != x):
-                    context[x] = " > ".join(tail)
-                    break
-            else:
-                context[x] = " > ".join(paths[x])
+    context = _department_context(world)
     idx = PartIndex(
         ok_leaves=tuple(ok),
         prohibited_leaves=tuple(prohibited),

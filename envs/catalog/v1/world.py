@@ -418,24 +418,28 @@ class V1World:
         self._brands_pre = brands
 
     def _make_sellers(self, rng: random.Random) -> None:
-        names: list[str] = []
-        seen: set[str] = set()
-        while len(names) < 2400:
-            style = rng.random()
-            a, b = rng.choice(_SELLER_A), rng.choice(_SELLER_B)
-            if style < 0.4:
-                name = f"{a}_{b}"
-            elif style < 0.7:
-                name = f"{a}{b}{rng.randint(1, 99)}"
-            else:
-                name = f"{a.capitalize()}{b.capitalize()}"
-            if name.lower() not in seen:
-                seen.add(name.lower())
-                names.append(name)
-        names.sort()
+        names = _seller_names(rng)
         part_of = {n: ("eval" if _h(self.seed, "seller", n) < 0.3 else "train") for n in names}
         by_part = {p: [n for n in names if part_of[n] == p] for p in PARTS}
-        # authorized sellers of every registered brand, from the brand's own part
+        auth_of = self._authorize(rng, names, by_part)
+        registered_by_part = {
+            p: sorted(n for n, b in self.brands.items() if b.registered and self.brand_part[n] == p)
+            for p in PARTS
+        }
+        self.seller_records: dict[str, Seller] = {}
+        for n in names:
+            self.seller_records[n] = _seller_record(
+                rng, n, part_of[n], auth_of[n], registered_by_part[part_of[n]]
+            )
+        self.sellers: tuple[str, ...] = tuple(names)
+        self.sellers_by_part = {p: tuple(by_part[p]) for p in PARTS}
+        self._seller_lower = {n.lower(): n for n in names}
+
+    def _authorize(
+        self, rng: random.Random, names: list[str], by_part: dict[str, list[str]]
+    ) -> dict[str, list[str]]:
+        """Draw the authorized sellers of every registered brand (from the brand's own part),
+        build :attr:`brands` with them, and return the brands each seller is authorized for."""
         authorized: dict[str, tuple[str, ...]] = {}
         auth_of: dict[str, list[str]] = {n: [] for n in names}
         for bname in sorted(self._brands_pre):
@@ -459,50 +463,7 @@ class V1World:
                 msrp=b.msrp,
             )
         del self._brands_pre
-        registered_by_part = {
-            p: sorted(n for n, b in self.brands.items() if b.registered and self.brand_part[n] == p)
-            for p in PARTS
-        }
-        self.seller_records: dict[str, Seller] = {}
-        for n in names:
-            part = part_of[n]
-            takedowns: list[tuple[str, str, int]] = []
-            roll = rng.random()
-            if roll < 0.14:  # a counterfeit takedown of a brand it is not authorized for
-                for _ in range(rng.randint(1, 2)):
-                    brand = rng.choice(registered_by_part[part])
-                    if brand not in auth_of[n]:
-                        takedowns.append((brand, "counterfeit", rng.randint(2019, 2025)))
-            if rng.random() < 0.12:  # takedowns for other policies say nothing about fakes
-                reason = rng.choice(
-                    [
-                        "misleading photos",
-                        "wrong category",
-                        "late shipping",
-                        "keyword spam",
-                        "price gouging",
-                    ]
-                )
-                takedowns.append(
-                    (rng.choice(registered_by_part[part]), reason, rng.randint(2019, 2025))
-                )
-            age = int(
-                rng.choice([rng.randint(3, 200), rng.randint(200, 900), rng.randint(900, 5000)])
-            )
-            rating = round(min(5.0, max(1.5, rng.gauss(4.5, 0.45))), 1)
-            self.seller_records[n] = Seller(
-                name=n,
-                part=part,
-                account_age_days=age,
-                rating=rating,
-                sales=int(age * rng.uniform(0.05, 3.0)),
-                ships_from=rng.choice(_COUNTRIES),
-                takedowns=tuple(sorted(takedowns)),
-                authorized_brands=tuple(sorted(auth_of[n])),
-            )
-        self.sellers: tuple[str, ...] = tuple(names)
-        self.sellers_by_part = {p: tuple(by_part[p]) for p in PARTS}
-        self._seller_lower = {n.lower(): n for n in names}
+        return auth_of
 
     def _make_recalls(self, rng: random.Random) -> None:
         out: list[V1Recall] = []
@@ -659,6 +620,63 @@ class V1World:
             text = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)
             self._digest = hashlib.sha256(text.encode()).hexdigest()
         return self._digest
+
+
+def _seller_names(rng: random.Random) -> list[str]:
+    """2,400 neutral seller handles, sorted (no name says official or authorized)."""
+    names: list[str] = []
+    seen: set[str] = set()
+    while len(names) < 2400:
+        style = rng.random()
+        a, b = rng.choice(_SELLER_A), rng.choice(_SELLER_B)
+        if style < 0.4:
+            name = f"{a}_{b}"
+        elif style < 0.7:
+            name = f"{a}{b}{rng.randint(1, 99)}"
+        else:
+            name = f"{a.capitalize()}{b.capitalize()}"
+        if name.lower() not in seen:
+            seen.add(name.lower())
+            names.append(name)
+    names.sort()
+    return names
+
+
+def _seller_record(
+    rng: random.Random, name: str, part: str, authorized: list[str], registered: list[str]
+) -> Seller:
+    """A seller's record: takedowns (brands from ``registered``, its part's registered brands),
+    account age, rating, sales and country."""
+    takedowns: list[tuple[str, str, int]] = []
+    roll = rng.random()
+    if roll < 0.14:  # a counterfeit takedown of a brand it is not authorized for
+        for _ in range(rng.randint(1, 2)):
+            brand = rng.choice(registered)
+            if brand not in authorized:
+                takedowns.append((brand, "counterfeit", rng.randint(2019, 2025)))
+    if rng.random() < 0.12:  # takedowns for other policies say nothing about fakes
+        reason = rng.choice(
+            [
+                "misleading photos",
+                "wrong category",
+                "late shipping",
+                "keyword spam",
+                "price gouging",
+            ]
+        )
+        takedowns.append((rng.choice(registered), reason, rng.randint(2019, 2025)))
+    age = int(rng.choice([rng.randint(3, 200), rng.randint(200, 900), rng.randint(900, 5000)]))
+    rating = round(min(5.0, max(1.5, rng.gauss(4.5, 0.45))), 1)
+    return Seller(
+        name=name,
+        part=part,
+        account_age_days=age,
+        rating=rating,
+        sales=int(age * rng.uniform(0.05, 3.0)),
+        ships_from=rng.choice(_COUNTRIES),
+        takedowns=tuple(sorted(takedowns)),
+        authorized_brands=tuple(sorted(authorized)),
+    )
 
 
 _V1: dict[int, V1World] = {}
