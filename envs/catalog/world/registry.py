@@ -51,17 +51,7 @@ def generate_registry(
         ``(brands by name, sorted seller handles, recalls sorted by id)``.
     """
     vocab = load_vocab()["registry"]
-    verticals = sorted(c.id for c in categories.values() if c.parent_id is None)
-    # brands sell where listings are allowed; the vertical's size weights the draw
-    weights = {v: 0 for v in verticals}
-    for c in categories.values():
-        if c.is_leaf and c.policy == "ok":
-            weights[c.vertical] += 1
-    sellable = [v for v in verticals if weights[v] > 0]
-    by_vertical: dict[str, list[str]] = {v: [] for v in verticals}
-    for c in categories.values():
-        if c.depth in (2, 3) and c.policy == "ok":
-            by_vertical[c.vertical].append(c.id)
+    weights, sellable, by_vertical = _sellable(categories)
 
     names = _brand_names(vocab, n_brands, sellable, seed)
     rng = _rng(seed, "brands")
@@ -87,15 +77,7 @@ def generate_registry(
             registered = rng.random() < 0.88
             p_protect = {"budget": 0.12, "mid": 0.3, "premium": 0.5, "luxury": 0.85}[tier]
             protected = registered and rng.random() < p_protect
-        msrp: dict[str, tuple[float, float]] = {}
-        for v in verts:
-            lo, hi = bands.get(v, DEFAULT_BAND)
-            msrp[v] = _range(rng, lo, hi, tiers[tier])
-            pool = by_vertical.get(v, [])
-            for cid in rng.sample(pool, min(len(pool), rng.randint(0, 3))):
-                # a department or product type: a narrower band inside the vertical's
-                vlo, vhi = msrp[v]
-                msrp[cid] = _range(rng, vlo, vhi, {"low": 0.0, "high": 1.0})
+        msrp = _msrp(rng, verts, bands, tiers[tier], by_vertical)
         specs.append(
             {
                 "name": name,
@@ -124,6 +106,46 @@ def generate_registry(
         )
     recalls = _recalls(vocab, brands, categories, n_recalls, seed)
     return brands, sellers, recalls
+
+
+def _sellable(
+    categories: dict[str, Category],
+) -> tuple[dict[str, int], list[str], dict[str, list[str]]]:
+    """Where brands sell: the allowed leaves per vertical (the vertical's weight in the draw),
+    the verticals that have any, and each vertical's allowed departments and product types."""
+    verticals = sorted(c.id for c in categories.values() if c.parent_id is None)
+    # brands sell where listings are allowed; the vertical's size weights the draw
+    weights = {v: 0 for v in verticals}
+    for c in categories.values():
+        if c.is_leaf and c.policy == "ok":
+            weights[c.vertical] += 1
+    sellable = [v for v in verticals if weights[v] > 0]
+    by_vertical: dict[str, list[str]] = {v: [] for v in verticals}
+    for c in categories.values():
+        if c.depth in (2, 3) and c.policy == "ok":
+            by_vertical[c.vertical].append(c.id)
+    return weights, sellable, by_vertical
+
+
+def _msrp(
+    rng: random.Random,
+    verts: list[str],
+    bands: dict[str, tuple[float, float]],
+    tier: dict[str, float],
+    by_vertical: dict[str, list[str]],
+) -> dict[str, tuple[float, float]]:
+    """A brand's MSRP ranges: one per vertical, and narrower ones for a few of its departments
+    or product types."""
+    msrp: dict[str, tuple[float, float]] = {}
+    for v in verts:
+        lo, hi = bands.get(v, DEFAULT_BAND)
+        msrp[v] = _range(rng, lo, hi, tier)
+        pool = by_vertical.get(v, [])
+        for cid in rng.sample(pool, min(len(pool), rng.randint(0, 3))):
+            # a department or product type: a narrower band inside the vertical's
+            vlo, vhi = msrp[v]
+            msrp[cid] = _range(rng, vlo, vhi, {"low": 0.0, "high": 1.0})
+    return msrp
 
 
 def _range(rng: random.Random, lo: float, hi: float, tier: dict[str, float]) -> tuple[float, float]:

@@ -177,6 +177,30 @@ def _attributes(data: Path) -> tuple[dict[str, Attribute], dict[str, str]]:
     return out, handles
 
 
+def _raw_categories(
+    files: list[Path], path: str | Path
+) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, str]]:
+    """The entries of ``data/categories/*.yml`` by id, the verticals' ids and each category's
+    parent id."""
+    raw: dict[str, dict[str, Any]] = {}
+    roots: list[str] = []
+    for f in files:
+        if f.parent.name != "categories":
+            continue
+        for entry in _load(f) or []:
+            cid = str(entry["id"])
+            raw[cid] = entry
+            if "-" not in cid:
+                roots.append(cid)
+    parent: dict[str, str] = {}
+    for cid, entry in raw.items():
+        for child in entry.get("children") or []:
+            if child not in raw:
+                raise ConfigError(f"{path}: category {cid} lists unknown child {child!r}")
+            parent[str(child)] = cid
+    return raw, roots, parent
+
+
 def load_shopify(
     path: str | Path, seed: int = 0
 ) -> tuple[dict[str, Category], dict[str, Attribute], dict[str, tuple[float, float]]]:
@@ -196,22 +220,7 @@ def load_shopify(
     files = shopify_files(path)
     data = Path(path) / "data"
     attributes, handles = _attributes(data)
-    raw: dict[str, dict[str, Any]] = {}
-    roots: list[str] = []
-    for f in files:
-        if f.parent.name != "categories":
-            continue
-        for entry in _load(f) or []:
-            cid = str(entry["id"])
-            raw[cid] = entry
-            if "-" not in cid:
-                roots.append(cid)
-    parent: dict[str, str] = {}
-    for cid, entry in raw.items():
-        for child in entry.get("children") or []:
-            if child not in raw:
-                raise ConfigError(f"{path}: category {cid} lists unknown child {child!r}")
-            parent[str(child)] = cid
+    raw, roots, parent = _raw_categories(files, path)
     patterns = prohibited_patterns()
     vocab_bands = {
         v["code"]: (float(v["price"][0]), float(v["price"][1]))

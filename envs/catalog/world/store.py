@@ -81,12 +81,33 @@ def write_world(
     """Write a world into a new DuckDB file at ``path``."""
     import duckdb  # lazy: a warm load from the snapshot never needs it
 
+    tables = [
+        ("meta", [("source", source), *sorted(meta.items())]),
+        *_taxonomy_rows(categories, attributes),
+        *_brand_rows(brands),
+        ("sellers", list(enumerate(sellers))),
+        ("recalls", [
+            (i, r.recall_id, r.brand, r.product, r.model_number, r.batch, r.category_id, r.reason)
+            for i, r in enumerate(recalls)
+        ]),
+    ]  # fmt: skip
     con = duckdb.connect(str(path))
     try:
         con.execute("BEGIN")
-        _insert(con, "meta", [("source", source), *sorted(meta.items())])
-        _insert(
-            con,
+        for table, rows in tables:
+            _insert(con, table, rows)
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def _taxonomy_rows(
+    categories: dict[str, Category], attributes: dict[str, Attribute]
+) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """Rows of the ``categories``, ``attributes``, ``attribute_values`` and
+    ``category_attributes`` tables."""
+    return [
+        (
             "categories",
             [
                 (
@@ -104,28 +125,30 @@ def write_world(
                 )
                 for i, c in enumerate(categories.values())
             ],
-        )
-        _insert(
-            con,
+        ),
+        (
             "attributes",
             [(i, a.handle, a.name, _SEP.join(a.values)) for i, a in enumerate(attributes.values())],
-        )
-        _insert(
-            con,
+        ),
+        (
             "attribute_values",
             [(a.handle, j, v) for a in attributes.values() for j, v in enumerate(a.values)],
-        )
-        _insert(
-            con,
+        ),
+        (
             "category_attributes",
             [
                 (c.id, j, a.handle, a.required)
                 for c in categories.values()
                 for j, a in enumerate(c.attributes)
             ],
-        )
-        _insert(
-            con,
+        ),
+    ]
+
+
+def _brand_rows(brands: dict[str, Brand]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """Rows of the ``brands``, ``brand_sellers`` and ``brand_msrp`` tables."""
+    return [
+        (
             "brands",
             [
                 (
@@ -139,42 +162,20 @@ def write_world(
                 )
                 for i, b in enumerate(brands.values())
             ],
-        )
-        _insert(
-            con,
+        ),
+        (
             "brand_sellers",
             [(b.name, j, s) for b in brands.values() for j, s in enumerate(b.authorized_sellers)],
-        )
-        _insert(
-            con,
+        ),
+        (
             "brand_msrp",
             [
                 (b.name, j, cid, lo, hi)
                 for b in brands.values()
                 for j, (cid, (lo, hi)) in enumerate(b.msrp.items())
             ],
-        )
-        _insert(con, "sellers", list(enumerate(sellers)))
-        _insert(
-            con,
-            "recalls",
-            [
-                (
-                    i,
-                    r.recall_id,
-                    r.brand,
-                    r.product,
-                    r.model_number,
-                    r.batch,
-                    r.category_id,
-                    r.reason,
-                )
-                for i, r in enumerate(recalls)
-            ],
-        )
-        con.execute("COMMIT")
-    finally:
-        con.close()
+        ),
+    ]
 
 
 def _split(text: str | None) -> tuple[str, ...]:
