@@ -1,4 +1,5 @@
-# Over 500 lines on purpose: the async loop and its fault handling (sampler restarts, the load thread, stale lots) read as one unit.
+# Over 500 lines on purpose: the async loop and its fault handling (sampler restarts, the load
+# thread, stale lots) read as one unit.
 """The async loop: rollout and learning in separate processes, bounded staleness, LoRA hot-swap.
 
 ::
@@ -30,7 +31,8 @@ One step of :meth:`AsyncTrainer.train`, the loop in plain view::
                 thread -- the worker never sees a version before its adapter is loaded, and a
                 failed load raises AdapterSyncError while the learner waits for its next lot)
     mismatch  = probe the new adapter: |learner logprob - sampler logprob| on the probe tokens
-                (:class:`trainer.probe.SyncProbe`; every async.check_every-th version, and always the last)
+                (:class:`trainer.probe.SyncProbe`; every async.check_every-th version, and always
+                the last)
     log, store the episodes, checkpoint every N steps
 
 ``max_staleness: 0`` is the synchronous order run by this code: the worker samples a lot only
@@ -67,6 +69,7 @@ import httpx
 
 from trainer.config import Recipe
 from trainer.probe import SyncProbe, probe_sequence
+from trainer.protocols import PolicyLearner, RunRecord
 from trainer.runtime import TrainingRuntime, step_perf
 
 # at import, not in the load thread: an import compiles, and CPython 3.11's compiler is not safe
@@ -113,15 +116,17 @@ class SamplerDiedError(TwinError):
     """The sampler server died and could not be restarted (or did not come back)."""
 
 
-# -- the rollout side ----------------------------------------------------------------------------------
+# -- the rollout side ------------------------------------------------------------------------------
 @dataclass
 class RolloutSide:
     """What a launcher started for the learner to talk to.
 
     Attributes:
-        shared: The counters shared with the worker(s) (:class:`trainer.workers.SharedState`'s interface).
+        shared: The counters shared with the worker(s) (:class:`trainer.workers.SharedState`'s
+            interface).
         lots: The queue the lots arrive on (``get(timeout=)``, ``qsize()``).
-        events: The queue of the worker's events (``get_nowait()``; see :func:`trainer.workers.rollout_worker`).
+        events: The queue of the worker's events (``get_nowait()``; see
+            :func:`trainer.workers.rollout_worker`).
         base_url: The sampler server's URL.
         server: The managed sampler server (``start`` / ``stop`` / ``alive`` / ``log_tail`` /
             ``log_path`` / ``process``; started by the trainer), or None for an external one.
@@ -138,7 +143,8 @@ class RolloutSide:
 
 
 class RolloutLauncher(Protocol):
-    """Starts the rollout side of an async run (the worker started, the server made, not started)."""
+    """Starts the rollout side of an async run (the worker started, the
+    server made, not started)."""
 
     def __call__(self, trainer: AsyncTrainer) -> RolloutSide: ...
 
@@ -172,12 +178,12 @@ def spawn_rollout_worker(trainer: AsyncTrainer) -> RolloutSide:
     )
 
 
-# -- the trainer ------------------------------------------------------------------------------------
+# -- the trainer -----------------------------------------------------------------------------------
 class AsyncTrainer(TrainingRuntime):
     """GRPO with the rollout worker and the learner in separate processes.
 
-    The interface of :class:`trainer.sync_trainer.SyncTrainer` (``setup`` / ``train`` / ``cleanup``),
-    the same metrics plus ``async/*``, the same checkpoints (plus the counters of
+    The interface of :class:`trainer.sync_trainer.SyncTrainer` (``setup`` / ``train`` /
+    ``cleanup``), the same metrics plus ``async/*``, the same checkpoints (plus the counters of
     :meth:`extra_state`) and ``--resume``.
 
     Args:
@@ -186,8 +192,8 @@ class AsyncTrainer(TrainingRuntime):
         overwrite: Without ``resume``, delete the checkpoints an earlier run left there.
         on_step: Called with each step's metrics record.
         learner: The learner (default: built from the recipe).
-        adapters: Loads versions into the sampler (default: an :class:`trainer.weight_sync.AdapterClient`
-            of the launched server, over ``transport``).
+        adapters: Loads versions into the sampler (default: an
+            :class:`trainer.weight_sync.AdapterClient` of the launched server, over ``transport``).
         store: A run store (default: the recipe's ``train.store``).
         launcher: Starts the rollout side (default: :func:`spawn_rollout_worker`).
         transport: httpx transport of the health checks, probes and default adapter client.
@@ -199,11 +205,18 @@ class AsyncTrainer(TrainingRuntime):
     plot_label = " (async)"
 
     def __init__(
-        self, cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
-        on_step: Callable[[dict[str, Any]], None] | None = None, learner: Any = None,
-        adapters: AdapterSink | None = None, store: Any = None, launcher: RolloutLauncher | None = None,
+        self,
+        cfg: Recipe,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        learner: PolicyLearner | None = None,
+        adapters: AdapterSink | None = None,
+        store: RunRecord | None = None,
+        launcher: RolloutLauncher | None = None,
         transport: httpx.BaseTransport | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         require_lora_for_server(cfg, "the async trainer")
         super().__init__(cfg, resume=resume, overwrite=overwrite, on_step=on_step, learner=learner,
                          adapters=adapters, store=store)  # fmt: skip
@@ -245,16 +258,19 @@ class AsyncTrainer(TrainingRuntime):
 
     # -- set-up ----------------------------------------------------------------------------------
     def place_threads(self) -> None:
-        # threads, and with devices.cpu_affinity: auto this process's cores (before the children start)
+        # threads, and with devices.cpu_affinity: auto this process's cores (before the children
+        # start)
         from trainer.placement import place_learner
 
         place_learner(self.cfg)
 
     def before_adapter_save(self, version: int) -> None:
-        """Called before version ``version``'s adapter is written (override; the 9B rehearsal does)."""
+        """Called before version ``version``'s adapter is written (override;
+        the 9B rehearsal does)."""
 
     def setup(self) -> None:
-        """The runtime's set-up; then the rollout side, the sampler with the current policy, the probe."""
+        """The runtime's set-up; then the rollout side, the sampler with the current policy, the
+        probe."""
         self.setup_runtime()
         side = self.start_rollout()
         self.shared, self.lots, self.events = side.shared, side.lots, side.events
@@ -279,7 +295,8 @@ class AsyncTrainer(TrainingRuntime):
         self.probe.launch(self.step)
 
     def start_rollout(self) -> RolloutSide:
-        """The rollout side (:attr:`launcher`); the seam of the Ray backend (:class:`trainer.ray_backend.RayTrainer`)."""
+        """The rollout side (:attr:`launcher`); the seam of the Ray backend
+        (:class:`trainer.ray_backend.RayTrainer`)."""
         return self.launcher(self)
 
     @property
@@ -349,7 +366,8 @@ class AsyncTrainer(TrainingRuntime):
         return seconds
 
     def _settle_load(self, *, wait: bool) -> float:
-        """Collect the background load when it is done (``wait``: wait for it); return seconds waited.
+        """Collect the background load when it is done (``wait``: wait for it); return seconds
+        waited.
 
         Raises:
             AdapterSyncError: the load failed while the sampler is up (refused adapter, bad path).
@@ -368,9 +386,9 @@ class AsyncTrainer(TrainingRuntime):
             self._pending_load = None
             if not self._sampler_dead():
                 raise AdapterSyncError(
-                    f"step {self.step}: loading {adapter_name(version)} in the background failed, and the sampler "
-                    f"is up, so it will not take it (the worker still samples with the previous adapter and "
-                    f"never with this one): {exc}"
+                    f"step {self.step}: loading {adapter_name(version)} in the background failed, "
+                    "and the sampler is up, so it will not take it (the worker still samples with "
+                    f"the previous adapter and never with this one): {exc}"
                 ) from exc
             self._restart_sampler(str(exc).splitlines()[0])
         else:
@@ -393,8 +411,8 @@ class AsyncTrainer(TrainingRuntime):
         if self._failures_since_step > MAX_RESTARTS_WITHOUT_PROGRESS:
             tail = self.server.log_tail(30) if self.server is not None else "(external server)"
             raise SamplerDiedError(
-                f"the sampler server {where} failed {self._failures_since_step} times without a training step "
-                f"in between (last: {why}); it cannot serve this recipe. Its log "
+                f"the sampler server {where} failed {self._failures_since_step} times without a "
+                f"training step in between (last: {why}); it cannot serve this recipe. Its log "
                 f"{getattr(self.server, 'log_path', '')}:\n{tail}"
             )
         log.error("step %d: the sampler server %s failed (%s); restarting it and reloading %s",
@@ -427,17 +445,24 @@ class AsyncTrainer(TrainingRuntime):
                 time.sleep(1.0)
         self.publisher.forget(keep_version=self.step)
         self._push(self.step)
-        # the reloaded adapter is the newest: publish it (a background load may have died unpublished)
+        # the reloaded adapter is the newest: publish it (a background load may have died
+        # unpublished)
         self.shared.update(published=self.step, max_new_tokens=self.max_new_tokens(self.step))
         self.restarts += 1
         self._epoch += 1
         self.shared.update(epoch=self._epoch)
         self.probe.launch(self.step)  # the one in flight may have died with the server
-        log.warning("step %d: sampler back on %s with %s (restart %d)", self.step, where, adapter_name(self.step),
-                    self.restarts)  # fmt: skip
+        log.warning(
+            "step %d: sampler back on %s with %s (restart %d)",
+            self.step,
+            where,
+            adapter_name(self.step),
+            self.restarts,
+        )
 
     def _guarded(self, fn: Callable[[], float]) -> float:
-        """Run a sampler call of the learner; when the sampler died meanwhile, restart it and retry once."""
+        """Run a sampler call of the learner; when the sampler died meanwhile, restart it and retry
+        once."""
         try:
             return fn()
         except (AdapterSyncError, SamplerError) as exc:
@@ -447,7 +472,8 @@ class AsyncTrainer(TrainingRuntime):
             return fn()
 
     def check_processes(self) -> None:
-        """Restart a dead sampler server; raise when the rollout worker died (override: Ray's actors)."""
+        """Restart a dead sampler server; raise when the rollout worker died (override: Ray's
+        actors)."""
         if self.server is not None and not self.server.alive():
             code = self.server.process.returncode if self.server.process is not None else None
             self._restart_sampler(f"process exited with code {code}; log {self.server.log_path}")
@@ -456,12 +482,13 @@ class AsyncTrainer(TrainingRuntime):
             raise TwinError(f"the rollout worker process exited with code {self.worker.exitcode}")
 
     def drain_events(self) -> None:
-        """Act on the worker's events: a fatal error is raised, a sampler failure restarts the sampler.
+        """Act on the worker's events: a fatal error is raised, a sampler failure restarts the
+        sampler.
 
         Raises:
             TwinError: the worker failed.
-            AdapterSyncError: the worker's sampler failed while the server is up (a real error, never
-                papered over with the base model).
+            AdapterSyncError: the worker's sampler failed while the server is up (a real error,
+                never papered over with the base model).
         """
         while True:
             try:
@@ -568,9 +595,14 @@ class AsyncTrainer(TrainingRuntime):
             self.dropped += 1
             self.shared.update(consumed=self.lots_used)
             log.warning(
-                "step %d: dropped lot %d sampled by version %d (%d versions old > max_staleness %d)",
-                step, lot.index, lot.version, staleness, self.k,
-            )  # fmt: skip
+                "step %d: dropped lot %d sampled by version %d "
+                "(%d versions old > max_staleness %d)",
+                step,
+                lot.index,
+                lot.version,
+                staleness,
+                self.k,
+            )
             return None
         self.shared.update(claimed=step + 1, consumed=self.lots_used)
         self.cursor = lot.cursor
@@ -641,7 +673,8 @@ class AsyncTrainer(TrainingRuntime):
 
     # -- the end ---------------------------------------------------------------------------------
     def stop_workers(self) -> None:
-        """Stop the load thread, the probe, the rollout worker and the sampler server (idempotent)."""
+        """Stop the load thread, the probe, the rollout worker and the
+        sampler server (idempotent)."""
         self._loader.shutdown(wait=True)  # before the publisher: a load may still retire an adapter
         if self.publisher is not None:
             self.publisher.close()

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.protocols import PolicyLearner
 from twin.errors import ConfigError
 
 log = logging.getLogger("twinrl.checkpoint")
@@ -98,7 +99,7 @@ def save_checkpoint(
     output_dir: str | Path,
     step: int,
     *,
-    learner: Any,
+    learner: PolicyLearner,
     state: dict[str, Any],
     recipe_yaml: str,
     keep: int = 2,
@@ -173,9 +174,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         reason = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
             f"checkpoint {str(file)!r} holds objects that only unsafe (pickle) loading could read "
-            f"({reason}); it was written by an older twinrl or is not a twinrl checkpoint. It is not "
-            "loaded: start the run again without --resume (with --overwrite), or load it yourself "
-            "with torch.load(weights_only=False) only if you trust the file"
+            f"({reason}); it was written by an older twinrl or is not a twinrl checkpoint. It is "
+            "not loaded: start the run again without --resume (with --overwrite), or load it "
+            "yourself with torch.load(weights_only=False) only if you trust the file"
         ) from None
 
 
@@ -216,8 +217,8 @@ def lock_output_dir(output_dir: str | Path) -> None:
         handle.close()
         raise ConfigError(
             f"{str(out)!r} is in use by another training run (pid {holder}; lock {LOCK_FILE}): two "
-            "runs in one folder would overwrite each other's checkpoints; wait for it to end, or set "
-            "another train.output_dir"
+            "runs in one folder would overwrite each other's checkpoints; wait for it to end, or "
+            "set another train.output_dir"
         ) from None
     handle.seek(0)
     handle.truncate()
@@ -250,7 +251,8 @@ def _weight_holders(root: Path, limit: int = 3) -> list[str]:
 
 
 def prepare_output_dir(output_dir: str | Path, *, resume: bool, overwrite: bool) -> Path | None:
-    """Lock a run's folder, get it ready and return the checkpoint to resume from (None: a fresh run).
+    """Lock a run's folder, get it ready and return the checkpoint to resume from (None: a fresh
+    run).
 
     A fresh run (no ``resume``, or ``resume`` with no checkpoint) clears ``checkpoints/`` so
     that a later ``--resume`` never continues an older run's state; when that folder holds a
@@ -283,15 +285,17 @@ def _ready_output_dir(out: Path, *, resume: bool, overwrite: bool) -> Path | Non
         return found
     if found is not None and not overwrite:
         raise ConfigError(
-            f"{str(out)!r} already holds checkpoints (latest: {found.name}); continue that run with "
-            "--resume, start over with --overwrite (deletes them), or set another train.output_dir"
+            f"{str(out)!r} already holds checkpoints (latest: {found.name}); continue that run "
+            "with --resume, start over with --overwrite (deletes them), or set another "
+            "train.output_dir"
         )
     holders = _weight_holders(out / "checkpoints")
     if holders and not overwrite:
         raise ConfigError(
-            f"{str(out / 'checkpoints')!r} holds weights ({', '.join(holders)}) but no complete checkpoint "
-            f"({STATE_FILE}), so there is nothing to resume and they are not deleted: start from them "
-            "with model.init_from, move them away, or give --overwrite to delete them"
+            f"{str(out / 'checkpoints')!r} holds weights ({', '.join(holders)}) but no complete "
+            f"checkpoint ({STATE_FILE}), so there is nothing to resume and they are not deleted: "
+            "start from them with model.init_from, move them away, or give --overwrite to delete "
+            "them"
         )
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return None
@@ -326,11 +330,12 @@ def load_resumable(output_dir: str | Path, first: Path) -> tuple[Path, dict[str,
                 "checkpoint %s cannot be read (%s); trying the one before it", candidate, reason
             )
     raise ConfigError(
-        f"no checkpoint in {str(root)!r} can be read ({'; '.join(reasons)}); start over with --overwrite"
+        f"no checkpoint in {str(root)!r} can be read ({'; '.join(reasons)}); start over with "
+        "--overwrite"
     )
 
 
-# -- starting from a checkpoint (``model.init_from``, ``hf:<checkpoint>``) --------------------------
+# -- starting from a checkpoint (``model.init_from``, ``hf:<checkpoint>``) -------------------------
 INIT_DIR = "init_model"
 _INIT_SOURCE = "init_source.json"
 
@@ -350,8 +355,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if found is not None and (found / "adapter").is_dir():
             return found
     raise ConfigError(
-        f"{str(path)!r} is not a twinrl checkpoint: expected a folder holding adapter/ and recipe.yaml "
-        "(<output_dir>/checkpoints/step-N) or a run's output folder with checkpoints/"
+        f"{str(path)!r} is not a twinrl checkpoint: expected a folder holding adapter/ and "
+        "recipe.yaml (<output_dir>/checkpoints/step-N) or a run's output folder with checkpoints/"
     )
 
 

@@ -1,4 +1,5 @@
-"""``twin train RECIPE [--set key=value ...] [--resume | --overwrite]``: run a recipe with a progress display.
+"""``twin train RECIPE [--set key=value ...] [--resume | --overwrite]``: run a recipe with a
+progress display.
 
 ``twinrl_cli/train.py`` calls :func:`train`; it can also be called directly (tests do)::
 
@@ -128,15 +129,7 @@ def train(
         check_devices(cfg)
     except TwinError as exc:
         return _error(console, exc)
-    per_step = (
-        f"SFT on {', '.join(cfg.data.paths)}, {cfg.data.batch_size} episodes per step, {cfg.data.epochs} epochs"
-        if cfg.algorithm.name == "sft"
-        else f"{cfg.algorithm.groups_per_step} groups x {cfg.algorithm.group_size} per step, {cfg.train.steps} steps"
-    )
-    console.print(
-        f"[bold]twin train[/bold] {recipe}: twin {cfg.twin.name}, model {cfg.model.path}, "
-        f"{per_step} -> {cfg.train.output_dir}"
-    )
+    console.print(f"[bold]twin train[/bold] {recipe}: {_describe(cfg)}")
     started = time.perf_counter()
     first: dict[str, Any] = {}
     with Progress(
@@ -154,27 +147,7 @@ def train(
             info="setting up",
         )
 
-        def on_step(record: dict[str, Any]) -> None:
-            if not first:
-                first.update(record)
-            info = (
-                f"reward {_fmt(record, 'rewards/total')}  kl {_fmt(record, 'losses/kl', '.4f')}  "
-                f"entropy {_fmt(record, 'policy/entropy', '.2f')}  "
-                f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}"
-            )
-            progress.update(task, completed=record["step"] + 1, info=info)
-            # A line per step too, so the curve survives in logs that drop the live display.
-            progress.console.print(
-                f"step {record['step']:>4}  reward {_fmt(record, 'rewards/total')}  "
-                + (
-                    f"loss {_fmt(record, 'losses/loss')}  parse {_fmt(record, 'eval/parse_rate', '.2f')}  "
-                    if cfg.algorithm.name == "sft"
-                    else f"kl {_fmt(record, 'losses/kl', '.4f')}  clip {_fmt(record, 'losses/clipfrac')}  "
-                )
-                + f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}  {_fmt(record, 'perf/step_s', '.2f')}s",
-                highlight=False,
-            )
-
+        on_step = _step_printer(progress, task, first, sft=cfg.algorithm.name == "sft")
         try:
             runner = make_runner(cfg, resume=resume, overwrite=overwrite, on_step=on_step)
         except TwinError as exc:
@@ -197,12 +170,69 @@ def train(
         except (TwinError, OSError) as exc:  # OSError: an output folder that cannot be written
             return _error(console, exc)
         plot = runner.cleanup()
-    elapsed = time.perf_counter() - started
+    _print_summary(console, runner, history, first, time.perf_counter() - started, plot)
+    return 0
+
+
+def _describe(cfg: Recipe) -> str:
+    """What a run trains, in one line: the twin, the model, a step's data, the output folder."""
+    per_step = (
+        f"SFT on {', '.join(cfg.data.paths)}, {cfg.data.batch_size} episodes per step, "
+        f"{cfg.data.epochs} epochs"
+        if cfg.algorithm.name == "sft"
+        else f"{cfg.algorithm.groups_per_step} groups x {cfg.algorithm.group_size} per step, "
+        f"{cfg.train.steps} steps"
+    )
+    return f"twin {cfg.twin.name}, model {cfg.model.path}, {per_step} -> {cfg.train.output_dir}"
+
+
+def _step_printer(
+    progress: Progress, task: Any, first: dict[str, Any], *, sft: bool
+) -> Callable[[dict[str, Any]], None]:
+    """The ``on_step`` of ``twin train``: the live bar's info and a line per step (``first``
+    keeps the first record, for the summary)."""
+
+    def on_step(record: dict[str, Any]) -> None:
+        if not first:
+            first.update(record)
+        info = (
+            f"reward {_fmt(record, 'rewards/total')}  kl {_fmt(record, 'losses/kl', '.4f')}  "
+            f"entropy {_fmt(record, 'policy/entropy', '.2f')}  "
+            f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}"
+        )
+        progress.update(task, completed=record["step"] + 1, info=info)
+        # A line per step too, so the curve survives in logs that drop the live display.
+        middle = (
+            f"loss {_fmt(record, 'losses/loss')}  parse {_fmt(record, 'eval/parse_rate', '.2f')}  "
+            if sft
+            else f"kl {_fmt(record, 'losses/kl', '.4f')}  clip {_fmt(record, 'losses/clipfrac')}  "
+        )
+        progress.console.print(
+            f"step {record['step']:>4}  reward {_fmt(record, 'rewards/total')}  "
+            + middle
+            + f"tok/s {_fmt(record, 'perf/tokens_per_s', '.0f')}  "
+            f"{_fmt(record, 'perf/step_s', '.2f')}s",
+            highlight=False,
+        )
+
+    return on_step
+
+
+def _print_summary(
+    console: Console,
+    runner: Runner,
+    history: list[dict[str, Any]],
+    first: dict[str, Any],
+    elapsed: float,
+    plot: Path | None,
+) -> None:
+    """The end of ``twin train``: the reward from first to last step, the store, the files."""
     if history:
         last = history[-1]
         console.print(
             f"reward {_fmt(first or history[0], 'rewards/total')} -> {_fmt(last, 'rewards/total')} "
-            f"in {len(history)} steps, {elapsed:.0f} s ({len(history) / max(elapsed, 1e-9):.2f} steps/s)"
+            f"in {len(history)} steps, {elapsed:.0f} s ({len(history) / max(elapsed, 1e-9):.2f} "
+            "steps/s)"
         )
     writer = getattr(runner, "store_writer", None)
     if writer is not None and writer.describe() is not None:
@@ -210,4 +240,3 @@ def train(
     console.print(f"metrics: {runner.output_dir / 'metrics.jsonl'}")
     if plot is not None:
         console.print(f"reward curve: {plot}")
-    return 0

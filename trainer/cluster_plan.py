@@ -1,4 +1,5 @@
-"""``twin plan --nodes N --gpus-per-node G``: how many sampler engines one learner can use on a Ray cluster.
+"""``twin plan --nodes N --gpus-per-node G``: how many sampler engines one learner can use on a Ray
+cluster.
 
 From the measured seconds per step of each side (``twin bench trainer --json``, or given), the
 overlapped loop's throughput, the side that bounds it, and where each part runs. The memory plan of
@@ -18,7 +19,7 @@ from twin.errors import ConfigError
 __all__ = ["ClusterPlan", "plan_cluster", "print_cluster", "sides_from_bench"]
 
 
-# -- a Ray cluster: how many engines for one learner, and which side bounds throughput ----------------
+# -- a Ray cluster: how many engines for one learner, and which side bounds throughput -------------
 @dataclass(frozen=True)
 class ClusterPlan:
     """Where ``backend: ray`` puts rollout and learner on ``nodes x gpus_per_node`` GPUs.
@@ -53,7 +54,8 @@ class ClusterPlan:
 
 def sides_from_bench(path: str | Path) -> tuple[float, float]:
     """``(rollout_s, learner_s)`` per step from ``twin bench trainer --json FILE``: the synchronous
-    pinned run's rollout side (the learner's wait for a lot) and learner side (the rest of the step).
+    pinned run's rollout side (the learner's wait for a lot) and learner side (the rest of the
+    step).
 
     Raises:
         ConfigError: the file is missing or is not a bench report.
@@ -65,8 +67,9 @@ def sides_from_bench(path: str | Path) -> tuple[float, float]:
         learner_s = float(run["step_s"]) - rollout_s
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(
-            f"--bench {path}: not a `twin bench trainer --json` report ({type(exc).__name__}: {exc}); "
-            "write one with `twin bench trainer --json bench.json`, or give --rollout-s and --learner-s"
+            f"--bench {path}: not a `twin bench trainer --json` report ({type(exc).__name__}: "
+            f"{exc}); write one with `twin bench trainer --json bench.json`, or give --rollout-s "
+            "and --learner-s"
         ) from None
     return rollout_s, learner_s
 
@@ -84,8 +87,8 @@ def plan_cluster(nodes: int, gpus_per_node: int, rollout_s: float, learner_s: fl
     total = nodes * gpus_per_node
     if nodes < 1 or gpus_per_node < 1 or total < 2:
         raise ConfigError(
-            f"a cluster plan needs >= 2 GPUs in all (one learner, >= 1 engine); got {nodes} node(s) x "
-            f"{gpus_per_node} GPU(s)"
+            f"a cluster plan needs >= 2 GPUs in all (one learner, >= 1 engine); got {nodes} "
+            f"node(s) x {gpus_per_node} GPU(s)"
         )
     if not (rollout_s > 0 and learner_s > 0):
         raise ConfigError(
@@ -107,34 +110,45 @@ def plan_cluster(nodes: int, gpus_per_node: int, rollout_s: float, learner_s: fl
         parts.append(f"{gpus_per_node - used - (1 if node == 0 else 0)} GPU(s) free")
         placement.append(f"node {node}: " + ", ".join(parts))
     return ClusterPlan(
-        nodes=nodes, gpus_per_node=gpus_per_node, learner_gpus=1, engines=engines, spare_gpus=total - 1 - engines,
-        rollout_workers=2 * engines, rollout_s=rollout_s, learner_s=learner_s,
-        steps_per_s=min(rollout_rate, learner_rate), bound=bound, placement=placement,
-    )  # fmt: skip
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        learner_gpus=1,
+        engines=engines,
+        spare_gpus=total - 1 - engines,
+        rollout_workers=2 * engines,
+        rollout_s=rollout_s,
+        learner_s=learner_s,
+        steps_per_s=min(rollout_rate, learner_rate),
+        bound=bound,
+        placement=placement,
+    )
 
 
 def print_cluster(console: Any, plan: ClusterPlan) -> None:
     """Print ``plan`` (the placement, the bound side and the recipe lines) to a rich console."""
     console.print(
-        f"[bold]cluster[/]: {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s); measured per step: rollout "
-        f"{plan.rollout_s:.2f} s on one engine, learner {plan.learner_s:.2f} s",
+        f"[bold]cluster[/]: {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s); measured per step: "
+        f"rollout {plan.rollout_s:.2f} s on one engine, learner {plan.learner_s:.2f} s",
         soft_wrap=True,
     )
     for line in plan.placement:
         console.print(f"  {line}", soft_wrap=True)
     other = "rollout" if plan.bound == "learner" else "learner"
     console.print(
-        f"  {plan.engines} engine(s), {plan.rollout_workers} rollout worker(s): ~{plan.steps_per_s:.3f} steps/s; "
+        f"  {plan.engines} engine(s), {plan.rollout_workers} rollout worker(s): "
+        f"~{plan.steps_per_s:.3f} steps/s; "
         f"the [bold]{plan.bound}[/] bounds throughput"
         + (
-            f" ({plan.spare_gpus} GPU(s) would idle as engines: the {other} side already outpaces it)"
+            f" ({plan.spare_gpus} GPU(s) would idle as engines: the {other} side already outpaces "
+            "it)"
             if plan.spare_gpus
             else ""
         ),
         soft_wrap=True,
     )
     console.print(
-        f"  recipe: backend: ray; ray: {{engines: {plan.engines}, rollout_workers: {plan.rollout_workers}}}; "
+        f"  recipe: backend: ray; ray: {{engines: {plan.engines}, rollout_workers: "
+        f"{plan.rollout_workers}}}; "
         "async: {max_staleness: 1}",
         soft_wrap=True,
         markup=False,

@@ -2,8 +2,8 @@
 # loading rules in one place, so that a recipe key has exactly one definition.
 """Recipes: YAML files validated by one small pydantic model per section.
 
-A recipe is data; the loop that reads it lives in :mod:`trainer.sync_trainer`. Every field is documented
-here, and unknown keys are errors that name the nearest valid key::
+A recipe is data; the loop that reads it lives in :mod:`trainer.sync_trainer`. Every field is
+documented here, and unknown keys are errors that name the nearest valid key::
 
     recipe = load_recipe("data/recipes/toy-cpu.yaml", ["optim.lr=1e-4", "train.steps=20"])
     recipe.optim.lr        # 0.0001 (overrides are parsed as YAML: numbers, bools, lists)
@@ -80,9 +80,10 @@ class ModelConfig(_Section):
     autocast: Literal["bfloat16", "float16"] | None = Field(
         None,
         description="Run the learner's forward and backward (and SFT's held-out evaluation; `hf:` "
-        "policies take autocast=bfloat16) under torch.autocast to this dtype while the weights stay in "
-        "`dtype` (float32 weights + bfloat16 autocast = mixed precision with fp32 master weights). "
-        "bfloat16 is 1.5-4x faster on CPUs with AMX and on GPUs; null = compute in `dtype`.",
+        "policies take autocast=bfloat16) under torch.autocast to this dtype while the weights "
+        "stay in `dtype` (float32 weights + bfloat16 autocast = mixed precision with fp32 master "
+        "weights). bfloat16 is 1.5-4x faster on CPUs with AMX and on GPUs; null = compute in "
+        "`dtype`.",
     )
     chat_template: str | None = Field(
         None,
@@ -92,7 +93,8 @@ class ModelConfig(_Section):
     )
     template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra chat template variables on every render, e.g. {enable_thinking: false} for Qwen3.",
+        description="Extra chat template variables on every render, e.g. {enable_thinking: false} "
+        "for Qwen3.",
     )
     init_from: str | None = Field(
         None,
@@ -134,9 +136,9 @@ class SamplerConfig(_Section):
         "hf",
         description="Which engine samples (the loop decides where it runs): 'hf' = twinrl's own "
         "transformers decoding engine (trainer/serving/engine.py), in the learner's process when "
-        "synchronous (async.max_staleness: 0) and in a `twin serve` process the trainer starts when "
-        "async or on Ray; 'vllm' = a vLLM server the trainer starts; 'server' = an OpenAI-compatible "
-        "completions server already running at base_url.",
+        "synchronous (async.max_staleness: 0) and in a `twin serve` process the trainer starts "
+        "when async or on Ray; 'vllm' = a vLLM server the trainer starts; 'server' = an "
+        "OpenAI-compatible completions server already running at base_url.",
     )
     base_url: str | None = Field(
         None, description="Server URL (kind 'server'), e.g. http://127.0.0.1:8000."
@@ -145,15 +147,19 @@ class SamplerConfig(_Section):
         1.0, gt=0.0, description="Sampling temperature (logprobs use logits / T)."
     )
     top_p: float = Field(
-        1.0, gt=0.0, le=1.0,
-        description="Nucleus sampling threshold. Training needs 1.0: the learner scores tokens under "
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling threshold. Training needs 1.0: the learner scores tokens "
+        "under "
         "the full softmax of logits / temperature, and a nucleus-renormalised sampler logprob "
         "(vLLM's) is not comparable with it (docs/algorithms.md).",
-    )  # fmt: skip
+    )
     max_new_tokens: int = Field(64, ge=1, description="Most tokens sampled per assistant turn.")
     length_curriculum: Literal["none", "linear", "plateau"] = Field(
         "none",
-        description="Grow the per-turn limit from length_curriculum_start to max_new_tokens: 'linear' over "
+        description="Grow the per-turn limit from length_curriculum_start to max_new_tokens: "
+        "'linear' over "
         "max_new_tokens_ramp steps; 'plateau' by one token whenever a step finds no informative "
         "group and the mean reward is above its value at the last growth. Lets a policy that "
         "starts from random text settle each position before the next one is sampled.",
@@ -167,7 +173,8 @@ class SamplerConfig(_Section):
     max_episode_tokens: int = Field(
         1024,
         ge=8,
-        description="Most tokens in a whole episode (prompt + all turns); the episode is cut there.",
+        description="Most tokens in a whole episode (prompt + all turns); the episode is cut "
+        "there.",
     )
 
     @model_validator(mode="after")
@@ -186,7 +193,8 @@ class SamplerConfig(_Section):
         if self.top_p < 1.0:
             raise ValueError(
                 f"sampler.top_p {self.top_p:g} < 1 is not supported for training: the learner's "
-                "logprobs are of the full softmax of logits / temperature and a nucleus-renormalised "
+                "logprobs are of the full softmax of logits / temperature and a "
+                "nucleus-renormalised "
                 "sampler logprob would bias the importance weights; use top_p: 1.0 (lower "
                 "temperature to sharpen sampling)"
             )
@@ -201,17 +209,20 @@ class AlgorithmConfig(_Section):
 
     name: Literal["grpo", "sft"] = Field(
         "grpo",
-        description="'grpo' = the GRPO family (trainer/sync_trainer.py; 'advantage' picks GRPO, Dr. GRPO or "
+        description="'grpo' = the GRPO family (trainer/sync_trainer.py; 'advantage' picks GRPO, "
+        "Dr. GRPO or "
         "RLOO); 'sft' = supervised fine-tuning on a trajectory dataset (the 'data' section; "
         "trainer/sft.py). Every other key of this section is GRPO's.",
     )
     advantage: Literal["grpo", "dr_grpo", "rloo"] = Field(
         "grpo",
-        description="'grpo' = group z-score; 'dr_grpo' = group mean-centred; 'rloo' = leave-one-out.",
+        description="'grpo' = group z-score; 'dr_grpo' = group mean-centred; 'rloo' = "
+        "leave-one-out.",
     )
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "constant_normalizer"] = Field(
         "token_mean",
-        description="'token_mean' = mean over every token of the batch (DAPO); 'seq_mean_token_mean' = "
+        description="'token_mean' = mean over every token of the batch (DAPO); "
+        "'seq_mean_token_mean' = "
         "mean of per-sequence token means (GRPO); 'constant_normalizer' = token sums over "
         "sequences x max_episode_tokens (Dr. GRPO).",
     )
@@ -236,7 +247,8 @@ class AlgorithmConfig(_Section):
     overlong_buffer: int = Field(
         0,
         ge=0,
-        description="Soft overlong punishment over the last N tokens of max_episode_tokens (0 = off).",
+        description="Soft overlong punishment over the last N tokens of max_episode_tokens (0 = "
+        "off).",
     )
     overlong_penalty: float = Field(1.0, ge=0.0, description="Largest overlong penalty.")
     tis_cap: float | None = Field(
@@ -247,10 +259,11 @@ class AlgorithmConfig(_Section):
     is_correction: Literal["truncate", "token_mask", "sequence_mask"] = Field(
         "truncate",
         description="How the learner corrects for the sampler not being its policy, with "
-        "rho = exp(lp_learner - lp_sampler): 'truncate' = weight min(rho, tis_cap) per token (TIS); "
-        "'token_mask' = weight rho per token, tokens with rho outside [is_mask_low, tis_cap] "
-        "dropped; 'sequence_mask' = weight rho per token, whole sequences dropped when the geometric "
-        "mean of rho over their tokens is outside [is_mask_low, tis_cap]. See docs/algorithms.md.",
+        "rho = exp(lp_learner - lp_sampler): 'truncate' = weight min(rho, tis_cap) per token "
+        "(TIS); 'token_mask' = weight rho per token, tokens with rho outside [is_mask_low, "
+        "tis_cap] dropped; 'sequence_mask' = weight rho per token, whole sequences dropped when "
+        "the geometric mean of rho over their tokens is outside [is_mask_low, tis_cap]. See "
+        "docs/algorithms.md.",
     )
     is_mask_low: float = Field(
         0.0,
@@ -259,7 +272,8 @@ class AlgorithmConfig(_Section):
     )
     placebo: bool = Field(
         False,
-        description="A control run: the batch's advantages are shuffled across its episodes (a seeded "
+        description="A control run: the batch's advantages are shuffled across its episodes (a "
+        "seeded "
         "permutation per step) before the update, so the update has GRPO's size and statistics but "
         "no relation to which episode earned what. Its change from the starting policy is what "
         "training does without reward signal; an RL claim is its difference from that.",
@@ -285,7 +299,8 @@ class OptimConfig(_Section):
     )
     gradient_checkpointing: bool = Field(
         False,
-        description="Keep only each decoder layer's input for backward and recompute the layer there "
+        description="Keep only each decoder layer's input for backward and recompute the layer "
+        "there "
         "(activation memory: layers x hidden + one layer, instead of every layer's saved tensors; "
         "about a third more learner compute). Works with LoRA and the shared-prompt path. "
         "`twin plan` shows both figures.",
@@ -300,12 +315,14 @@ class OptimConfig(_Section):
         0, ge=0, description="Optimizer steps of the linear decay to lr_end."
     )
     logit_chunk_tokens: int = Field(
-        1024, ge=1,
-        description="Positions whose vocabulary logits the learner computes at once (the logprob and "
+        1024,
+        ge=1,
+        description="Positions whose vocabulary logits the learner computes at once (the logprob "
+        "and "
         "entropy of the others are computed chunk by chunk, each chunk's logits recomputed in "
         "backward): the logits' peak is chunk x vocab x 8 bytes however long the micro-batch "
         "(trainer/logits.py; `twin plan` charges it).",
-    )  # fmt: skip
+    )
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based): ``lr``, or the linear decay."""
@@ -326,7 +343,8 @@ class TrainConfig(_Section):
     store: bool = Field(True, description="Write every episode to the run store as a 'train' run.")
     store_tokens: Literal["off", "full"] = Field(
         "off",
-        description="The episodes' token record (prompt/sampled ids and logprobs per turn) in the run "
+        description="The episodes' token record (prompt/sampled ids and logprobs per turn) in the "
+        "run "
         "store: 'off' keeps messages, rewards and timings only (a 9B step's tokens are 50-150 MB); "
         "'full' keeps them too. Writes happen in a background thread (trainer/store_writer.py).",
     )
@@ -354,7 +372,8 @@ class DataConfig(_Section):
     )
     min_reward: float | None = Field(
         None,
-        description="Train only on episodes whose reward is at least this (null = every scored episode).",
+        description="Train only on episodes whose reward is at least this (null = every scored "
+        "episode).",
     )
     epochs: int = Field(
         3,
@@ -368,8 +387,10 @@ class DataConfig(_Section):
     holdout: int = Field(
         0,
         ge=0,
-        description="Episodes kept out of training (a seeded draw) whose mean assistant-token NLL is "
-        "logged as sft/holdout_loss at the end of every epoch and every holdout_every steps (0 = none).",
+        description="Episodes kept out of training (a seeded draw) whose mean assistant-token NLL "
+        "is "
+        "logged as sft/holdout_loss at the end of every epoch and every holdout_every steps (0 = "
+        "none).",
     )
     holdout_every: int = Field(
         0, ge=0, description="Also score the held-out loss every N steps (0 = at epoch ends only)."
@@ -377,7 +398,8 @@ class DataConfig(_Section):
     patience: int = Field(
         0,
         ge=0,
-        description="Early stopping: end the run when the held-out loss has not improved for this many "
+        description="Early stopping: end the run when the held-out loss has not improved for this "
+        "many "
         "held-out evaluations in a row (0 = never; needs holdout > 0).",
     )
 
@@ -397,7 +419,8 @@ class EvalConfig(_Section):
     every: int = Field(
         10,
         ge=0,
-        description="Evaluate every N steps, and before the first and after the last (0 = only those two).",
+        description="Evaluate every N steps, and before the first and after the last (0 = only "
+        "those two).",
     )
     temperature: float = Field(
         0.0, ge=0.0, description="Sampling temperature of the evaluation (0 = greedy)."
@@ -422,10 +445,10 @@ class DevicesConfig(_Section):
     cpu_affinity: Literal["off", "auto"] = Field(
         "off",
         description="Async trainer with rollout and learner both on 'cpu' (Linux): 'auto' "
-        "pins the rollout side (sampler server + rollout worker) and the learner to disjoint halves "
-        "of the allowed cores (one core each on a 2-core machine), so that with max_staleness >= 1 "
-        "they run side by side instead of pre-empting each other; threads default to one per "
-        "pinned core. 'off' leaves placement to the OS. See docs/async.md.",
+        "pins the rollout side (sampler server + rollout worker) and the learner to disjoint "
+        "halves of the allowed cores (one core each on a 2-core machine), so that with "
+        "max_staleness >= 1 they run side by side instead of pre-empting each other; threads "
+        "default to one per pinned core. 'off' leaves placement to the OS. See docs/async.md.",
     )
 
     @field_validator("cpu_affinity", mode="before")
@@ -443,10 +466,13 @@ class AsyncConfig(_Section):
         4, ge=1, description="Groups batches buffered between rollout and learner."
     )
     check_every: int = Field(
-        1, ge=1,
-        description="Check every N-th adapter with the logprob-mismatch probe (1 = after every sync; "
-        "N > 1 spares the learner N-1 probe forwards in N but finds wrong weights up to N versions later).",
-    )  # fmt: skip
+        1,
+        ge=1,
+        description="Check every N-th adapter with the logprob-mismatch probe (1 = after every "
+        "sync; "
+        "N > 1 spares the learner N-1 probe forwards in N but finds wrong weights up to N versions "
+        "later).",
+    )
 
 
 class RayConfig(_Section):
@@ -454,7 +480,8 @@ class RayConfig(_Section):
 
     address: str | None = Field(
         None,
-        description="Cluster to join ('auto', 'HOST:PORT', 'ray://HOST:10001'); null: $RAY_ADDRESS, "
+        description="Cluster to join ('auto', 'HOST:PORT', 'ray://HOST:10001'); null: "
+        "$RAY_ADDRESS, "
         "else a running local cluster, else a new local one.",
     )
     rollout_workers: int = Field(
@@ -466,7 +493,8 @@ class RayConfig(_Section):
     worker_cpus: float = Field(
         0.5,
         gt=0,
-        description="CPUs each rollout worker reserves (it renders and runs envs; the engine samples).",
+        description="CPUs each rollout worker reserves (it renders and runs envs; the engine "
+        "samples).",
     )
     engine_cpus: float = Field(
         1.0, gt=0, description="CPUs each engine reserves (devices.rollout: cpu)."
@@ -478,8 +506,10 @@ class RayConfig(_Section):
     )
     learner: Literal["driver", "actor"] = Field(
         "driver",
-        description="Where the learner runs: 'driver' (the `twin train` process) or 'actor' (a Ray actor "
-        "with one GPU when devices.learner is cuda; when it dies it is started again with --resume).",
+        description="Where the learner runs: 'driver' (the `twin train` process) or 'actor' (a Ray "
+        "actor "
+        "with one GPU when devices.learner is cuda; when it dies it is started again with "
+        "--resume).",
     )
     learner_cpus: float = Field(
         1.0, ge=0, description="CPUs the learner actor reserves (ray.learner: actor)."
@@ -511,7 +541,8 @@ class Recipe(_Section):
     )
     backend: Literal["local", "ray"] = Field(
         "local",
-        description="Where the async trainer's processes run: 'local' (this machine, multiprocessing) "
+        description="Where the async trainer's processes run: 'local' (this machine, "
+        "multiprocessing) "
         "or 'ray' (rollout workers, sampler engines as Ray actors; section ray, docs/scaling.md).",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray placement (backend: ray).")
@@ -526,8 +557,8 @@ class Recipe(_Section):
     def _sft_needs_data(self) -> Recipe:
         if self.algorithm.name == "sft" and not self.data.paths:
             raise ValueError(
-                "algorithm sft needs data.paths: the dataset(s) to train on, e.g. a folder written by "
-                "`twin collect TWIN --policy oracle --out DIR`"
+                "algorithm sft needs data.paths: the dataset(s) to train on, e.g. a folder written "
+                "by `twin collect TWIN --policy oracle --out DIR`"
             )
         return self
 
@@ -559,22 +590,24 @@ class Recipe(_Section):
         # weights are their own master copy; autocast keeps bf16 compute.
         if self.lora.enabled:
             return self
-        # (async runs and Ray are refused where they start: trainer/weight_sync.require_lora_for_server)
+        # (async runs and Ray are refused where they start:
+        # trainer/weight_sync.require_lora_for_server)
         if self.sampler.kind != "hf":
             raise ValueError(
-                f"full fine-tuning (lora.enabled: false) needs the in-process sampler (sampler.kind: hf, "
-                f"got {self.sampler.kind!r}): new weights reach a sampler server as LoRA adapters only, "
-                "there is no full-weight sync; set lora.enabled: true"
+                "full fine-tuning (lora.enabled: false) needs the in-process sampler "
+                f"(sampler.kind: hf, got {self.sampler.kind!r}): new weights reach a sampler "
+                "server as LoRA adapters only, there is no full-weight sync; set lora.enabled: "
+                "true"
             )
         dtype = self.model.dtype
         if dtype == "auto":
             dtype = "float32" if self.devices.learner == "cpu" else "bfloat16"
         if dtype != "float32":
             raise ValueError(
-                f"full fine-tuning (lora.enabled: false) needs float32 weights, got model.dtype "
-                f"{self.model.dtype!r} ({dtype} on {self.devices.learner}): AdamW keeps no fp32 master "
-                "copy of bf16/fp16 weights and small updates round away; use model.dtype: float32 "
-                "(with model.autocast: bfloat16 for bf16 compute) or lora.enabled: true"
+                "full fine-tuning (lora.enabled: false) needs float32 weights, got model.dtype "
+                f"{self.model.dtype!r} ({dtype} on {self.devices.learner}): AdamW keeps no fp32 "
+                "master copy of bf16/fp16 weights and small updates round away; use model.dtype: "
+                "float32 (with model.autocast: bfloat16 for bf16 compute) or lora.enabled: true"
             )
         return self
 
@@ -606,8 +639,8 @@ def _resolve_path(path: str | Path) -> Path:
         return data_path("recipes", name)
     except FileNotFoundError:
         raise ConfigError(
-            f"recipe {str(path)!r} not found: give a YAML file path or the name of a shipped recipe "
-            f"(see data/recipes/, e.g. 'toy-cpu')"
+            f"recipe {str(path)!r} not found: give a YAML file path or the name of a shipped "
+            "recipe (see data/recipes/, e.g. 'toy-cpu')"
         ) from None
 
 
@@ -760,6 +793,6 @@ def check_devices(recipe: Recipe, *, visible_only: bool = False, planned_gpus: i
         if not count and index >= planned_gpus:
             have = "cuda:0" if planned_gpus == 1 else f"cuda:0 .. cuda:{planned_gpus - 1}"
             raise ConfigError(
-                f"devices.{role} {dev!r}: the plan is for a machine with {planned_gpus} GPU(s) ({have}); "
-                "pass --gpus N to plan for a larger one"
+                f"devices.{role} {dev!r}: the plan is for a machine with {planned_gpus} GPU(s) "
+                f"({have}); pass --gpus N to plan for a larger one"
             )

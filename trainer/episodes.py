@@ -33,12 +33,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.samplers import Sample, Sampler
 from twin.cases import stable_seed
 from twin.core import Twin
 from twin.trajectory import Group, Trajectory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from trainer.config import Recipe
+    from trainer.renderer import Renderer
+    from twin.env import TwinEnv
 
 __all__ = [
     "RolloutSettings",
@@ -96,8 +103,8 @@ CUT_NOTE = "episode cut at max_episode_tokens"
 class _RunningEpisode:
     """One episode while it is being collected: its env, its token record, whether it ended."""
 
-    env: Any
-    renderer: Any
+    env: TwinEnv
+    renderer: Renderer
     done: bool = False
     overlong: bool = False
     sample_s: float = 0.0
@@ -107,7 +114,7 @@ def collect_groups(
     twin: Twin,
     cases: Sequence[tuple[str, int]],
     sampler: Sampler,
-    renderer_factory: Callable[[list[dict[str, Any]]], Any],
+    renderer_factory: Callable[[list[dict[str, Any]]], Renderer],
     *,
     group_size: int,
     settings: RolloutSettings,
@@ -164,7 +171,7 @@ def collect_groups(
 def _open_episodes(
     twin: Twin,
     cases: Sequence[tuple[str, int]],
-    renderer_factory: Callable[[list[dict[str, Any]]], Any],
+    renderer_factory: Callable[[list[dict[str, Any]]], Renderer],
     group_size: int,
     settings: RolloutSettings,
 ) -> list[_RunningEpisode]:
@@ -194,7 +201,7 @@ def _open_episodes(
     return live
 
 
-def _decoder(tok: Any) -> Callable[[list[int]], str]:
+def _decoder(tok: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
     """``ids -> text`` with the tokenizer, special tokens kept (what the env parses)."""
 
     def decode(ids: list[int]) -> str:
@@ -227,7 +234,8 @@ def _take_turn(
     settings: RolloutSettings,
     decode: Callable[[list[int]], str],
 ) -> None:
-    """Record a sampled turn, run it in the env, and append the env's answer (or end the episode)."""
+    """Record a sampled turn, run it in the env, and append the env's
+    answer (or end the episode)."""
     ids, lps = list(sample.ids[:budget]), list(sample.logprobs[:budget])
     item.renderer.add_completion(ids, lps)
     body = ids[:-1] if ids and ids[-1] in item.renderer.stop_ids else ids
@@ -279,7 +287,7 @@ def _advance_together(
 
 def _advance_independently(
     live: list[_RunningEpisode],
-    sampler: Any,
+    sampler: Sampler,
     settings: RolloutSettings,
     seed: int,
     stop_ids: list[int] | None,
@@ -303,9 +311,14 @@ def _advance_independently(
                     t0 = time.perf_counter()
                     async with limit:
                         sample = await sampler.asample_one(
-                            client, item.renderer.ids, max_new_tokens=budget, temperature=settings.temperature,
-                            top_p=settings.top_p, stop_ids=stop_ids, seed=stable_seed("rollout-episode", seed, k, turn),
-                        )  # fmt: skip
+                            client,
+                            item.renderer.ids,
+                            max_new_tokens=budget,
+                            temperature=settings.temperature,
+                            top_p=settings.top_p,
+                            stop_ids=stop_ids,
+                            seed=stable_seed("rollout-episode", seed, k, turn),
+                        )
                     item.sample_s += time.perf_counter() - t0
                     turn += 1
                     _take_turn(item, sample, budget, settings, decode)
@@ -325,7 +338,7 @@ def collect_group(
     twin: Twin,
     case: tuple[str, int],
     sampler: Sampler,
-    renderer_factory: Callable[[list[dict[str, Any]]], Any],
+    renderer_factory: Callable[[list[dict[str, Any]]], Renderer],
     *,
     group_size: int,
     settings: RolloutSettings,
@@ -369,11 +382,12 @@ def episode_tokens(trajectory: Trajectory) -> tuple[list[int], list[int], list[f
     return ids, mask, lps
 
 
-# -- one step's sampling, as both training loops run it ----------------------------------------------
+# -- one step's sampling, as both training loops run it --------------------------------------------
 def rollout_settings(
-    cfg: Any, *, policy_name: str | None = None, context_length: int | None = None
+    cfg: Recipe, *, policy_name: str | None = None, context_length: int | None = None
 ) -> RolloutSettings:
-    """The recipe's :class:`RolloutSettings` (the synchronous loop and the rollout worker both call this).
+    """The recipe's :class:`RolloutSettings` (the synchronous loop and the rollout worker both call
+    this).
 
     Args:
         cfg: The recipe (its ``sampler`` section; ``model.path`` names the policy by default).
@@ -382,9 +396,13 @@ def rollout_settings(
     """
     s = cfg.sampler
     return RolloutSettings(
-        max_new_tokens=s.max_new_tokens, max_episode_tokens=s.max_episode_tokens, temperature=s.temperature,
-        top_p=s.top_p, policy_name=policy_name or str(cfg.model.path), context_length=context_length,
-    )  # fmt: skip
+        max_new_tokens=s.max_new_tokens,
+        max_episode_tokens=s.max_episode_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        policy_name=policy_name or str(cfg.model.path),
+        context_length=context_length,
+    )
 
 
 @dataclass
@@ -418,26 +436,28 @@ class StepSample:
         }
 
 
-def training_cases(cfg: Any, twin: Twin, start: int, n: int) -> list[tuple[str, int]]:
-    """The ``n`` training cases at data-cursor position ``start``: the recipe's seeded draw of its split
-    (``twin.balance``; :func:`trainer.cases.draw_cases`). Every loop and worker takes its cases here."""
+def training_cases(cfg: Recipe, twin: Twin, start: int, n: int) -> list[tuple[str, int]]:
+    """The ``n`` training cases at data-cursor position ``start``: the recipe's seeded draw of its
+    split (``twin.balance``; :func:`trainer.cases.draw_cases`). Every loop and worker takes its
+    cases here."""
     from trainer.cases import draw_cases
 
     return draw_cases(twin, cfg.twin.split, cfg.seed, start, n, balance=cfg.twin.balance)
 
 
 def sample_step(
-    cfg: Any,
+    cfg: Recipe,
     twin: Twin,
     next_cases: Callable[[int], list[tuple[str, int]]],
     sampler: Sampler,
-    renderer_factory: Callable[[Any], Any],
+    renderer_factory: Callable[[Any], Renderer],
     settings: RolloutSettings,
     *,
     seed_key: tuple[Any, ...],
     policy_version: int,
 ) -> StepSample:
-    """Sample one step's groups with dynamic sampling: ``groups_per_step`` informative ones, bounded refills.
+    """Sample one step's groups with dynamic sampling: ``groups_per_step`` informative ones, bounded
+    refills.
 
     Each group's trajectories get ``info["shaped_reward"]`` (the env reward plus overlong
     shaping, :func:`trainer.objective.group_rewards`). Without ``algorithm.dynamic_sampling``
@@ -465,10 +485,16 @@ def sample_step(
     rounds = 0
     while True:
         groups = collect_groups(
-            twin, next_cases(n - len(kept)), sampler, renderer_factory, group_size=cfg.algorithm.group_size,
-            settings=settings, seed=stable_seed(*seed_key, rounds), policy_version=policy_version,
+            twin,
+            next_cases(n - len(kept)),
+            sampler,
+            renderer_factory,
+            group_size=cfg.algorithm.group_size,
+            settings=settings,
+            seed=stable_seed(*seed_key, rounds),
+            policy_version=policy_version,
             new_judge_step=rounds == 0,
-        )  # fmt: skip
+        )
         for g in groups:
             shaped = objective.group_rewards(g, cfg)
             for t, r in zip(g.trajectories, shaped.tolist()):
@@ -484,8 +510,8 @@ def sample_step(
 
 
 def recipe_renderer_factory(
-    cfg: Any, tokenizer: Any, model: str | None = None
-) -> Callable[[Any], Any]:
+    cfg: Recipe, tokenizer: PreTrainedTokenizerBase, model: str | None = None
+) -> Callable[[Any], Renderer]:
     """``tools -> Renderer`` for the recipe's template, ending turns on every id vLLM stops on.
 
     Args:
@@ -500,7 +526,7 @@ def recipe_renderer_factory(
 
     stop_ids = turn_stop_ids(tokenizer, resolve_model_path(str(model or cfg.model.path)))
 
-    def factory(tools: Any) -> Any:
+    def factory(tools: Any) -> Renderer:
         return Renderer(
             tokenizer, tools, stop_ids=stop_ids, chat_template=cfg.model.chat_template,
             template_kwargs=cfg.model.template_kwargs,
@@ -510,7 +536,8 @@ def recipe_renderer_factory(
 
 
 def load_tokenizer(spec: str) -> Any:
-    """The tokenizer of model ``spec`` (a path or a packaged name such as ``tiny``), with a pad token.
+    """The tokenizer of model ``spec`` (a path or a packaged name such as ``tiny``), with a pad
+    token.
 
     The rollout worker renders with it (it loads no model); the learner gets the same tokenizer
     from :func:`trainer.models.load_model`.

@@ -31,10 +31,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twin.cases import stable_seed
 from twin.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from twin.core import Twin
 
 __all__ = ["HFPolicy", "parse_hf_spec"]
 
@@ -83,13 +89,15 @@ def parse_hf_spec(spec: str) -> tuple[str, dict[str, Any]]:
         key = key.strip()
         if not eq or key not in _OPTION_TYPES:
             raise ConfigError(
-                f"policy {spec!r}: option {part!r} is not key=value with key one of {', '.join(_OPTION_TYPES)}"
+                f"policy {spec!r}: option {part!r} is not key=value with key one of "
+                f"{', '.join(_OPTION_TYPES)}"
             )
         try:
             options[key] = _OPTION_TYPES[key](raw.strip())
         except ValueError:
             raise ConfigError(
-                f"policy {spec!r}: {key} must be {getattr(_OPTION_TYPES[key], '__name__', 'valid')}, got {raw!r}"
+                f"policy {spec!r}: {key} must be "
+                f"{getattr(_OPTION_TYPES[key], '__name__', 'valid')}, got {raw!r}"
             ) from None
     return model, options
 
@@ -181,8 +189,8 @@ class HFPolicy:
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         name: str = "hf",
         temperature: float = 0.7,
@@ -228,7 +236,7 @@ class HFPolicy:
         self._batchers: dict[int, _Batcher] = {}  # per event loop (each asyncio.run has its own)
 
     @classmethod
-    def from_spec(cls, spec: str, twin: Any = None) -> HFPolicy:
+    def from_spec(cls, spec: str, twin: Twin | None = None) -> HFPolicy:
         """Load the model named by ``hf:MODEL[,key=value...]`` (see the module docstring), offline.
 
         Args:

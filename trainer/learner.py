@@ -45,13 +45,13 @@ log = logging.getLogger("twinrl.trainer")
 
 
 def build_lora_model(
-    model: Any,
+    model: torch.nn.Module,
     *,
     lora_rank: int = 8,
     lora_alpha: float = 16.0,
     lora_dropout: float = 0.0,
     target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
-) -> Any:
+) -> torch.nn.Module:
     """Wrap a causal LM in a peft LoRA adapter (only the adapter is trainable).
 
     ``W x + (alpha / r) * B A x`` on every target module, ``B`` initialised to zero (so the
@@ -83,7 +83,8 @@ def build_lora_model(
             }
         )
         raise ConfigError(
-            f"lora.target_modules {list(target_modules)} match no module of {type(model).__name__}; "
+            f"lora.target_modules {list(target_modules)} match no module of "
+            f"{type(model).__name__}; "
             f"its linear layers are named: {', '.join(linear)}"
         )
     config = LoraConfig(
@@ -97,7 +98,7 @@ def build_lora_model(
     return get_peft_model(model, config)
 
 
-def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Parameters with ``requires_grad`` (the adapter, or every weight for full fine-tuning)."""
     return [p for p in model.parameters() if p.requires_grad]
 
@@ -118,7 +119,7 @@ class Learner:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         *,
         algorithm: AlgorithmConfig,
         optim: OptimConfig,
@@ -170,7 +171,8 @@ class Learner:
         self.scorer.temperature = float(value)
 
     def logprobs(self, batch: TrainBatch, *, reference: bool = False) -> list[list[float]]:
-        """Each sequence's token logprobs now, no grad (:meth:`trainer.scoring.BatchScorer.logprobs`)."""
+        """Each sequence's token logprobs now, no grad
+        (:meth:`trainer.scoring.BatchScorer.logprobs`)."""
         return self.scorer.logprobs(batch, reference=reference)
 
     # -- the update ----------------------------------------------------------------------------
@@ -197,7 +199,8 @@ class Learner:
         self._check_fits(batch)
         settings, n = self.loss_settings, len(batch)
         mini = max(1, min(self.optim_config.mini_batches, n))
-        # pi_old and pi_ref are scored before any update (pi_old = this pass's own with one mini-batch)
+        # pi_old and pi_ref are scored before any update (pi_old = this pass's own with one
+        # mini-batch)
         old = self.scorer.frozen_logprobs(batch, reference=False) if mini > 1 else None
         ref = self.scorer.frozen_logprobs(batch, reference=True) if settings.kl_coef > 0 else None
         aggregate = algo.aggregation(self.algorithm.loss_aggregation, max_tokens=self.max_tokens)
@@ -237,14 +240,16 @@ class Learner:
     ) -> Iterator[ScoredBatch]:
         """The rows' logprobs under the current weights, with grad, one micro-batch at a time.
 
-        Micro-batches hold at most ``optim.micro_batch_tokens`` (:meth:`trainer.scoring.BatchScorer.plan`); a prompt that
-        several rows share runs once per micro-batch (``shared_prefix``). Each micro-batch's
-        graph is freed once the caller has backpropagated its loss and asks for the next.
+        Micro-batches hold at most ``optim.micro_batch_tokens``
+        (:meth:`trainer.scoring.BatchScorer.plan`); a prompt that several rows share runs once per
+        micro-batch (``shared_prefix``). Each micro-batch's graph is freed once the caller has
+        backpropagated its loss and asks for the next.
 
         Args:
             batch: The episodes.
             rows: Which of them.
-            old: Per row, logprobs before the update (from :meth:`trainer.scoring.BatchScorer.frozen_logprobs`).
+            old: Per row, logprobs before the update (from
+                :meth:`trainer.scoring.BatchScorer.frozen_logprobs`).
             ref: Per row, reference logprobs (adapter disabled).
 
         Yields:
@@ -257,15 +262,10 @@ class Learner:
             mb = scorer.pad(mrows, batch, units)
             logp, ent = scorer.forward(mb, entropy=True, entropy_grad=bonus)  # [B, T-1]
 
-            def stacked(per_row: dict[int, torch.Tensor] | None) -> torch.Tensor | None:
-                if per_row is None:
-                    return None
-                return torch.stack([pad_to(per_row[i], logp.shape[1]) for i in mrows])
-
             yield ScoredBatch(
                 logprobs=logp, mask=mb["mask"], advantages=mb["advantages"],
-                sampler_logprobs=mb["sampler_logprobs"], old_logprobs=stacked(old),
-                ref_logprobs=stacked(ref), entropy=ent,
+                sampler_logprobs=mb["sampler_logprobs"], old_logprobs=_stacked(old, mrows, logp),
+                ref_logprobs=_stacked(ref, mrows, logp), entropy=ent,
             )  # fmt: skip
 
     def _check_fits(self, batch: TrainBatch) -> None:
@@ -276,8 +276,10 @@ class Learner:
         if longest > budget:
             raise ConfigError(
                 f"Learner.step: an episode of {longest} tokens exceeds optim.micro_batch_tokens "
-                f"({budget}); an episode is never split across micro-batches: raise micro_batch_tokens "
-                "(optim.gradient_checkpointing: true makes room) or lower sampler.max_episode_tokens"
+                f"({budget}); an episode is never split across micro-batches: raise "
+                "micro_batch_tokens "
+                "(optim.gradient_checkpointing: true makes room) or lower "
+                "sampler.max_episode_tokens"
             )
 
     def apply_gradients(self, loss: float) -> tuple[float, bool]:
@@ -305,7 +307,8 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1
             log.warning(
-                "learner: update %d skipped: loss %s, gradient norm %s (not finite); %d skipped so far",
+                "learner: update %d skipped: loss %s, gradient norm %s (not finite); %d skipped so "
+                "far",
                 self.version,
                 loss,
                 norm,
@@ -343,8 +346,8 @@ class Learner:
             extra = sorted(set(state) - expected)[:3]
             missing = sorted(expected - set(state))[:3]
             raise ConfigError(
-                f"checkpoint weights do not match the model (unexpected: {extra}, missing: {missing}); "
-                "resume with the recipe the checkpoint was made with"
+                f"checkpoint weights do not match the model (unexpected: {extra}, missing: "
+                f"{missing}); resume with the recipe the checkpoint was made with"
             )
         with torch.no_grad():
             for n, t in state.items():
@@ -379,6 +382,15 @@ _STAT_METRICS = {
     "logprob_mismatch": "policy/logprob_mismatch",
     "sampler_kl": "policy/sampler_kl",
 }
+
+
+def _stacked(
+    per_row: dict[int, torch.Tensor] | None, rows: Sequence[int], like: torch.Tensor
+) -> torch.Tensor | None:
+    """The rows' frozen logprobs padded to ``like``'s length and stacked (None: none given)."""
+    if per_row is None:
+        return None
+    return torch.stack([pad_to(per_row[i], like.shape[1]) for i in rows])
 
 
 class _Meter:

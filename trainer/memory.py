@@ -71,41 +71,17 @@ def measure_learner_activations(
         :class:`Measured`: bytes saved inside decoder layers (all but the first, whose input
         needs no gradient under LoRA) / (budget tokens x those layers), where the budget tokens
         are what the learner charges to ``optim.micro_batch_tokens`` for the micro-batch
-        (``rows x tokens`` padded; with a shared prompt ``prompt + rows x (suffix + kappa x prompt)``).
+        (``rows x tokens`` padded; with a shared prompt ``prompt + rows x (suffix + kappa x
+        prompt)``).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from trainer.config import AlgorithmConfig, OptimConfig
-    from trainer.learner import Learner, TrainBatch, build_lora_model
-    from trainer.plan import KNOWN_MODELS
+    from trainer.learner import Learner, TrainBatch
     from trainer.scoring import decoder_layers
 
-    dims = replace(KNOWN_MODELS[model], layers=layers, vocab=vocab)
-    kind = "qwen3" if dims.qk_norm else ("qwen2" if dims.qkv_bias else "llama")
-    config = AutoConfig.for_model(
-        kind, hidden_size=dims.hidden, num_hidden_layers=layers, num_attention_heads=dims.heads,
-        num_key_value_heads=dims.kv_heads, head_dim=dims.head_dim, intermediate_size=dims.intermediate,
-        vocab_size=vocab, tie_word_embeddings=dims.tied, max_position_embeddings=max(4096, tokens),
+    lm = _random_lm(
+        model, layers, vocab, max(4096, tokens), dtype, attn_implementation,
+        lora_rank, target_modules,
     )  # fmt: skip
-    config._attn_implementation = attn_implementation
-    with torch.device("cpu"):
-        lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if lora_rank is None:
-        for p in lm.parameters():
-            p.requires_grad_(True)
-    else:
-        targets = target_modules or [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-        lm = build_lora_model(
-            lm, lora_rank=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets
-        )
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(5, vocab, (prompt,), generator=g).tolist()
     # the last row one token short: a padded batch, as in training (sdpa then gets a mask)
@@ -115,10 +91,13 @@ def measure_learner_activations(
     mask = [[0] * first + [1] * (n - first) for n in lengths]
     batch = TrainBatch(ids, mask, [[0.0] * n for n in lengths], [1.0] * rows)
     learner = Learner(
-        lm, algorithm=AlgorithmConfig(),
-        optim=OptimConfig(micro_batch_tokens=10 * rows * tokens, gradient_checkpointing=checkpointing),
+        lm,
+        algorithm=AlgorithmConfig(),
+        optim=OptimConfig(
+            micro_batch_tokens=10 * rows * tokens, gradient_checkpointing=checkpointing
+        ),
         shared_prefix=prompt > 0,
-    )  # fmt: skip
+    )
     ((mrows, units),) = list(learner.scorer.plan(list(range(rows)), batch))
     mb = learner.scorer.pad(mrows, batch, units)
     lm.train()
@@ -135,6 +114,52 @@ def measure_learner_activations(
         budget = rows * tokens
     return Measured(
         counted.total / (budget * len(counted_layers)), int(budget), len(counted_layers)
+    )
+
+
+def _random_lm(
+    model: str,
+    layers: int,
+    vocab: int,
+    positions: int,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    lora_rank: int | None,
+    target_modules: list[str] | None,
+) -> torch.nn.Module:
+    """A random-init causal LM with ``model``'s layer shapes, made trainable: LoRA on
+    ``target_modules`` (default: all seven projections), or every weight (``lora_rank`` None)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.learner import build_lora_model
+    from trainer.plan import KNOWN_MODELS
+
+    dims = replace(KNOWN_MODELS[model], layers=layers, vocab=vocab)
+    kind = "qwen3" if dims.qk_norm else ("qwen2" if dims.qkv_bias else "llama")
+    config = AutoConfig.for_model(
+        kind,
+        hidden_size=dims.hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=dims.heads,
+        num_key_value_heads=dims.kv_heads,
+        head_dim=dims.head_dim,
+        intermediate_size=dims.intermediate,
+        vocab_size=vocab,
+        tie_word_embeddings=dims.tied,
+        max_position_embeddings=positions,
+    )
+    config._attn_implementation = attn_implementation
+    with torch.device("cpu"):
+        lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if lora_rank is None:
+        for p in lm.parameters():
+            p.requires_grad_(True)
+        return lm
+    targets = target_modules or [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    ]  # fmt: skip
+    return build_lora_model(
+        lm, lora_rank=lora_rank, lora_alpha=2 * lora_rank, target_modules=targets
     )
 
 
@@ -230,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     print(
         f"{args.model} x {args.layers} layers, {args.tokens} tok, {args.dtype}, "
-        f"{'LoRA r' + str(args.lora_rank) if args.lora_rank else 'full'}, checkpointing {args.checkpointing}: "
+        f"{'LoRA r' + str(args.lora_rank) if args.lora_rank else 'full'}, checkpointing "
+        f"{args.checkpointing}: "
         f"measured {m.per_token_layer / 1024:.1f} KiB/tok/layer, planned {planned / 1024:.1f}"
     )
     return 0

@@ -1,4 +1,5 @@
-"""Training metrics: JSONL always, TensorBoard, Weights & Biases and trackio on request, a PNG curve.
+"""Training metrics: JSONL always, TensorBoard, Weights & Biases and trackio on request, a PNG
+curve.
 
 Names are stable and namespaced (CleanRL style): ``rewards/total``, ``rewards/<component>`` for
 every reward component, ``losses/loss``, ``losses/pg_loss``, ``losses/kl``, ``losses/clipfrac``,
@@ -27,7 +28,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.config import Recipe
+    from trainer.protocols import RunRecord
 
 __all__ = [
     "LOG_SINKS",
@@ -54,8 +59,13 @@ log = logging.getLogger("twinrl.trainer")
 
 
 def open_training_run(
-    cfg: Any, twin_name: str, run_id: int | None, policy: str | None = None, *, store: Any = None
-) -> tuple[Any, int | None]:
+    cfg: Recipe,
+    twin_name: str,
+    run_id: int | None,
+    policy: str | None = None,
+    *,
+    store: RunRecord | None = None,
+) -> tuple[RunRecord | None, int | None]:
     """The run store of a training run and its run id, or ``(None, run_id)``.
 
     Starts a ``train`` run unless ``run_id`` (a resumed one) is given. The store is a record, not
@@ -88,7 +98,7 @@ def open_training_run(
 
 
 def close_training_run(
-    store: Any, run_id: int | None, *, done: bool, summary: dict[str, Any]
+    store: RunRecord | None, run_id: int | None, *, done: bool, summary: dict[str, Any]
 ) -> None:
     """End a training run's use of the store (the other half of :func:`open_training_run`).
 
@@ -160,7 +170,8 @@ class MetricsLogger:
         unknown = [name for name in sinks or () if name not in LOG_SINKS]
         if unknown:
             raise ValueError(
-                f"unknown log sink(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(LOG_SINKS)}"
+                f"unknown log sink(s) {', '.join(map(repr, unknown))}; allowed: "
+                f"{', '.join(LOG_SINKS)}"
             )
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"

@@ -109,8 +109,8 @@ def resolve_model_path(spec: str) -> Path:
     path = Path(spec).expanduser()
     if not (path / "config.json").exists():
         raise ConfigError(
-            f"model {spec!r}: expected 'tiny', 'smollm2' or a local Hugging Face model folder with a "
-            f"config.json; nothing is downloaded from a hub"
+            f"model {spec!r}: expected 'tiny', 'smollm2' or a local Hugging Face model folder with "
+            "a config.json; nothing is downloaded from a hub"
         )
     return path
 

@@ -1,6 +1,7 @@
 """The GRPO-family objective on one screen: what one update minimises, equation by equation.
 
-Per group (the ``G`` episodes of one case), where the rollouts are collected (``trainer.sync_trainer``)::
+Per group (the ``G`` episodes of one case), where the rollouts are collected
+(``trainer.sync_trainer``)::
 
     r~_i = r_i + overlong(L_i)                     shaped reward; L_i = tokens the policy wrote
     keep the group iff max(r~) - min(r~) > 0       dynamic sampling (DAPO)
@@ -31,7 +32,8 @@ from trainer import algorithms as algo
 from twin.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.config import AlgorithmConfig
+    from trainer.config import AlgorithmConfig, Recipe
+    from twin.trajectory import Group
 
 __all__ = [
     "LossSettings", "ScoredBatch", "advantages", "check_overlong_owner", "group_rewards",
@@ -96,7 +98,8 @@ class ScoredBatch:
 def shaped_rewards(
     rewards: Tensor, lengths: Tensor, *, max_len: int, buffer: int, factor: float
 ) -> Tensor:
-    """``r~ = r + overlong(L)``: DAPO's soft overlong penalty (:func:`trainer.algorithms.overlong_penalty`).
+    """``r~ = r + overlong(L)``: DAPO's soft overlong penalty
+    (:func:`trainer.algorithms.overlong_penalty`).
 
     Args:
         rewards: Env rewards.  # [G] or [N, G]
@@ -130,13 +133,13 @@ def check_overlong_owner(reward: Any, overlong_buffer: int) -> None:
     names = [p.name for p in getattr(reward, "penalties", ()) if getattr(p, "overlong", False)]
     if names:
         raise ConfigError(
-            f"the twin's reward holds the overlong penalty {names} and the recipe's overlong shaping "
-            f"is on (algorithm.overlong_buffer={overlong_buffer}): one episode would be charged "
-            "twice; set algorithm.overlong_buffer: 0 or drop the penalty from the reward"
+            f"the twin's reward holds the overlong penalty {names} and the recipe's overlong "
+            f"shaping is on (algorithm.overlong_buffer={overlong_buffer}): one episode would be "
+            "charged twice; set algorithm.overlong_buffer: 0 or drop the penalty from the reward"
         )
 
 
-def group_rewards(group: Any, recipe: Any) -> Tensor:
+def group_rewards(group: Group, recipe: Recipe) -> Tensor:
     """A sampled group's shaped rewards ``r~`` under a recipe: :func:`shaped_rewards` of the env
     rewards on the tokens each episode's policy wrote (both training loops call this).  # [G]
 
@@ -207,9 +210,12 @@ def objective(
     # w_t: importance weight against the sampler, detached (1 without a correction)
     corrected = b.sampler_logprobs is not None and cfg.tis_cap is not None
     w = (
-        algo.is_weights(cfg.is_correction, old, b.sampler_logprobs, m, high=cfg.tis_cap, low=cfg.is_mask_low)
-        if corrected else torch.ones_like(lp)
-    )  # fmt: skip
+        algo.is_weights(
+            cfg.is_correction, old, b.sampler_logprobs, m, high=cfg.tis_cap, low=cfg.is_mask_low
+        )
+        if corrected
+        else torch.ones_like(lp)
+    )
     # k3_t: KL to the reference (logged whenever a reference is given, trained on when beta > 0)
     kl = algo.kl_k3(lp, b.ref_logprobs) if b.ref_logprobs is not None else torch.zeros_like(lp)
     per_token = surr.loss * w  # [B, T]
@@ -224,7 +230,8 @@ def objective(
 def _check(b: ScoredBatch, cfg: LossSettings) -> None:
     if b.mask.shape != b.logprobs.shape:
         raise ConfigError(
-            f"objective: mask {tuple(b.mask.shape)} must have the shape of logprobs {tuple(b.logprobs.shape)} ([B, T])"
+            f"objective: mask {tuple(b.mask.shape)} must have the shape of logprobs "
+            f"{tuple(b.logprobs.shape)} ([B, T])"
         )
     if cfg.kl_coef > 0 and b.ref_logprobs is None:
         raise ConfigError(
@@ -233,7 +240,8 @@ def _check(b: ScoredBatch, cfg: LossSettings) -> None:
         )
     if cfg.entropy_coef > 0 and b.entropy is None:
         raise ConfigError(
-            "objective: entropy_coef > 0 needs the per-token entropy, or set algorithm.entropy_coef: 0"
+            "objective: entropy_coef > 0 needs the per-token entropy, or set "
+            "algorithm.entropy_coef: 0"
         )
 
 
@@ -249,7 +257,8 @@ def _stats(
     *,
     cap: float | None,
 ) -> algo.LossStats:
-    """Token means over this micro-batch's mask (``cap``: the IS threshold when a correction ran)."""
+    """Token means over this micro-batch's mask (``cap``: the IS threshold
+    when a correction ran)."""
     n = m.sum().clamp(min=1.0)
 
     def mean(x: Tensor) -> Tensor:

@@ -20,9 +20,12 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twin.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config import Recipe
 
 __all__ = [
     "ROLLOUT_CPUS_ENV",
@@ -69,7 +72,8 @@ def parse_cpus(text: str) -> tuple[int, ...]:
             ) from None
         if first < 0 or last > MAX_CPU:  # before the range is built: 0-99999999 is no set to make
             raise ConfigError(
-                f"core numbers must be in 0-{MAX_CPU} (Linux's most cores), got {part!r} in {text[:80]!r}"
+                f"core numbers must be in 0-{MAX_CPU} (Linux's most cores), got {part!r} in "
+                f"{text[:80]!r}"
             )
         cpus.update(range(first, last + 1))
     if not cpus:
@@ -99,7 +103,8 @@ def _allowed_cpus() -> tuple[int, ...] | None:
 
 
 def plan_cpu_placement(devices: Any, cpus: Sequence[int] | None = None) -> CpuPlacement | None:
-    """The rollout / learner split of ``devices.cpu_affinity: auto``, or None when nothing is pinned.
+    """The rollout / learner split of ``devices.cpu_affinity: auto``, or None when nothing is
+    pinned.
 
     Nothing is pinned when ``cpu_affinity`` is ``off``, when either side runs on a GPU, when the OS
     has no ``sched_setaffinity`` (not Linux) or when fewer than two cores are allowed. Otherwise
@@ -150,7 +155,7 @@ def pin_process(cpus: Iterable[int]) -> bool:
     return True
 
 
-def place_learner(cfg: Any) -> CpuPlacement | None:
+def place_learner(cfg: Recipe) -> CpuPlacement | None:
     """Threads and (``devices.cpu_affinity: auto``) cores of the learner: call first in the trainer.
 
     Sets ``torch``'s threads to ``devices.cpu_threads`` (default with pinning: one per learner
@@ -176,8 +181,13 @@ def place_learner(cfg: Any) -> CpuPlacement | None:
     pin_process(placement.learner)
     os.environ[ROLLOUT_CPUS_ENV] = format_cpus(placement.rollout)
     torch.set_num_threads(devices.cpu_threads or len(placement.learner))
-    log.info("cpu placement: rollout (sampler + worker) on cores %s, learner on cores %s, %d thread(s) each",
-             format_cpus(placement.rollout), format_cpus(placement.learner), torch.get_num_threads())  # fmt: skip
+    log.info(
+        "cpu placement: rollout (sampler + worker) on cores %s, learner on cores %s, %d thread(s) "
+        "each",
+        format_cpus(placement.rollout),
+        format_cpus(placement.learner),
+        torch.get_num_threads(),
+    )
     return placement
 
 

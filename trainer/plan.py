@@ -7,8 +7,9 @@ they are the same device):
 
 - **rollout** (the sampler): base weights (``params x bytes(dtype)``); resident LoRA adapters
   (``max_loras``); the KV cache of one batch of episodes
-  (``group_size x groups_per_step x max_episode_tokens x layers x kv_heads x head_dim x 2 x bytes``);
-  the sampler's workspace (vLLM's profiling peak and CUDA graphs); the runtime (CUDA context).
+  (``group_size x groups_per_step x max_episode_tokens x layers x kv_heads x head_dim x 2 x
+  bytes``); the sampler's workspace (vLLM's profiling peak and CUDA graphs); the runtime (CUDA
+  context).
 - **learner**: base weights; LoRA weights (fp32, as peft keeps them) or, for full fine-tuning,
   every weight trainable; gradients of the trainable weights; AdamW state (2 fp32 tensors per
   trainable weight); activations of one micro-batch of ``optim.micro_batch_tokens`` tokens
@@ -31,9 +32,12 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twin.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config import Recipe
 
 __all__ = [
     "KNOWN_MODELS",
@@ -190,8 +194,8 @@ def model_dims(spec: str) -> ModelDims:
     if hits:
         return KNOWN_MODELS[max(hits, key=len)]
     raise ConfigError(
-        f"twin plan: model {spec!r} has no local config.json and is not a known architecture; give a "
-        f"local Hugging Face folder or one of: {', '.join(d.name for d in KNOWN_MODELS.values())}"
+        f"twin plan: model {spec!r} has no local config.json and is not a known architecture; give "
+        f"a local Hugging Face folder or one of: {', '.join(d.name for d in KNOWN_MODELS.values())}"
     )
 
 
@@ -275,11 +279,41 @@ def _capacity(device: str, gpu_memory_gb: float) -> tuple[float, str]:
     return gpu_memory_gb * 1e9, f"--gpu-memory-gb {gpu_memory_gb:g} (no such GPU visible here)"
 
 
-def _dtype(recipe: Any, device: str) -> str:
+def _dtype(recipe: Recipe, device: str) -> str:
     dtype = recipe.model.dtype
     if dtype == "auto":
         return "float32" if device == "cpu" else "bfloat16"
     return dtype
+
+
+def _print_plan(console: Any, p: DevicePlan) -> bool:
+    """Print one device's plan as a table with its notes and verdict; whether it fits."""
+    from rich.table import Table
+
+    table = Table(title=f"{p.device} ({' + '.join(p.roles)})", title_justify="left")
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    table.add_column("how")
+    for c in p.components:
+        table.add_row(c.name, f"{c.bytes / GIB:.2f}", c.note)
+    table.add_section()
+    table.add_row(
+        "[bold]peak[/]", f"[bold]{p.total / GIB:.2f}[/]", "the most this device holds at once"
+    )
+    table.add_row("capacity", f"{p.capacity / GIB:.2f}", p.capacity_source)
+    console.print(table)
+    for note in p.notes:
+        console.print(f"  note: {note}")
+    if p.fits:
+        console.print(
+            f"  [bold green]FITS[/] on {p.device}: headroom {p.headroom / GIB:.2f} GiB "
+            f"({p.headroom / p.capacity:.0%})"
+        )
+    else:
+        console.print(
+            f"  [bold red]DOES NOT FIT[/] on {p.device}: short by {-p.headroom / GIB:.2f} GiB"
+        )
+    return p.fits
 
 
 def _kv_bytes_per_token(dims: ModelDims, b: int) -> int:
@@ -287,7 +321,7 @@ def _kv_bytes_per_token(dims: ModelDims, b: int) -> int:
 
 
 def _rollout(
-    recipe: Any, dims: ModelDims, device: str, capacity: float, utilization: float
+    recipe: Recipe, dims: ModelDims, device: str, capacity: float, utilization: float
 ) -> tuple[list[Component], list[str]]:
     """The sampler's components, and notes. vLLM's KV pool is what its memory fraction leaves."""
     dtype = _dtype(recipe, device)
@@ -334,39 +368,54 @@ def _rollout(
         f"= {_kv_bytes_per_token(dims, b) / 1024:.0f} KiB/tok"
     )
     if vllm_gpu:
-        # vLLM takes `utilization x capacity` up front and pages the KV cache inside what is left;
-        # it needs room for one full-length sequence and runs as many at once as fit.
-        pool = utilization * capacity - sum(c.bytes for c in parts)
-        parts.append(
-            Component(
-                "KV cache (vLLM pool)",
-                max(pool, 0.0),
-                f"--gpu-memory-utilization {utilization:g}; {formula}",
-            )
-        )
-        parallel = int(max(pool, 0.0) // per_seq)
-        notes.append(
-            f"the KV pool holds {parallel} of the batch's {seqs} episodes at full length ({seq_len} tok) at once; "
-            f"all {seqs} need {batch_kv / GIB:.1f} GiB (vLLM queues the rest)"
-        )
-        if parallel < 1:
-            parts.append(
-                Component(
-                    "KV shortfall", per_seq - max(pool, 0.0), "one full-length episode does not fit"
-                )
-            )
-        else:
-            # vLLM's claim is a fixed fraction; what is beyond it is not ours to plan.
-            parts.append(
-                Component(
-                    "left to others",
-                    capacity * (1 - utilization),
-                    f"1 - {utilization:g} of the device",
-                )
-            )
+        notes.append(_vllm_pool(parts, capacity, utilization, per_seq, seqs, seq_len, formula))
     else:
         parts.append(Component("KV cache", batch_kv, f"{seqs} seqs x {seq_len} tok x {formula}"))
     return parts, notes
+
+
+def _vllm_pool(
+    parts: list[Component],
+    capacity: float,
+    utilization: float,
+    per_seq: int,
+    seqs: int,
+    seq_len: int,
+    formula: str,
+) -> str:
+    """Add vLLM's KV pool (and a shortfall, or what its fraction leaves to others) to ``parts``;
+    the note on how many episodes it holds at once.
+
+    vLLM takes ``utilization x capacity`` up front and pages the KV cache inside what is left; it
+    needs room for one full-length sequence and runs as many at once as fit.
+    """
+    pool = utilization * capacity - sum(c.bytes for c in parts)
+    parts.append(
+        Component(
+            "KV cache (vLLM pool)",
+            max(pool, 0.0),
+            f"--gpu-memory-utilization {utilization:g}; {formula}",
+        )
+    )
+    parallel = int(max(pool, 0.0) // per_seq)
+    if parallel < 1:
+        parts.append(
+            Component(
+                "KV shortfall", per_seq - max(pool, 0.0), "one full-length episode does not fit"
+            )
+        )
+    else:
+        # vLLM's claim is a fixed fraction; what is beyond it is not ours to plan.
+        parts.append(
+            Component(
+                "left to others", capacity * (1 - utilization), f"1 - {utilization:g} of the device"
+            )
+        )
+    return (
+        f"the KV pool holds {parallel} of the batch's {seqs} episodes at full length "
+        f"({seq_len} tok) at once; all {seqs} need {seqs * per_seq / GIB:.1f} GiB (vLLM queues "
+        "the rest)"
+    )
 
 
 _F32 = 4  # peft keeps adapters in fp32 and casts each adapter's input to it
@@ -463,7 +512,7 @@ def dims_from_hf_config(cfg: Any, name: str = "model") -> ModelDims:
     return _dims_from_dict(data, name)
 
 
-def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> list[Component]:
+def _learner(recipe: Recipe, dims: ModelDims, device: str, checkpointing: bool) -> list[Component]:
     dtype = _dtype(recipe, device)
     b = _BYTES[dtype]
     tokens = recipe.optim.micro_batch_tokens
@@ -524,7 +573,7 @@ def _learner(recipe: Any, dims: ModelDims, device: str, checkpointing: bool) -> 
 
 
 def plan_recipe(
-    recipe: Any,
+    recipe: Recipe,
     *,
     gpu_memory_gb: float = 96.0,
     gradient_checkpointing: bool | None = None,
@@ -593,18 +642,7 @@ def plan_recipe(
             f"with gradient checkpointing the learner's activations would be {act / GIB:.2f} GiB"
         )
     if not p.fits:
-        # Activations grow linearly with the micro-batch (the chunked logits do not): find the
-        # budget that fits.
-        per_token = sum(c.bytes for c in p.components if c.name.endswith("activations"))
-        per_token *= (
-            1 + _FRAGMENTATION if learner != "cpu" else 1
-        ) / recipe.optim.micro_batch_tokens
-        fixed = p.total - per_token * recipe.optim.micro_batch_tokens
-        best = int((p.capacity - fixed) // per_token) if per_token else 0
-        if best >= 1:
-            p.notes.append(
-                f"optim.micro_batch_tokens <= {best} would fit (now {recipe.optim.micro_batch_tokens})"
-            )
+        p.notes.extend(_fitting_budget(p, recipe.optim.micro_batch_tokens, learner != "cpu"))
     if external:
         p.notes.append(
             f"the sampler is an external server at {recipe.sampler.base_url}: not planned here"
@@ -612,7 +650,21 @@ def plan_recipe(
     return list(plans.values())
 
 
-def _recipe_checkpointing(recipe: Any) -> bool:
+def _fitting_budget(p: DevicePlan, budget: int, on_gpu: bool) -> list[str]:
+    """The micro-batch token budget that would fit an over-full learner device, as a note.
+
+    Activations grow linearly with the micro-batch (the chunked logits do not).
+    """
+    per_token = sum(c.bytes for c in p.components if c.name.endswith("activations"))
+    per_token *= (1 + _FRAGMENTATION if on_gpu else 1) / budget
+    fixed = p.total - per_token * budget
+    best = int((p.capacity - fixed) // per_token) if per_token else 0
+    if best < 1:
+        return []
+    return [f"optim.micro_batch_tokens <= {best} would fit (now {budget})"]
+
+
+def _recipe_checkpointing(recipe: Recipe) -> bool:
     for section in ("optim", "train", "model", "lora"):
         value = getattr(getattr(recipe, section, None), "gradient_checkpointing", None)
         if value is not None:
@@ -620,7 +672,7 @@ def _recipe_checkpointing(recipe: Any) -> bool:
     return False
 
 
-def _load(recipe: Any) -> Any:
+def _load(recipe: str | os.PathLike[str] | dict[str, Any] | Recipe) -> Recipe:
     if not isinstance(recipe, (str, os.PathLike, dict)):
         return recipe
     from trainer.config import load_recipe
@@ -628,7 +680,7 @@ def _load(recipe: Any) -> Any:
     return load_recipe(recipe)
 
 
-def check_runnable(recipe: Any, gpus: int = 2) -> None:
+def check_runnable(recipe: Recipe, gpus: int = 2) -> None:
     """What ``twin train`` would stop at before using any memory: the twin, its config, the
     devices (indices checked when CUDA is visible) and the output folder.
 
@@ -659,7 +711,7 @@ def check_runnable(recipe: Any, gpus: int = 2) -> None:
 
 
 def main(
-    recipe: Any,
+    recipe: str | os.PathLike[str] | dict[str, Any] | Recipe,
     gpu_memory_gb: float = 96.0,
     gradient_checkpointing: bool | None = None,
     vllm_utilization: float = 0.9,
@@ -683,14 +735,14 @@ def main(
         vllm_utilization: vLLM's ``--gpu-memory-utilization``.
         gpus: GPUs of the machine planned for when none is visible here (devices past them are
             an error).
-        nodes: With ``gpus_per_node``: also plan a Ray cluster (:func:`trainer.cluster_plan.plan_cluster`).
+        nodes: With ``gpus_per_node``: also plan a Ray cluster
+            (:func:`trainer.cluster_plan.plan_cluster`).
         gpus_per_node: GPUs of each node of that cluster.
         bench: ``twin bench trainer --json`` report the per-side seconds come from.
         rollout_s: Seconds of one lot on one engine (instead of, or over, ``bench``'s).
         learner_s: Seconds of one learner update (instead of, or over, ``bench``'s).
     """
     from rich.console import Console
-    from rich.table import Table
 
     from trainer.cluster_plan import plan_cluster, print_cluster, sides_from_bench
 
@@ -700,8 +752,10 @@ def main(
         roll = rollout_s if rollout_s is not None else measured[0]
         learn = learner_s if learner_s is not None else measured[1]
         if roll is None or learn is None:
-            raise ConfigError("a cluster plan needs measured per-side times: --bench bench.json (from `twin bench "
-                              "trainer --json bench.json`) or --rollout-s and --learner-s")  # fmt: skip
+            raise ConfigError(
+                "a cluster plan needs measured per-side times: --bench bench.json (from `twin "
+                "bench trainer --json bench.json`) or --rollout-s and --learner-s"
+            )
         cluster = plan_cluster(int(nodes or 1), int(gpus_per_node or 1), float(roll), float(learn))
     loaded = _load(recipe)
     check_runnable(loaded, gpus=gpus)
@@ -714,35 +768,10 @@ def main(
     dims = model_dims(loaded.model.path)
     console = Console()
     console.print(
-        f"[bold]{dims.name}[/]: {dims.parameters / 1e9:.2f} B params, {dims.layers} layers, hidden {dims.hidden}, "
-        f"{dims.heads}/{dims.kv_heads} heads, vocab {dims.vocab}"
+        f"[bold]{dims.name}[/]: {dims.parameters / 1e9:.2f} B params, {dims.layers} layers, "
+        f"hidden {dims.hidden}, {dims.heads}/{dims.kv_heads} heads, vocab {dims.vocab}"
     )
-    ok = True
-    for p in plans:
-        table = Table(title=f"{p.device} ({' + '.join(p.roles)})", title_justify="left")
-        table.add_column("component")
-        table.add_column("GiB", justify="right")
-        table.add_column("how")
-        for c in p.components:
-            table.add_row(c.name, f"{c.bytes / GIB:.2f}", c.note)
-        table.add_section()
-        table.add_row(
-            "[bold]peak[/]", f"[bold]{p.total / GIB:.2f}[/]", "the most this device holds at once"
-        )
-        table.add_row("capacity", f"{p.capacity / GIB:.2f}", p.capacity_source)
-        console.print(table)
-        for note in p.notes:
-            console.print(f"  note: {note}")
-        if p.fits:
-            console.print(
-                f"  [bold green]FITS[/] on {p.device}: headroom {p.headroom / GIB:.2f} GiB "
-                f"({p.headroom / p.capacity:.0%})"
-            )
-        else:
-            ok = False
-            console.print(
-                f"  [bold red]DOES NOT FIT[/] on {p.device}: short by {-p.headroom / GIB:.2f} GiB"
-            )
+    ok = all([_print_plan(console, p) for p in plans])
     if cluster is not None:
         print_cluster(console, cluster)
     return 0 if ok else 1

@@ -19,28 +19,37 @@ import math
 import statistics
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 
 from trainer.learner import TrainBatch
+from trainer.protocols import PolicyLearner
 from trainer.samplers import SamplerError
 from trainer.serving.http import auth_headers
 from trainer.workers import AdapterSyncError, adapter_name
+from twin.core import Twin
 from twin.policies.http import tls_context
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from trainer.config import Recipe
 
 __all__ = ["PROBE_MAX_TOKENS", "PROBE_POSITIONS", "SyncProbe", "probe_sequence"]
 
 log = logging.getLogger("twinrl.trainer.async")
 
-#: Positions of the probe sequence whose logprobs are compared after each sync (the mismatch metric).
+#: Positions of the probe sequence whose logprobs are compared after each sync (the mismatch
+#: metric).
 PROBE_POSITIONS = 16
 #: Longest probe sequence (the twin's first prompt, cut here).
 PROBE_MAX_TOKENS = 512
 
 
-def probe_sequence(twin: Any, tokenizer: Any, cfg: Any) -> list[int]:
-    """The token sequence both sides score: the first prompt of the recipe's split, as the learner renders it."""
+def probe_sequence(twin: Twin, tokenizer: PreTrainedTokenizerBase, cfg: Recipe) -> list[int]:
+    """The token sequence both sides score: the first prompt of the recipe's split, as the learner
+    renders it."""
     from trainer.renderer import Renderer
     from twin.env import TwinEnv
 
@@ -63,7 +72,7 @@ class SyncProbe:
 
     def __init__(
         self,
-        learner: Any,
+        learner: PolicyLearner,
         ids: list[int],
         root: Callable[[], str],
         *,
@@ -79,7 +88,8 @@ class SyncProbe:
         ] = []  # (version, its sampler-side score), oldest first
 
     def launch(self, version: int, load: Future[float] | None = None) -> None:
-        """Score the sequence with the learner now, and on the sampler once ``load`` (if any) is done.
+        """Score the sequence with the learner now, and on the sampler once ``load`` (if any) is
+        done.
 
         Both are raw logprobs (temperature 1), as ``prompt_logprobs`` are.
         """
@@ -111,7 +121,8 @@ class SyncProbe:
         return self.score(version, positions, mine)
 
     def score(self, version: int, positions: list[int], mine: list[float]) -> float:
-        """Mean |learner - sampler| logprob of the sequence at ``positions`` under adapter ``version``.
+        """Mean |learner - sampler| logprob of the sequence at ``positions`` under adapter
+        ``version``.
 
         Raises:
             SamplerError: the sampler could not be asked or refused.
@@ -141,7 +152,8 @@ class SyncProbe:
         data = response.json()
         if data.get("model") != name:
             raise AdapterSyncError(
-                f"the sampler answered a request for {name!r} with model {data.get('model')!r}: the adapter did "
+                f"the sampler answered a request for {name!r} with model {data.get('model')!r}: "
+                "the adapter did "
                 "not reach the sampler"
             )
         scored = data["choices"][0]["prompt_logprobs"]

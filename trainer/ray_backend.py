@@ -1,4 +1,5 @@
-# Over 500 lines on purpose: the Ray backend (coordinator, worker and engine actors, the trainer, the learner actor) is one optional feature behind one dependency.
+# Over 500 lines on purpose: the Ray backend (coordinator, worker and engine actors, the trainer,
+# the learner actor) is one optional feature behind one dependency.
 """``backend: ray``: the async trainer's rollout side as Ray actors, on one machine or a cluster.
 
 ::
@@ -76,7 +77,7 @@ POLL_S = 0.01
 PLACEMENT_TIMEOUT_S = 120.0
 
 
-# -- the coordinator: SharedState's counters, plus lot claims and the data cursor -------------------
+# -- the coordinator: SharedState's counters, plus lot claims and the data cursor ------------------
 class _Coordinator:
     """The counters of :class:`trainer.workers.SharedState` in one actor, for N workers.
 
@@ -87,8 +88,14 @@ class _Coordinator:
     def __init__(
         self, published: int, claimed: int, consumed: int, max_new_tokens: int, cursor: int
     ) -> None:
-        self.values = {"published": published, "claimed": claimed, "consumed": consumed, "epoch": 0, "stop": 0,
-                       "max_new_tokens": max_new_tokens}  # fmt: skip
+        self.values = {
+            "published": published,
+            "claimed": claimed,
+            "consumed": consumed,
+            "epoch": 0,
+            "stop": 0,
+            "max_new_tokens": max_new_tokens,
+        }
         self.produced = consumed
         self.cursor = cursor
         self.claims: dict[int, dict[str, Any]] = {}
@@ -106,7 +113,8 @@ class _Coordinator:
     async def claim_wait(
         self, worker: int, max_staleness: int, timeout: float
     ) -> tuple[int, list[tuple[int, int]]] | None:
-        """:meth:`claim`, waiting here up to ``timeout`` seconds: one call per wait, not one per poll."""
+        """:meth:`claim`, waiting here up to ``timeout`` seconds: one call per
+        wait, not one per poll."""
         import asyncio
 
         deadline = time.monotonic() + timeout
@@ -130,7 +138,8 @@ class _Coordinator:
             self.values[key] = int(value)
 
     def claim(self, worker: int, max_staleness: int) -> tuple[int, list[tuple[int, int]]] | None:
-        """The worker's lot in progress (after its restart), else a new lot when the rule allows it."""
+        """The worker's lot in progress (after its restart), else a new lot
+        when the rule allows it."""
         v = self.values
         if v["stop"] or v["published"] < 0:
             return None
@@ -198,7 +207,7 @@ class RaySharedState:
         )
 
 
-# -- rollout workers --------------------------------------------------------------------------------
+# -- rollout workers -------------------------------------------------------------------------------
 class _RayRolloutLoop(_RolloutLoop):
     """The local worker's loop (sampling, dynamic sampling, lots) with lots claimed, not counted."""
 
@@ -258,7 +267,7 @@ class _RayRolloutLoop(_RolloutLoop):
                 lot = self._collect(published)
             except SamplerError as exc:
                 self.events.put(("sampler_error", epoch, str(exc)))
-                self._wait(lambda: self.shared.get()[3] != epoch)
+                self._wait(lambda epoch=epoch: self.shared.get()[3] != epoch)
                 claim = self.shared._call("claim", self.worker, self.k)  # the same lot, again
                 continue
             lot.cursor = self.shared._call("cursor_now")  # past every case handed out so far
@@ -290,7 +299,8 @@ class _RayRolloutLoop(_RolloutLoop):
 
 
 class RolloutWorkerActor:
-    """One rollout worker (a Ray actor): the local worker's loop, on lots claimed from the coordinator."""
+    """One rollout worker (a Ray actor): the local worker's loop, on lots
+    claimed from the coordinator."""
 
     def __init__(
         self, spec: WorkerSpec, shared: RaySharedState, lots: Any, events: Any, worker: int
@@ -314,7 +324,7 @@ class RolloutWorkerActor:
                                  f"{traceback.format_exc()}"))  # fmt: skip
 
 
-# -- engines ----------------------------------------------------------------------------------------
+# -- engines ---------------------------------------------------------------------------------------
 class EngineActor:
     """One sampler engine (a Ray actor): the recipe's managed server (``twin serve`` or vLLM) on
     this actor's node and device, with adapters written to a folder of its own."""
@@ -335,7 +345,8 @@ class EngineActor:
         )
         if self.server is None:
             raise ConfigError(
-                "backend: ray starts its own engines; sampler.kind must be 'hf' or 'vllm', not 'server'"
+                "backend: ray starts its own engines; sampler.kind must be 'hf' or 'vllm', not "
+                "'server'"
             )
         self.server.host = host
         self.client: AdapterClient | None = None
@@ -385,8 +396,8 @@ class EngineActor:
 
 class EngineGroup:
     """The engine actors behind the managed-server interface the learner uses (``start``, ``stop``,
-    ``alive``, ``url``, ``log_tail``, ``process.returncode``, ``log_path``): all of them restart together,
-    so one sampler restart (one epoch) covers every engine."""
+    ``alive``, ``url``, ``log_tail``, ``process.returncode``, ``log_path``): all of them restart
+    together, so one sampler restart (one epoch) covers every engine."""
 
     def __init__(self, engines: list[Any], coordinator: RaySharedState, workers: int) -> None:
         self.engines = engines
@@ -450,9 +461,10 @@ class EngineGroup:
 
 
 class RayAdapterClient:
-    """:class:`trainer.weight_sync.AdapterClient`'s interface (an :class:`trainer.weight_sync.AdapterSink`) for the engine actors: an adapter
-    folder travels as bytes through Ray's object store (``ray.put`` once, every engine reads it), so
-    the learner and the engines need no shared filesystem."""
+    """:class:`trainer.weight_sync.AdapterClient`'s interface (an
+    :class:`trainer.weight_sync.AdapterSink`) for the engine actors: an adapter folder travels as
+    bytes through Ray's object store (``ray.put`` once, every engine reads it), so the learner
+    and the engines need no shared filesystem."""
 
     needs_files = True
 
@@ -497,7 +509,7 @@ class RayAdapterClient:
             log.info("unload %s: %s", name, exc)
 
 
-# -- the trainer ------------------------------------------------------------------------------------
+# -- the trainer -----------------------------------------------------------------------------------
 class RayTrainer(AsyncTrainer):
     """:class:`trainer.async_trainer.AsyncTrainer` with its rollout side on Ray (``backend: ray``).
 
@@ -511,7 +523,8 @@ class RayTrainer(AsyncTrainer):
     def __init__(self, cfg: Recipe, **kwargs: Any) -> None:
         if cfg.sampler.kind == "server":
             raise ConfigError(
-                "backend: ray starts its own sampler engines; set sampler.kind to 'hf' (twin serve) or 'vllm'"
+                "backend: ray starts its own sampler engines; set sampler.kind to 'hf' (twin "
+                "serve) or 'vllm'"
             )
         super().__init__(cfg, **kwargs)
         self.workers: list[Any] = []
@@ -526,7 +539,6 @@ class RayTrainer(AsyncTrainer):
         from twin.evaluation.ray_eval import ensure_ray
 
         ray = ensure_ray(self.cfg.ray.address)
-        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.queue import Queue
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -542,37 +554,21 @@ class RayTrainer(AsyncTrainer):
         # engines: one placement-group bundle each (a GPU when the rollout device is one)
         gpu = cfg.devices.rollout.startswith("cuda")
         bundle = {"CPU": 1.0, "GPU": 1.0} if gpu else {"CPU": rc.engine_cpus}
-        # Named after the run: a learner actor that died left its group behind (a group is scoped to
-        # the job, not to the actor that made it; its actors did die with it), and its successor
-        # would wait for the resources that group still holds.
-        name = (
-            "twinrl-engines-"
-            + hashlib.sha256(str(self.output_dir.resolve()).encode()).hexdigest()[:16]
-        )
-        try:
-            remove_placement_group(ray.util.get_placement_group(name))
-            log.warning("removed placement group %s left by an earlier learner of this run", name)
-        except ValueError:  # none: the usual case
-            pass
-        self._pg = placement_group(
-            [bundle] * rc.engines, strategy="SPREAD" if gpu else "PACK", name=name
-        )
-        ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise ConfigError(
-                f"the Ray cluster cannot place {rc.engines} engine(s) of {bundle} (it has "
-                f"{ray.available_resources()}): lower ray.engines / ray.engine_cpus or add nodes"
-            )
+        self._place_engines(ray, bundle, gpu)
         multi_node = len([n for n in ray.nodes() if n.get("Alive")]) > 1
         recipe = cfg.model_dump(mode="json", by_alias=True)
         engines = []
         for i in range(rc.engines):
             actor = ray.remote(EngineActor).options(
-                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), max_restarts=rc.max_restarts,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
-            )  # fmt: skip
-            # on a cluster the engine listens on its node's address (docs/security.md: put it behind a
-            # private network), on one machine on loopback only
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                max_restarts=rc.max_restarts,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=i
+                ),
+            )
+            # on a cluster the engine listens on its node's address (docs/security.md: put it behind
+            # a private network), on one machine on loopback only
             host = "0.0.0.0" if multi_node else "127.0.0.1"  # noqa: S104
             engines.append(actor.remote(recipe, str(self.model_path), i, host))
         self._actors.extend(engines)
@@ -600,6 +596,38 @@ class RayTrainer(AsyncTrainer):
         return RolloutSide(
             shared=shared, lots=lots, events=events, base_url=server.url, server=server, worker=None
         )
+
+    def _place_engines(self, ray: Any, bundle: dict[str, float], gpu: bool) -> None:
+        """Make the engines' placement group (one bundle each; ``_pg``, removed at cleanup even
+        when it never became ready) and wait until it is ready.
+
+        Raises:
+            ConfigError: the cluster cannot place them within ``PLACEMENT_TIMEOUT_S``.
+        """
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        rc = self.cfg.ray
+        # Named after the run: a learner actor that died left its group behind (a group is scoped to
+        # the job, not to the actor that made it; its actors did die with it), and its successor
+        # would wait for the resources that group still holds.
+        name = (
+            "twinrl-engines-"
+            + hashlib.sha256(str(self.output_dir.resolve()).encode()).hexdigest()[:16]
+        )
+        try:
+            remove_placement_group(ray.util.get_placement_group(name))
+            log.warning("removed placement group %s left by an earlier learner of this run", name)
+        except ValueError:  # none: the usual case
+            pass
+        self._pg = placement_group(
+            [bundle] * rc.engines, strategy="SPREAD" if gpu else "PACK", name=name
+        )
+        ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise ConfigError(
+                f"the Ray cluster cannot place {rc.engines} engine(s) of {bundle} (it has "
+                f"{ray.available_resources()}): lower ray.engines / ray.engine_cpus or add nodes"
+            )
 
     def next_lot(self) -> tuple[Lot, float]:
         lot, waited = super().next_lot()
@@ -633,15 +661,21 @@ class RayTrainer(AsyncTrainer):
                 # died and being restarted by Ray: ask again; the new instance samples the lot its
                 # predecessor claimed (logged once per death)
                 if i not in self._restarting:
-                    log.warning("step %d: rollout worker actor %d died; Ray restarts it and it samples its lot "
-                                "again", self.step, i)  # fmt: skip
+                    log.warning(
+                        "step %d: rollout worker actor %d died; Ray restarts it and it samples its "
+                        "lot again",
+                        self.step,
+                        i,
+                    )
                     self._restarting[i] = self.worker_restarts[i]
                 self._runs[i] = self.workers[i].run.remote()
                 continue
             except RayActorError as exc:  # dead for good: out of restarts
                 self.drain_events()
-                raise TwinError(f"rollout worker actor {i} died and Ray will not restart it again "
-                                f"(ray.max_restarts {self.cfg.ray.max_restarts}): {exc}") from exc  # fmt: skip
+                raise TwinError(
+                    f"rollout worker actor {i} died and Ray will not restart it again "
+                    f"(ray.max_restarts {self.cfg.ray.max_restarts}): {exc}"
+                ) from exc
             self.drain_events()
             raise TwinError(f"rollout worker actor {i} stopped before the run ended")
         if self._restarting:  # a death is over once its new instance said hello
@@ -677,7 +711,7 @@ class RayTrainer(AsyncTrainer):
             self._pg = None
 
 
-# -- the learner as an actor ------------------------------------------------------------------------
+# -- the learner as an actor -----------------------------------------------------------------------
 class _LearnerActor:
     """A :class:`RayTrainer` inside a Ray actor (``ray.learner: actor``); threaded, so that the
     driver can read the records of the steps done while :meth:`train` runs."""
@@ -731,7 +765,8 @@ class RemoteLearner:
                  on_step: Any = None) -> None:  # fmt: skip
         if cfg.sampler.kind == "server":
             raise ConfigError(
-                "backend: ray starts its own sampler engines; set sampler.kind to 'hf' (twin serve) or 'vllm'"
+                "backend: ray starts its own sampler engines; set sampler.kind to 'hf' (twin "
+                "serve) or 'vllm'"
             )
         self.cfg = cfg
         self.resume = resume
@@ -781,10 +816,17 @@ class RemoteLearner:
             except RayActorError as exc:
                 self.learner_restarts += 1
                 if self.learner_restarts > self.cfg.ray.max_restarts:
-                    raise TwinError(f"the learner actor died {self.learner_restarts} times (ray.max_restarts "
-                                    f"{self.cfg.ray.max_restarts}); continue with --resume: {exc}") from exc  # fmt: skip
-                log.warning("the learner actor died at step %d (%s); a new one resumes from the last checkpoint "
-                            "(restart %d)", self.step, type(exc).__name__, self.learner_restarts)  # fmt: skip
+                    raise TwinError(
+                        f"the learner actor died {self.learner_restarts} times (ray.max_restarts "
+                        f"{self.cfg.ray.max_restarts}); continue with --resume: {exc}"
+                    ) from exc
+                log.warning(
+                    "the learner actor died at step %d (%s); a new one resumes from the last "
+                    "checkpoint (restart %d)",
+                    self.step,
+                    type(exc).__name__,
+                    self.learner_restarts,
+                )
                 self._start(resume=True, overwrite=False)
 
     def _forward(self, records: list[dict[str, Any]]) -> None:

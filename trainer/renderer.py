@@ -54,12 +54,15 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 
 from twin.errors import ConfigError
 from twin.trajectory import TokenTurn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "TEMPLATES_DIR",
@@ -273,7 +276,7 @@ class Renderer:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         tools: Sequence[dict[str, Any]] | None = None,
         *,
         stop_ids: Sequence[int] | None = None,
@@ -733,7 +736,9 @@ def _with_mark(message: Message) -> Message:
     return marked
 
 
-def _template_renders_tools(tokenizer: Any, template: str | None = None) -> bool:
+def _template_renders_tools(
+    tokenizer: PreTrainedTokenizerBase, template: str | None = None
+) -> bool:
     if template is None:
         template = tokenizer.chat_template
     if not isinstance(template, str):  # a dict of named templates: take the default one

@@ -3,7 +3,8 @@
 :class:`TrainingRuntime` owns a run's state and set-up; the loops are two schedules over it::
 
     SyncTrainer  (trainer/sync_trainer.py)        k = 0, in process: sample -> learn -> publish
-    AsyncTrainer (trainer/async_trainer.py)  k >= 1 (or 0), a worker process samples while the learner learns
+    AsyncTrainer (trainer/async_trainer.py)  k >= 1 (or 0), a worker process samples while the
+                                             learner learns
     RayTrainer   (trainer/ray_backend.py)   AsyncTrainer with its rollout side on Ray actors
 
 What the runtime owns (each written once):
@@ -51,10 +52,11 @@ from trainer.checkpoint import (
     save_checkpoint,
     unlock_output_dir,
 )
-from trainer.config import Recipe, check_devices
+from trainer.config import Recipe, SamplerConfig, check_devices
 from trainer.episodes import episode_tokens, load_tokenizer, recipe_renderer_factory, training_cases
 from trainer.learner import Learner, TrainBatch, build_lora_model
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
+from trainer.protocols import PolicyLearner, RunRecord
 from trainer.store_writer import StoreWriter
 from trainer.weight_sync import AdapterPublisher, AdapterSink
 from twin.cases import stable_seed
@@ -75,7 +77,7 @@ __all__ = [
 log = logging.getLogger("twinrl.trainer")
 
 
-# -- pure pieces ---------------------------------------------------------------------------------------
+# -- pure pieces -----------------------------------------------------------------------------------
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch."""
     random.seed(seed)
@@ -92,7 +94,8 @@ def make_batch(
     groups: list[Group], advantage: str, *, placebo_seed: int | None = None
 ) -> TrainBatch:
     """Advantages per group (on the shaped rewards), then one row per episode that sampled a token
-    (an episode cut before its first turn counts in its group's advantages, and has nothing to learn).
+    (an episode cut before its first turn counts in its group's advantages, and has nothing to
+    learn).
 
     Args:
         groups: Scored groups whose trajectories carry ``info["shaped_reward"]`` and token turns.
@@ -160,7 +163,7 @@ class StepUpdate:
 
 
 def learn_from_groups(
-    learner: Any,
+    learner: PolicyLearner,
     kept: list[Group],
     every: list[Group],
     *,
@@ -177,8 +180,10 @@ def learn_from_groups(
         every: Every group sampled for this step (for the reward metrics).
         advantage: The advantage estimator's name (``algorithm.advantage``).
         step: The step index (for the log line when nothing is kept).
-        epochs: Update passes over the batch (1 = GRPO as configured; the trainer benchmark raises it).
-        placebo_seed: Shuffle the advantages across the batch (``algorithm.placebo``; :func:`make_batch`).
+        epochs: Update passes over the batch (1 = GRPO as configured; the trainer benchmark
+            raises it).
+        placebo_seed: Shuffle the advantages across the batch (``algorithm.placebo``;
+            :func:`make_batch`).
     """
     # ALGO LOGIC: advantages and the update(s)
     learn: dict[str, float] = {}
@@ -189,7 +194,8 @@ def learn_from_groups(
             learn = learner.step(batch)
     elif kept:
         log.warning(
-            "step %d: no kept episode sampled a token (prompts over max_episode_tokens?); no update",
+            "step %d: no kept episode sampled a token (prompts over max_episode_tokens?); "
+            "no update",
             step,
         )
     else:
@@ -203,7 +209,8 @@ def step_perf(
     """The ``perf/*`` and ``data/cursor`` entries of a step's record, the same in every loop.
 
     ``rollout_s`` is the time the lot took to sample (in the worker, for the async loop);
-    ``sampled_tokens`` the completion tokens it holds; ``step_s`` the learner's wall time for the step.
+    ``sampled_tokens`` the completion tokens it holds; ``step_s`` the learner's wall time for the
+    step.
     """
     return {
         "perf/rollout_s": rollout_s,
@@ -216,13 +223,15 @@ def step_perf(
 
 
 def build_learner(cfg: Recipe, model_path: str, *, temperature: float) -> tuple[Learner, Any]:
-    """The recipe's model (LoRA on it when ``lora.enabled``, else every weight trainable) in a Learner.
+    """The recipe's model (LoRA on it when ``lora.enabled``, else every weight trainable) in a
+    Learner.
 
     Used by both GRPO loops (:class:`TrainingRuntime`) and by SFT (``trainer/sft.py``).
 
     Args:
         cfg: The recipe (``model``, ``lora``, ``algorithm``, ``optim``, ``devices.learner``).
-        model_path: The weights to start from (``model.init_from``'s merged ones, or ``model.path``).
+        model_path: The weights to start from (``model.init_from``'s merged ones, or
+            ``model.path``).
         temperature: The sampling temperature the learner's logprobs are taken at.
 
     Returns:
@@ -233,9 +242,12 @@ def build_learner(cfg: Recipe, model_path: str, *, temperature: float) -> tuple[
     model, tokenizer = load_model(model_path, cfg.model.dtype, device=cfg.devices.learner)
     if cfg.lora.enabled:
         model = build_lora_model(
-            model, lora_rank=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+            model,
+            lora_rank=cfg.lora.rank,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
             target_modules=cfg.lora.target_modules,
-        )  # fmt: skip
+        )
     else:
         for p in model.parameters():
             p.requires_grad_(True)
@@ -261,7 +273,7 @@ class LengthCurriculum:
     #: A settled length must have raised the mean reward by more than sampling noise to grow.
     MIN_GAIN = 0.01
 
-    def __init__(self, sampler: Any) -> None:
+    def __init__(self, sampler: SamplerConfig) -> None:
         self.sampler = sampler
         self.limit = float(sampler.length_curriculum_start)
         self.reward: float | None = None  # the mean reward when the current length started
@@ -305,10 +317,11 @@ class LengthCurriculum:
         self.reward = state.get("reward")
 
 
-# -- the runtime --------------------------------------------------------------------------------------
+# -- the runtime -----------------------------------------------------------------------------------
 class TrainingRuntime:
     """A training run's state and set-up; :class:`trainer.sync_trainer.SyncTrainer` and
-    :class:`trainer.async_trainer.AsyncTrainer` are its two loops (``setup`` / ``train`` / ``cleanup``).
+    :class:`trainer.async_trainer.AsyncTrainer` are its two loops (``setup`` / ``train`` /
+    ``cleanup``).
 
     Args:
         cfg: The validated recipe.
@@ -320,7 +333,8 @@ class TrainingRuntime:
         learner: The learner to train (default: built from the recipe in set-up; tests pass a
             stub with ``step``, ``version``, ``save_adapter``, ``logprobs``, ``state_dict``).
         adapters: Where new versions go (default: chosen by the loop from the recipe).
-        store: A run store (``twin.store.RunStore`` interface; default: the recipe's ``train.store``).
+        store: A run store (``twin.store.RunStore`` interface; default: the recipe's
+            ``train.store``).
     """
 
     #: The title suffix of the reward plot.
@@ -328,8 +342,9 @@ class TrainingRuntime:
 
     def __init__(
         self, cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
-        on_step: Callable[[dict[str, Any]], None] | None = None, learner: Any = None,
-        adapters: AdapterSink | None = None, store: Any = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        learner: PolicyLearner | None = None, adapters: AdapterSink | None = None,
+        store: RunRecord | None = None,
     ) -> None:  # fmt: skip
         self.cfg = cfg
         self.resume = resume
@@ -339,9 +354,9 @@ class TrainingRuntime:
         self.step = 0  # steps completed
         self.cursor = 0  # cases drawn so far
         self.run_id: int | None = None
-        self.learner: Any = learner
-        self.adapters: Any = adapters
-        self.store: Any = store
+        self.learner: Any = learner  # a PolicyLearner; the in-process sampler reads its model
+        self.adapters: Any = adapters  # an AdapterSink once set up
+        self.store: RunRecord | None = store
         self._given_store = store
         self.store_writer: StoreWriter | None = None  # writes the store off the step's path
         self.server: Any = None  # a sampler server this run started
@@ -458,7 +473,8 @@ class TrainingRuntime:
     def learn(
         self, kept: list[Group], every: list[Group], step: int, *, epochs: int = 1
     ) -> StepUpdate:
-        """The step's update (:func:`learn_from_groups`, ``epochs`` passes); the length curriculum moves after it."""
+        """The step's update (:func:`learn_from_groups`, ``epochs`` passes); the length curriculum
+        moves after it."""
         algo_cfg = self.cfg.algorithm
         placebo = stable_seed("placebo", self.cfg.seed, step) if algo_cfg.placebo else None
         update = learn_from_groups(
@@ -499,7 +515,8 @@ class TrainingRuntime:
             self.server.stop()
 
     def cleanup(self) -> Path | None:
-        """Stop the loop's processes, plot the reward curve, close the store; return the plot's path."""
+        """Stop the loop's processes, plot the reward curve, close the store; return the plot's
+        path."""
         plot = None
         metrics = self.metrics
         try:

@@ -31,7 +31,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
 import torch
@@ -39,6 +39,9 @@ import torch
 from twin.cases import stable_seed
 from twin.errors import ConfigError, TwinError
 from twin.policies.http import tls_context
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -78,7 +81,9 @@ def connection_limits(concurrency: int) -> httpx.Limits:
     return httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
 
-def turn_stop_ids(tokenizer: Any, model_dir: str | os.PathLike[str] | None = None) -> list[int]:
+def turn_stop_ids(
+    tokenizer: PreTrainedTokenizerBase, model_dir: str | os.PathLike[str] | None = None
+) -> list[int]:
     """Ids that end an assistant turn: the tokenizer's eos and every eos id of the model's
     ``generation_config.json`` (vLLM stops on both: 151643 ``<|endoftext|>`` besides
     ``<|im_end|>`` for Qwen3, 128008 ``<|eom_id|>`` and 128009 for Llama 3.1).
@@ -222,8 +227,8 @@ class HFSampler:
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         max_batch: int = 256,
         prefix_cache: bool = False,
@@ -234,7 +239,7 @@ class HFSampler:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
-        self.store: Any = PrefixStore(cache_bytes) if prefix_cache else None
+        self.store: PrefixStore | None = PrefixStore(cache_bytes) if prefix_cache else None
         pad = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
@@ -298,17 +303,24 @@ class HFSampler:
         budgets = per_prompt_budgets(max_new_tokens, len(prompts))
         if row_seeds is not None and len(row_seeds) != len(prompts):
             raise ConfigError(
-                f"HFSampler: {len(row_seeds)} row_seeds for {len(prompts)} prompts; pass one per prompt"
+                f"HFSampler: {len(row_seeds)} row_seeds for {len(prompts)} prompts; pass one per "
+                "prompt"
             )
         if row_seeds is None and seed is not None:
             row_seeds = [stable_seed("hf-sampler-row", seed, i) for i in range(len(prompts))]
         rows = [
             Row(
-                prompt=list(p), max_tokens=b, temperature=float(temperature), top_p=float(top_p), stop_ids=stops,
-                generator=None if row_seeds is None else torch.Generator().manual_seed(int(row_seeds[i]) % (2**63)),
+                prompt=list(p),
+                max_tokens=b,
+                temperature=float(temperature),
+                top_p=float(top_p),
+                stop_ids=stops,
+                generator=None
+                if row_seeds is None
+                else torch.Generator().manual_seed(int(row_seeds[i]) % (2**63)),
             )
             for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))
-        ]  # fmt: skip
+        ]
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
         try:
@@ -515,12 +527,13 @@ class ServerSampler:
             response = await client.post("/completions", json=body)
         except httpx.HTTPError as exc:
             raise SamplerError(
-                f"sampler server {self.base_url} unreachable ({type(exc).__name__}: {exc}); is it running?"
+                f"sampler server {self.base_url} unreachable ({type(exc).__name__}: {exc}); is it "
+                "running?"
             ) from exc
         if response.status_code != 200:
             raise SamplerError(
-                f"sampler server {self.base_url}/completions answered HTTP {response.status_code} for "
-                f"model {self.model_name!r}: {response.text[:500]}"
+                f"sampler server {self.base_url}/completions answered HTTP {response.status_code} "
+                f"for model {self.model_name!r}: {response.text[:500]}"
             )
         try:
             choices = sorted(response.json()["choices"], key=lambda c: c.get("index", 0))
@@ -537,8 +550,9 @@ class ServerSampler:
                 samples.append(sample)
         except (KeyError, TypeError, ValueError) as exc:
             raise SamplerError(
-                f"sampler server {self.base_url} sent a completion without token ids/logprobs ({exc}); "
-                f"it must support return_token_ids and logprobs (vLLM >= 0.10 or twin serve)"
+                f"sampler server {self.base_url} sent a completion without token ids/logprobs "
+                f"({exc}); it must support return_token_ids and logprobs (vLLM >= 0.10 or twin "
+                "serve)"
             ) from None
         if len(samples) != n:
             raise SamplerError(f"sampler server returned {len(samples)} choices for {n} prompts")

@@ -112,7 +112,7 @@ class BatchScorer:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         *,
         temperature: float = 1.0,
         micro_batch_tokens: int = 8192,
@@ -137,7 +137,7 @@ class BatchScorer:
         """Device of the model."""
         return next(self.model.parameters()).device
 
-    # -- micro-batches ------------------------------------------------------------------------------
+    # -- micro-batches -----------------------------------------------------------------------------
     def micro_batches(self, rows: Sequence[int], batch: TrainBatch) -> Iterator[list[int]]:
         """Pack rows (longest first) so that rows x longest row <= micro_batch_tokens."""
         return padded_micro_batches(rows, batch, self.micro_batch_tokens)
@@ -416,7 +416,8 @@ class BatchScorer:
 def padded_micro_batches(
     rows: Sequence[int], batch: TrainBatch, budget: int
 ) -> Iterator[list[int]]:
-    """Pack rows (longest first) so that rows x longest row <= ``budget`` (a longer row goes alone)."""
+    """Pack rows (longest first) so that rows x longest row <= ``budget`` (a
+    longer row goes alone)."""
     order = sorted(rows, key=lambda i: (-len(batch.input_ids[i]), i))
     current: list[int] = []
     width = 0
@@ -524,25 +525,25 @@ def _common_prefix_unit(rows: Sequence[int], batch: TrainBatch) -> _SharedPrefix
     return [(length, sorted(rows, key=lambda i: (-len(batch.input_ids[i]), i)))]
 
 
-def is_peft(model: Any) -> bool:
+def is_peft(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a peft model (it has an adapter to disable)."""
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
-def decoder_layers(model: Any) -> list[torch.nn.Module]:
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     base = model.get_base_model() if is_peft(model) else model
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if layers is None:
         raise ConfigError(
-            f"optim.gradient_checkpointing: {type(base).__name__} has no decoder.layers to checkpoint; "
-            "set gradient_checkpointing: false"
+            f"optim.gradient_checkpointing: {type(base).__name__} has no decoder.layers to "
+            "checkpoint; set gradient_checkpointing: false"
         )
     return list(layers)
 
 
 @contextlib.contextmanager
-def checkpointed_layers(model: Any) -> Iterator[None]:
+def checkpointed_layers(model: torch.nn.Module) -> Iterator[None]:
     """Run every decoder layer under non-reentrant activation checkpointing while inside.
 
     Only each layer's inputs are kept for backward; the layer is recomputed there. Not
@@ -587,7 +588,8 @@ def checkpointed_layers(model: Any) -> Iterator[None]:
 
 
 def _cache_state(cache: Any, index: int) -> tuple[int, dict[str, Any] | None] | None:
-    """Layer ``index``'s cache entry as it is now (None: no cache; ``(index, None)``: no entry yet)."""
+    """Layer ``index``'s cache entry as it is now (None: no cache; ``(index,
+    None)``: no entry yet)."""
     layers = getattr(cache, "layers", None)
     if layers is None:
         return None

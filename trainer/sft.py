@@ -36,7 +36,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -56,6 +56,9 @@ from trainer.threads import place_cpu_threads
 from twin.cases import stable_seed
 from twin.errors import ConfigError
 from twin.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from trainer.protocols import RunRecord
 
 __all__ = ["SFTTrainer", "eval_metrics", "holdout_loss", "parse_rate", "render_row", "sft_step"]
 
@@ -77,22 +80,23 @@ def _turn_ids(renderer: Renderer, conversation: Sequence[Message], message: Mess
     closed = renderer.render([*conversation, message], add_generation_prompt=False)
     if not closed.startswith(opened):
         raise ConfigError(
-            "render_row: the chat template writes an assistant turn differently from its generation "
-            "prompt (it rewrites the last turn, as Qwen3's does with <think>); use a template that "
-            "does not, e.g. model.chat_template: qwen3_append_only"
+            "render_row: the chat template writes an assistant turn differently from its "
+            "generation prompt (it rewrites the last turn, as Qwen3's does with <think>); use a "
+            "template that does not, e.g. model.chat_template: qwen3_append_only"
         )
     text = closed[len(opened) :]
     end = _end_text(renderer)
     at = text.rfind(end) if end else -1
     if at < 0:
         raise ConfigError(
-            f"render_row: the chat template does not end an assistant turn with the end-of-turn token "
-            f"{end!r}; pass the Renderer the stop_ids this template ends turns with"
+            "render_row: the chat template does not end an assistant turn with the end-of-turn "
+            f"token {end!r}; pass the Renderer the stop_ids this template ends turns with"
         )
     ids = list(renderer.tokenizer.encode(text[: at + len(end)], add_special_tokens=False))
     if not ids or ids[-1] not in renderer.stop_ids:
         raise ConfigError(
-            f"render_row: the end-of-turn text {end!r} does not encode to a stop id {sorted(renderer.stop_ids)}"
+            f"render_row: the end-of-turn text {end!r} does not encode to a stop id "
+            f"{sorted(renderer.stop_ids)}"
         )
     return ids
 
@@ -202,7 +206,8 @@ def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, f
     if longest > learner.optim_config.micro_batch_tokens:
         raise ConfigError(
             f"sft: an episode of {longest} tokens exceeds optim.micro_batch_tokens "
-            f"({learner.optim_config.micro_batch_tokens}); raise it or lower sampler.max_episode_tokens"
+            f"({learner.optim_config.micro_batch_tokens}); raise it or lower "
+            "sampler.max_episode_tokens"
         )
     learner.model.train()
     learner.optimizer.zero_grad(set_to_none=True)
@@ -252,7 +257,8 @@ def holdout_loss(learner: Learner, episodes: Sequence[EpisodeTokens]) -> float:
 
 
 class SFTTrainer:
-    """Supervised fine-tuning on trajectory datasets; the interface of :class:`trainer.sync_trainer.SyncTrainer`.
+    """Supervised fine-tuning on trajectory datasets; the interface of
+    :class:`trainer.sync_trainer.SyncTrainer`.
 
     Args:
         cfg: A recipe with ``algorithm.name: sft`` and ``data.paths``.
@@ -274,7 +280,7 @@ class SFTTrainer:
         self.output_dir = Path(cfg.train.output_dir)
         self.step = 0
         self.run_id: int | None = None
-        self.store: Any = None
+        self.store: RunRecord | None = None
         self.episodes: list[EpisodeTokens] = []
         self.held_out: list[EpisodeTokens] = []
         self.dropped: dict[str, int] = {}
@@ -376,13 +382,17 @@ class SFTTrainer:
         self.dropped = dropped
         if dropped["too_long"]:
             log.warning(
-                "sft: %d of %d episodes are longer than sampler.max_episode_tokens (%d) and are left out",
-                dropped["too_long"], len(rows), limit,
-            )  # fmt: skip
+                "sft: %d of %d episodes are longer than sampler.max_episode_tokens (%d) and are "
+                "left out",
+                dropped["too_long"],
+                len(rows),
+                limit,
+            )
         if not out:
             raise ConfigError(
-                f"sft: none of the {len(rows)} dataset rows fits sampler.max_episode_tokens ({limit}) "
-                "or has an assistant turn; raise max_episode_tokens (and optim.micro_batch_tokens)"
+                f"sft: none of the {len(rows)} dataset rows fits sampler.max_episode_tokens "
+                f"({limit}) or has an assistant turn; raise max_episode_tokens (and "
+                "optim.micro_batch_tokens)"
             )
         return out
 
@@ -395,7 +405,8 @@ class SFTTrainer:
             return episodes, []
         if n >= len(episodes):
             raise ConfigError(
-                f"data.holdout {n} leaves no training episode (the dataset renders {len(episodes)}); lower it"
+                f"data.holdout {n} leaves no training episode (the dataset renders "
+                f"{len(episodes)}); lower it"
             )
         idx = list(range(len(episodes)))
         random.Random(stable_seed("sft-holdout", self.cfg.seed)).shuffle(idx)
@@ -431,11 +442,16 @@ class SFTTrainer:
         if n <= 0:
             return {}, []
         policy = HFPolicy(
-            self.learner.model, self.tokenizer, name=f"sft:{cfg.model.path}@{self.learner.version}",
-            temperature=cfg.eval.temperature, max_new_tokens=cfg.sampler.max_new_tokens, seed=cfg.seed,
-            chat_template=cfg.model.chat_template, template_kwargs=cfg.model.template_kwargs,
+            self.learner.model,
+            self.tokenizer,
+            name=f"sft:{cfg.model.path}@{self.learner.version}",
+            temperature=cfg.eval.temperature,
+            max_new_tokens=cfg.sampler.max_new_tokens,
+            seed=cfg.seed,
+            chat_template=cfg.model.chat_template,
+            template_kwargs=cfg.model.template_kwargs,
             autocast=cfg.model.autocast,
-        )  # fmt: skip
+        )
         result = evaluate(
             self.twin, policy, [(cfg.eval.split, i) for i in range(n)], store=None, progress=False
         )
@@ -497,8 +513,11 @@ class SFTTrainer:
             record["perf/step_s"] = time.perf_counter() - t_step
             self._record(step, record, held_out)
             if self.stopped_early:
-                log.info("sft: held-out loss has not improved for %d evaluations; stopped at step %d",
-                         self.since_best, self.step)  # fmt: skip
+                log.info(
+                    "sft: held-out loss has not improved for %d evaluations; stopped at step %d",
+                    self.since_best,
+                    self.step,
+                )
                 self.total_steps = self.step
             every_n = cfg.train.checkpoint_every
             if (every_n and self.step % every_n == 0) or self.step == self.total_steps:
@@ -538,23 +557,31 @@ class SFTTrainer:
     def save(self) -> Path:
         """Write a checkpoint (``adapter/`` is what ``model.init_from`` and ``hf:`` load)."""
         return save_checkpoint(
-            self.output_dir, self.step, learner=self.learner,
+            self.output_dir,
+            self.step,
+            learner=self.learner,
             state={
-                "run_id": self.run_id, "metrics": list(self.metrics.history), "dropped": dict(self.dropped),
-                "total_steps": self.total_steps, "best_holdout": self.best_holdout,
-                "since_best": self.since_best, "stopped_early": self.stopped_early,
+                "run_id": self.run_id,
+                "metrics": list(self.metrics.history),
+                "dropped": dict(self.dropped),
+                "total_steps": self.total_steps,
+                "best_holdout": self.best_holdout,
+                "since_best": self.since_best,
+                "stopped_early": self.stopped_early,
             },
             recipe_yaml=self.cfg.to_yaml(),
-        )  # fmt: skip
+        )
 
     def cleanup(self) -> Path | None:
         """Plot the held-out reward curve, finish the store run; return the plot's path."""
         plot = None
         try:
             plot = plot_rewards(
-                self.metrics.history, self.output_dir / "rewards.png",
-                title=f"{self.twin.name}: SFT {self.cfg.model.path} (held-out {self.cfg.eval.split})",
-            )  # fmt: skip
+                self.metrics.history,
+                self.output_dir / "rewards.png",
+                title=f"{self.twin.name}: SFT {self.cfg.model.path} (held-out "
+                f"{self.cfg.eval.split})",
+            )
         finally:
             self.metrics.close()
             last = next((r for r in reversed(self.metrics.history) if "eval/reward" in r), {})

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from trainer.protocols import RunRecord
 from twin.trajectory import Trajectory
 
 __all__ = ["StoreWriter", "stored_episode"]
@@ -26,7 +27,8 @@ log = logging.getLogger("twinrl.store")
 
 
 def stored_episode(trajectory: Trajectory, tokens: str) -> Trajectory:
-    """The trajectory as the store keeps it: without its token record unless ``tokens == "full"``."""
+    """The trajectory as the store keeps it: without its token record
+    unless ``tokens == "full"``."""
     if tokens == "full" or not trajectory.token_turns:
         return trajectory
     return trajectory.model_copy(update={"token_turns": []})
@@ -43,7 +45,7 @@ class StoreWriter:
     """
 
     def __init__(
-        self, store: Any, run_id: int, *, tokens: str = "off", max_pending: int = 4
+        self, store: RunRecord, run_id: int, *, tokens: str = "off", max_pending: int = 4
     ) -> None:
         if tokens not in ("off", "full"):
             raise ValueError(f"store_tokens must be 'off' or 'full', got {tokens!r}")
@@ -56,7 +58,8 @@ class StoreWriter:
         self._thread.start()
 
     def submit(self, step: int, episodes: Sequence[Trajectory], metrics: dict[str, Any]) -> None:
-        """Queue a step's episodes and metrics; returns at once unless ``max_pending`` are queued."""
+        """Queue a step's episodes and metrics; returns at once unless
+        ``max_pending`` are queued."""
         if not self._thread.is_alive():
             raise RuntimeError("StoreWriter.submit after close()")
         self._queue.put((step, list(episodes), dict(metrics)))

@@ -36,7 +36,9 @@ import httpx
 
 from trainer.config import Recipe
 from trainer.episodes import StepSample, rollout_settings, sample_step
+from trainer.protocols import PolicyLearner, RunRecord
 from trainer.runtime import TrainingRuntime, step_perf
+from trainer.samplers import Sampler
 from trainer.serving.http import auth_headers
 from trainer.weight_sync import (
     AdapterClient,
@@ -56,7 +58,8 @@ log = logging.getLogger("twinrl.trainer")
 
 
 class SyncTrainer(TrainingRuntime):
-    """Synchronous GRPO / DAPO / Dr. GRPO training of a policy in a twin (``async.max_staleness: 0``).
+    """Synchronous GRPO / DAPO / Dr. GRPO training of a policy in a twin (``async.max_staleness:
+    0``).
 
     Args:
         cfg: The validated recipe.
@@ -67,8 +70,9 @@ class SyncTrainer(TrainingRuntime):
         sampler: Samples the episodes (default: ``sampler.kind: hf`` an in-process
             :class:`trainer.samplers.HFSampler` on the learner's model; ``vllm`` a vLLM server
             this run starts; ``server`` the one at ``sampler.base_url``).
-        adapters: Where each new version goes (default: :class:`trainer.weight_sync.InProcessAdapters`
-            for ``hf``, else an :class:`trainer.weight_sync.AdapterClient` of the server).
+        adapters: Where each new version goes (default:
+            :class:`trainer.weight_sync.InProcessAdapters` for ``hf``, else an
+            :class:`trainer.weight_sync.AdapterClient` of the server).
         store: A run store (default: the recipe's ``train.store``).
 
     Raises:
@@ -76,19 +80,27 @@ class SyncTrainer(TrainingRuntime):
     """
 
     def __init__(
-        self, cfg: Recipe, *, resume: bool = False, overwrite: bool = False,
-        on_step: Callable[[dict[str, Any]], None] | None = None, learner: Any = None, sampler: Any = None,
-        adapters: AdapterSink | None = None, store: Any = None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: Recipe,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        learner: PolicyLearner | None = None,
+        sampler: Sampler | None = None,
+        adapters: AdapterSink | None = None,
+        store: RunRecord | None = None,
+    ) -> None:
         if cfg.sampler.kind != "hf" and adapters is None:
             require_lora_for_server(cfg, f"sampler.kind {cfg.sampler.kind!r}")
         super().__init__(cfg, resume=resume, overwrite=overwrite, on_step=on_step, learner=learner,
                          adapters=adapters, store=store)  # fmt: skip
-        self.sampler: Any = sampler
+        self.sampler: Any = sampler  # a Sampler once set up
 
     # -- set-up ----------------------------------------------------------------------------------
     def setup(self) -> None:
-        """The runtime's set-up, then the sampler, the rollout settings and the first version published."""
+        """The runtime's set-up, then the sampler, the rollout settings and the first version
+        published."""
         cfg = self.cfg
         self.setup_runtime()
         if self.sampler is None:
@@ -122,8 +134,12 @@ class SyncTrainer(TrainingRuntime):
         else:
             base_url = str(cfg.sampler.base_url)
             try:
-                httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/v1/models", timeout=30, verify=tls_context(),
-                          headers=auth_headers()).raise_for_status()  # fmt: skip
+                httpx.get(
+                    base_url.rstrip("/").removesuffix("/v1") + "/v1/models",
+                    timeout=30,
+                    verify=tls_context(),
+                    headers=auth_headers(),
+                ).raise_for_status()
             except httpx.HTTPError as exc:
                 raise ConfigError(
                     f"sampler server {base_url} did not list its models ({exc}); is it running?"
@@ -142,7 +158,8 @@ class SyncTrainer(TrainingRuntime):
 
     # -- one step --------------------------------------------------------------------------------
     def collect(self, step: int) -> StepSample:
-        """Sample this step's groups with the current version (dynamic sampling, bounded refills)."""
+        """Sample this step's groups with the current version (dynamic
+        sampling, bounded refills)."""
         cfg = self.cfg
         version = self.learner.version
         settings = dataclasses.replace(

@@ -24,7 +24,8 @@ def _cores() -> int:
 
 
 def default_cpu_threads(cores: int | None = None, load: float | None = None) -> int:
-    """Threads for a process that shares ``cores`` with a ``load`` (1-minute load average) of others.
+    """Threads for a process that shares ``cores`` with a ``load`` (1-minute load average) of
+    others.
 
     Args:
         cores: Cores this process may run on (default: its affinity mask).

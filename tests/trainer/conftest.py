@@ -1,5 +1,6 @@
 """Fixtures shared by the trainer tests: GRPO-shaped batches, the tiny model made trainable, and the
-fakes the async trainer is built with (a stub learner, a mock sampler server, an in-memory rollout side)."""
+fakes the async trainer is built with (a stub learner, a mock sampler server, an in-memory
+rollout side)."""
 
 from __future__ import annotations
 
@@ -134,8 +135,8 @@ class MockSamplerServer:
     token, and ``/health`` while ``server`` (a :class:`FakeManagedServer`) is up.
 
     ``refuse``: the adapter whose load fails (HTTP 400; or, with ``server``, the server dies during
-    that load, once). ``hold``: ``{adapter name: event}``, a probe of that adapter waits for the event
-    (at most 10 s) and records in ``released`` whether it came.
+    that load, once). ``hold``: ``{adapter name: event}``, a probe of that adapter waits for the
+    event (at most 10 s) and records in ``released`` whether it came.
     """
 
     def __init__(self, *, load_delay: float = 0.0, refuse: str | None = None, server: Any = None,
@@ -218,7 +219,8 @@ class FakeManagedServer:
 
 
 class InMemoryRollout:
-    """A rollout launcher with no worker process: the lots given (or put later) on an in-memory queue.
+    """A rollout launcher with no worker process: the lots given (or put later) on an in-memory
+    queue.
 
     Attributes:
         side: The :class:`trainer.async_trainer.RolloutSide` handed to the trainer (after setup).
@@ -267,9 +269,20 @@ def make_lot(index: int, version: int, rewards: tuple[float, ...] = (0.0, 1.0)) 
             )
         )
     group = Group(case_id="Toy/train/0", trajectories=trajs, policy_version=version)
-    return Lot(index=index, version=version, cursor=index + 1, groups=[group.model_dump_json()], kept=[0],
-               stats={"batch/groups": 1.0, "rollout_s": 0.5, "sampled_tokens": 4.0,
-                      "worker_idle_s": 0.25, "worker_wall_s": 1.0})  # fmt: skip
+    return Lot(
+        index=index,
+        version=version,
+        cursor=index + 1,
+        groups=[group.model_dump_json()],
+        kept=[0],
+        stats={
+            "batch/groups": 1.0,
+            "rollout_s": 0.5,
+            "sampled_tokens": 4.0,
+            "worker_idle_s": 0.25,
+            "worker_wall_s": 1.0,
+        },
+    )
 
 
 def make_async_trainer(
@@ -286,18 +299,33 @@ def make_async_trainer(
     learner: Any = None,
     setup: bool = True,
 ) -> tuple[Any, MockSamplerServer, InMemoryRollout]:
-    """An :class:`trainer.async_trainer.AsyncTrainer` of the toy recipe built with fakes (set up)."""
+    """An :class:`trainer.async_trainer.AsyncTrainer` of the toy recipe
+    built with fakes (set up)."""
     from trainer.async_trainer import AsyncTrainer
     from trainer.config import load_recipe
 
-    cfg = load_recipe("toy-cpu", [
-        "lora.enabled=true", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",
-        f"train.output_dir={tmp_path}", "train.store=false", "train.log=[jsonl]", *overrides,
-    ])  # fmt: skip
+    cfg = load_recipe(
+        "toy-cpu",
+        [
+            "lora.enabled=true",
+            f"async.max_staleness={k}",
+            f"train.steps={steps}",
+            "train.checkpoint_every=0",
+            f"train.output_dir={tmp_path}",
+            "train.store=false",
+            "train.log=[jsonl]",
+            *overrides,
+        ],
+    )
     sampler = sampler or MockSamplerServer(server=server)
     rollout = InMemoryRollout(lots, events=events, server=server)
-    trainer = AsyncTrainer(cfg, learner=learner or StubLearner(), launcher=rollout, transport=sampler.transport(),
-                           on_step=on_step)  # fmt: skip
+    trainer = AsyncTrainer(
+        cfg,
+        learner=learner or StubLearner(),
+        launcher=rollout,
+        transport=sampler.transport(),
+        on_step=on_step,
+    )
     if setup:
         trainer.setup()
     return trainer, sampler, rollout
@@ -316,7 +344,12 @@ def async_fakes() -> Any:
         made.append(result[0])
         return result
 
-    yield SimpleNamespace(trainer=trainer, lot=make_lot, Sampler=MockSamplerServer, Server=FakeManagedServer,
-                          Learner=StubLearner)  # fmt: skip
+    yield SimpleNamespace(
+        trainer=trainer,
+        lot=make_lot,
+        Sampler=MockSamplerServer,
+        Server=FakeManagedServer,
+        Learner=StubLearner,
+    )
     for t in made:  # the load / probe threads
         t.stop_workers()

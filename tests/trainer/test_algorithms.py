@@ -125,7 +125,8 @@ def test_overlong_penalty_by_hand() -> None:
     factor=st.floats(0.0, 4.0),
 )
 def test_overlong_penalty_is_the_reward_librarys(max_len: int, data, factor: float) -> None:
-    """One overlong formula: the trainer's shaping equals the reward library's term, buffer 0 included."""
+    """One overlong formula: the trainer's shaping equals the reward library's term, buffer 0
+    included."""
     from types import SimpleNamespace
 
     from rewards import overlong_penalty as overlong_term

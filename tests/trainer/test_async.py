@@ -1,4 +1,5 @@
-"""The async trainer: the staleness gate, the queue protocol, the learner loop, and (slow) a real run.
+"""The async trainer: the staleness gate, the queue protocol, the learner loop, and (slow) a real
+run.
 
 Fast tests drive the pieces without processes: the gate is checked by a random interleaving of
 worker and learner actions (hypothesis), and :meth:`AsyncTrainer.train` runs on fakes given to its
@@ -29,7 +30,7 @@ from twin.errors import ConfigError
 CTX = multiprocessing.get_context("spawn")
 
 
-# -- the staleness gate -----------------------------------------------------------------------------
+# -- the staleness gate ----------------------------------------------------------------------------
 def _simulate(
     k: int,
     choices: list[int],
@@ -141,7 +142,7 @@ def test_adapter_names() -> None:
     assert adapter_name(12) == "policy@12"
 
 
-# -- the learner loop with fakes (conftest.py: a stub learner, a mock sampler, lots in memory) ------------
+# -- the learner loop with fakes (conftest.py: a stub learner, a mock sampler, lots in memory) -----
 def test_train_loop_drops_stale_lots_syncs_and_logs(tmp_path: Path, async_fakes: Any) -> None:
     lot = async_fakes.lot
     lots = [
@@ -199,7 +200,7 @@ def test_train_loop_k0_drops_any_lot_of_an_older_version(tmp_path: Path, async_f
     assert history[-1]["async/dropped_stale"] == 1.0
 
 
-# -- weight sync off the learner's path (k >= 1) --------------------------------------------------------
+# -- weight sync off the learner's path (k >= 1) ---------------------------------------------------
 def test_background_load_is_published_only_once_loaded_and_lots_name_loaded_adapters(
     tmp_path: Path, async_fakes: Any
 ) -> None:
@@ -289,9 +290,15 @@ def test_k0_loads_and_publishes_before_the_step_ends(tmp_path: Path, async_fakes
     sampler = async_fakes.Sampler(load_delay=0.05)
     seen: list[tuple[int, int, bool]] = []
     trainer, _, _ = async_fakes.trainer(
-        tmp_path, 0, [lot(0, 0), lot(1, 1), lot(2, 2)], steps=3, sampler=sampler,
-        on_step=lambda r: seen.append((r["step"], trainer.shared.get()[0], adapter_name(r["step"] + 1) in sampler.loaded)),
-    )  # fmt: skip
+        tmp_path,
+        0,
+        [lot(0, 0), lot(1, 1), lot(2, 2)],
+        steps=3,
+        sampler=sampler,
+        on_step=lambda r: seen.append(
+            (r["step"], trainer.shared.get()[0], adapter_name(r["step"] + 1) in sampler.loaded)
+        ),
+    )
     history = trainer.train()
     assert seen == [
         (0, 1, True),
@@ -359,8 +366,9 @@ def test_a_slow_check_does_not_hold_up_the_learner(tmp_path: Path, async_fakes: 
 def test_worker_fatal_error_is_raised(tmp_path: Path, async_fakes: Any) -> None:
     from twin.errors import TwinError
 
-    trainer, _, _ = async_fakes.trainer(tmp_path, 1, [], steps=1,
-                                        events=[("fatal", "rollout worker failed: KeyError: 'boom'")])  # fmt: skip
+    trainer, _, _ = async_fakes.trainer(
+        tmp_path, 1, [], steps=1, events=[("fatal", "rollout worker failed: KeyError: 'boom'")]
+    )
     with pytest.raises(TwinError, match="boom"):
         trainer.train()
 
@@ -411,9 +419,15 @@ def test_placement_reaches_the_sampler_server(tmp_path: Path) -> None:
     assert (
         argv[argv.index("--device") + 1] == "cpu" and argv[argv.index("--dtype") + 1] == "float32"
     )
-    vllm = load_recipe("toy-cpu", [
-        "lora.enabled=true", "sampler.kind=vllm", "devices.rollout=cuda:1", f"train.output_dir={tmp_path}",
-    ])  # fmt: skip
+    vllm = load_recipe(
+        "toy-cpu",
+        [
+            "lora.enabled=true",
+            "sampler.kind=vllm",
+            "devices.rollout=cuda:1",
+            f"train.output_dir={tmp_path}",
+        ],
+    )
     server = make_sampler_server(vllm, tmp_path)
     assert server.environment()["CUDA_VISIBLE_DEVICES"] == "1"
     assert "--enable-lora" in server.command()
@@ -423,13 +437,31 @@ def test_bench_summary_measures_the_window_after_warmup() -> None:
     from bench.trainers import summarize_run
 
     history = [
-        {"perf/step_s": 10.0, "perf/sampled_tokens": 100.0, "async/rollout_idle_s": 5.0, "async/rollout_wall_s": 10.0,
-         "async/learner_idle_s": 8.0, "async/learner_wall_s": 10.0},
-        {"perf/step_s": 2.0, "perf/sampled_tokens": 100.0, "async/rollout_idle_s": 5.5, "async/rollout_wall_s": 12.0,
-         "async/learner_idle_s": 8.0, "async/learner_wall_s": 12.0},
-        {"perf/step_s": 2.0, "perf/sampled_tokens": 100.0, "async/rollout_idle_s": 6.0, "async/rollout_wall_s": 14.0,
-         "async/learner_idle_s": 9.0, "async/learner_wall_s": 14.0},
-    ]  # fmt: skip
+        {
+            "perf/step_s": 10.0,
+            "perf/sampled_tokens": 100.0,
+            "async/rollout_idle_s": 5.0,
+            "async/rollout_wall_s": 10.0,
+            "async/learner_idle_s": 8.0,
+            "async/learner_wall_s": 10.0,
+        },
+        {
+            "perf/step_s": 2.0,
+            "perf/sampled_tokens": 100.0,
+            "async/rollout_idle_s": 5.5,
+            "async/rollout_wall_s": 12.0,
+            "async/learner_idle_s": 8.0,
+            "async/learner_wall_s": 12.0,
+        },
+        {
+            "perf/step_s": 2.0,
+            "perf/sampled_tokens": 100.0,
+            "async/rollout_idle_s": 6.0,
+            "async/rollout_wall_s": 14.0,
+            "async/learner_idle_s": 9.0,
+            "async/learner_wall_s": 14.0,
+        },
+    ]
     s = summarize_run(history, warmup=1)
     assert s["steps_per_s"] == pytest.approx(0.5) and s["tokens_per_s"] == pytest.approx(50.0)
     assert s["rollout_idle_frac"] == pytest.approx(0.25) and s[
@@ -443,17 +475,25 @@ def test_async_trainer_needs_lora() -> None:
         AsyncTrainer(cfg)
 
 
-# -- a real run (processes, the built-in server) ------------------------------------------------------
-#: toy-lora-cpu.yaml's seed 2 crosses 0.8 at step ~80 (k = 0 and k = 1 alike); 150 steps leave a margin
+# -- a real run (processes, the built-in server) ---------------------------------------------------
+#: toy-lora-cpu.yaml's seed 2 crosses 0.8 at step ~80 (k = 0 and k = 1 alike); 150 steps leave a
+#: margin
 LEARN_STEPS = 150
 LEARN_SEED = 2
 
 
 def _run(tmp_path: Path, k: int, steps: int) -> list[dict[str, Any]]:
-    cfg = load_recipe("toy-lora-cpu", [
-        f"seed={LEARN_SEED}", f"async.max_staleness={k}", f"train.steps={steps}", "train.checkpoint_every=0",
-        f"train.output_dir={tmp_path / f'k{k}'}", "train.store=false",
-    ])  # fmt: skip
+    cfg = load_recipe(
+        "toy-lora-cpu",
+        [
+            f"seed={LEARN_SEED}",
+            f"async.max_staleness={k}",
+            f"train.steps={steps}",
+            "train.checkpoint_every=0",
+            f"train.output_dir={tmp_path / f'k{k}'}",
+            "train.store=false",
+        ],
+    )
     trainer = AsyncTrainer(cfg)
     try:
         trainer.setup()

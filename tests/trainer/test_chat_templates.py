@@ -393,14 +393,18 @@ def test_llama3_renders_metas_documented_format_exactly(llama_tok) -> None:
         "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"
         "Be brief.<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\n"
-        "Given the following functions, please respond with a JSON for a function call with its proper "
+        "Given the following functions, please respond with a JSON for a function call with its "
+        "proper "
         "arguments that best answers the given prompt.\n\n"
-        'Respond in the format {"name": function name, "parameters": dictionary of argument name and its '
+        'Respond in the format {"name": function name, "parameters": dictionary of argument name '
+        "and its "
         "value}.Do not use variables.\n\n" + tool_json + "\n\n"
         "Find the color.<|eot_id|>"
-        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "lookup", "parameters": {"key": "color"}}<|eot_id|>'
+        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "lookup", "parameters": {"key": '
+        '"color"}}<|eot_id|>'
         '<|start_header_id|>ipython<|end_header_id|>\n\n"red"<|eot_id|>'
-        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "lookup", "parameters": {"key": "shade"}}<|eot_id|>'
+        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "lookup", "parameters": {"key": '
+        '"shade"}}<|eot_id|>'
         '<|start_header_id|>ipython<|end_header_id|>\n\n{"value": "dark"}<|eot_id|>'
         "<|start_header_id|>assistant<|end_header_id|>\n\nDark red.<|eot_id|>"
     )
@@ -412,8 +416,10 @@ def test_llama3_renders_metas_documented_format_exactly(llama_tok) -> None:
     )
     text = system.render(messages[:2], add_generation_prompt=True)
     assert (
-        "Today Date: 26 Jul 2024\n\nYou have access to the following functions. To call a function, please "
-        'respond with JSON for a function call.Respond in the format {"name": function name, "parameters": '
+        "Today Date: 26 Jul 2024\n\nYou have access to the following functions. To call a "
+        "function, please "
+        'respond with JSON for a function call.Respond in the format {"name": function name, '
+        '"parameters": '
         "dictionary of argument name and its value}.Do not use variables.\n\n"
         + tool_json
         + "\n\nBe brief.<|eot_id|>"

@@ -65,9 +65,11 @@ def test_checkpointing_keeps_fewer_tensors_for_backward(
     figures = []
     for ckpt in (False, True):
         learner = Learner(
-            model, algorithm=AlgorithmConfig(),
-            optim=OptimConfig(micro_batch_tokens=100_000, gradient_checkpointing=ckpt), shared_prefix=shared,
-        )  # fmt: skip
+            model,
+            algorithm=AlgorithmConfig(),
+            optim=OptimConfig(micro_batch_tokens=100_000, gradient_checkpointing=ckpt),
+            shared_prefix=shared,
+        )
         ((mrows, units),) = list(learner.scorer.plan(rows, batch))
         assert (units is not None) == shared
         mb = learner.scorer.pad(mrows, batch, units)

@@ -1,4 +1,5 @@
-"""Recipes: every shipped recipe validates; unknown keys fail with a suggestion; overrides are typed."""
+"""Recipes: every shipped recipe validates; unknown keys fail with a suggestion; overrides are
+typed."""
 
 from __future__ import annotations
 

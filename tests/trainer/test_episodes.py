@@ -30,7 +30,7 @@ class ScriptedSampler:
     ):
         self.calls.append(len(prompts))
         out = []
-        for i, _ in enumerate(prompts):
+        for _ in prompts:
             text = self.texts[(len(self.calls) - 1) % len(self.texts)]
             ids = self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id]
             ids = ids[:max_new_tokens]
@@ -152,8 +152,8 @@ def _vllm_like(tok, seen: list[tuple[int, int]]):
                     json={
                         "error": {
                             "message": (
-                                f"This model's maximum context length is {CONTEXT} tokens. However, you "
-                                f"requested {len(prompt) + body['max_tokens']} tokens"
+                                f"This model's maximum context length is {CONTEXT} tokens. "
+                                f"However, you requested {len(prompt) + body['max_tokens']} tokens"
                             )
                         }
                     },
@@ -223,7 +223,7 @@ def test_budget_is_the_least_of_turn_episode_and_context() -> None:
     assert RolloutSettings(max_new_tokens=64, max_episode_tokens=300).budget(250) == 50
 
 
-# ------------------------------------------------------------------ stop ids of the generation config
+# ------------------------------------------------------------ stop ids of the generation config
 def test_a_generation_config_eos_ends_a_turn(tiny, tmp_path) -> None:
     # vLLM stops on generation_config.json's eos ids too (Qwen3: <|endoftext|> besides <|im_end|>);
     # a turn that ends on one must count as ended, not as cut off

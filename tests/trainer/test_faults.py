@@ -1,4 +1,5 @@
-"""Faults of the async trainer: a failed adapter load, a model mismatch, a dying sampler, a killed learner.
+"""Faults of the async trainer: a failed adapter load, a model mismatch, a dying sampler, a killed
+learner.
 
 The fast tests need no processes (``httpx.MockTransport``, an in-process server thread). The slow
 ones run the real thing: the sampler server is SIGKILLed mid-run and must be restarted with the
@@ -127,7 +128,7 @@ def test_a_sampler_that_keeps_dying_fails_the_run(tmp_path: Path, async_fakes: A
     assert server.starts == 1 + MAX_RESTARTS_WITHOUT_PROGRESS
 
 
-# -- against the real built-in server (in-process thread) ----------------------------------------------
+# -- against the real built-in server (in-process thread) ------------------------------------------
 @pytest.fixture(scope="module")
 def live_server() -> Iterator[str]:
     from trainer.models import load_model
@@ -193,7 +194,7 @@ def test_probe_tells_a_synced_adapter_from_one_that_never_arrived(
     print(f"probe mismatch: synced {synced:.2e}, adapter not synced {stale:.2e}")
 
 
-# -- a learner that dies takes its sampler with it -------------------------------------------------------
+# -- a learner that dies takes its sampler with it -------------------------------------------------
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_guarded_child_dies_with_its_parent(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
@@ -201,7 +202,8 @@ def test_guarded_child_dies_with_its_parent(tmp_path: Path) -> None:
         import subprocess, sys, time
         from trainer.workers import guarded_command
         child = subprocess.Popen(guarded_command([sys.executable, "-c",
-            "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"]))
+            "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+            "time.sleep(60)"]))
         time.sleep(60)
     """)
     proc = subprocess.Popen([sys.executable, "-c", parent], cwd=ROOT)
@@ -237,13 +239,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# -- slow: the real processes ---------------------------------------------------------------------------
+# -- slow: the real processes ----------------------------------------------------------------------
 def _overrides(tmp_path: Path, steps: int, **extra: Any) -> list[str]:
     items = {
-        "lora.enabled": "true", "async.max_staleness": 1, "train.steps": steps, "train.checkpoint_every": 2,
-        "train.output_dir": str(tmp_path / "run"), "train.store": "false", "algorithm.groups_per_step": 2,
+        "lora.enabled": "true",
+        "async.max_staleness": 1,
+        "train.steps": steps,
+        "train.checkpoint_every": 2,
+        "train.output_dir": str(tmp_path / "run"),
+        "train.store": "false",
+        "algorithm.groups_per_step": 2,
         **extra,
-    }  # fmt: skip
+    }
     return [f"{k}={v}" for k, v in items.items()]
 
 

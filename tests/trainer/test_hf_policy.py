@@ -140,7 +140,8 @@ def test_runs_episodes_in_a_twin(policy: HFPolicy) -> None:
 
 
 def test_later_turns_reuse_the_cache_and_keep_exact_logprobs(policy: HFPolicy) -> None:
-    """Turn 2 prefills only its new messages; its logprobs are still the model's on the whole episode."""
+    """Turn 2 prefills only its new messages; its logprobs are still the model's on the whole
+    episode."""
     store = policy.sampler.store
     assert store is not None, "hf: policies cache keys/values by default"
     actor = policy.for_episode("case#cache")

@@ -69,8 +69,11 @@ def test_learner_logs_sampler_kl_and_masks_by_config() -> None:
     assert metrics["policy/sampler_kl"] > 0
     # the tiny random model puts ~1/1024 on each token (logprob ~ -6.9), the sampler said -3:
     # rho ~ 0.02 in every row, inside [0, 1.5]; with a lower bound of 0.5 every row is dropped
-    dropped = Learner(model, algorithm=AlgorithmConfig(is_correction="sequence_mask", is_mask_low=0.5),
-                      optim=OptimConfig()).step(batch)  # fmt: skip
+    dropped = Learner(
+        model,
+        algorithm=AlgorithmConfig(is_correction="sequence_mask", is_mask_low=0.5),
+        optim=OptimConfig(),
+    ).step(batch)
     assert dropped["policy/tis_capped_frac"] == 1.0 and dropped["policy/tis_weight"] == 0.0
 
 

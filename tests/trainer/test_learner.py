@@ -1,4 +1,5 @@
-"""The learner: LoRA-only updates, loss mask, micro-batching, KL reference without a copy, saving."""
+"""The learner: LoRA-only updates, loss mask, micro-batching, KL
+reference without a copy, saving."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_loss_mask_excludes_unmasked_tokens() -> None:
     model, _ = _model(lora=False)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     batch = _batch()
-    for row, mask in zip(batch.input_ids, batch.loss_mask):
+    for mask in batch.loss_mask:
         mask[-1] = 0  # the last token is now a tool-result token
     base = _grads(model, batch)
     model.load_state_dict(state)

@@ -21,9 +21,12 @@ def _run(model, state, *, shared: bool, algorithm: dict, optim: dict, batch: Tra
     model.load_state_dict(state)
     model.zero_grad(set_to_none=True)
     learner = Learner(
-        model, algorithm=AlgorithmConfig(**algorithm),
-        optim=OptimConfig(**{"lr": 1e-12, "grad_clip": None, **optim}), max_tokens=64, shared_prefix=shared,
-    )  # fmt: skip
+        model,
+        algorithm=AlgorithmConfig(**algorithm),
+        optim=OptimConfig(**{"lr": 1e-12, "grad_clip": None, **optim}),
+        max_tokens=64,
+        shared_prefix=shared,
+    )
     metrics = learner.step(batch)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     return metrics, grads

@@ -1,4 +1,5 @@
-"""The per-step learning body shared by the synchronous loop and the async learner (trainer/runtime.py)."""
+"""The per-step learning body shared by the synchronous loop and the async learner
+(trainer/runtime.py)."""
 
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ class _Recorded:
 
 
 class _AlternatingSampler:
-    """Samples one token per prompt: a toy answer call or a plain word, in turn (rewards 1.0 / 0 / 0.1)."""
+    """Samples one token per prompt: a toy answer call or a plain word, in turn (rewards 1.0 / 0 /
+    0.1)."""
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
@@ -193,8 +195,9 @@ def test_the_sync_loop_updates_through_the_step_body_and_publishes_each_version(
     assert all(r["rewards/std"] > 0 and r["policy/version"] == r["step"] + 1 for r in history)
 
 
-def test_the_async_loop_updates_through_the_step_body(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                      async_fakes: Any) -> None:  # fmt: skip
+def test_the_async_loop_updates_through_the_step_body(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, async_fakes: Any
+) -> None:
     calls = _spy_on_the_body(monkeypatch)
     kept = [_group([0.0, 1.0, 1.0], [1, 2, 3])]
     every = kept + [_group([1.0, 1.0, 1.0], [4, 5])]

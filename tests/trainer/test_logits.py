@@ -101,7 +101,8 @@ def test_the_scorer_computes_the_logits_one_chunk_at_a_time(
 def _measure(tokens: int, vocab: int, chunk: int, dtype: str = "float32") -> int:
     code = (
         "import json, sys; from trainer.memory import measure_logprob_peak; "
-        f"print(json.dumps(measure_logprob_peak({tokens}, {vocab}, chunk={chunk}, dtype={dtype!r})))"
+        f"print(json.dumps(measure_logprob_peak({tokens}, {vocab}, chunk={chunk}, "
+        f"dtype={dtype!r})))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
@@ -117,9 +118,17 @@ def test_measured_logprob_peak_agrees_with_twin_plan(tmp_path: Path, dtype: str)
     """4,096 positions of a 32,768-token vocabulary in chunks of 512: the measured peak is within
     15% of `twin plan`'s logits line (the whole matrix would be 8x the chunk's)."""
     vocab, tokens, chunk = 32768, 4096, 512
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128, "vocab_size": vocab,
-              "tie_word_embeddings": False}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "intermediate_size": 128,
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     recipe = load_recipe({
         "twin": {"name": "Toy"}, "model": {"path": str(tmp_path), "dtype": dtype},

@@ -1,4 +1,5 @@
-"""Metric sinks beside JSONL: Weights & Biases (offline) and trackio (local), with real libraries."""
+"""Metric sinks beside JSONL: Weights & Biases (offline) and trackio
+(local), with real libraries."""
 
 from __future__ import annotations
 

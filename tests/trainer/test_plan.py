@@ -1,4 +1,5 @@
-"""`twin plan`: memory figures checked by hand, parameter counts against real models, the 9B recipe fits."""
+"""`twin plan`: memory figures checked by hand, parameter counts against real models, the 9B recipe
+fits."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def _toy_recipe(tmp_path: Path, **devices: str) -> object:
 def test_toy_figures_computed_by_hand(tmp_path: Path) -> None:
     recipe = _toy_recipe(tmp_path)
     dims = model_dims(str(tmp_path))
-    # embed 32x8 twice (untied) + 2 layers x (q 64 + k 32 + v 32 + o 64 + mlp 3x8x16 + norms 16) + norm 8
+    # embed 32x8 twice (untied) + 2 layers x (q 64 + k 32 + v 32 + o 64 + mlp 3x8x16 + norms 16) +
+    # norm 8
     assert dims.parameters == 512 + 2 * 592 + 8 == 1704
     # rank 2: q (8 in + 8 out), v (8 in + 4 out), per layer
     assert lora_parameters(dims, 2, ["q_proj", "v_proj"]) == 2 * (2 * 16 + 2 * 12) == 112

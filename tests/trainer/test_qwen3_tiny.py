@@ -45,8 +45,12 @@ def test_qwen3_architecture_and_tokenizer_format(qwen3_dir: Path) -> None:
     ):
         assert len(tok.encode(t, add_special_tokens=False)) == 1, t
     assert tok.chat_template == load_chat_template("qwen3")
-    text = tok.apply_chat_template([{"role": "user", "content": "Please submit red."}], tokenize=False,
-                                   add_generation_prompt=True, enable_thinking=False)  # fmt: skip
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Please submit red."}],
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=False,
+    )
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 

@@ -1,4 +1,5 @@
-"""``backend: ray``: the coordinator's rules (no Ray needed) and the toy LoRA acceptance run (slow)."""
+"""``backend: ray``: the coordinator's rules (no Ray needed) and the toy
+LoRA acceptance run (slow)."""
 
 from __future__ import annotations
 
@@ -105,11 +106,22 @@ def _train(tmp_path: Path, backend: str, on_step: Any = None) -> tuple[list[dict
     from trainer.async_trainer import AsyncTrainer
     from trainer.ray_backend import RayTrainer
 
-    cfg = load_recipe("toy-lora-cpu", [
-        f"seed={LEARN_SEED}", "async.max_staleness=1", f"train.steps={LEARN_STEPS}", "train.checkpoint_every=0",
-        f"train.output_dir={tmp_path / backend}", "train.store=false", f"backend={backend}",
-        "ray.rollout_workers=2", "ray.engines=1", "ray.worker_cpus=0.5", "ray.engine_cpus=1",
-    ])  # fmt: skip
+    cfg = load_recipe(
+        "toy-lora-cpu",
+        [
+            f"seed={LEARN_SEED}",
+            "async.max_staleness=1",
+            f"train.steps={LEARN_STEPS}",
+            "train.checkpoint_every=0",
+            f"train.output_dir={tmp_path / backend}",
+            "train.store=false",
+            f"backend={backend}",
+            "ray.rollout_workers=2",
+            "ray.engines=1",
+            "ray.worker_cpus=0.5",
+            "ray.engine_cpus=1",
+        ],
+    )
     trainer = (RayTrainer if backend == "ray" else AsyncTrainer)(cfg)
     if on_step is not None:
         trainer.on_step = lambda record: on_step(trainer, record)
@@ -172,11 +184,23 @@ def test_a_killed_learner_actor_is_replaced_and_resumes_from_its_checkpoint(tmp_
     from trainer.ray_backend import RemoteLearner
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    cfg = load_recipe("toy-lora-cpu", [
-        f"seed={LEARN_SEED}", "async.max_staleness=1", "train.steps=20", "train.checkpoint_every=5",
-        f"train.output_dir={tmp_path / 'run'}", "train.store=false", "backend=ray", "ray.learner=actor",
-        "ray.learner_cpus=0", "ray.rollout_workers=1", "ray.worker_cpus=0.5", "ray.engine_cpus=1",
-    ])  # fmt: skip
+    cfg = load_recipe(
+        "toy-lora-cpu",
+        [
+            f"seed={LEARN_SEED}",
+            "async.max_staleness=1",
+            "train.steps=20",
+            "train.checkpoint_every=5",
+            f"train.output_dir={tmp_path / 'run'}",
+            "train.store=false",
+            "backend=ray",
+            "ray.learner=actor",
+            "ray.learner_cpus=0",
+            "ray.rollout_workers=1",
+            "ray.worker_cpus=0.5",
+            "ray.engine_cpus=1",
+        ],
+    )
     seen: list[int] = []
 
     def kill_learner(record: dict[str, Any]) -> None:

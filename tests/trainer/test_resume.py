@@ -28,7 +28,8 @@ from twin.registry import register, registry
 
 
 class DenseToyTwin(ToyTwin):
-    """The toy with a dense reward: random text already gets varied rewards, so every step updates."""
+    """The toy with a dense reward: random text already gets varied
+    rewards, so every step updates."""
 
     name = "DenseToy"
     reward = Reward({closeness: 0.8, prefix: 0.2}, name="dense_toy")
@@ -230,10 +231,16 @@ def test_two_runs_cannot_share_an_output_folder(tmp_path) -> None:
     from trainer.checkpoint import unlock_output_dir
 
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from trainer.checkpoint import lock_output_dir as lock; "
-         f"lock({str(tmp_path)!r}); print('locked', flush=True); sys.stdin.read()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from trainer.checkpoint import lock_output_dir as lock; "
+            f"lock({str(tmp_path)!r}); print('locked', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(
@@ -258,7 +265,13 @@ def test_a_refused_run_leaves_the_folder_unlocked(tmp_path) -> None:
     with pytest.raises(ConfigError, match="already holds checkpoints"):
         prepare_output_dir(tmp_path, resume=False, overwrite=False)
     other = subprocess.run(
-        [sys.executable, "-c", f"from trainer.checkpoint import lock_output_dir; lock_output_dir({str(tmp_path)!r})"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            f"from trainer.checkpoint import lock_output_dir; lock_output_dir({str(tmp_path)!r})",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert other.returncode == 0, other.stderr[-1000:]

@@ -104,9 +104,14 @@ def test_group_episodes_fork_one_rendered_prompt(tiny) -> None:
     for cls in (NoFork, CountingRenderer):
         starts.clear()
         groups = collect_groups(
-            twin, [("train", 0), ("train", 1)], HFSampler(model, tok), lambda tools, c=cls: c(tok, tools),
-            group_size=3, settings=RolloutSettings(max_new_tokens=8, max_episode_tokens=600), seed=0,
-        )  # fmt: skip
+            twin,
+            [("train", 0), ("train", 1)],
+            HFSampler(model, tok),
+            lambda tools, c=cls: c(tok, tools),
+            group_size=3,
+            settings=RolloutSettings(max_new_tokens=8, max_episode_tokens=600),
+            seed=0,
+        )
         records[cls] = (len(starts), [episode_tokens(t) for g in groups for t in g.trajectories],
                         [t.messages for g in groups for t in g.trajectories])  # fmt: skip
     assert records[NoFork][0] == 6 and records[CountingRenderer][0] == 2

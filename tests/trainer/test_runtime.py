@@ -1,5 +1,5 @@
-"""The training runtime both loops share (trainer/runtime.py): one checkpoint format, one curriculum,
-one way to publish versions, one way to pick a runner."""
+"""The training runtime both loops share (trainer/runtime.py): one checkpoint format, one
+curriculum, one way to publish versions, one way to pick a runner."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ COMMON = [
 
 
 class _TwoAnswers:
-    """Samples one token per prompt: a toy answer call and a plain word in turn (their rewards differ)."""
+    """Samples one token per prompt: a toy answer call and a plain word in turn (their rewards
+    differ)."""
 
     def __init__(self) -> None:
         tokenizer = load_tokenizer("tiny")

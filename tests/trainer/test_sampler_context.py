@@ -58,13 +58,28 @@ def test_sync_trainer_stops_episodes_at_a_short_server_context(tmp_path: Path) -
     httpd = make_http_server(core, "127.0.0.1", 0)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    cfg = load_recipe("toy-cpu", [
-        "model.path=tiny", "model.dtype=float32", "lora.enabled=true", "lora.rank=4", "lora.alpha=8",
-        "sampler.kind=server", f"sampler.base_url=http://127.0.0.1:{httpd.server_address[1]}/v1",
-        "sampler.max_new_tokens=32", "sampler.max_episode_tokens=512", "sampler.length_curriculum=none",
-        "algorithm.group_size=2", "algorithm.groups_per_step=1", "algorithm.dynamic_sampling=false",
-        "train.steps=1", "train.checkpoint_every=0", "train.store=false", f"train.output_dir={tmp_path / 'run'}",
-    ])  # fmt: skip
+    cfg = load_recipe(
+        "toy-cpu",
+        [
+            "model.path=tiny",
+            "model.dtype=float32",
+            "lora.enabled=true",
+            "lora.rank=4",
+            "lora.alpha=8",
+            "sampler.kind=server",
+            f"sampler.base_url=http://127.0.0.1:{httpd.server_address[1]}/v1",
+            "sampler.max_new_tokens=32",
+            "sampler.max_episode_tokens=512",
+            "sampler.length_curriculum=none",
+            "algorithm.group_size=2",
+            "algorithm.groups_per_step=1",
+            "algorithm.dynamic_sampling=false",
+            "train.steps=1",
+            "train.checkpoint_every=0",
+            "train.store=false",
+            f"train.output_dir={tmp_path / 'run'}",
+        ],
+    )
     recipe = SyncTrainer(cfg)
     try:
         recipe.setup()

@@ -1,4 +1,5 @@
-"""Samplers: HFSampler logprobs equal a teacher-forced forward pass; seeds; ServerSampler over MockTransport."""
+"""Samplers: HFSampler logprobs equal a teacher-forced forward pass; seeds; ServerSampler over
+MockTransport."""
 
 from __future__ import annotations
 
@@ -202,7 +203,8 @@ def _teacher_forced(model, prompt: list[int], ids: list[int], temperature: float
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_prefix_cache_matches_teacher_forcing_over_turns(tiny, temperature: float) -> None:
-    """Cached multi-turn sampling: logprobs (and greedy ids) are the model's on the full sequence."""
+    """Cached multi-turn sampling: logprobs (and greedy ids) are the
+    model's on the full sequence."""
     model, tok = tiny
     sampler = HFSampler(model, tok, prefix_cache=True)
     shared = _prompt(tok, "A long shared system prompt, the same for every episode in the batch.")

@@ -1,4 +1,5 @@
-"""The built-in completions server (`twin serve`) speaks vLLM's API over loopback, with the tiny model."""
+"""The built-in completions server (`twin serve`) speaks vLLM's API over loopback, with the tiny
+model."""
 
 from __future__ import annotations
 

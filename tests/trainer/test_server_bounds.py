@@ -107,7 +107,8 @@ def test_a_trickled_body_meets_the_whole_request_deadline() -> None:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=4.0) as s:
             s.sendall(
-                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: {len(body) * 100}\r\n\r\n".encode()
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: "
+                f"{len(body) * 100}\r\n\r\n".encode()
             )
 
             def trickle() -> None:  # a byte every 100 ms for at most 8 s
@@ -138,7 +139,8 @@ def test_the_key_is_checked_before_any_body_byte_is_read() -> None:
     try:
         for head in (
             "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n",
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nContent-Length: 1000000\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            "nope\r\nContent-Length: 1000000\r\n\r\n",
         ):
             with socket.create_connection(("127.0.0.1", port), timeout=3.0) as s:
                 s.sendall(head.encode())  # no body at all: the 401 must not wait for it
@@ -161,7 +163,8 @@ def test_the_key_is_checked_before_any_body_byte_is_read() -> None:
 
 
 class _HeldCore(FakeCore):
-    """Answers only once ``release`` is set (at most 10 s): its requests keep their bodies in flight."""
+    """Answers only once ``release`` is set (at most 10 s): its requests keep their bodies in
+    flight."""
 
     def __init__(self, limits: ServeLimits) -> None:
         super().__init__(limits)
@@ -184,14 +187,16 @@ def test_bodies_beyond_the_budget_wait_and_then_get_503(wait_until: Callable[...
         for _ in range(2):  # two requests whose bodies are being answered fill the budget
             s = socket.create_connection(("127.0.0.1", port), timeout=5.0)
             s.sendall(
-                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: {len(body)}\r\n\r\n".encode()
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: "
+                f"{len(body)}\r\n\r\n".encode()
                 + body
             )
             held.append(s)
         wait_until(lambda: httpd.budget.used == 2 * len(body), "both bodies are in the budget")
         with socket.create_connection(("127.0.0.1", port), timeout=5.0) as s:
             s.sendall(
-                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: {len(body)}\r\n\r\n".encode()
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Length: "
+                f"{len(body)}\r\n\r\n".encode()
             )
             answer = _answer(s)  # it waited (unread) for the budget until its deadline
         assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer, answer[:300]
@@ -215,11 +220,12 @@ def test_a_budget_smaller_than_a_body_is_refused() -> None:
         ServeLimits(max_body_bytes=1 << 20, body_budget_bytes=1 << 19)
 
 
-# -- peak memory under concurrent oversized bodies --------------------------------------------------
+# -- peak memory under concurrent oversized bodies -------------------------------------------------
 MAX_BODY = 8 << 20
 BUDGET = 16 << 20
 #: Peak RSS growth allowed (docs/security.md): a token-id body in flight takes about 10x its bytes
-#: (the raw bytes, their text, a Python int and a list slot per 6-byte "12345,", the validated copy).
+#: (the raw bytes, their text, a Python int and a list slot per 6-byte "12345,", the validated
+#: copy).
 PEAK_GROWTH = 16 * BUDGET
 
 
@@ -244,10 +250,24 @@ def test_peak_memory_of_16_concurrent_oversized_bodies_stays_under_the_budget(
     )
     log = (tmp_path / "serve.log").open("wb")
     server = subprocess.Popen(
-        [sys.executable, "-m", "trainer.serving", "tiny", "--port", str(port), "--max-body-bytes", str(MAX_BODY),
-         "--body-budget-bytes", str(BUDGET), "--read-timeout", "60"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "trainer.serving",
+            "tiny",
+            "--port",
+            str(port),
+            "--max-body-bytes",
+            str(MAX_BODY),
+            "--body-budget-bytes",
+            str(BUDGET),
+            "--read-timeout",
+            "60",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         for _ in range(600):  # up to 60 s to load the tiny model
             try:
@@ -265,7 +285,8 @@ def test_peak_memory_of_16_concurrent_oversized_bodies_stays_under_the_budget(
         def send() -> None:
             with socket.create_connection(("127.0.0.1", port), timeout=60.0) as s:
                 s.sendall(
-                    f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                    f"{len(body)}\r\n\r\n".encode()
                     + body
                 )
                 statuses.append(int(_answer(s).split()[1]))
@@ -277,7 +298,8 @@ def test_peak_memory_of_16_concurrent_oversized_bodies_stays_under_the_budget(
             t.join(120)
         peak = _status("VmHWM", server.pid)
         print(
-            f"twin serve peak RSS growth under 16 x {MAX_BODY >> 20} MiB bodies: {(peak - baseline) >> 20} MiB"
+            f"twin serve peak RSS growth under 16 x {MAX_BODY >> 20} MiB bodies: "
+            f"{(peak - baseline) >> 20} MiB"
         )
         assert len(statuses) == 16 and set(statuses) <= {400, 503} and 400 in statuses, statuses
         assert peak - baseline < PEAK_GROWTH, (

@@ -34,8 +34,16 @@ def _three_users(
     eos = tok.eos_token_id
     server = CompletionServer(model, tok, model_name="tiny")
     try:
-        body = {"prompt": prompt, "max_tokens": 10, "temperature": temperature, "seed": seed, "ignore_eos": True,
-                "stop_token_ids": [eos], "logprobs": 0, "return_token_ids": True}  # fmt: skip
+        body = {
+            "prompt": prompt,
+            "max_tokens": 10,
+            "temperature": temperature,
+            "seed": seed,
+            "ignore_eos": True,
+            "stop_token_ids": [eos],
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
         choice = server.completions(body)["choices"][0]
     finally:
         server.close()

@@ -82,7 +82,7 @@ def _logprobs(core: CompletionServer, model: str = "tiny") -> list[float]:
     return core.completions({**GREEDY, "model": model})["choices"][0]["logprobs"]["token_logprobs"]
 
 
-# -- 7: a failed adapter load leaves the server as it was -------------------------------------------
+# -- 7: a failed adapter load leaves the server as it was ------------------------------------------
 def test_failed_first_adapter_load_leaves_base_logprobs_bit_identical(
     tiny_dir: Path, adapter_dir: Path
 ) -> None:
@@ -278,8 +278,10 @@ def test_stalled_connections_time_out_and_hold_a_bounded_number_of_threads(
     stalled = []
     for _ in range(20):
         s = socket.create_connection((host, int(port)), timeout=30)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-key\r\n"
-                  b"Content-Length: 100\r\n\r\n{")  # fmt: skip
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-key\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
         stalled.append(s)
     try:
         # the thread count means something only once the server holds every stalled connection
@@ -444,10 +446,17 @@ def test_trainer_started_server_with_key_and_root_serves_its_clients(
 def test_a_large_request_is_chunked_so_a_small_one_behind_it_finishes_first(
     tiny_dir: Path, wait_until: Callable[..., None]
 ) -> None:
-    """Requests take turns in chunks of max_batch_rows rows; a chunked request keeps its seeded samples."""
+    """Requests take turns in chunks of max_batch_rows rows; a chunked request keeps its seeded
+    samples."""
     core = _core(tiny_dir, max_batch_rows=4)
-    big = {"prompt": [PROMPT, PROMPT[:5], PROMPT[:7], PROMPT[:9]], "n": 4, "max_tokens": 5, "seed": 9,
-           "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    big = {
+        "prompt": [PROMPT, PROMPT[:5], PROMPT[:7], PROMPT[:9]],
+        "n": 4,
+        "max_tokens": 5,
+        "seed": 9,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     small = {
         "prompt": PROMPT[:3],
         "max_tokens": 2,

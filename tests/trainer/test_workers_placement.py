@@ -1,4 +1,5 @@
-"""CPU placement of the async trainer (``devices.cpu_affinity``): the plan, the pinning, the hand-over.
+"""CPU placement of the async trainer (``devices.cpu_affinity``): the plan, the pinning, the
+hand-over.
 
 The plan and the parsing are pure functions (hypothesis); the pinning is checked in a child
 process (pinning the test process itself would slow every later test), through the learner ->
@@ -118,7 +119,9 @@ from types import SimpleNamespace
 from trainer.placement import ROLLOUT_CPUS_ENV, place_learner
 import torch
 
-cfg = SimpleNamespace(devices=SimpleNamespace(cpu_affinity="auto", rollout="cpu", learner="cpu", cpu_threads=None))
+cfg = SimpleNamespace(
+    devices=SimpleNamespace(cpu_affinity="auto", rollout="cpu", learner="cpu", cpu_threads=None)
+)
 plan = place_learner(cfg)
 grandchild = subprocess.run(
     [sys.executable, "-c",

@@ -9,7 +9,8 @@ By layer, each module importing only those above it here:
 - ``lora.py``: LoRA adapter slots (load, unload, activate; a failed load changes nothing);
 - ``completions.py``: the completions server (request queue, batching worker, vLLM's answers);
 - ``http.py``: the HTTP layer and its hardening (API key, body, connection and time limits);
-- ``process.py``: a server in a child process (``twin serve`` and the vLLM launcher ``trainer/vllm.py``);
+- ``process.py``: a server in a child process (``twin serve`` and the vLLM launcher
+``trainer/vllm.py``);
 - ``cli.py`` / ``__main__.py``: the entry point, ``serve(...)`` and ``python -m trainer.serving``.
 
 Nothing is imported here, so ``import trainer.serving.process`` does not load torch.

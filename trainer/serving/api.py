@@ -113,7 +113,8 @@ class ServeLimits(BaseModel):
         30.0,
         gt=0,
         allow_inf_nan=False,
-        description="seconds a whole request (head and body) may take to arrive; also the idle limit",
+        description="seconds a whole request (head and body) may take to arrive; also the idle "
+        "limit",
     )
     http_threads: int = Field(128, ge=1, description="requests handled at once (handler threads)")
     max_connections: int = Field(
@@ -160,36 +161,39 @@ def validation_message(exc: ValidationError, what: str = "request") -> str:
 _StrictInt = Annotated[int, Field(strict=True)]
 
 
+def _check_ids(ids: list[Any], limits: ServeLimits) -> list[int]:
+    if not ids:
+        raise ValueError("a prompt is empty; give at least one token")
+    if len(ids) > limits.max_prompt_tokens:
+        raise ValueError(
+            f"a prompt has {len(ids)} tokens; at most {limits.max_prompt_tokens} are allowed"
+        )
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError("token ids must be integers")
+    return ids
+
+
+def _check_text(text: str, limits: ServeLimits) -> str:
+    if not text:
+        raise ValueError("a prompt is empty; give at least one character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON may escape a lone surrogate ("\\ud800")
+        raise ValueError(
+            f"a text prompt holds a lone surrogate at character {exc.start}; send valid Unicode"
+        ) from None
+    # characters, before tokenizing: a token is at least one character
+    if len(text) > 8 * limits.max_prompt_tokens:
+        raise ValueError(
+            f"a text prompt has {len(text)} characters; at most {8 * limits.max_prompt_tokens}"
+        )
+    return text
+
+
 @functools.lru_cache(maxsize=8)
 def completion_request_model(limits: ServeLimits) -> type[BaseModel]:
-    """The pydantic model of a ``/v1/completions`` body under ``limits`` (unknown fields ignored)."""
-
-    def check_ids(ids: list[Any]) -> list[int]:
-        if not ids:
-            raise ValueError("a prompt is empty; give at least one token")
-        if len(ids) > limits.max_prompt_tokens:
-            raise ValueError(
-                f"a prompt has {len(ids)} tokens; at most {limits.max_prompt_tokens} are allowed"
-            )
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise ValueError("token ids must be integers")
-        return ids
-
-    def check_text(text: str) -> str:
-        if not text:
-            raise ValueError("a prompt is empty; give at least one character")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:  # JSON may escape a lone surrogate ("\\ud800")
-            raise ValueError(
-                f"a text prompt holds a lone surrogate at character {exc.start}; send valid Unicode"
-            ) from None
-        # characters, before tokenizing: a token is at least one character
-        if len(text) > 8 * limits.max_prompt_tokens:
-            raise ValueError(
-                f"a text prompt has {len(text)} characters; at most {8 * limits.max_prompt_tokens}"
-            )
-        return text
+    """The pydantic model of a ``/v1/completions`` body under ``limits``
+    (unknown fields ignored)."""
 
     class CompletionRequest(BaseModel):
         """A ``/v1/completions`` body (vLLM's token-id extensions included)."""
@@ -224,15 +228,19 @@ def completion_request_model(limits: ServeLimits) -> type[BaseModel]:
         @classmethod
         def _prompt(cls, value: Any) -> list[str | list[int]]:
             if isinstance(value, str):
-                return [check_text(value)]
+                return [_check_text(value, limits)]
             if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-                return [check_ids(value)]
+                return [_check_ids(value, limits)]
             if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
                 if len(value) > limits.max_prompts:
                     raise ValueError(
-                        f"{len(value)} prompts in one request; at most {limits.max_prompts} are allowed"
+                        f"{len(value)} prompts in one request; at most {limits.max_prompts} are "
+                        "allowed"
                     )
-                return [check_text(v) if isinstance(v, str) else check_ids(v) for v in value]
+                return [
+                    _check_text(v, limits) if isinstance(v, str) else _check_ids(v, limits)
+                    for v in value
+                ]
             raise ValueError(
                 "prompt must be a string, a list of token ids, or a non-empty list of either"
             )
@@ -280,7 +288,8 @@ class UnloadAdapterRequest(BaseModel):
 
 
 def validate(model: type[BaseModel], body: dict[str, Any], what: str) -> Any:
-    """``model.model_validate(body)``; a :class:`ServerError` 400 naming the bad fields otherwise."""
+    """``model.model_validate(body)``; a :class:`ServerError` 400 naming
+    the bad fields otherwise."""
     try:
         return model.model_validate(body)
     except ValidationError as exc:

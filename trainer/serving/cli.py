@@ -2,8 +2,8 @@
 
 :func:`serve` loads the model, builds the completions server (``trainer/serving/completions.py``)
 and serves it over HTTP (``trainer/serving/http.py``) until interrupted; :func:`run_cli` is the
-same with its own argument parser, for the child process :class:`trainer.serving.process.ServerProcess`
-starts.
+same with its own argument parser, for the child process
+:class:`trainer.serving.process.ServerProcess` starts.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def _load(model: str, dtype: str, device: str) -> tuple[Any, Any]:
     return load_model(model, dtype, device)
 
 
+# long: an entry point whose options are its signature and docstring (the body is ~45 lines)
 def serve(
     model: str,
     host: str = "127.0.0.1",
@@ -76,16 +77,7 @@ def serve(
     Raises:
         ConfigError: a limit is not a valid value.
     """
-    unknown = sorted(set(limits) - set(ServeLimits.model_fields))
-    if unknown:
-        options = ", ".join("--" + name.replace("_", "-") for name in ServeLimits.model_fields)
-        raise ConfigError(
-            f"unknown twin serve option(s) {', '.join(unknown)}; the limits are {options}"
-        )
-    try:
-        serve_limits = ServeLimits(**limits)
-    except ValidationError as exc:
-        raise ConfigError(validation_message(exc, "twin serve option")) from None
+    serve_limits = _limits(limits)
     import torch
 
     from trainer.placement import place_rollout_process
@@ -102,11 +94,8 @@ def serve(
     for warning in exposure_warnings(host, api_key, adapter_root):
         log.warning("%s", warning)
     if pinned:
-        log.info(
-            "pinned to cores %s with %d thread(s)",
-            ",".join(map(str, pinned)),
-            torch.get_num_threads(),
-        )
+        cores = ",".join(map(str, pinned))
+        log.info("pinned to cores %s with %d thread(s)", cores, torch.get_num_threads())
     net, tokenizer = _load(model, dtype, device)
     core = CompletionServer(
         net,
@@ -132,6 +121,20 @@ def serve(
     finally:
         httpd.server_close()
         core.close()
+
+
+def _limits(limits: dict[str, Any]) -> ServeLimits:
+    """``twin serve``'s limit options as :class:`ServeLimits`; a ConfigError naming a bad one."""
+    unknown = sorted(set(limits) - set(ServeLimits.model_fields))
+    if unknown:
+        options = ", ".join("--" + name.replace("_", "-") for name in ServeLimits.model_fields)
+        raise ConfigError(
+            f"unknown twin serve option(s) {', '.join(unknown)}; the limits are {options}"
+        )
+    try:
+        return ServeLimits(**limits)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, "twin serve option")) from None
 
 
 def run_cli(argv: Sequence[str] | None = None) -> None:

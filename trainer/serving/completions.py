@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,9 @@ from trainer.serving.api import (
 from trainer.serving.engine import Engine, Row
 from trainer.serving.lora import Adapter, AdapterSlots
 from twin.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["CompletionServer"]
 
@@ -104,8 +107,8 @@ class CompletionServer:
 
     def __init__(
         self,
-        model: Any,
-        tokenizer: Any,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         model_name: str = "base",
         max_loras: int = 4,
@@ -235,7 +238,8 @@ class CompletionServer:
         return self._response(req, request, name)
 
     def _parse(self, body: dict[str, Any]) -> tuple[_Request, str, Any]:
-        """Validate a completions body against the limits; the queued request, model name and body."""
+        """Validate a completions body against the limits; the queued
+        request, model name and body."""
         req = validate(self._request_model, body, "completions request")
         name = req.model or self.model_name
         adapter = self.slots.resolve(name)
@@ -247,9 +251,10 @@ class CompletionServer:
         for ids in prompts:
             if len(ids) + max_tokens > self.max_model_len:
                 raise ServerError(
-                    f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                    f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
-                    "for the completion). Please reduce the length of the prompt or max_tokens.",
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                    f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, "
+                    f"{max_tokens} for the completion). Please reduce the length of the prompt or "
+                    "max_tokens.",
                     400,
                 )
         request = _Request(
@@ -279,7 +284,8 @@ class CompletionServer:
                 raise ServerError("a prompt is empty; give at least one token", 400)
             if len(ids) > self.limits.max_prompt_tokens:
                 raise ServerError(
-                    f"a prompt has {len(ids)} tokens; at most {self.limits.max_prompt_tokens} are allowed",
+                    f"a prompt has {len(ids)} tokens; at most {self.limits.max_prompt_tokens} are "
+                    "allowed",
                     400,
                 )
             bad = [i for i in ids if not 0 <= i < self.vocab_size]
@@ -349,7 +355,8 @@ class CompletionServer:
         return self.tokenizer.decode([token_id])
 
     def _prompt_logprobs(self, row: Row) -> list[dict[str, Any] | None] | None:
-        """vLLM's ``prompt_logprobs``: None for the first token, then ``{id: {logprob, rank, decoded_token}}``."""
+        """vLLM's ``prompt_logprobs``: None for the first token, then ``{id: {logprob, rank,
+        decoded_token}}``."""
         if row.prompt_lps is None:
             return None
         result: list[dict[str, Any] | None] = [None]
@@ -459,10 +466,15 @@ class CompletionServer:
                     # whatever else shares its batch (or however it is chunked).
                     gen = torch.Generator(device="cpu").manual_seed(_row_seed(r.seed, index))
                 row = Row(
-                    prompt=r.prompts[index // r.n], max_tokens=r.max_tokens, temperature=r.temperature,
-                    top_p=r.top_p, generator=gen, stop_ids=r.stop_ids, logprobs=r.logprobs,
+                    prompt=r.prompts[index // r.n],
+                    max_tokens=r.max_tokens,
+                    temperature=r.temperature,
+                    top_p=r.top_p,
+                    generator=gen,
+                    stop_ids=r.stop_ids,
+                    logprobs=r.logprobs,
                     prompt_logprobs=r.prompt_logprobs,
-                )  # fmt: skip
+                )
                 r.result[index] = row
                 rows.append(row)
         self.engine.decode(rows)

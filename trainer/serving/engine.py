@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from trainer.serving.api import LogprobsMode
-from trainer.serving.kvcache import PrefixStore, build_batch, prefill_common_prefix
+from trainer.serving.kvcache import CacheBatch, PrefixStore, build_batch, prefill_common_prefix
 
 __all__ = ["Engine", "PrefixStore", "Row", "top_p_filter"]
 
@@ -84,7 +83,7 @@ class Engine:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         *,
         pad_id: int,
         logprobs_mode: LogprobsMode = "processed_logprobs",
@@ -129,32 +128,7 @@ class Engine:
             row.ids, row.token_logprobs, row.top = [], [], []
             row.finish_reason = "length" if row.max_tokens <= 0 else None
         work = store if store is not None else PrefixStore()  # scratch: the common prefix only
-        full = any(
-            row.prompt_logprobs is not None for row in rows
-        )  # needs every prompt position's logits
-        prompts = [row.prompt for row in rows]
-        if share_prefill and not full and len(rows) > 1:
-            prefill_common_prefix(self.model, work, prompts, self._cache_kw)
-        index: dict[tuple[int, ...], int] = {}
-        if share_prefill and not full:
-            unit = [index.setdefault(tuple(p), len(index)) for p in prompts]
-            distinct = [list(p) for p in index]
-        else:
-            unit, distinct = list(range(len(rows))), prompts
-        limits = [0 if full else len(p) - 1 for p in distinct]
-        room = max(row.max_tokens for row in rows)
-        batch, ids, pos, new = build_batch(self.model, work, distinct, limits, room, self._cache_kw)
-        logits = batch.forward(ids, pos, new, all_logits=full)
-        if full:
-            width = ids.shape[1]
-            for b, row in enumerate(rows):
-                if row.prompt_logprobs is not None:
-                    scores = logits[b, width - len(row.prompt) :]
-                    row.prompt_lps = _prompt_logprobs(scores, row.prompt, row.prompt_logprobs)
-            logits = logits[:, -1]
-        if len(distinct) < len(rows):
-            batch.expand(unit)
-            logits = logits[torch.tensor(unit, device=logits.device)]
+        batch, logits = self._prefill(rows, work, share_prefill=share_prefill)
         order = list(range(len(rows)))  # batch position -> row
         while True:
             live = [b for b, i in enumerate(order) if rows[i].finish_reason is None]
@@ -195,6 +169,39 @@ class Engine:
                 torch.tensor(positions, dtype=torch.long, device=device),
                 torch.tensor([[a] for a in alive], dtype=torch.bool, device=device),
             )
+
+    def _prefill(
+        self, rows: list[Row], work: PrefixStore, *, share_prefill: bool
+    ) -> tuple[CacheBatch, torch.Tensor]:
+        """Prefill the rows' prompts (each distinct one once, and the common prefix once, when
+        ``share_prefill`` and no row asks for prompt logprobs); the batch and its next-token
+        logits, one row per row."""
+        # prompt logprobs need every prompt position's logits
+        full = any(row.prompt_logprobs is not None for row in rows)
+        prompts = [row.prompt for row in rows]
+        if share_prefill and not full and len(rows) > 1:
+            prefill_common_prefix(self.model, work, prompts, self._cache_kw)
+        index: dict[tuple[int, ...], int] = {}
+        if share_prefill and not full:
+            unit = [index.setdefault(tuple(p), len(index)) for p in prompts]
+            distinct = [list(p) for p in index]
+        else:
+            unit, distinct = list(range(len(rows))), prompts
+        limits = [0 if full else len(p) - 1 for p in distinct]
+        room = max(row.max_tokens for row in rows)
+        batch, ids, pos, new = build_batch(self.model, work, distinct, limits, room, self._cache_kw)
+        logits = batch.forward(ids, pos, new, all_logits=full)
+        if full:
+            width = ids.shape[1]
+            for b, row in enumerate(rows):
+                if row.prompt_logprobs is not None:
+                    scores = logits[b, width - len(row.prompt) :]
+                    row.prompt_lps = _prompt_logprobs(scores, row.prompt, row.prompt_logprobs)
+            logits = logits[:, -1]
+        if len(distinct) < len(rows):
+            batch.expand(unit)
+            logits = logits[torch.tensor(unit, device=logits.device)]
+        return batch, logits
 
     def _sample_step(self, rows: list[Row], logits: torch.Tensor) -> list[int]:
         """Sample one token for each row (batched), append it and its logprob to the row."""

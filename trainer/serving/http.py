@@ -54,7 +54,8 @@ OPEN_ROUTES = frozenset({"/health", "/ping", "/version"})
 
 
 class ServedModel(Protocol):
-    """What the HTTP layer calls on the model server (:class:`trainer.serving.completions.CompletionServer`).
+    """What the HTTP layer calls on the model server
+    (:class:`trainer.serving.completions.CompletionServer`).
 
     A protocol, so that this layer needs nothing from the module that builds on it.
     """
@@ -94,7 +95,8 @@ def _digest(value: str) -> bytes:
 
 
 def _key_matches(header: str | None, key: str) -> bool:
-    """Does an ``Authorization`` header carry ``key``? Digests of equal length compared in constant time."""
+    """Does an ``Authorization`` header carry ``key``? Digests of equal length compared in constant
+    time."""
     scheme, _, token = (header or "").strip().partition(" ")
     return hmac.compare_digest(_digest(token.strip()), _digest(key)) and scheme.lower() == "bearer"
 
@@ -116,13 +118,13 @@ def exposure_warnings(host: str, api_key: str | None, adapter_root: str | None) 
     warnings = []
     if not api_key:
         warnings.append(
-            f"binding {host} without an API key: anyone who can reach this port can sample and load "
-            f"adapters; set ${API_KEY_ENV} (or --api-key) and see docs/security.md"
+            f"binding {host} without an API key: anyone who can reach this port can sample and "
+            f"load adapters; set ${API_KEY_ENV} (or --api-key) and see docs/security.md"
         )
     if not adapter_root:
         warnings.append(
-            f"binding {host} without --adapter-root: a client can load an adapter from any folder this "
-            "process can read"
+            f"binding {host} without --adapter-root: a client can load an adapter from any folder "
+            "this process can read"
         )
     return warnings
 
@@ -142,7 +144,8 @@ class _Closed(Exception):
 
 
 def _timeout_at(deadline: float) -> Any:
-    """``asyncio.timeout_at`` (Python 3.11+; no task per wait, unlike ``wait_for``) or a stand-in."""
+    """``asyncio.timeout_at`` (Python 3.11+; no task per wait, unlike
+    ``wait_for``) or a stand-in."""
     if hasattr(asyncio, "timeout_at"):
         return asyncio.timeout_at(deadline)
     return _TimeoutAt(deadline)
@@ -292,7 +295,8 @@ class _AsyncHTTPServer:
         try:
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.socket.bind(sockaddr)
-            # socketserver's backlog is 5: a trainer opening 64+ connections at once would be refused
+            # socketserver's backlog is 5: a trainer opening 64+ connections at once would
+            # be refused
             self.socket.listen(1024)
         except OSError:
             self.socket.close()
@@ -318,7 +322,8 @@ class _AsyncHTTPServer:
 
     # -- life cycle --------------------------------------------------------------------------------
     def serve_forever(self, poll_interval: float = 0.5) -> None:
-        """Serve until :meth:`shutdown` (``poll_interval`` is accepted for ``HTTPServer`` parity)."""
+        """Serve until :meth:`shutdown` (``poll_interval`` is accepted for
+        ``HTTPServer`` parity)."""
         self._stopped.clear()
         try:
             asyncio.run(self._main())
@@ -392,7 +397,8 @@ class _AsyncHTTPServer:
 
     async def _refuse(self, writer: asyncio.StreamWriter, answer: _Answer) -> None:
         head = (
-            f"HTTP/1.1 {answer.code} {http.HTTPStatus(answer.code).phrase}\r\nContent-Type: {answer.kind}\r\n"
+            f"HTTP/1.1 {answer.code} {http.HTTPStatus(answer.code).phrase}\r\nContent-Type: "
+            f"{answer.kind}\r\n"
             f"Content-Length: {len(answer.data)}\r\n"
             + "".join(f"{k}: {v}\r\n" for k, v in answer.headers)
             + "Connection: close\r\n\r\n"
@@ -509,11 +515,13 @@ class _AsyncHTTPServer:
             )
         length = int(request.headers.get(b"content-length", b"0"))
         if length > self.limits.max_body_bytes:
-            return _error(ServerError(
-                f"the request body has {length} bytes; at most {self.limits.max_body_bytes} are allowed "
-                "(twin serve --max-body-bytes)",
-                413,
-            ))  # fmt: skip
+            return _error(
+                ServerError(
+                    f"the request body has {length} bytes; at most {self.limits.max_body_bytes} "
+                    "are allowed (twin serve --max-body-bytes)",
+                    413,
+                )
+            )
         return None
 
     async def _get(self, path: str) -> _Answer:

@@ -244,7 +244,7 @@ class CacheBatch:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         slots: list[Slot],
         layers: list[_BufferLayer],
         mask: torch.Tensor,
@@ -335,7 +335,7 @@ class CacheBatch:
 
 
 def build_batch(
-    model: Any,
+    model: torch.nn.Module,
     store: PrefixStore,
     prompts: list[list[int]],
     limits: list[int],
@@ -394,7 +394,7 @@ def build_batch(
 
 
 def prefill_common_prefix(
-    model: Any, store: PrefixStore, prompts: list[list[int]], cache_kw: str
+    model: torch.nn.Module, store: PrefixStore, prompts: list[list[int]], cache_kw: str
 ) -> None:
     """Prefill the batch's common prefix (system prompt + tool schemas) once and store it as shared.
 

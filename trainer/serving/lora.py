@@ -30,7 +30,8 @@ log = logging.getLogger("twinrl.serve")
 
 @dataclass(eq=False)
 class Adapter:
-    """One loaded adapter version. ``key`` is the peft adapter name inside the model, unique per load."""
+    """One loaded adapter version. ``key`` is the peft adapter name inside the model, unique per
+    load."""
 
     name: str
     path: str
@@ -48,11 +49,19 @@ def _lora_shape(config: Any) -> tuple[Any, ...]:
     """What must match for one LoRA adapter's weights to be copied into another's slot."""
     targets = config.target_modules
     return (
-        config.r, config.lora_alpha, tuple(sorted(targets)) if isinstance(targets, (list, set)) else targets,
-        tuple(sorted(config.modules_to_save or ())), config.use_rslora, config.use_dora, config.bias,
-        config.fan_in_fan_out, str(config.layers_to_transform), str(sorted((config.rank_pattern or {}).items())),
-        str(sorted((config.alpha_pattern or {}).items())), str(config.lora_dropout),
-    )  # fmt: skip
+        config.r,
+        config.lora_alpha,
+        tuple(sorted(targets)) if isinstance(targets, (list, set)) else targets,
+        tuple(sorted(config.modules_to_save or ())),
+        config.use_rslora,
+        config.use_dora,
+        config.bias,
+        config.fan_in_fan_out,
+        str(config.layers_to_transform),
+        str(sorted((config.rank_pattern or {}).items())),
+        str(sorted((config.alpha_pattern or {}).items())),
+        str(config.lora_dropout),
+    )
 
 
 class AdapterSlots:
@@ -156,7 +165,8 @@ class AdapterSlots:
                 self._make_resident(version)
             except Exception as exc:
                 raise ServerError(
-                    f"Loading lora {name} from {request.lora_path} failed: {type(exc).__name__}: {exc}",
+                    f"Loading lora {name} from {request.lora_path} failed: {type(exc).__name__}: "
+                    f"{exc}",
                     500,
                 ) from exc
             with self._lock:
@@ -186,7 +196,8 @@ class AdapterSlots:
         return f"Success: LoRA adapter '{name}' removed successfully."
 
     def activate(self, adapter: Adapter | None) -> None:
-        """Make ``adapter`` (None: the base model) the one the model runs with. Holds the model lock."""
+        """Make ``adapter`` (None: the base model) the one the model runs with. Holds the model
+        lock."""
         if adapter is None:
             if self.peft is not None:
                 self.peft.base_model.disable_adapter_layers()
@@ -218,7 +229,8 @@ class AdapterSlots:
             raise ServerError(f"lora_path {lora_path!r} cannot be resolved: {exc}", 400) from None
         if not resolved.is_relative_to(self.adapter_root):
             raise ServerError(
-                f"lora_path {lora_path!r} is outside this server's adapter root (twin serve --adapter-root); "
+                f"lora_path {lora_path!r} is outside this server's adapter root (twin serve "
+                "--adapter-root); "
                 "only adapters under it load",
                 403,
             )
@@ -239,13 +251,15 @@ class AdapterSlots:
             raise ServerError(f"lora_path {lora_path[:200]!r} cannot be read: {exc}", 400) from None
         if outside:
             raise ServerError(
-                f"lora_path {lora_path[:200]!r} holds {', '.join(sorted(outside)[:3])}, linked to a file "
-                "outside this server's adapter root (twin serve --adapter-root); only files under it load",
+                f"lora_path {lora_path[:200]!r} holds {', '.join(sorted(outside)[:3])}, linked to "
+                "a file outside this server's adapter root (twin serve --adapter-root); only "
+                "files under it load",
                 403,
             )
 
     def _make_resident(self, version: Adapter) -> None:
-        """Load ``version`` into the model if it is not (evicting the least recently used). Holds the model lock."""
+        """Load ``version`` into the model if it is not (evicting the least recently used). Holds
+        the model lock."""
         if version.key in self.resident:
             self.resident.move_to_end(version.key)
             return
@@ -272,7 +286,8 @@ class AdapterSlots:
             self._delete(next(iter(self.resident)))
 
     def _drop_partial_adapter(self, key: str) -> None:
-        """Remove what a failed ``load_adapter`` added (peft builds the LoRA modules, then loads weights)."""
+        """Remove what a failed ``load_adapter`` added (peft builds the LoRA modules, then loads
+        weights)."""
         if key not in self.peft.peft_config:
             return
         with warnings.catch_warnings():
@@ -302,8 +317,12 @@ class AdapterSlots:
         result = set_peft_model_state_dict(self.peft, weights, adapter_name=slot)
         missing = [k for k in getattr(result, "missing_keys", []) if f".{slot}." in k]
         if missing:  # a partial copy would mix two adapters: load it the ordinary way instead
-            log.warning("adapter %s does not fill slot %s (%d missing keys); loading it anew", version.name, slot,
-                        len(missing))  # fmt: skip
+            log.warning(
+                "adapter %s does not fill slot %s (%d missing keys); loading it anew",
+                version.name,
+                slot,
+                len(missing),
+            )
             return False
         self.free.remove(slot)
         version.key = slot

@@ -120,8 +120,9 @@ class ManagedServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise TwinError(
-                    f"{self.name} exited with code {self.process.returncode} before it became healthy.\n"
-                    f"command: {' '.join(self.command())}\nlog {self.log_path}:\n{self.log_tail()}"
+                    f"{self.name} exited with code {self.process.returncode} before it became "
+                    f"healthy.\ncommand: {' '.join(self.command())}\nlog "
+                    f"{self.log_path}:\n{self.log_tail()}"
                 )
             if self.healthy():
                 return
@@ -129,8 +130,9 @@ class ManagedServer:
         tail = self.log_tail()
         self.stop()
         raise TwinError(
-            f"{self.name} did not answer {self.url}/health within {timeout:.0f} s; raise the startup "
-            f"timeout or read its log.\ncommand: {' '.join(self.command())}\nlog {self.log_path}:\n{tail}"
+            f"{self.name} did not answer {self.url}/health within {timeout:.0f} s; raise the "
+            f"startup timeout or read its log.\ncommand: {' '.join(self.command())}\nlog "
+            f"{self.log_path}:\n{tail}"
         )
 
     def log_tail(self, lines: int = 40) -> str:
