@@ -219,13 +219,26 @@ def v2_checks(
     cases`` test and ``300 * cases`` train cases unless ``n_test`` / ``n_train`` say otherwise (the
     text figures read ``n_text`` train listings, default the train cases)
     (``python -m envs.catalog.v2.measure`` measures 1,000 test and 5,000 train cases)."""
-    from twin.doctor.play import play
-
-    rows: list[Row] = []
     n_test = min(twin.num_cases("test"), n_test or 100 * cases)
     n_train = min(twin.num_cases("train"), n_train or 300 * cases)
-    # base rates of each mix (from the kind schedule: no case is built)
-    for mix, _split in (("evaluation", "test"), ("training", "train"), ("natural", None)):
+    rows = _base_rate_rows()
+    policy_rows, ceil, by_kind, h_kind = _policy_rows(twin, n_test)
+    rows += policy_rows
+    train = [twin.case("train", i) for i in range(n_train)]
+    test = [twin.case("test", i) for i in range(n_test)]
+    rows += _tree_rows(twin, train, test, ceil)
+    rows.append(_shortcut_row(twin, train, test))
+    rows += _held_out_rows(by_kind, h_kind, train, test)
+    rows += _text_rows(twin, min(n_text or n_train, twin.num_cases("train")))
+    rows.append(_realism_row(twin, train + test))
+    rows.append(_natural_row(twin, n_test))
+    return rows
+
+
+def _base_rate_rows() -> list[Row]:
+    """Base rates of each mix (from the kind schedule: no case is built)."""
+    rows: list[Row] = []
+    for mix in ("evaluation", "training", "natural"):
         shares = MIXES[mix]
         rates = Counter()
         for k, s in shares.items():
@@ -237,6 +250,17 @@ def v2_checks(
         rows.append(
             _row("base rates", f"{mix} mix", True, fig, "shown", note=f"{len(shares)} kinds")
         )
+    return rows
+
+
+def _policy_rows(
+    twin: Any, n_test: int
+) -> tuple[list[Row], float, dict[str, list[float]], dict[str, list[float]]]:
+    """The ceiling and the cheap policies on the first ``n_test`` test cases: the rows, the
+    ceiling's mean, and the ceiling's and the heuristic's rewards by kind."""
+    from twin.doctor.play import play
+
+    rows: list[Row] = []
     refs = [("test", i) for i in range(n_test)]
     means = {}
     for name in (
@@ -284,9 +308,13 @@ def v2_checks(
                 value=means[name],
             )
         )
-    # decision trees on tool-output features
-    train = [twin.case("train", i) for i in range(n_train)]
-    test = [twin.case("test", i) for i in range(n_test)]
+    return rows, ceil, by_kind, h_kind
+
+
+def _tree_rows(twin: Any, train: list[Any], test: list[Any], ceil: float) -> list[Row]:
+    """Decision trees on tool-output features, against the ceiling."""
+    n_train, n_test = len(train), len(test)
+    rows: list[Row] = []
     xtr = np.array([features(twin, c) for c in train])
     ytr = [f"{c.truth['decision']}:{c.truth['request']}" for c in train]
     xte = np.array([features(twin, c) for c in test])
@@ -307,8 +335,14 @@ def v2_checks(
                 value=score,
             )
         )
-    # the prompt alone: bag-of-words decision accuracy vs the majority rate
+    return rows
+
+
+def _shortcut_row(twin: Any, train: list[Any], test: list[Any]) -> Row:
+    """The prompt alone: bag-of-words decision accuracy vs the majority rate."""
     from twin.doctor.audit import bag_of_words_audit
+
+    n_train, n_test = len(train), len(test)
 
     def body(c: Any) -> str:
         return "\n".join(
@@ -321,18 +355,26 @@ def v2_checks(
         [body(c) for c in test],
         [c.truth["decision"] for c in test],
     )
-    rows.append(
-        _row(
-            "shortcut",
-            "prompt bag-of-words (decision)",
-            bow.margin <= 0.05,
-            f"{bow.accuracy:.3f} vs majority {bow.majority:.3f}",
-            "accuracy - majority <= 0.05",
-            note=f"naive Bayes, {n_train} train / {n_test} test prompts",
-            value=bow.margin,
-        )
+    return _row(
+        "shortcut",
+        "prompt bag-of-words (decision)",
+        bow.margin <= 0.05,
+        f"{bow.accuracy:.3f} vs majority {bow.majority:.3f}",
+        "accuracy - majority <= 0.05",
+        note=f"naive Bayes, {n_train} train / {n_test} test prompts",
+        value=bow.margin,
     )
-    # held-out tactics
+
+
+def _held_out_rows(
+    by_kind: dict[str, list[float]],
+    h_kind: dict[str, list[float]],
+    train: list[Any],
+    test: list[Any],
+) -> list[Row]:
+    """Held-out tactics: present in test, absent from train."""
+    n_test = len(test)
+    rows: list[Row] = []
     for kind, what in HELD_OUT.items():
         got = by_kind.get(kind, [])
         ok = bool(got)
@@ -360,8 +402,13 @@ def v2_checks(
             "0 and 0",
         )
     )
-    # text
-    tf = template_figures(twin, "train", min(n_text or n_train, twin.num_cases("train")))
+    return rows
+
+
+def _text_rows(twin: Any, n_text: int) -> list[Row]:
+    """Text figures of the first ``n_text`` train listings."""
+    rows: list[Row] = []
+    tf = template_figures(twin, "train", n_text)
     rows.append(
         _row(
             "text",
@@ -394,19 +441,24 @@ def v2_checks(
             value=tf["exact_item_type"],
         )
     )
-    # realism on every case built above
-    problems = [(c.id, p) for c in train + test for p in realism_problems(twin, c)]
-    rows.append(
-        _row(
-            "realism",
-            "attribute values, conditions, prices",
-            not problems,
-            f"{len(problems)} problems in {len(train) + len(test)} cases",
-            "0",
-            note=f"e.g. {problems[0]}" if problems else "",
-        )
+    return rows
+
+
+def _realism_row(twin: Any, built: list[Any]) -> Row:
+    """Realism of every case built for the other rows."""
+    problems = [(c.id, p) for c in built for p in realism_problems(twin, c)]
+    return _row(
+        "realism",
+        "attribute values, conditions, prices",
+        not problems,
+        f"{len(problems)} problems in {len(built)} cases",
+        "0",
+        note=f"e.g. {problems[0]}" if problems else "",
     )
-    # natural mix
+
+
+def _natural_row(twin: Any, n_test: int) -> Row:
+    """Costs per 1,000 listings on the natural mix."""
     nat = natural_costs(
         twin,
         n_test,
@@ -427,14 +479,11 @@ def v2_checks(
         f"{k} {v['cost_per_1000']:.0f} (P {v['precision']:.2f}, R {v['recall']:.2f})"
         for k, v in nat.items()
     )
-    rows.append(
-        _row(
-            "natural mix",
-            "cost per 1,000 listings",
-            ok,
-            fig,
-            "every constant > heuristic; ceiling lowest",
-            note=f"{n_test} natural-mix test cases",
-        )
+    return _row(
+        "natural mix",
+        "cost per 1,000 listings",
+        ok,
+        fig,
+        "every constant > heuristic; ceiling lowest",
+        note=f"{n_test} natural-mix test cases",
     )
-    return rows
