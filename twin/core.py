@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twin.cases import DEFAULT_SPLITS, Case, case_rng
 from twin.errors import CaseError, ConfigError
+from twin.protocols import Policy
 from twin.tools import Tool, freeze, tools_of
 from twin.trajectory import Trajectory
 
@@ -405,7 +406,7 @@ def _baselines_of(twin: Twin) -> dict[str, Any]:
     return dict(twin.baselines() or {})
 
 
-def as_policy(twin: Twin, policy_or_factory: Any) -> Any:
+def as_policy(twin: Twin, policy_or_factory: Any) -> Policy:
     """A hook's value as a policy: a policy (has ``act``) as it is; a factory
     ``f(twin) -> policy`` called with ``twin``."""
     if hasattr(policy_or_factory, "act") and not isinstance(policy_or_factory, type):

@@ -58,7 +58,14 @@ from pydantic_core import from_json, to_json
 from twin.cases import Case
 from twin.core import Twin
 from twin.errors import CaseError, ToolError
-from twin.parsing import CALL_FORMAT, ParsedCall, ParsedTurn, parse_tool_calls, short_text
+from twin.parsing import (
+    CALL_FORMAT,
+    ParsedCall,
+    ParsedTurn,
+    ToolSchemas,
+    parse_tool_calls,
+    short_text,
+)
 from twin.spaces import AssistantTurn, ChatMessages
 from twin.tools import FrozenDict, FrozenList, freeze, thaw, to_jsonable
 from twin.trajectory import ToolCallRecord, Trajectory
@@ -702,7 +709,7 @@ def _plain_action(action: Any) -> Any:
     return action
 
 
-def _parse(action: Any, turn: int, tools: Any = None) -> ParsedTurn:
+def _parse(action: Any, turn: int, tools: ToolSchemas | None = None) -> ParsedTurn:
     """:func:`parse_tool_calls` (``tools`` types XML call values), with anything it could not
     foresee turned into a turn error."""
     try:

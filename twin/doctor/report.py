@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from twin.errors import ConfigError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from twin.core import Twin
 
 __all__ = [
@@ -235,7 +237,7 @@ class Report:
                 out += [f"| {_md(str(k))} | {_md(_fmt(v))} |" for k, v in table.items()]
         return "\n".join(out) + "\n"
 
-    def print(self, console: Any = None) -> None:
+    def print(self, console: Console | None = None) -> None:
         """Print the report as rich tables (to ``console``, default stdout)."""
         from rich.console import Console
         from rich.markup import escape

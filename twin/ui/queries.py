@@ -196,7 +196,7 @@ def _rows(
     return out
 
 
-def _row(run: Any, n: Any, scored: Any, mean: Any, mean_sq: Any) -> RunRow:
+def _row(run: RunTable, n: Any, scored: Any, mean: Any, mean_sq: Any) -> RunRow:
     scored = int(scored or 0)
     lo = hi = None
     if mean is not None and scored > 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from typing import Any
+from collections.abc import Callable
 
 from twin.errors import ConfigError
 
@@ -63,7 +63,7 @@ def serve(
     port: int = DEFAULT_PORT,
     explicit_host: bool = False,
     log_level: str = "warning",
-    on_ready: Any = None,
+    on_ready: Callable[[str], object] | None = None,
 ) -> None:
     """Serve the run store ``store`` read-only at ``http://host:port/`` until interrupted.
 
