@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 from twin.errors import ConfigError
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
     from trainer.config import Recipe
 
 __all__ = [
@@ -502,7 +504,7 @@ def shared_prompt_weight(
     return 2 * dims.heads * dims.head_dim * b / full
 
 
-def dims_from_hf_config(cfg: Any, name: str = "model") -> ModelDims:
+def dims_from_hf_config(cfg: PretrainedConfig, name: str = "model") -> ModelDims:
     """:class:`ModelDims` of a transformers config (an object or its dict).
 
     Raises:

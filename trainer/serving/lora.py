@@ -19,9 +19,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.serving.api import LoadAdapterRequest, ServerError, UnloadAdapterRequest, validate
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Adapter", "AdapterSlots"]
 
@@ -79,7 +82,7 @@ class AdapterSlots:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         *,
         model_name: str,
         max_loras: int,
@@ -346,7 +349,7 @@ class AdapterSlots:
                 self.peft.delete_adapter(key)
 
 
-def _strip_lora_layers(model: Any) -> None:
+def _strip_lora_layers(model: torch.nn.Module) -> None:
     """Put back every layer peft wrapped in ``model`` (a failed first load leaves them active)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
