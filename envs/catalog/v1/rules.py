@@ -41,6 +41,7 @@ __all__ = [
     "GOOD_STANDING_RATING",
     "IMITATION_SIMILARITY",
     "RULES_TEXT",
+    "RULES_TEXT_COMPACT",
     "assess",
     "copy_mentions",
     "decide",
@@ -81,6 +82,21 @@ makers), registered brands whose names resemble another registered brand, resell
 that are not gated, genuine clearance and second-hand sales, accessories compatible with a \
 brand, art and prop replicas, other models or batches of a recalled product. A seller's name \
 says nothing; its record does."""
+
+#: The same rules in brief, for ``prompt_style="compact"``: every rule of :data:`RULES_TEXT` is
+#: kept, since :func:`decide` labels the cases by all of them.
+RULES_TEXT_COMPACT = """\
+- prohibited: the schema's policy prohibits the category, or the item is a recalled model of its \
+brand with an affected or unstated batch.
+- counterfeit: the brand text imitates a registered brand it is not (look-alike letters, spaces, \
+punctuation, misspellings); the item is presented as a copy of a registered brand ("inspired by", \
+"dupe of", "replica of"); a gated brand from a seller not authorized for it; the seller has a \
+counterfeit takedown for this brand; a registered brand at a small fraction of its MSRP; or a \
+price clearly under the category's MSRP range unless a condition is stated (clearance, \
+refurbished, used, open box) and the seller is in good standing (authorized, or an old, \
+well-rated account without counterfeit takedowns).
+- ok: everything else (unregistered brands, compatible accessories, art or prop replicas, other \
+models or batches of a recall). Seller names mean nothing; records do."""
 
 _COPY_RE = re.compile(
     r"\b(?:inspired by|dupe of|1:1 copy of|copy of|replica of|mirror copy of|knock-?off of|"

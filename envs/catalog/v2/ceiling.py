@@ -1,15 +1,16 @@
-"""The ceiling policy of catalog v2: the written policy played from tool outputs alone.
+"""The ceiling policy of catalog v2: the store's written rules played from tool outputs alone.
 
-It reads the prompt (the listing, and the policy text every agent reads) and the tools' answers,
-never the case's truth, the labelling code or the world: this module imports only the standard
-library (a test checks it). It is short on purpose (three turns, four or five calls, compact
-arguments), so that ``twin collect`` can use it as a teacher:
+It reads the prompt (the listing, and the store's rules every agent reads: their thresholds come
+from the system prompt, :func:`read_rules`) and the tools' answers, never the case's truth, the
+labelling code or the world: this module imports only the standard library (a test checks it).
+It is short on purpose (three turns, four or five calls, compact arguments), so that ``twin
+collect`` can use it as a teacher:
 
 1. ``search_taxonomy`` for the item (the item type without brand and model, or the item the
    description says it really is) and ``get_seller``;
 2. ``get_attribute_schema`` of the leaf whose name has the item's words, ``lookup_brand`` with
    that category, and ``lookup_brand`` of every name the listing says it copies;
-3. ``submit`` with the required attributes the item specifics state and the policy's decision.
+3. ``submit`` with the required attributes the item specifics state and the rules' decision.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CeilingPolicy", "decide_from_tools", "read_listing", "resolve"]
+__all__ = ["CeilingPolicy", "decide_from_tools", "read_listing", "read_rules", "resolve"]
 
 Message = dict[str, Any]
 
@@ -157,12 +158,65 @@ def _copies(text: str) -> list[str]:
     return out
 
 
+#: Where the rules text states each threshold (the text of envs/catalog/v2/rules.py).
+_THRESHOLDS = {
+    "imitation": r"with similarity >= (\d+(?:\.\d+)?) \(",
+    "price_bands": r"r >= ([\d.]+): 0; ([\d.]+)-[\d.]+: \+1; ([\d.]+)-[\d.]+: \+2; "
+    r"([\d.]+)-[\d.]+: \+3; under [\d.]+: \+(\d+)\.",
+    "near_name": r"similar to one at (\d+(?:\.\d+)?)-",
+    "recent_year": r"for this brand in (\d{4}) or later",
+    "new_account_days": r"account age under (\d+) days",
+    "few_sales": r"under (\d+) sales",
+    "low_rating": r"rating under ([\d.]+): \+1",
+    "established": r"established \(age >= (\d+) days, rating >= ([\d.]+), sales >= (\d+)",
+    "remove_at": r"(\d+) or more points: counterfeit",
+    "review_at": r"; (\d+)-\d+ points -> authorisation_letter",
+}
+
+
+def _number(text: str) -> int | float:
+    return float(text) if "." in text else int(text)
+
+
+def read_rules(messages: Sequence[Message]) -> dict[str, Any]:
+    """The thresholds the system prompt's rules state, by name (:data:`_THRESHOLDS`).
+
+    Raises:
+        ValueError: the prompt does not state one of them.
+    """
+    text = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
+    rules: dict[str, Any] = {}
+    for name, pattern in _THRESHOLDS.items():
+        m = re.search(pattern, text)
+        if m is None:
+            raise ValueError(f"the system prompt's rules do not state {name!r}")
+        values = tuple(_number(g) for g in m.groups())
+        rules[name] = values if len(values) > 1 else values[0]
+    return rules
+
+
+def _established(seller: dict[str, Any], rules: dict[str, Any]) -> bool:
+    days, rating, sales = rules["established"]
+    return (
+        not [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
+        and seller.get("account_age_days", 0) >= days
+        and seller.get("rating", 0) >= rating
+        and seller.get("sales", 0) >= sales
+    )
+
+
+def _price_points(r: float, rules: dict[str, Any]) -> int:
+    *bounds, floor = rules["price_bands"]
+    return next((pts for pts, bound in enumerate(bounds) if r >= bound), floor)
+
+
 def _points(
     listing: dict[str, Any],
     brand: dict[str, Any] | None,
     registered: bool,
     seller: dict[str, Any],
     similarity: float,
+    rules: dict[str, Any],
 ) -> tuple[int, bool, bool]:
     """Rule 4's points, whether the brand is gated and whether the seller is authorised."""
     pts, gated, auth = 0, False, False
@@ -173,15 +227,15 @@ def _points(
         msrp = brand.get("msrp")
         if msrp and msrp.get("low"):
             r = listing["price"] / msrp["low"]
-            p = 0 if r >= 0.75 else 1 if r >= 0.55 else 2 if r >= 0.40 else 3 if r >= 0.25 else 5
+            p = _price_points(r, rules)
             pts += p - (1 if p and _CONDITION.search(_text(listing)) else 0)
         pts += (3 if gated and not auth else 0) - (3 if auth else 0)
-    elif 80 <= similarity < 90:
+    elif rules["near_name"] <= similarity < rules["imitation"]:
         pts += 2
     fakes = [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
     own = [t["year"] for t in fakes if registered and t.get("brand") == name]
     if own:
-        pts += 4 if max(own) >= 2024 else 2
+        pts += 4 if max(own) >= rules["recent_year"] else 2
     if any(t.get("brand") != (name if registered else None) for t in fakes):
         pts += 1
     age, sales, rating = (
@@ -189,8 +243,12 @@ def _points(
         seller.get("sales", 10**6),
         seller.get("rating", 5),
     )
-    pts += (age < 90) + (sales < 50) + (rating < 4.0)
-    if seller and not fakes and age >= 730 and rating >= 4.7 and sales >= 1000:
+    pts += (
+        (age < rules["new_account_days"])
+        + (sales < rules["few_sales"])
+        + (rating < rules["low_rating"])
+    )
+    if seller and _established(seller, rules):
         pts -= 1
     return pts, gated, auth
 
@@ -201,8 +259,10 @@ def decide_from_tools(
     lookup: dict[str, Any] | None,
     seller: dict[str, Any],
     mentions: dict[str, Any],
+    rules: dict[str, Any],
 ) -> tuple[str, str | None, str]:
-    """``(decision, request, reason)``: the written policy applied to the tools' answers."""
+    """``(decision, request, reason)``: the written rules (their thresholds from
+    :func:`read_rules`) applied to the tools' answers."""
     if schema.get("policy") == "prohibited":
         return "prohibited", None, "prohibited category"
     text = _text(listing)
@@ -219,24 +279,19 @@ def decide_from_tools(
     registered = bool(exact and exact.get("registered"))
     sims = [s["similarity"] for s in (lookup or {}).get("similar") or () if s.get("registered")]
     similarity = max(sims, default=0.0) if lookup and not registered else 0.0
-    if similarity >= 90:
+    if similarity >= rules["imitation"]:
         return "counterfeit", None, "look-alike brand"
     if any(((mentions.get(n) or {}).get("exact") or {}).get("registered") for n in _copies(text)):
         return "counterfeit", None, "copy of a registered brand"
-    pts, gated, auth = _points(listing, exact, registered, seller, similarity)
-    if pts >= 5:
+    pts, gated, auth = _points(listing, exact, registered, seller, similarity, rules)
+    if pts >= rules["remove_at"]:
         return "counterfeit", None, f"{pts} points"
     if unstated:
         return "escalate", "recall_remedy_notice", "recalled model, no batch"
-    est = (
-        not [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
-        and seller.get("account_age_days", 0) >= 730
-        and seller.get("rating", 0) >= 4.7
-        and seller.get("sales", 0) >= 1000
-    )
+    est = _established(seller, rules)
     if schema.get("policy") == "certificate_required" and not (registered and (auth or est)):
         return "escalate", "safety_certificate", "restricted category"
-    if pts >= 3:
+    if pts >= rules["review_at"]:
         return (
             "escalate",
             "authorisation_letter" if gated and not auth else "invoice",
@@ -270,7 +325,7 @@ def _turn(calls: list[dict[str, Any]]) -> Message:
 
 
 class CeilingPolicy:
-    """The written policy from tool outputs (see the module docstring)."""
+    """The written rules from tool outputs (see the module docstring)."""
 
     name = "ceiling"
     #: Search hits read (enough for the leaf among same-named categories; fewer is fewer tokens).
@@ -315,7 +370,7 @@ class CeilingPolicy:
         for i, name in enumerate(_copies(_text(listing))[:3]):
             mentions[name] = done.get(f"m{i}")
         decision, request, reason = decide_from_tools(
-            listing, schema, done.get("b"), done.get("p") or {}, mentions
+            listing, schema, done.get("b"), done.get("p") or {}, mentions, read_rules(messages)
         )
         if self.fixed is not None:
             decision, request = self.fixed

@@ -17,6 +17,18 @@ from typing import Any
 
 __all__ = [
     "DECISIONS",
+    "ESTABLISHED_DAYS",
+    "ESTABLISHED_RATING",
+    "ESTABLISHED_SALES",
+    "FEW_SALES",
+    "IMITATION",
+    "LOW_RATING",
+    "NEAR_NAME",
+    "NEW_ACCOUNT_DAYS",
+    "PRICE_BANDS",
+    "PRICE_FLOOR_POINTS",
+    "REMOVE_AT",
+    "REVIEW_AT",
     "Evidence",
     "RULES_TEXT",
     "RECENT_YEAR",
@@ -40,6 +52,8 @@ REQUESTS: tuple[str, ...] = (
     "recall_remedy_notice",
 )
 
+# The thresholds of the rules, each stated once: RULES_TEXT shows them to every agent (the
+# ceiling policy reads them back from it) and the labeller below decides with them.
 #: A counterfeit takedown in this year or later is recent.
 RECENT_YEAR = 2024
 #: Brand similarity (lookup_brand, 0-100) of a non-registered brand text to a registered brand.
@@ -48,8 +62,22 @@ NEAR_NAME = 80.0
 #: Risk score at which a listing is counterfeit, and at which it needs a review.
 REMOVE_AT = 5
 REVIEW_AT = 3
+#: Rule 4's price bands: a price ratio at or above a bound scores its points; under the last
+#: bound, :data:`PRICE_FLOOR_POINTS`.
+PRICE_BANDS: tuple[tuple[float, int], ...] = ((0.75, 0), (0.55, 1), (0.40, 2), (0.25, 3))
+PRICE_FLOOR_POINTS = 5
+#: One risk point each: an account younger than this, fewer sales, a lower rating.
+NEW_ACCOUNT_DAYS = 90
+FEW_SALES = 50
+LOW_RATING = 4.0
+#: An established seller (one point off): at least this old, this well rated, this many sales.
+ESTABLISHED_DAYS = 730
+ESTABLISHED_RATING = 4.7
+ESTABLISHED_SALES = 1000
 
-RULES_TEXT = """\
+_R = [bound for bound, _ in PRICE_BANDS]
+
+RULES_TEXT = f"""\
 Decide one of: ok, counterfeit, prohibited, escalate. Apply the rules in this order.
 1. prohibited: the item's category has policy "prohibited" (get_attribute_schema). Judge what \
 the item is, not what it is called: when the description says what it really is ("really a", \
@@ -59,23 +87,29 @@ the item is, not what it is called: when the description says what it really is 
 code at all: escalate, request recall_remedy_notice (after rules 3-5). Other models or batches \
 are not recalled.
 3. counterfeit: the brand text is not a registered brand but is similar to one with similarity \
->= 90 (look-alike letters, spacing, punctuation, misspellings), or the listing presents the item \
+>= {IMITATION:g} (look-alike letters, spacing, punctuation, misspellings), or the listing \
+presents the item \
 as a copy of a registered brand ("inspired by", "dupe of", "1:1 copy of", "replica of" <brand>).
 4. Risk points (add them up):
    - price ratio r = price / the brand's MSRP low for this category (lookup_brand with \
-category_id; registered brands only): r >= 0.75: 0; 0.55-0.75: +1; 0.40-0.55: +2; 0.25-0.40: \
-+3; under 0.25: +5. A stated condition (open box, refurbished, used, pre-owned, ex-display, \
-clearance) when r < 0.75: -1.
-   - brand text not a registered brand but similar to one at 80-90: +2.
+category_id; registered brands only): r >= {_R[0]:.2f}: 0; {_R[1]:.2f}-{_R[0]:.2f}: +1; \
+{_R[2]:.2f}-{_R[1]:.2f}: +2; {_R[3]:.2f}-{_R[2]:.2f}: \
++3; under {_R[3]:.2f}: +{PRICE_FLOOR_POINTS}. A stated condition (open box, refurbished, used, \
+pre-owned, ex-display, \
+clearance) when r < {_R[0]:.2f}: -1.
+   - brand text not a registered brand but similar to one at {NEAR_NAME:g}-{IMITATION:g}: +2.
    - brand protected (gated) and the seller not on its authorized list: +3.
    - seller (get_seller): authorized for the brand: -3; a counterfeit takedown for this brand \
-in 2024 or later: +4, earlier: +2; a counterfeit takedown for another brand: +1; account age \
-under 90 days: +1; under 50 sales: +1; rating under 4.0: +1; established (age >= 730 days, \
-rating >= 4.7, sales >= 1000, no counterfeit takedown): -1.
-   5 or more points: counterfeit.
+in {RECENT_YEAR} or later: +4, earlier: +2; a counterfeit takedown for another brand: +1; \
+account age \
+under {NEW_ACCOUNT_DAYS} days: +1; under {FEW_SALES} sales: +1; rating under {LOW_RATING:.1f}: +1; \
+established (age >= {ESTABLISHED_DAYS} days, \
+rating >= {ESTABLISHED_RATING:.1f}, sales >= {ESTABLISHED_SALES}, no counterfeit takedown): -1.
+   {REMOVE_AT} or more points: counterfeit.
 5. escalate (request what would settle it): the recall case of rule 2 -> recall_remedy_notice; \
 a category with policy "certificate_required" unless the brand is registered and the seller is \
-authorized or established -> safety_certificate; 3-4 points -> authorisation_letter when the \
+authorized or established -> safety_certificate; {REVIEW_AT}-{REMOVE_AT - 1} points -> \
+authorisation_letter when the \
 brand is gated and the seller not authorized, else invoice.
 6. ok: everything else (small brands outside the registry, registered look-alike names, \
 compatible accessories, art or prop replicas, genuine sales)."""
@@ -174,26 +208,24 @@ class Evidence:
 
 
 def price_points(r: float | None) -> int:
-    """Rule 4's price points."""
-    if r is None or r >= 0.75:
+    """Rule 4's price points (:data:`PRICE_BANDS`)."""
+    if r is None:
         return 0
-    if r >= 0.55:
-        return 1
-    if r >= 0.40:
-        return 2
-    if r >= 0.25:
-        return 3
-    return 5
+    for bound, pts in PRICE_BANDS:
+        if r >= bound:
+            return pts
+    return PRICE_FLOOR_POINTS
 
 
 def established(seller: Mapping[str, Any]) -> bool:
-    """Age >= 730 days, rating >= 4.7, sales >= 1000 and no counterfeit takedown."""
+    """Age, rating and sales at least :data:`ESTABLISHED_DAYS`, :data:`ESTABLISHED_RATING`,
+    :data:`ESTABLISHED_SALES`, and no counterfeit takedown."""
     fakes = [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
     return (
         not fakes
-        and seller.get("account_age_days", 0) >= 730
-        and seller.get("rating", 0) >= 4.7
-        and seller.get("sales", 0) >= 1000
+        and seller.get("account_age_days", 0) >= ESTABLISHED_DAYS
+        and seller.get("rating", 0) >= ESTABLISHED_RATING
+        and seller.get("sales", 0) >= ESTABLISHED_SALES
     )
 
 
@@ -218,11 +250,11 @@ def points(e: Evidence) -> dict[str, int]:
         out["takedown_this_brand"] = 4 if max(t.get("year", 0) for t in own) >= RECENT_YEAR else 2
     if any(t.get("brand") != e.brand for t in fakes):
         out["takedown_other_brand"] = 1
-    if s.get("account_age_days", 10**6) < 90:
+    if s.get("account_age_days", 10**6) < NEW_ACCOUNT_DAYS:
         out["new_account"] = 1
-    if s.get("sales", 10**6) < 50:
+    if s.get("sales", 10**6) < FEW_SALES:
         out["few_sales"] = 1
-    if s.get("rating", 5.0) < 4.0:
+    if s.get("rating", 5.0) < LOW_RATING:
         out["low_rating"] = 1
     if s and established(s):
         out["established"] = -1

@@ -67,6 +67,35 @@ def test_ceiling_imports_no_labelling_code():
     assert modules <= {"__future__", "json", "re", "collections.abc", "typing"}, modules
 
 
+def test_ceiling_reads_the_labellers_thresholds_from_the_prompt():
+    """The rules' thresholds are defined once (envs/catalog/v2/rules.py): the prompt states them
+    and the ceiling reads them back from the prompt, so all three agree."""
+    from envs.catalog.v2 import rules
+    from envs.catalog.v2.ceiling import read_rules
+    from envs.catalog.v2.twin import SYSTEM_PROMPT_V2
+
+    got = read_rules([{"role": "system", "content": SYSTEM_PROMPT_V2}])
+    assert got == {
+        "imitation": rules.IMITATION,
+        "price_bands": (*(b for b, _ in rules.PRICE_BANDS), rules.PRICE_FLOOR_POINTS),
+        "near_name": rules.NEAR_NAME,
+        "recent_year": rules.RECENT_YEAR,
+        "new_account_days": rules.NEW_ACCOUNT_DAYS,
+        "few_sales": rules.FEW_SALES,
+        "low_rating": rules.LOW_RATING,
+        "established": (
+            rules.ESTABLISHED_DAYS,
+            rules.ESTABLISHED_RATING,
+            rules.ESTABLISHED_SALES,
+        ),
+        "remove_at": rules.REMOVE_AT,
+        "review_at": rules.REVIEW_AT,
+    }
+    assert [p for _, p in rules.PRICE_BANDS] == [0, 1, 2, 3]  # the points the text states
+    with pytest.raises(ValueError, match="imitation"):
+        read_rules([{"role": "system", "content": "Decide one of: ok, counterfeit."}])
+
+
 def test_submit_needs_a_request_to_escalate(v2):
     from twin.errors import ToolError
 
