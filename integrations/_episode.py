@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from twin.core import Twin
@@ -23,7 +25,13 @@ from twin.registry import make_twin
 from twin.tools import thaw, to_jsonable
 from twin.trajectory import Trajectory
 
-__all__ = ["EpisodeReport", "ToolCallEpisode", "resolve_twin"]
+__all__ = [
+    "EpisodeBook",
+    "EpisodeNotFoundError",
+    "EpisodeReport",
+    "ToolCallEpisode",
+    "resolve_twin",
+]
 
 #: What :meth:`ToolCallEpisode.report` returns (a plain JSON-able dict).
 EpisodeReport = dict[str, Any]
@@ -216,3 +224,35 @@ def _case_index(value: Any) -> int:
 
 def _json(value: Any) -> str:
     return json.dumps(to_jsonable(value), ensure_ascii=False)
+
+
+class EpisodeNotFoundError(LookupError):
+    """An HTTP step or state for an episode id the server does not hold (never reset, or
+    dropped)."""
+
+
+class EpisodeBook:
+    """Episodes by id, oldest dropped past ``limit``; shared by the request threads (the
+    OpenEnv server's HTTP episodes, which live across requests)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._by_id: OrderedDict[str, ToolCallEpisode] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, episode_id: str, episode: ToolCallEpisode) -> None:
+        with self._lock:
+            self._by_id[episode_id] = episode
+            self._by_id.move_to_end(episode_id)
+            while len(self._by_id) > self.limit:
+                self._by_id.popitem(last=False)
+
+    def get(self, episode_id: str) -> ToolCallEpisode:
+        with self._lock:
+            episode = self._by_id.get(episode_id)
+        if episode is None:
+            raise EpisodeNotFoundError(
+                f"no episode {episode_id!r} on this server; reset with it first (the server keeps "
+                f"the last {self.limit} HTTP episodes)"
+            )
+        return episode

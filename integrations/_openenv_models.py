@@ -8,18 +8,15 @@ installed: this module imports openenv-core at its top.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import openenv.core as core
 from openenv.core.client_types import StepResult
 from pydantic import Field
 
-from integrations._episode import ToolCallEpisode
+from integrations._episode import EpisodeBook, ToolCallEpisode
 from twin.core import Twin
 from twin.tools import thaw
-
-if TYPE_CHECKING:
-    from integrations.openenv_server import _EpisodeBook
 
 __all__ = [
     "TwinAction",
@@ -81,7 +78,7 @@ class TwinEnvironment(core.Environment):  # type: ignore[misc, name-defined]
     # Each instance holds its own TwinEnv; the twin's world is shared read-only.
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, twin: Twin, book: _EpisodeBook | None = None) -> None:
+    def __init__(self, twin: Twin, book: EpisodeBook | None = None) -> None:
         super().__init__()
         self.twin = twin
         self._book = book

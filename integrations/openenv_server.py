@@ -44,11 +44,10 @@ import socket
 import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from integrations._episode import ToolCallEpisode, resolve_twin
+from integrations._episode import EpisodeBook, EpisodeNotFoundError, resolve_twin
 from twin.core import Twin
 from twin.errors import CaseError, MissingDependencyError
 
@@ -87,37 +86,6 @@ def require_openenv() -> Any:
             f"({exc}): {_INSTALL}"
         ) from None
     return core
-
-
-class EpisodeNotFoundError(LookupError):
-    """An HTTP step or state for an episode id the server does not hold (never reset, or
-    dropped)."""
-
-
-class _EpisodeBook:
-    """HTTP episodes by id, oldest dropped past ``limit``; shared by the request threads."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._by_id: OrderedDict[str, ToolCallEpisode] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, episode_id: str, episode: ToolCallEpisode) -> None:
-        with self._lock:
-            self._by_id[episode_id] = episode
-            self._by_id.move_to_end(episode_id)
-            while len(self._by_id) > self.limit:
-                self._by_id.popitem(last=False)
-
-    def get(self, episode_id: str) -> ToolCallEpisode:
-        with self._lock:
-            episode = self._by_id.get(episode_id)
-        if episode is None:
-            raise EpisodeNotFoundError(
-                f"no episode {episode_id!r} on this server; reset with it first (the server keeps "
-                f"the last {self.limit} HTTP episodes)"
-            )
-        return episode
 
 
 # -- models, environment and client: integrations._openenv_models, imported on first use -------
@@ -205,7 +173,7 @@ def build_app(
     from openenv.core.env_server.http_server import create_fastapi_app
 
     resolved = resolve_twin(twin, **config)
-    book = _EpisodeBook(max_http_episodes)
+    book = EpisodeBook(max_http_episodes)
     app = create_fastapi_app(
         lambda: models.TwinEnvironment(resolved, book),
         models.TwinAction,
