@@ -35,7 +35,7 @@ DEFAULT_CHUNK = 1024
 #: (kept for backward) and one ``[c, V]`` buffer beside them (logsumexp's temporary in forward,
 #: the entropy's in no-grad, the logits' gradient in backward). Measured on CPU, fp32 and bf16
 #: output layers alike (a bf16 head's output is cast and freed before the peak), by
-#: :func:`trainer.memory.measure_logprob_peak` in ``tests/trainer/test_logits.py``.
+#: :func:`bench.memory.measure_logprob_peak` in ``tests/trainer/test_logits.py``.
 LOGIT_BYTES_PER_ELEMENT = 8
 
 

@@ -434,7 +434,7 @@ def activation_bytes_per_token_layer(
     """Bytes one decoder layer keeps for backward per token of a learner micro-batch.
 
     Counted tensor by tensor from what a transformers decoder layer (sdpa attention, RMSNorm in
-    fp32, gated MLP) and peft save, measured on Qwen3-8B shapes by :mod:`trainer.memory`:
+    fp32, gated MLP) and peft save, measured on Qwen3-8B shapes by :mod:`bench.memory`:
 
     - each RMSNorm: its fp32 input (``hidden x 4``); Qwen3's q/k norms: ``(q + kv) x 4``;
     - attention (sdpa with a padding mask: transformers repeats k and v to every head):

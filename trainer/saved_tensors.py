@@ -1,7 +1,7 @@
 """Count the bytes autograd keeps for backward: :func:`saved_bytes` and :func:`note_kept`.
 
 Its own module because the learner reports a checkpoint's kept inputs here (:func:`note_kept`)
-while :mod:`trainer.memory`, which measures the learner, counts them; neither imports the other
+while :mod:`bench.memory`, which measures the learner, counts them; neither imports the other
 for it.
 """
 

@@ -12,7 +12,7 @@ import torch
 
 from trainer.config import AlgorithmConfig, OptimConfig, load_recipe
 from trainer.learner import Learner, TrainBatch
-from trainer.memory import saved_bytes
+from trainer.saved_tensors import saved_bytes
 from twin.errors import ConfigError
 
 

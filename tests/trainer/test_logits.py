@@ -100,7 +100,7 @@ def test_the_scorer_computes_the_logits_one_chunk_at_a_time(
 
 def _measure(tokens: int, vocab: int, chunk: int, dtype: str = "float32") -> int:
     code = (
-        "import json, sys; from trainer.memory import measure_logprob_peak; "
+        "import json, sys; from bench.memory import measure_logprob_peak; "
         f"print(json.dumps(measure_logprob_peak({tokens}, {vocab}, chunk={chunk}, "
         f"dtype={dtype!r})))"
     )

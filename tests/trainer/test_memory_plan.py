@@ -3,8 +3,8 @@
 A random-init model with Qwen3-8B's layer shapes (hidden 4096, 32/8 heads of 128, MLP 12288) and a
 small vocabulary (per-layer figures do not depend on it), bf16, LoRA r64 on all seven projections,
 runs one learner forward on CPU; the bytes autograd keeps per token and layer (one count per
-storage, weights excluded; :mod:`trainer.memory`) must be within 15 % of
-:func:`trainer.plan.activation_bytes_per_token_layer`. Re-measure with ``python -m trainer.memory``.
+storage, weights excluded; :mod:`bench.memory`) must be within 15 % of
+:func:`trainer.plan.activation_bytes_per_token_layer`. Re-measure with ``python -m bench.memory``.
 Marked slow (about 20-40 s each on two cores).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.memory import measure_learner_activations
+from bench.memory import measure_learner_activations
 from trainer.plan import KNOWN_MODELS, activation_bytes_per_token_layer
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -4,8 +4,8 @@
 and layer; this module measures them, so that the constants can be checked against a real
 architecture's shapes on CPU (``tests/trainer/test_memory_plan.py``)::
 
-    python -m trainer.memory --model qwen3-8b --layers 2 --tokens 256 --lora-rank 64
-    python -m trainer.memory --model qwen3-8b --checkpointing
+    python -m bench.memory --model qwen3-8b --layers 2 --tokens 256 --lora-rank 64
+    python -m bench.memory --model qwen3-8b --checkpointing
 
 The model is randomly initialised from the published shapes (:data:`trainer.plan.KNOWN_MODELS`)
 with a small vocabulary: what a layer keeps per token does not depend on the vocabulary.
@@ -182,7 +182,7 @@ def measure_logprob_peak(
 ) -> int:
     """Peak resident bytes of one learner logprob path (forward with entropy, then backward).
 
-    Linux only; run it in a fresh process (``python -m trainer.memory --logits``): it reads the
+    Linux only; run it in a fresh process (``python -m bench.memory --logits``): it reads the
     process's resident-set high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``)
     around :func:`trainer.logits.chunked_logprobs` over ``tokens`` positions of a ``hidden ->
     vocab`` output layer without grad (LoRA's), as :class:`trainer.scoring.BatchScorer` calls it.
