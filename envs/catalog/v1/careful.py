@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from envs.catalog.common.messages import assistant_turn, parse_prompt, tool_call, tool_results
-from envs.catalog.v1.rules import assess, copy_mentions, decide, extract_attributes, listing_text
+from envs.catalog.common.text import listing_text
+from envs.catalog.v1.rules import assess, copy_mentions, decide, extract_attributes
 
 __all__ = [
     "DEGENERATE",

@@ -57,6 +57,7 @@ from envs.catalog.common.forge import (
     state_value,
     unaffected_batch,
 )
+from envs.catalog.common.text import listing_text
 from envs.catalog.mix import KindMix
 from envs.catalog.v1.rules import (
     DEEP_DISCOUNT,
@@ -1032,8 +1033,6 @@ def make_listing(
 
 
 def _text(listing: Mapping[str, Any]) -> str:
-    from envs.catalog.v1.rules import listing_text
-
     return listing_text(listing)
 
 

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.catalog.common.text import copied_names, stated_batches, stated_models
+
 __all__ = [
     "DEEP_DISCOUNT",
     "DISCOUNT",
@@ -108,24 +110,12 @@ _CONDITION_RE = re.compile(
     r"second-hand|returned unit|floor model)\b",
     re.IGNORECASE,
 )
-_MODEL_RE = re.compile(r"\b[A-Z]{2,3}-\d{3,5}[A-Z]?\b")
-_BATCH_RE = re.compile(
-    r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b", re.IGNORECASE
-)
 
 
 def copy_mentions(text: str) -> list[str]:
     """Names the listing presents the item as a copy of (``"inspired by Norvale."`` ->
     ``["Norvale"]``)."""
-    out: list[str] = []
-    for m in _COPY_RE.finditer(text):
-        words = m.group(1).strip().split()
-        # the name ends where the sentence's own words resume
-        cut = next((i for i, w in enumerate(words) if w.lower() in _STOP), len(words))
-        name = " ".join(words[:cut]).strip(" '\"")
-        if name and name not in out:
-            out.append(name)
-    return out
+    return copied_names(_COPY_RE, _STOP, text)
 
 
 _STOP = {
@@ -154,16 +144,6 @@ _STOP = {
 def stated_condition(text: str) -> bool:
     """Whether the listing states a condition that explains a discount."""
     return _CONDITION_RE.search(text) is not None
-
-
-def stated_models(text: str) -> set[str]:
-    """Model numbers written in the listing."""
-    return set(_MODEL_RE.findall(text))
-
-
-def stated_batches(text: str) -> set[str]:
-    """Batch or lot codes written in the listing."""
-    return {b.upper() for b in _BATCH_RE.findall(text)}
 
 
 def good_standing(seller: Mapping[str, Any] | None, brand: str | None) -> bool:
@@ -336,18 +316,6 @@ def extract_attributes(listing: Mapping[str, Any], schema: Mapping[str, Any]) ->
         if len(hits) == 1:
             found[attr["handle"]] = values[hits[0]]
     return found
-
-
-def listing_text(listing: Mapping[str, Any]) -> str:
-    """Title, description and item specifics as one text."""
-    specifics: Mapping[str, Any] = listing.get("specifics") or {}
-    return " ".join(
-        [
-            str(listing.get("title", "")),
-            str(listing.get("description", "")),
-            *(f"{k}: {v}." for k, v in specifics.items()),
-        ]
-    )
 
 
 def names_in(seq: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from envs.catalog.common.text import listing_text
 from envs.catalog.v2 import content
 from envs.catalog.v2.listings import HELD_OUT, KIND_DECISION, MIXES
 from envs.catalog.v2.reward import WEIGHTS, operating_cost, regret
-from envs.catalog.v2.rules import listing_text, stated_condition
+from envs.catalog.v2.rules import stated_condition
 from envs.catalog.v2.tree import DecisionTree
 from envs.catalog.v2.voices import sentences
 

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.catalog.common.forge import lookalike, model_number, near_model, unaffected_batch
+from envs.catalog.common.text import listing_text
 from envs.catalog.mix import KindMix
 from envs.catalog.v1.listings import part_index, phrases
 from envs.catalog.v1.world import SPLIT_PART
 from envs.catalog.v2 import content
-from envs.catalog.v2.rules import assess, copy_mentions, decide, listing_text, stated_condition
+from envs.catalog.v2.rules import assess, copy_mentions, decide, stated_condition
 from envs.catalog.v2.voices import Writer
 from twin.errors import ConfigError
 

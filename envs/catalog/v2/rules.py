@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.catalog.common.text import copied_names, listing_text, stated_batches, stated_models
+
 __all__ = [
     "DECISIONS",
     "ESTABLISHED_DAYS",
@@ -36,7 +38,6 @@ __all__ = [
     "assess",
     "copy_mentions",
     "decide",
-    "listing_text",
     "points",
     "price_points",
     "stated_batches",
@@ -143,49 +144,16 @@ _CONDITION_RE = re.compile(
     r"(?<!never )(?<!not )\b(open[- ]box|refurbished|used|pre-owned|ex-display|clearance)\b",
     re.IGNORECASE,
 )
-_MODEL_RE = re.compile(r"\b[A-Z]{2,3}-\d{3,5}[A-Z]?\b")
-_BATCH_RE = re.compile(
-    r"\b(?:batch|lot)\s*(?:no\.?|code|number|#)?\s*:?\s*([A-Z]\d{3,5}-\d{2,4})\b", re.IGNORECASE
-)
-
-
-def listing_text(listing: Mapping[str, Any]) -> str:
-    """Title, description and item specifics as one text."""
-    specifics: Mapping[str, Any] = listing.get("specifics") or {}
-    return " ".join(
-        [
-            str(listing.get("title", "")),
-            str(listing.get("description", "")),
-            *(f"{k}: {v}." for k, v in specifics.items()),
-        ]
-    )
 
 
 def copy_mentions(text: str) -> list[str]:
     """Names the listing presents the item as a copy of."""
-    out: list[str] = []
-    for m in _COPY_RE.finditer(text):
-        words = m.group(1).strip().split()
-        cut = next((i for i, w in enumerate(words) if w.lower() in _STOP), len(words))
-        name = " ".join(words[:cut]).strip(" '\"")
-        if name and name not in out:
-            out.append(name)
-    return out
+    return copied_names(_COPY_RE, _STOP, text)
 
 
 def stated_condition(text: str) -> bool:
     """Whether the listing states one of the conditions of rule 4."""
     return _CONDITION_RE.search(text) is not None
-
-
-def stated_models(text: str) -> set[str]:
-    """Model numbers written in the listing."""
-    return set(_MODEL_RE.findall(text))
-
-
-def stated_batches(text: str) -> set[str]:
-    """Batch or lot codes written in the listing."""
-    return {b.upper() for b in _BATCH_RE.findall(text)}
 
 
 @dataclass

@@ -11,11 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from envs.catalog.common.text import MODEL_RE
 from envs.catalog.v2 import content
 
 __all__ = ["Views", "resolve_item"]
-
-_MODEL_RE = re.compile(r"\b[A-Z]{2,3}-\d{3,5}[A-Z]?\b")
 
 
 class Views:
@@ -135,7 +134,7 @@ def strip_item(item: str, brand: str | None, model: str | None) -> str:
     text = item
     if brand:
         text = re.sub(re.escape(brand), " ", text, flags=re.IGNORECASE)
-    text = _MODEL_RE.sub(" ", text)
+    text = MODEL_RE.sub(" ", text)
     return re.sub(r"\s+", " ", text).strip(" ,")
 
 

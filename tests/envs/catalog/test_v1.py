@@ -10,8 +10,9 @@ from collections import Counter
 
 import pytest
 
+from envs.catalog.common.text import listing_text
 from envs.catalog.v1.listings import KIND_VERDICT, lookup_view, schema_view
-from envs.catalog.v1.rules import extract_attributes, listing_text
+from envs.catalog.v1.rules import extract_attributes
 from twin.errors import ConfigError, ToolError
 from twin.rollout import run_episodes, summarize
 
