@@ -40,6 +40,22 @@ def test_v0_cases_stay_byte_identical_on_shopify(shopify_twin):
     assert _v0_digest(shopify_twin) == V0_CASES_SHA256["shopify"]
 
 
+#: sha256 of v0's prompts (first 20 cases of every split, seed 0) and of its tool schemas, taken
+#: when v0 moved into envs/catalog/v0/ (equal to the digests of the tree before the move).
+V0_PROMPTS_SHA256 = "04dba420e52bb8b322b87eff38f01568baa03ddbb89615f061e34bb1fa5d5c96"
+V0_TOOLS_SHA256 = "f246a10bdccafa8135ed1e693dacd75a7bf2dfc71a95f7190965505894fa06a3"
+
+
+def test_v0_prompts_and_tools_stay_byte_identical(twin):
+    h = hashlib.sha256()
+    for split in ("train", "dev", "test"):
+        for i in range(20):
+            h.update(json.dumps(twin.prompt(twin.case(split, i)), sort_keys=True).encode())
+    assert h.hexdigest() == V0_PROMPTS_SHA256
+    tools = hashlib.sha256(json.dumps(twin.tool_schemas, sort_keys=True).encode()).hexdigest()
+    assert tools == V0_TOOLS_SHA256
+
+
 def test_v1_is_registered_as_the_latest(twin_v1):
     import twin as twinlib
 
