@@ -1,14 +1,14 @@
 """The careful reference analyst of catalog v1, and the degenerate policies it is measured against.
 
 ``careful`` is what "solvable without shortcuts" means: a readable scripted analyst that sees only
-the prompt and the tools' answers (never the truth) and applies the store policy the system
+the prompt and the tools' answers (never the truth) and applies the store's rules the system
 prompt states (:func:`envs.catalog.v1.rules.decide`):
 
 1. turn 1: search the taxonomy for the item type (with its department), look the brand up, read
    the seller's record, and look up every name the listing says the item copies;
 2. turn 2: read the chosen leaf's schema (its policy and required attributes) and the brand's
    MSRP range for that leaf;
-3. turn 3: submit the leaf, the required attributes the listing states, and the policy's verdict.
+3. turn 3: submit the leaf, the required attributes the listing states, and the rules' verdict.
 
 The degenerate policies show what the reward pays for doing less:
 
@@ -119,7 +119,7 @@ class CarefulPolicy:
     """The careful reference analyst (see the module docstring)."""
 
     name = "careful"
-    #: A constant verdict instead of the policy's (the degenerate variants set it).
+    #: A constant verdict instead of the rules' (the degenerate variants set it).
     fixed_verdict: str | None = None
 
     def __init__(self, twin: Any = None) -> None:

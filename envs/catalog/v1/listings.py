@@ -2,7 +2,7 @@
 
 Every case is built from ``(world, part, rng, kind)``: ``train`` cases from the world's ``train``
 part, ``dev`` and ``test`` cases from the held-out ``eval`` part (:mod:`envs.catalog.v1.world`).
-A kind says what the generator tries to plant; the label is always what the store policy
+A kind says what the generator tries to plant; the label is always what the store's rules
 (:func:`envs.catalog.v1.rules.decide`) says about the listing's visible evidence, read through
 the same views the tools return. A draw whose evidence does not give the kind's verdict, or
 whose required attributes a careful reader would read differently from the truth, is drawn
@@ -978,7 +978,7 @@ def make_listing(
 
     Returns:
         ``task`` (listing fields) and ``truth``: ``category_id``, ``attributes`` (the required
-        attributes the listing states), ``verdict`` (what the policy says about the evidence),
+        attributes the listing states), ``verdict`` (what the rules say about the evidence),
         ``signals`` and ``entities`` (brand, seller and recall notice the listing draws on).
 
     Raises:

@@ -3,7 +3,7 @@
 Same job, taxonomy and reward weights as v0 (:mod:`envs.catalog.v0.twin`), with listings whose
 signals overlap (:mod:`envs.catalog.v1.listings`), a ``get_seller`` tool, a brand look-up that
 reads through homoglyphs and punctuation, recall notices with batches, a held-out test world
-(:mod:`envs.catalog.v1.world`), a system prompt that states the policy rather than the
+(:mod:`envs.catalog.v1.world`), a system prompt that states the rules rather than the
 generator's thresholds, and costs at 2.5x v0's scale (a false alarm 5/7, a miss 5: still 7:1)
 with the total clipped to [-1, 1] so that the 7:1 ratio holds in the total as well.
 """
@@ -234,7 +234,7 @@ class CatalogTwinV1(CatalogTwin):
         return self.case(*ref) if ref is not None else None
 
     def prompt(self, case: Case) -> list[dict[str, Any]]:
-        """System message (the job, the policy, the tools) and the listing."""
+        """System message (the job, the rules, the tools) and the listing."""
         messages = super().prompt(case)
         compact = self.config.prompt_style == "compact"
         return [

@@ -330,7 +330,7 @@ class CeilingPolicy:
     name = "ceiling"
     #: Search hits read (enough for the leaf among same-named categories; fewer is fewer tokens).
     search_limit = 10
-    #: A constant decision instead of the policy's (the degenerate variants set it).
+    #: A constant decision instead of the rules' (the degenerate variants set it).
     fixed: tuple[str, str | None] | None = None
 
     def __init__(self, twin: Any = None) -> None:

@@ -397,7 +397,7 @@ def item_type_variants(name: str, brand: str | None, model: str | None) -> list[
     """How sellers write the item type of a leaf called ``name``: ``[(style, text)]``.
 
     Every variant has the leaf's :func:`item_key` once the brand's words and the model number
-    are taken out (the written policy says so), so a reader can resolve it.
+    are taken out (the written rules say so), so a reader can resolve it.
     """
     words = name.split()
     sing = " ".join([*words[:-1], singular(words[-1])]) if words else name

@@ -2,7 +2,7 @@
 
 Every case is drawn from ``(world, part, rng, kind)`` (``train`` cases from the world's train
 part, ``dev``/``test`` from the held-out eval part, as in v1) with signals drawn across their
-whole range; the label is what the written policy (:mod:`envs.catalog.v2.rules`) says about the
+whole range; the label is what the written rules (:mod:`envs.catalog.v2.rules`) say about the
 listing's visible evidence, read through the tools' views. A kind names how a case is made and
 the decision it aims at; a draw whose evidence gives another decision is drawn again.
 
@@ -866,7 +866,7 @@ def make_listing(
 
 
 def label(world: Any, views: Any, task: Mapping[str, Any], d: _Draft) -> dict[str, Any]:
-    """The truth of a composed listing: what the written policy says about its evidence."""
+    """The truth of a composed listing: what the written rules say about its evidence."""
     listing = {
         "title": task["title"],
         "description": task["description"],

@@ -5,7 +5,7 @@
     R = clip(0.3*C + 0.3*A + 0.4*P - penalties, -1.0, 1.0),   P = 1 - regret(truth, decision)
 
 C and A are v0's (hierarchical category credit, attribute F1). The decision's cost, in units of
-one lost sale (:data:`OPERATING_COSTS`, rows: the truth the written policy gives, columns: the
+one lost sale (:data:`OPERATING_COSTS`, rows: the truth the written rules give, columns: the
 decision)::
 
     truth \\ decision | ok  | counterfeit | prohibited | escalate
@@ -15,7 +15,7 @@ decision)::
     prohibited       | 6   | 0.5         | 0          | 1.5       whatever the truth; a miss 6
     escalate         | 4.5 | 3           | 3          | 1.5       (+1 for a wrong document)
 
-``escalate`` truth is a listing the policy calls unproven: passing it unreviewed risks a miss
+``escalate`` truth is a listing the rules call unproven: passing it unreviewed risks a miss
 (4.5), removing it without proof is a false alarm plus an appeal (3), a review costs its fee.
 ``regret`` is the cost minus the cheapest decision's cost for that truth (so every case's best
 decision scores P = 1 and the reward's maximum is 1.0): :data:`REGRET`. Cost per 1,000 listings

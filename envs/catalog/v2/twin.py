@@ -2,7 +2,7 @@
 
 Four decisions (``ok``, ``counterfeit``, ``prohibited``, ``escalate`` with the document to
 request), a cost matrix in the reward (:mod:`envs.catalog.v2.reward`), evidence that overlaps
-across every class and a written policy that states every threshold
+across every class and written rules that state every threshold
 (:data:`envs.catalog.v2.rules.RULES_TEXT`), catalogue content a domain expert accepts
 (:mod:`envs.catalog.v2.content`), many seller voices (:mod:`envs.catalog.v2.voices`), an
 evaluation, a training and a natural mix, and held-out tactics in the test split
@@ -174,7 +174,7 @@ class CatalogTwinV2(CatalogTwinV1):
         return self.case(*ref) if ref is not None else None
 
     def prompt(self, case: Case) -> list[dict[str, Any]]:
-        """The job and the written policy, and the listing."""
+        """The job and the written rules, and the listing."""
         messages = CatalogTwin.prompt(self, case)
         return [{"role": "system", "content": SYSTEM_PROMPT_V2}, messages[1]]
 
@@ -195,7 +195,7 @@ class CatalogTwinV2(CatalogTwinV1):
         return {"random": BASELINES["random"], **BASELINES_V2}
 
     def reference_policies(self) -> dict[str, Any]:
-        """The ceiling policy (the written policy from tool outputs) and the heuristic."""
+        """The ceiling policy (the written rules from tool outputs) and the heuristic."""
         from envs.catalog.v2.baselines import HeuristicV2
         from envs.catalog.v2.ceiling import CeilingPolicy
 

@@ -4,7 +4,7 @@ A description is a handful of sentences (an opener, facts about the item, shippi
 sometimes a condition, a discount, a size, a closer), each composed from independent parts, then
 written in one of several voices: plain, terse, spammy, bullet list, all caps, typo-prone,
 non-native phrasing, emoji-heavy. Units are written several ways (``12 in``, ``12"``,
-``30 cm``). Tokens the store policy reads (condition words, model numbers, batch codes, brand
+``30 cm``). Tokens the store's rules read (condition words, model numbers, batch codes, brand
 names) are never altered by a voice. Pools come from ``data/catalog-listings/voices-v2.yaml``.
 """
 
