@@ -12,7 +12,9 @@ __all__ = [
     "BATCH_RE",
     "MODEL_RE",
     "copied_names",
+    "drop_possessives",
     "listing_text",
+    "names_value",
     "stated_batches",
     "stated_models",
 ]
@@ -58,3 +60,16 @@ def copied_names(pattern: re.Pattern[str], stop: Collection[str], text: str) -> 
         if name and name not in out:
             out.append(name)
     return out
+
+
+def drop_possessives(text: str) -> str:
+    """``text`` in lower case without possessive endings (``"Kids' Bags"`` -> ``"kids bags"``)."""
+    return re.sub(r"'s?\b", "", text.lower())
+
+
+def names_value(value: str, text: str) -> bool:
+    """Whether ``text`` (already :func:`drop_possessives`'d) names ``value`` as a whole word."""
+    return (
+        re.search(r"(?<![a-z0-9])" + re.escape(drop_possessives(value)) + r"(?![a-z0-9])", text)
+        is not None
+    )

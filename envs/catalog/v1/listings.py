@@ -57,7 +57,7 @@ from envs.catalog.common.forge import (
     state_value,
     unaffected_batch,
 )
-from envs.catalog.common.text import listing_text
+from envs.catalog.common.text import drop_possessives, listing_text, names_value
 from envs.catalog.mix import KindMix
 from envs.catalog.v1.rules import (
     DEEP_DISCOUNT,
@@ -478,14 +478,6 @@ class _Draft:
     signals: list[str] = field(default_factory=list)
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"'s?\b", "", text.lower())
-
-
-def _in_text(value: str, text: str) -> bool:
-    return re.search(r"(?<![a-z0-9])" + re.escape(_norm(value)) + r"(?![a-z0-9])", text) is not None
-
-
 class _ListingBuilder:
     """Builds one v1 listing of a given kind from a seeded rng."""
 
@@ -561,20 +553,20 @@ class _ListingBuilder:
         """Attribute values consistent with the leaf's own name; dropped ones never leak."""
         rng, w = self.rng, self.world
         cat = w.categories[d.leaf]
-        named = " " + _norm(f"{cat.full_name} {d.item}") + " "
+        named = " " + drop_possessives(f"{cat.full_name} {d.item}") + " "
         schema = w.schema(d.leaf)
         required = [a for a, r in schema if r and a.values]
         optional = [a for a, r in schema if not r and a.values]
         dropped: set[str] = set()
         if drop:
-            free = [a for a in required if not any(_in_text(v, named) for v in a.values)]
+            free = [a for a in required if not any(names_value(v, named) for v in a.values)]
             if not free:
                 raise _Retry("no required attribute can be dropped without leaking")
             dropped = {a.handle for a in rng.sample(free, rng.randint(1, min(2, len(free))))}
         chosen = [(a, True) for a in required if a.handle not in dropped]
         chosen += [(a, False) for a in rng.sample(optional, min(len(optional), rng.randint(0, 2)))]
         for attr, req in chosen:
-            implied = [v for v in attr.values if _in_text(v, named)]
+            implied = [v for v in attr.values if names_value(v, named)]
             value = rng.choice(implied) if implied else rng.choice(attr.values)
             if req:
                 d.truth_attrs[attr.handle] = value

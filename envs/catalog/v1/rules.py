@@ -33,7 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.catalog.common.text import copied_names, stated_batches, stated_models
+from envs.catalog.common.text import (
+    copied_names,
+    drop_possessives,
+    names_value,
+    stated_batches,
+    stated_models,
+)
 
 __all__ = [
     "DEEP_DISCOUNT",
@@ -278,10 +284,6 @@ def assess(
     return e
 
 
-def _norm_word(text: str) -> str:
-    return re.sub(r"'s?\b", "", text.lower())
-
-
 def extract_attributes(listing: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, str]:
     """The required attributes whose value the listing states, spelled as allowed values.
 
@@ -290,7 +292,11 @@ def extract_attributes(listing: Mapping[str, Any], schema: Mapping[str, Any]) ->
     of the attribute's values appears; the longest wins when one contains another).
     """
     specifics = {str(k).lower(): str(v) for k, v in (listing.get("specifics") or {}).items()}
-    text = " " + _norm_word(f"{listing.get('title', '')} . {listing.get('description', '')}") + " "
+    text = (
+        " "
+        + drop_possessives(f"{listing.get('title', '')} . {listing.get('description', '')}")
+        + " "
+    )
     found: dict[str, str] = {}
     for attr in schema.get("attributes") or ():
         if not attr.get("required"):
@@ -300,19 +306,19 @@ def extract_attributes(listing: Mapping[str, Any], schema: Mapping[str, Any]) ->
         if stated is not None and stated.lower() in values:
             found[attr["handle"]] = values[stated.lower()]
             continue
-        labelled = re.search(re.escape(_norm_word(attr["name"])) + r": ([^.;]+)", text)
+        labelled = re.search(re.escape(drop_possessives(attr["name"])) + r": ([^.;]+)", text)
         if labelled:
             got = labelled.group(1).strip()
-            match = next((v for v in values if _norm_word(v) == got), None)
+            match = next((v for v in values if drop_possessives(v) == got), None)
             if match is not None:
                 found[attr["handle"]] = values[match]
                 continue
+        hits = [v for v in values if names_value(v, text)]
         hits = [
             v
-            for v in values
-            if re.search(r"(?<![a-z0-9])" + re.escape(_norm_word(v)) + r"(?![a-z0-9])", text)
+            for v in hits
+            if not any(v != o and drop_possessives(v) in drop_possessives(o) for o in hits)
         ]
-        hits = [v for v in hits if not any(v != o and _norm_word(v) in _norm_word(o) for o in hits)]
         if len(hits) == 1:
             found[attr["handle"]] = values[hits[0]]
     return found

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.catalog.common.forge import lookalike, model_number, near_model, unaffected_batch
-from envs.catalog.common.text import listing_text
+from envs.catalog.common.text import drop_possessives, listing_text, names_value
 from envs.catalog.mix import KindMix
 from envs.catalog.v1.listings import part_index, phrases
 from envs.catalog.v1.world import SPLIT_PART
@@ -199,14 +199,6 @@ class _Draft:
     brand_for_text: str | None = None
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"'s?\b", "", text.lower())
-
-
-def _in_text(value: str, text: str) -> bool:
-    return re.search(r"(?<![a-z0-9])" + re.escape(_norm(value)) + r"(?![a-z0-9])", text) is not None
-
-
 _EXTRA: dict[tuple[int, str], tuple[Any, dict[str, Any]]] = {}
 
 
@@ -338,7 +330,7 @@ class _Builder:
     def fill(self, d: _Draft) -> None:
         rng, w = self.rng, self.world
         cat = w.categories[d.leaf]
-        named = " " + _norm(f"{cat.full_name} {d.item}") + " "
+        named = " " + drop_possessives(f"{cat.full_name} {d.item}") + " "
         schema = w.schema(d.leaf)
         required = [a for a, r in schema if r and a.values]
         optional = [a for a, r in schema if not r and a.values]
@@ -353,7 +345,7 @@ class _Builder:
             ]
         durable = content.conditions_apply(cat.vertical, cat.full_name)
         for attr, req in chosen:
-            implied = [v for v in attr.values if _in_text(v, named)]
+            implied = [v for v in attr.values if names_value(v, named)]
             pool = implied or list(attr.values)
             if (
                 not durable
