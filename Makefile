@@ -14,7 +14,7 @@ VLLM_TORCH  ?= torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 VLLM_LOG    := build/vllm-venv.log
 
-.PHONY: demo test test-all venv vllm-venv test-vllm clean bench
+.PHONY: demo test test-all venv vllm-venv test-vllm clean bench lint
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,15 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/twin demo
 
+# Style: ruff's rules (pinned in pyproject [tool.ruff]), its formatting, and no function over 80
+# lines without a `# long: <reason>` line above it.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/long_functions.py twin rewards envs trainer integrations twinrl_cli bench scripts tests
+
 test: $(STAMP)
+	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory pg-server-deps
 	@$(MAKE) --no-print-directory browser-deps
 	$(PY) -m pytest -q

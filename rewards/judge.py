@@ -356,7 +356,7 @@ class Judge:
                     reply = await asyncio.wait_for(
                         self._policy().act(list(asked), []), self.timeout
                     )
-                except TimeoutError:
+                except asyncio.TimeoutError:
                     problems.append(f"no answer within {self.timeout:g} s")
                     continue
                 except JudgeError:

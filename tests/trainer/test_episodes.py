@@ -298,7 +298,7 @@ def _two_speed_server(tok, log: list[tuple[str, int]]):
         if key == state["slow"] and turn == 0:
             try:
                 await asyncio.wait_for(state["event"].wait(), 10)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 return httpx.Response(
                     504, json={"error": "the other episode never asked for its next turn"}
                 )

@@ -323,7 +323,7 @@ def test_the_python_310_deadline_stand_in_fires_and_stays_quiet() -> None:
             async with _TimeoutAt(loop.time() + 0.05):
                 await asyncio.sleep(5)
             fired = False
-        except TimeoutError:
+        except asyncio.TimeoutError:
             fired = True
         async with _TimeoutAt(loop.time() + 5):
             await asyncio.sleep(0)

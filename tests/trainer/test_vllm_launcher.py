@@ -223,7 +223,6 @@ def test_the_extras_pin_releases_that_have_what_the_code_uses() -> None:
     # --lora-target-modules, --logprobs-mode and return_token_ids: checked on vllm(-cpu) 0.32/0.33;
     # from_pretrained(dtype=): transformers 4.56
     import tomllib
-
     from packaging.requirements import Requirement
     from packaging.version import Version
 

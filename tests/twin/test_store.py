@@ -361,11 +361,11 @@ def test_times_are_utc_whatever_the_session_time_zone(store_url):
     if store_url.startswith("postgresql"):
         store_url += "?options=-c%20timezone%3DPacific%2FChatham"  # UTC+12:45 / +13:45
     store = RunStore(store_url)
-    before = dt.datetime.now(dt.UTC)
+    before = dt.datetime.now(dt.timezone.utc)
     run = store.start_run("train", "x", "y")
     store.finish_run(run)
     info = store.run(run)
-    after = dt.datetime.now(dt.UTC)
+    after = dt.datetime.now(dt.timezone.utc)
     for moment in (info.started_at, info.finished_at, info.heartbeat_at):
         assert moment.utcoffset() == dt.timedelta(0)
         assert before - dt.timedelta(seconds=1) <= moment <= after + dt.timedelta(seconds=1)

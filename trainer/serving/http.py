@@ -174,7 +174,7 @@ class _TimeoutAt:
         assert self.handle is not None
         self.handle.cancel()
         if self.fired and kind is asyncio.CancelledError:
-            raise TimeoutError from None
+            raise asyncio.TimeoutError from None
 
 
 class BodyBudget:
@@ -204,7 +204,7 @@ class BodyBudget:
                 await asyncio.wait_for(
                     self._freed.wait_for(lambda: self.used + size <= self.limit), max(timeout, 0.0)
                 )
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 return False
             self.used += size
             return True
@@ -406,7 +406,7 @@ class _AsyncHTTPServer:
         try:
             writer.write(head.encode() + answer.data)
             await asyncio.wait_for(writer.drain(), 1.0)
-        except (TimeoutError, OSError):
+        except (asyncio.TimeoutError, OSError):
             pass
         finally:
             writer.close()
@@ -421,7 +421,7 @@ class _AsyncHTTPServer:
             try:
                 async with _timeout_at(deadline):
                     data = await reader.read(_READ_CHUNK)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 raise _Deadline from None
             conn.receive_data(data)  # b"": the client closed (h11 then reports it)
 
@@ -618,7 +618,7 @@ class _AsyncHTTPServer:
         try:
             async with _timeout_at(asyncio.get_running_loop().time() + self.limits.read_timeout):
                 await writer.drain()
-        except TimeoutError:  # a client that does not read its answer
+        except asyncio.TimeoutError:  # a client that does not read its answer
             raise _Closed from None
 
 

@@ -208,7 +208,7 @@ class OpenAIChatPolicy:
                 response = await asyncio.wait_for(
                     client.post(self.url, json=body), timeout=self.timeout
                 )
-            except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+            except (asyncio.TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout) as exc:
                 # The deadline and httpx's read timeout are the same length: whichever fires, the
                 # reply did not arrive in time, and it is reported the same way.
                 cause = "WriteTimeout" if isinstance(exc, httpx.WriteTimeout) else "ReadTimeout"

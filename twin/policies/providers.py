@@ -120,7 +120,7 @@ class _SDKPolicy:
                     self.dropped.add(refused)
                     kwargs.pop(refused, None)
                     sampling.pop(refused, None)
-                except (TimeoutError, sdk.APITimeoutError) as exc:
+                except (asyncio.TimeoutError, sdk.APITimeoutError) as exc:
                     raise PolicyError(
                         f"{self.name}: no reply within {self.timeout:g} s; the model may be slow "
                         f"or writing up to max_tokens={self.max_tokens} tokens",

@@ -42,7 +42,7 @@ __all__ = [
 
 def utc_now() -> dt.datetime:
     """The current time, timezone-aware, in UTC."""
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 class _UTCDateTime(TypeDecorator[dt.datetime]):
@@ -59,8 +59,8 @@ class _UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.UTC)
-        return value.astimezone(dt.UTC)
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
 
     def process_result_value(
         self, value: dt.datetime | None, dialect: Dialect
@@ -68,8 +68,8 @@ class _UTCDateTime(TypeDecorator[dt.datetime]):
         if value is None:
             return None
         if value.tzinfo is None:  # SQLite keeps no zone: what it holds was written as UTC
-            return value.replace(tzinfo=dt.UTC)
-        return value.astimezone(dt.UTC)
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
 
 
 class _JSONText(TypeDecorator[Any]):

@@ -129,8 +129,8 @@ def _status(status: str, pid: int | None, host: str | None, beat: Any, started: 
     if last is None:
         return status
     if last.tzinfo is None:
-        last = last.replace(tzinfo=dt.UTC)
-    age = (dt.datetime.now(dt.UTC) - last).total_seconds()
+        last = last.replace(tzinfo=dt.timezone.utc)
+    age = (dt.datetime.now(dt.timezone.utc) - last).total_seconds()
     return "interrupted" if age > STALE_AFTER_S else status
 
 
