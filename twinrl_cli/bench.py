@@ -73,7 +73,7 @@ def bench_catalog(
 
 
 # -- trainer -----------------------------------------------------------------------------------
-class K0Threads(enum.StrEnum):
+class K0Threads(str, enum.Enum):
     """How the synchronous baseline of ``twin bench trainer`` runs."""
 
     best = "best"
@@ -81,7 +81,7 @@ class K0Threads(enum.StrEnum):
     all = "all"
 
 
-class Backend(enum.StrEnum):
+class Backend(str, enum.Enum):
     """Where ``twin bench trainer`` runs its workers."""
 
     local = "local"

@@ -13,7 +13,7 @@ from twinrl_cli.app import StoreOpt, app, err_console, errors, needs, parse_over
 __all__ = ["mcp", "serve"]
 
 
-class LogprobsMode(enum.StrEnum):
+class LogprobsMode(str, enum.Enum):
     """Which logprobs ``twin serve`` returns."""
 
     processed_logprobs = "processed_logprobs"
