@@ -441,6 +441,26 @@ def sft_finished(out: Path) -> bool:
     return total is None or int(state["step"]) >= int(total) or bool(state.get("stopped_early"))
 
 
+def trained_elsewhere(out: Path) -> bool:
+    """Whether a live process holds the trainer's lock of ``out`` (``flock`` on
+    ``.twin-train.lock``, :func:`trainer.checkpoint.lock_output_dir`): a second chain process
+    started with ``--only`` on other stages runs this stage, so this one moves on."""
+    import fcntl
+
+    from trainer.checkpoint import LOCK_FILE
+
+    path = out / LOCK_FILE
+    if not path.exists():
+        return False
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 def last_step(out: Path) -> int:
     """The step count of a training run's newest complete checkpoint (0: none)."""
     from trainer.checkpoint import latest_checkpoint
@@ -498,6 +518,9 @@ def train(
     if done and (sft_finished(out) if stage == "sft" else done >= steps):
         log(f"{stage}: {out.name}/checkpoints reach step {done}, skipped")
         return False
+    if trained_elsewhere(out):
+        log(f"{stage}: another process is training {out.name} (its lock is held), skipped")
+        return False
     turns = [f"twin.config.{s}" for s in TWIN_SETS if s.startswith("max_turns=")]
     sets = [f"train.output_dir={out}", *turns, *extra]
     if stage == "sft":
@@ -536,7 +559,7 @@ def v2_actions(args: argparse.Namespace, policy: str) -> dict[str, Callable[[], 
     their evaluations, and the natural-mix evaluation."""
     acts: dict[str, Callable[[], Any]] = {}
     for stage, name, extra in V2_GRPO_RUNS:
-        acts[stage] = lambda name=name, extra=extra: train_grpo(args, name, extra)
+        acts[stage] = after_sft(lambda name=name, extra=extra: train_grpo(args, name, extra))
         acts[f"{stage}_eval"] = lambda name=name: evaluate_grpo(policy, args, name)
     acts["natural"] = lambda: natural(args, policy)
     return acts
@@ -1251,14 +1274,26 @@ def actions(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
         "collect": lambda: collect(args),
         "zeroshot": lambda: evaluate("zeroshot", f"hf:smollm2,{policy}", args),
         "sft": lambda: train("sft", args),
-        "sft_eval": lambda: evaluate("sft", f"hf:{RUN_DIR / 'sft'},{policy}", args),
-        "grpo": lambda: train_grpo(args),
+        "sft_eval": after_sft(lambda: evaluate("sft", f"hf:{RUN_DIR / 'sft'},{policy}", args)),
+        "grpo": after_sft(lambda: train_grpo(args)),
         "grpo_eval": lambda: evaluate_grpo(policy, args),
         "report": lambda: report_v2(args) if args.chain == "v2" else report(args),
     }
     if args.chain == "v2":
         acts.update(v2_actions(args, policy))
     return acts
+
+
+def after_sft(action: Callable[[], Any]) -> Callable[[], Any]:
+    """``action`` once the SFT run has finished (it may still be training in another process)."""
+
+    def guarded() -> Any:
+        if not sft_finished(RUN_DIR / "sft"):
+            log("the SFT run has not finished; skipped")
+            return None
+        return action()
+
+    return guarded
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,7 +115,9 @@ def test_v2_chain_plans_its_stages_and_commands(v2: Any) -> None:
 
 def test_v2_grpo_runs_share_the_sft_start_and_differ_by_seed_or_placebo(v2: Any) -> None:
     args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
-    for stage in ("sft", "grpo", "placebo", "grpo_s1"):
+    v2.actions(args)["sft"]()
+    _save(v2.RUN_DIR / "sft", 120, {"total_steps": 120})  # what that command would leave
+    for stage in ("grpo", "placebo", "grpo_s1"):
         v2.actions(args)[stage]()
     sft, *grpo = v2.ran
     assert sft[1:3] == ["sft", "data/recipes/catalog-v2-smollm2-sft-cpu.yaml"]
@@ -174,3 +176,23 @@ def test_v2_episode_rows_read_the_decision_and_the_document(chain: Any) -> None:
     assert (row["request"], row["true_request"]) == ("invoice", "safety_certificate")
     v1 = chain.episode_row(t, {"verdict": "ok"})
     assert (v1["verdict"], v1["true_verdict"]) == ("ok", "ok") and "request" not in v1
+
+
+def test_a_run_another_process_trains_is_left_to_it(v2: Any) -> None:
+    import fcntl
+
+    args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
+    acts = v2.actions(args)
+    acts["grpo_s1"]()
+    assert v2.ran == []  # SFT has not finished: nothing starts from it
+    _save(v2.RUN_DIR / "sft", 9, {"total_steps": 9})
+    out = v2.RUN_DIR / "grpo-s1"
+    out.mkdir()
+    with open(out / ".twin-train.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert v2.trained_elsewhere(out)
+        acts["grpo_s1"]()
+        assert v2.ran == []
+    assert not v2.trained_elsewhere(out)
+    acts["grpo_s1"]()
+    assert len(v2.ran) == 1 and f"train.output_dir={out}" in v2.ran[0]
