@@ -147,7 +147,7 @@ def test_v2_stopped_runs_resume_and_only_finished_models_are_scored(v2: Any) -> 
     for stage in ("grpo_eval", "placebo_eval", "grpo_s1_eval", "natural"):
         acts[stage]()
     names = [e[0] for e in v2.evaluated]
-    assert names == ["grpo", *(f"nat-{r}" for r in v2.V2_REFS), "nat-sft", "nat-grpo"]
+    assert names == ["grpo", *(f"nat-{r}" for r in v2.V2_REFS), "nat-grpo"]
     assert all(e[2] == ("mix=natural",) for e in v2.evaluated[1:])
 
 
