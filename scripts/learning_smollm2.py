@@ -935,12 +935,11 @@ def acceptance(diffs: dict[str, Any], best_cheap: str | None) -> dict[str, Any]:
     def around_zero(key: str) -> bool | None:
         return diffs[key]["ci95"][0] <= 0 <= diffs[key]["ci95"][1] if key in diffs else None
 
-    beats = [above(f"{m} - {best_cheap}") for m in ("grpo", "grpo-s1")] if best_cheap else []
     return {
         "grpo_beats_best_cheap": {
             "best_cheap": best_cheap,
-            "seed 0": beats[:1],
-            "seed 1": beats[1:],
+            "seed 0": above(f"grpo - {best_cheap}"),
+            "seed 1": above(f"grpo-s1 - {best_cheap}"),
         },
         "grpo_minus_sft_above_zero": {
             "seed 0": above("grpo - sft"),

@@ -196,3 +196,27 @@ def test_a_run_another_process_trains_is_left_to_it(v2: Any) -> None:
     assert not v2.trained_elsewhere(out)
     acts["grpo_s1"]()
     assert len(v2.ran) == 1 and f"train.output_dir={out}" in v2.ran[0]
+
+
+def test_v2_acceptance_reads_the_paired_intervals(chain: Any) -> None:
+    def d(lo: float, hi: float) -> dict[str, Any]:
+        return {"ci95": [lo, hi]}
+
+    diffs = {
+        "grpo - always_escalate": d(0.01, 0.2),
+        "grpo-s1 - always_escalate": d(-0.01, 0.2),
+        "grpo - sft": d(0.05, 0.3),
+        "placebo - sft": d(-0.1, 0.02),
+    }
+    got = chain.acceptance(diffs, "always_escalate")
+    assert got["grpo_beats_best_cheap"] == {
+        "best_cheap": "always_escalate",
+        "seed 0": True,
+        "seed 1": False,
+    }
+    assert got["grpo_minus_sft_above_zero"] == {"seed 0": True, "seed 1": None}
+    assert got["placebo_minus_sft_around_zero"] is True
+    assert (
+        chain.acceptance({"placebo - sft": d(0.01, 0.1)}, None)["placebo_minus_sft_around_zero"]
+        is False
+    )
