@@ -116,6 +116,7 @@ CHAINS: dict[str, dict[str, Any]] = {
             "sft_batch_size": 8,
             "grpo_steps": 16,
             "eval_batch": 16,
+            "eval_chunk": 100,
             "threads": 0,
         },
     },
@@ -307,9 +308,45 @@ def evaluate(name: str, policy: str, args: argparse.Namespace, sets: tuple[str, 
 def _evaluate(
     name: str, policy: str, summary: Path, args: argparse.Namespace, sets: tuple[str, ...]
 ) -> None:
+    """Cases 0..N-1 in chunks of ``--eval-chunk`` (one ``twin eval --start`` each): a finished
+    chunk's summary and episodes are kept, so an evaluation stopped part-way continues from its
+    first missing chunk. Then the chunks' episodes are joined into ``episodes-<name>.jsonl``."""
+    cases = args.natural_cases if "mix=natural" in sets else args.test_cases
+    chunk = args.eval_chunk or cases
+    if chunk >= cases:
+        _evaluate_chunk(
+            name, policy, 0, cases, summary, RUN_DIR / f"episodes-{name}.jsonl", args, sets
+        )
+        return
+    parts = []
+    for start in range(0, cases, chunk):
+        part = RUN_DIR / f"episodes-{name}.{start:04d}.jsonl"
+        done = RUN_DIR / f"eval-{name}.{start:04d}.json"
+        if not done.exists():
+            n = min(chunk, cases - start)
+            _evaluate_chunk(name, policy, start, n, done, part, args, sets, add=True)
+        parts.append((done, part))
+    lines = [line for _, part in parts for line in part.read_text().splitlines() if line.strip()]
+    (RUN_DIR / f"episodes-{name}.jsonl").write_text("\n".join(lines) + "\n")
+    chunks = [json.loads(done.read_text()) for done, _ in parts]
+    summary.write_text(json.dumps({"chunks": chunks}, indent=1) + "\n")
+
+
+def _evaluate_chunk(
+    name: str,
+    policy: str,
+    start: int,
+    cases: int,
+    summary: Path,
+    episodes: Path,
+    args: argparse.Namespace,
+    sets: tuple[str, ...],
+    add: bool = False,
+) -> None:
+    """``twin eval`` of cases ``start .. start+cases-1``; its episodes exported from the store;
+    its wall-clock kept in ``timings.json`` as ``eval-<name>`` (``add``: summed over chunks)."""
     t0 = time.monotonic()
     partial = summary.with_suffix(".partial")
-    cases = args.natural_cases if "mix=natural" in sets else args.test_cases
     cmd = twin_cmd(
         "eval",
         TWIN,
@@ -317,6 +354,8 @@ def _evaluate(
         policy,
         "--split",
         "test",
+        "--start",
+        str(start),
         "--episodes",
         str(cases),
         "--store",
@@ -330,9 +369,9 @@ def _evaluate(
         cmd += ["--set", s]
     run(cmd, partial)
     data = json.loads(partial.read_text())
-    export_episodes(data["run_id"], RUN_DIR / f"episodes-{name}.jsonl", args.store, sets)
+    export_episodes(data["run_id"], episodes, args.store, sets)
     partial.rename(summary)
-    Timings(RUN_DIR / "timings.json").record(f"eval-{name}", time.monotonic() - t0)
+    Timings(RUN_DIR / "timings.json").record(f"eval-{name}", time.monotonic() - t0, add=add)
 
 
 def export_episodes(run_id: int, out: Path, store_path: Path, sets: tuple[str, ...] = ()) -> None:
@@ -1206,6 +1245,13 @@ def parser() -> argparse.ArgumentParser:
         "16 (v2: longer episodes)",
     )
     p.add_argument(
+        "--eval-chunk",
+        type=int,
+        default=None,
+        help="cases per `twin eval` call of an evaluation (a stopped evaluation continues from its "
+        "first unfinished chunk); 0 = all at once; default 0, 100 (v2)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -1218,7 +1264,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-DEFAULTS = {"test_cases": 200, "eval_batch": 24, "threads": 1}
+DEFAULTS = {"test_cases": 200, "eval_batch": 24, "eval_chunk": 0, "threads": 1}
 SIZES = (
     "test_cases",
     "natural_cases",
@@ -1228,6 +1274,7 @@ SIZES = (
     "grpo_steps",
     "grpo_eval_at",
     "eval_batch",
+    "eval_chunk",
     "threads",
 )
 

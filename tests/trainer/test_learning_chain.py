@@ -220,3 +220,35 @@ def test_v2_acceptance_reads_the_paired_intervals(chain: Any) -> None:
         chain.acceptance({"placebo - sft": d(0.01, 0.1)}, None)["placebo_minus_sft_around_zero"]
         is False
     )
+
+
+def test_a_v2_evaluation_runs_in_chunks_and_continues_from_the_first_missing_one(
+    chain: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import json
+
+    monkeypatch.setitem(chain.CHAINS["v2"], "run_dir", tmp_path)
+    args = chain.parse_args(["--chain", "v2", "--test-cases", "250"])
+    assert args.eval_chunk == 100
+
+    def fake_run(cmd: list[str], stdout_path: Path | None = None) -> None:
+        chain.ran.append(cmd)
+        start = int(cmd[cmd.index("--start") + 1])
+        stdout_path.write_text(json.dumps({"run_id": start}))
+
+    def fake_export(run_id: int, out: Path, store: Path, sets: tuple[str, ...] = ()) -> None:
+        out.write_text(f'{{"case": {run_id}}}\n')
+
+    monkeypatch.setattr(chain, "run", fake_run)
+    monkeypatch.setattr(chain, "export_episodes", fake_export)
+    (tmp_path / "eval-sft.0100.json").write_text(json.dumps({"run_id": 100}))  # done before a stop
+    (tmp_path / "episodes-sft.0100.jsonl").write_text('{"case": 100}\n')
+    chain.evaluate("sft", "hf:x", args)
+    spans = [(c[c.index("--start") + 1], c[c.index("--episodes") + 1]) for c in chain.ran]
+    assert spans == [("0", "100"), ("200", "50")]
+    assert chain.ran[-1][chain.ran[-1].index("-c") + 1] == "16"
+    lines = (tmp_path / "episodes-sft.jsonl").read_text().splitlines()
+    assert [json.loads(x)["case"] for x in lines] == [0, 100, 200]
+    assert len(json.loads((tmp_path / "eval-sft.json").read_text())["chunks"]) == 3
+    chain.evaluate("sft", "hf:x", args)  # finished: skipped
+    assert len(chain.ran) == 2
