@@ -48,7 +48,7 @@ import json
 import logging
 import operator
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -134,7 +134,7 @@ class TwinEnv(gym.Env[list, Any]):
         self._done = False
         self._end: tuple[bool, bool] = (False, False)
         self._late_invalid = 0
-        self._hidden: _Hidden = _Hidden(self._fetch_world)
+        self._hidden = _Hidden(self)
 
     # -- public properties -----------------------------------------------------------------------
     @property
@@ -182,8 +182,7 @@ class TwinEnv(gym.Env[list, Any]):
         case = twin.case(split, index)
         prompt = twin.prompt(case)
         self._case = case
-        self._state = state = twin.new_state(case)
-        self._hidden = _Hidden(self._fetch_world, state=state, task=case.task)
+        self._state = twin.new_state(case)
         self._turn = 0
         self._done = False
         self._end = (False, False)
@@ -564,21 +563,32 @@ class TwinEnv(gym.Env[list, Any]):
         )
 
 
-class _Hidden(dict):  # type: ignore[type-arg]
-    """An episode's hidden tool parameters (``state``, ``task``) for :meth:`twin.tools.Tool.run`;
-    ``world`` is fetched on first use, so a twin whose tools never read it never builds it."""
+class _Hidden(Mapping[str, Any]):
+    """An episode's hidden tool parameters (``world``, ``state``, ``task``) for
+    :meth:`twin.tools.Tool.run`, read from the env when a tool asks: one small object per env
+    (not a dict per episode), and ``world`` is fetched on first use, so a twin whose tools never
+    read it never builds it."""
 
-    __slots__ = ("_world",)
+    __slots__ = ("_env",)
 
-    def __init__(self, world: Any, **values: Any) -> None:
-        super().__init__(values)
-        self._world = world
+    def __init__(self, env: TwinEnv) -> None:
+        self._env = env
 
-    def __missing__(self, name: str) -> Any:
-        if name != "world":
-            return None
-        world = self["world"] = self._world()
-        return world
+    def __getitem__(self, name: str) -> Any:
+        env = self._env
+        if name == "state":
+            return env._state
+        if name == "task":
+            return env._case.task if env._case is not None else None
+        if name == "world":
+            return env._fetch_world()
+        return None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("world", "state", "task"))
+
+    def __len__(self) -> int:
+        return 3
 
 
 _setattr = object.__setattr__
