@@ -2,11 +2,11 @@
 
 A tiny model is built here (:func:`trainer.tiny.build_tiny`, its BPE trained on rendered catalog
 episodes: prompts, tool schemas, tool results) and taught the tools by SFT on a demonstrator's
-episodes (:func:`twin.evaluation.collect.collect`, train split), then trained by GRPO from that checkpoint
-(``model.init_from``) on the catalog twin (v1, compact prompt, at most three turns). Both stages
-run as ``twin train`` runs them (:func:`trainer.cli.train`). Both checkpoints are then scored on the
-same held-out ``dev`` cases (v1's held-out world, never seen by either stage) with the same
-sampling seeds, at the sampling temperature GRPO trains with (1.0).
+episodes (:func:`twin.evaluation.collect.collect`, train split), then trained by GRPO from that
+checkpoint (``model.init_from``) on the catalog twin (v1, compact prompt, at most three turns).
+Both stages run as ``twin train`` runs them (:func:`trainer.cli.train`). Both checkpoints are
+then scored on the same held-out ``dev`` cases (v1's held-out world, never seen by either stage)
+with the same sampling seeds, at the sampling temperature GRPO trains with (1.0).
 
 The demonstrator (:class:`FormatTeacher`) calls ``search_taxonomy`` with the listing's item type
 and ``get_attribute_schema`` on a top-level category in its first turn, and ``submit`` in its
@@ -81,8 +81,8 @@ GRPO = {"steps": 12, "group_size": 8, "groups_per_step": 4, "lr": 1.0e-3}
 EVAL_CASES = 96  # held-out dev cases
 EVAL_SAMPLES = 2  # episodes per held-out case
 #: GRPO's held-out reward over its SFT start. Measured (96 cases x 2): +0.43, +0.66, +0.38 on seeds
-#: 0-2 (torch 2.13, transformers 5.24), while five evaluations of one checkpoint with different sampling seeds spread over
-#: 0.15-0.21 (48 cases x 2).
+#: 0-2 (torch 2.13, transformers 5.24), while five evaluations of one checkpoint with different
+#: sampling seeds spread over 0.15-0.21 (48 cases x 2).
 RISE_MIN = 0.20
 SUBMIT_RISE_MIN = 0.10  # and its share of episodes that end in a valid submission
 
@@ -134,7 +134,11 @@ class FormatTeacher:
 
 def _turn(calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"c{i}_{name}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        {
+            "id": f"c{i}_{name}",
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args)},
+        }
         for i, (name, args) in enumerate(calls)
     ]}  # fmt: skip
 
@@ -314,11 +318,12 @@ def test_grpo_lifts_the_held_out_catalog_reward_over_its_sft_start(
     figures = run_proof(seed, tmp_path)
     print(json.dumps(figures, indent=1))
     sft, grpo = figures["sft"], figures["grpo"]
-    # SFT learns the demonstrator's multi-turn, multi-token tool use: search and look-up, then submit
+    # SFT learns the demonstrator's multi-turn, multi-token tool use: search and look-up, then
+    # submit
     assert sft["calls"] >= 2.0 and sft["turns"] >= 2.0, sft
-    # GRPO keeps episodes multi-turn with multi-token queries; it may trade the search for an earlier
-    # submit (the tiny model never copies the found category, so the search earns no reward: on
-    # seed 2 it fell to 1.76 calls an episode while the reward rose +0.38)
+    # GRPO keeps episodes multi-turn with multi-token queries; it may trade the search for an
+    # earlier submit (the tiny model never copies the found category, so the search earns no
+    # reward: on seed 2 it fell to 1.76 calls an episode while the reward rose +0.38)
     assert grpo["turns"] >= 2.0, grpo
     for stage in (sft, grpo):
         assert stage["query_tokens"] >= 2.0, stage
