@@ -148,21 +148,12 @@ VERDICTS = ("ok", "counterfeit", "prohibited")
 #: The v2 chain: the references, zero-shot, the teacher's demonstrations, SFT, GRPO seed 0, its
 #: placebo control (seed 0, advantages shuffled), GRPO seed 1, each model scored on the same test
 #: cases; then the natural mix.
+# fmt: off
 V2_STAGES = (
-    "refs",
-    "zeroshot",
-    "collect",
-    "sft",
-    "sft_eval",
-    "grpo",
-    "grpo_eval",
-    "placebo",
-    "placebo_eval",
-    "grpo_s1",
-    "grpo_s1_eval",
-    "natural",
-    "report",
+    "refs", "zeroshot", "collect", "sft", "sft_eval", "grpo", "grpo_eval", "placebo",
+    "placebo_eval", "grpo_s1", "grpo_s1_eval", "natural", "report",
 )
+# fmt: on
 ALL_STAGES = tuple(dict.fromkeys((*STAGES, *V2_STAGES)))
 #: Stages whose wall-clock the chain records itself (evaluations record their own).
 TRAINING_STAGES = ("collect", "sft", "grpo", "placebo", "grpo_s1")

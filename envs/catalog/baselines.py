@@ -28,42 +28,13 @@ __all__ = ["BASELINES", "HeuristicPolicy", "OraclePolicy", "make_random", "parse
 Message = dict[str, Any]
 
 # Words in listing titles that say nothing about the category.
+# fmt: off
 _NOISE = {
-    "new",
-    "nwt",
-    "bnib",
-    "brand",
-    "hot",
-    "genuine",
-    "authentic",
-    "original",
-    "free",
-    "shipping",
-    "fast",
-    "dispatch",
-    "sealed",
-    "great",
-    "gift",
-    "w",
-    "box",
-    "limited",
-    "stock",
-    "us",
-    "seller",
-    "top",
-    "rated",
-    "with",
-    "for",
-    "the",
-    "and",
-    "of",
-    "a",
-    "an",
-    "in",
-    "on",
-    "to",
-    "by",
+    "new", "nwt", "bnib", "brand", "hot", "genuine", "authentic", "original", "free", "shipping",
+    "fast", "dispatch", "sealed", "great", "gift", "w", "box", "limited", "stock", "us", "seller",
+    "top", "rated", "with", "for", "the", "and", "of", "a", "an", "in", "on", "to", "by",
 }
+# fmt: on
 _REPLICA = re.compile(
     r"(\b1:1\b|mirror quality|inspired by|\bdupe\b|lookalike|look-alike|\baaa\b|top grade replica|"
     r"unbranded version|replica)",

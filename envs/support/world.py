@@ -38,46 +38,18 @@ SupportDesk policy (follow it exactly; it has no exceptions)
 7. Finish with end_conversation once the request is handled or declined.
 """
 
+# fmt: off
 FIRST = (
-    "Ana",
-    "Ben",
-    "Chloe",
-    "Dev",
-    "Elif",
-    "Femi",
-    "Greta",
-    "Hugo",
-    "Ines",
-    "Jun",
-    "Kira",
-    "Luca",
-    "Maya",
-    "Nils",
-    "Omar",
-    "Priya",
-    "Quinn",
-    "Rosa",
-    "Sami",
-    "Tara",
+    "Ana", "Ben", "Chloe", "Dev", "Elif", "Femi", "Greta", "Hugo", "Ines", "Jun", "Kira", "Luca",
+    "Maya", "Nils", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara",
 )
+# fmt: on
+# fmt: off
 LAST = (
-    "Alvarez",
-    "Brandt",
-    "Chen",
-    "Dubois",
-    "Eriksen",
-    "Fischer",
-    "Garcia",
-    "Haddad",
-    "Ito",
-    "Jensen",
-    "Kowalski",
-    "Lopez",
-    "Moreau",
-    "Novak",
-    "Okafor",
-    "Petrov",
+    "Alvarez", "Brandt", "Chen", "Dubois", "Eriksen", "Fischer", "Garcia", "Haddad", "Ito",
+    "Jensen", "Kowalski", "Lopez", "Moreau", "Novak", "Okafor", "Petrov",
 )
+# fmt: on
 ITEMS = (
     ("wool scarf", 39.0),
     ("espresso machine", 249.0),

@@ -28,21 +28,12 @@ gpu_bare = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_bare)
 
 #: What a bare GPU box's python lacks (the check must bring it along).
+# fmt: off
 ABSENT = {
-    "pydantic",
-    "pydantic-core",
-    "annotated-types",
-    "typing-inspection",
-    "gymnasium",
-    "sqlalchemy",
-    "duckdb",
-    "rapidfuzz",
-    "docstring-parser",
-    "httpx",
-    "httpcore",
-    "rich",
-    "typer",
+    "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "gymnasium", "sqlalchemy",
+    "duckdb", "rapidfuzz", "docstring-parser", "httpx", "httpcore", "rich", "typer",
 }
+# fmt: on
 
 
 def _wheel(folder: Path, name: str, files: dict[str, str]) -> Path:

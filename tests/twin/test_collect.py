@@ -19,23 +19,12 @@ from twinrl_cli import app
 
 runner = CliRunner()
 
+# fmt: off
 ROW_KEYS = {
-    "messages",
-    "tools",
-    "reward",
-    "components",
-    "twin",
-    "case_id",
-    "split",
-    "index",
-    "case_kind",
-    "policy",
-    "run_id",
-    "num_turns",
-    "terminated",
-    "truncated",
-    "invalid_calls",
+    "messages", "tools", "reward", "components", "twin", "case_id", "split", "index", "case_kind",
+    "policy", "run_id", "num_turns", "terminated", "truncated", "invalid_calls",
 }
+# fmt: on
 
 
 @pytest.fixture()

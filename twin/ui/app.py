@@ -98,23 +98,15 @@ def _environment() -> jinja2.Environment:
 
 
 #: Curves shown first on a training run's page (besides every ``rewards/...`` one).
+# fmt: off
 MAIN_CURVES = frozenset(
     {
-        "losses/loss",
-        "losses/kl",
-        "policy/sampler_kl",
-        "losses/clipfrac",
-        "losses/clipfrac_low",
-        "losses/clipfrac_high",
-        "perf/tokens_per_s",
-        "perf/sample_tokens_per_s",
-        "perf/learner_tokens_per_s",
-        "loss",
-        "kl",
-        "reward",
-        "tokens_per_s",
-    }
+    "losses/loss", "losses/kl", "policy/sampler_kl", "losses/clipfrac", "losses/clipfrac_low",
+    "losses/clipfrac_high", "perf/tokens_per_s", "perf/sample_tokens_per_s",
+    "perf/learner_tokens_per_s", "loss", "kl", "reward", "tokens_per_s",
+}
 )
+# fmt: on
 
 
 def _is_main_curve(name: str) -> bool:

@@ -60,22 +60,14 @@ _T = TypeVar("_T")
 
 VERDICTS: tuple[str, ...] = ("ok", "counterfeit", "prohibited")
 
+# fmt: off
 KINDS: tuple[str, ...] = (
-    "clean",
-    "hard_negative_sale",
-    "hard_negative_authorized",
-    "hard_negative_replica",
-    "hard_negative_accessory",
-    "counterfeit_price",
-    "counterfeit_typosquat",
-    "counterfeit_replica_wording",
-    "counterfeit_unauthorized_seller",
-    "prohibited_category",
-    "prohibited_recall",
-    "wrong_category_words",
-    "missing_attributes",
-    "prompt_injection",
+    "clean", "hard_negative_sale", "hard_negative_authorized", "hard_negative_replica",
+    "hard_negative_accessory", "counterfeit_price", "counterfeit_typosquat",
+    "counterfeit_replica_wording", "counterfeit_unauthorized_seller", "prohibited_category",
+    "prohibited_recall", "wrong_category_words", "missing_attributes", "prompt_injection",
 )
+# fmt: on
 
 #: Default share of each kind. Hard negatives together weigh as much as the counterfeits: a twin
 #: whose counterfeits are all obvious teaches nothing.
@@ -110,98 +102,30 @@ _INJECTABLE = (
     "prohibited_recall",
 )
 
+# fmt: off
 _SMALL_WORDS = (
-    "charm",
-    "charms",
-    "keychain",
-    "keychains",
-    "sticker",
-    "stickers",
-    "decal",
-    "decals",
-    "magnet",
-    "magnets",
-    "ornament",
-    "ornaments",
-    "figurine",
-    "figurines",
-    "pin",
-    "pins",
-    "patch",
-    "patches",
-    "poster",
-    "posters",
-    "topper",
-    "toppers",
-    "plush",
-    "mug",
-    "mugs",
-    "costume",
-    "costumes",
-    "bookmark",
-    "bookmarks",
-    "print",
-    "prints",
+    "charm", "charms", "keychain", "keychains", "sticker", "stickers", "decal", "decals", "magnet",
+    "magnets", "ornament", "ornaments", "figurine", "figurines", "pin", "pins", "patch", "patches",
+    "poster", "posters", "topper", "toppers", "plush", "mug", "mugs", "costume", "costumes",
+    "bookmark", "bookmarks", "print", "prints",
 )
+# fmt: on
+# fmt: off
 _REPLICA_WORDS = (
-    "painting",
-    "paintings",
-    "art",
-    "artwork",
-    "print",
-    "prints",
-    "poster",
-    "posters",
-    "prop",
-    "props",
-    "collectible",
-    "collectibles",
-    "figurine",
-    "figurines",
-    "sculpture",
-    "sculptures",
-    "memorabilia",
-    "reproduction",
-    "reproductions",
-    "replica",
-    "replicas",
-    "model",
-    "models",
-    "statue",
-    "statues",
+    "painting", "paintings", "art", "artwork", "print", "prints", "poster", "posters", "prop",
+    "props", "collectible", "collectibles", "figurine", "figurines", "sculpture", "sculptures",
+    "memorabilia", "reproduction", "reproductions", "replica", "replicas", "model", "models",
+    "statue", "statues",
 )
+# fmt: on
+# fmt: off
 _ACCESSORY_WORDS = (
-    "case",
-    "cases",
-    "cover",
-    "covers",
-    "charger",
-    "chargers",
-    "cable",
-    "cables",
-    "strap",
-    "straps",
-    "band",
-    "bands",
-    "adapter",
-    "adapters",
-    "protector",
-    "protectors",
-    "accessory",
-    "accessories",
-    "holder",
-    "holders",
-    "mount",
-    "mounts",
-    "stand",
-    "stands",
-    "sleeve",
-    "sleeves",
-    "skin",
-    "skins",
-    "replacement",
-    "parts",
+    "case", "cases", "cover", "covers", "charger", "chargers", "cable", "cables", "strap", "straps",
+    "band", "bands", "adapter", "adapters", "protector", "protectors", "accessory", "accessories",
+    "holder", "holders", "mount", "mounts", "stand", "stands", "sleeve", "sleeves", "skin", "skins",
+    "replacement", "parts",
 )
+# fmt: on
 
 
 # -- phrases -----------------------------------------------------------------------------------

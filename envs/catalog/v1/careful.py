@@ -41,46 +41,14 @@ __all__ = [
 
 Message = dict[str, Any]
 
+# fmt: off
 _NOISE = {
-    "new",
-    "nwt",
-    "bnib",
-    "brand",
-    "hot",
-    "genuine",
-    "authentic",
-    "original",
-    "free",
-    "shipping",
-    "fast",
-    "dispatch",
-    "sealed",
-    "great",
-    "gift",
-    "w",
-    "box",
-    "limited",
-    "stock",
-    "us",
-    "seller",
-    "top",
-    "rated",
-    "sale",
-    "deal",
-    "quality",
-    "premium",
-    "best",
-    "in",
-    "ships",
-    "today",
-    "easy",
-    "returns",
-    "must",
-    "see",
-    "item",
-    "warehouse",
-    "ready",
+    "new", "nwt", "bnib", "brand", "hot", "genuine", "authentic", "original", "free", "shipping",
+    "fast", "dispatch", "sealed", "great", "gift", "w", "box", "limited", "stock", "us", "seller",
+    "top", "rated", "sale", "deal", "quality", "premium", "best", "in", "ships", "today", "easy",
+    "returns", "must", "see", "item", "warehouse", "ready",
 }
+# fmt: on
 
 
 def _listing(messages: Sequence[Message]) -> dict[str, Any]:

@@ -124,27 +124,12 @@ def copy_mentions(text: str) -> list[str]:
     return copied_names(_COPY_RE, _STOP, text)
 
 
+# fmt: off
 _STOP = {
-    "at",
-    "for",
-    "with",
-    "in",
-    "and",
-    "but",
-    "from",
-    "quality",
-    "design",
-    "style",
-    "look",
-    "looks",
-    "same",
-    "nobody",
-    "made",
-    "sold",
-    "original",
-    "-",
-    "—",
+    "at", "for", "with", "in", "and", "but", "from", "quality", "design", "style", "look", "looks",
+    "same", "nobody", "made", "sold", "original", "-", "—",
 }
+# fmt: on
 
 
 def stated_condition(text: str) -> bool:

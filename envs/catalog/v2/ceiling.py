@@ -37,26 +37,12 @@ _COPY = re.compile(
     r"(?:the\s+|a\s+|an\s+)?([^.,;:!?()\n|]+)",
     re.I,
 )
+# fmt: off
 _COPY_STOP = {
-    "at",
-    "for",
-    "with",
-    "in",
-    "and",
-    "but",
-    "from",
-    "quality",
-    "design",
-    "style",
-    "look",
-    "looks",
-    "same",
-    "made",
-    "sold",
-    "original",
-    "-",
-    "—",
+    "at", "for", "with", "in", "and", "but", "from", "quality", "design", "style", "look", "looks",
+    "same", "made", "sold", "original", "-", "—",
 }
+# fmt: on
 _CUE = re.compile(r"\b(?:really|works as|doubles as)\s+(?:an?\s+)?([^.!?,;|•/<>*]+)", re.I)
 _STOP = {"and", "&", "for", "the", "a", "an", "of", "with", "set", "pcs", "pc"}
 

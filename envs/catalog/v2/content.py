@@ -326,24 +326,14 @@ def hazard_for(vertical: str, full_name: str, key: str) -> str:
 
 #: Categories (matched on their full path) where the store asks sellers that are neither
 #: authorised nor established for a safety certificate: products whose failure injures.
+# fmt: off
 RESTRICTED_PATTERNS: tuple[str, ...] = (
-    r"\bcar seats?\b",
-    r"\bcribs?\b",
-    r"\bstrollers?\b",
-    r"\bhigh chairs?\b",
-    r"\bbaby gates?\b",
-    r"\bhelmets?\b",
-    r"\bchargers?\b",
-    r"\bpower banks?\b",
-    r"\bbatter(y|ies)\b",
-    r"\bspace heaters?\b",
-    r"\bheaters?\b",
-    r"\belectric scooters?\b",
-    r"\bhoverboards?\b",
-    r"\be-?bikes?\b",
-    r"\bsmoke (detectors?|alarms?)\b",
-    r"\bpressure cookers?\b",
+    r"\bcar seats?\b", r"\bcribs?\b", r"\bstrollers?\b", r"\bhigh chairs?\b", r"\bbaby gates?\b",
+    r"\bhelmets?\b", r"\bchargers?\b", r"\bpower banks?\b", r"\bbatter(y|ies)\b",
+    r"\bspace heaters?\b", r"\bheaters?\b", r"\belectric scooters?\b", r"\bhoverboards?\b",
+    r"\be-?bikes?\b", r"\bsmoke (detectors?|alarms?)\b", r"\bpressure cookers?\b",
 )
+# fmt: on
 _RESTRICTED = re.compile(
     "(?:" + "|".join(RESTRICTED_PATTERNS) + r")\s*$", re.IGNORECASE
 )  # the final noun

@@ -120,26 +120,12 @@ _COPY_RE = re.compile(
     r"(?:the\s+|a\s+|an\s+)?([^.,;:!?()\n|]+)",
     re.IGNORECASE,
 )
+# fmt: off
 _STOP = {
-    "at",
-    "for",
-    "with",
-    "in",
-    "and",
-    "but",
-    "from",
-    "quality",
-    "design",
-    "style",
-    "look",
-    "looks",
-    "same",
-    "made",
-    "sold",
-    "original",
-    "-",
-    "—",
+    "at", "for", "with", "in", "and", "but", "from", "quality", "design", "style", "look", "looks",
+    "same", "made", "sold", "original", "-", "—",
 }
+# fmt: on
 _CONDITION_RE = re.compile(
     r"(?<!never )(?<!not )\b(open[- ]box|refurbished|used|pre-owned|ex-display|clearance)\b",
     re.IGNORECASE,

@@ -148,22 +148,12 @@ class CatalogWorld:
     Look-ups are served from in-memory dicts; :meth:`search` from a tantivy index.
     """
 
+    # fmt: off
     __slots__ = (
-        "source",
-        "categories",
-        "leaves",
-        "attributes",
-        "brands",
-        "sellers",
-        "recalls",
-        "_index",
-        "_brand_lower",
-        "_brand_names",
-        "_brand_norm",
-        "_brand_grams",
-        "_brand_cache",
-        "_digest",
+        "source", "categories", "leaves", "attributes", "brands", "sellers", "recalls", "_index",
+        "_brand_lower", "_brand_names", "_brand_norm", "_brand_grams", "_brand_cache", "_digest",
     )
+    # fmt: on
 
     def __init__(
         self,
