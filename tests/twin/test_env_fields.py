@@ -28,3 +28,33 @@ def test_the_filler_refuses_unknown_and_missing_required_fields():
         _fields_filler(Trajectory, ("twin", "case_id", "split", "index", "nope"))
     with pytest.raises(TypeError, match="required fields \\['twin', 'case_id'\\]"):
         _fields_filler(Trajectory, ("split",))
+
+
+def test_env_built_records_share_one_fields_set_that_assignment_and_copies_keep_whole():
+    from twin.env import TwinEnv
+    from twin.registry import make_twin
+
+    env = TwinEnv(make_twin("Catalog-v1"))
+    trajectories = []
+    for index in (0, 1):
+        env.reset(options={"split": "test", "index": index})
+        env.step(
+            '<tool_call>{"name": "search_taxonomy", "arguments": {"query": "shoes"}}</tool_call>'
+        )
+        env.step(
+            '<tool_call>{"name": "search_taxonomy", "arguments": {"query": "bags"}}</tool_call>'
+        )
+        trajectories.append(env.trajectory)
+    a, b = trajectories
+    every = set(Trajectory.model_fields)
+    assert a.model_fields_set == every and a.model_fields_set is b.model_fields_set
+    first, second = a.calls
+    assert first.model_fields_set == set(type(first).model_fields)
+    assert first.model_fields_set is second.model_fields_set
+    assert (a.num_turns, a.invalid_calls) == (2, 0)  # the per-turn writes reached the model
+    a.reward = 0.5  # pydantic's setter adds to the shared set: a name it already holds
+    assert a.model_fields_set == every and b.reward is None
+    copy = a.model_copy(update={"reward": 1.0})
+    assert copy.model_fields_set is not a.model_fields_set and copy.model_fields_set == every
+    assert (copy.reward, a.reward) == (1.0, 0.5)
+    assert a.model_dump(exclude_unset=True) == a.model_dump()  # every field counts as set

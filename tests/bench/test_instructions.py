@@ -1,0 +1,42 @@
+"""bench/instructions.py: instructions per operation from callgrind's totals."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import instructions
+
+
+def test_per_operation_takes_the_reset_out_of_each_step_episode():
+    counts = {"env.reset": 2_000, "env.step (text)": 2_600, "env.step (message)": 2_900}
+    figures = instructions.per_operation(counts, n=10)
+    assert figures == {"env.reset": 200.0, "env.step (text)": 20.0, "env.step (message)": 30.0}
+    with pytest.raises(ValueError, match="n must be at least 1"):
+        instructions.per_operation(counts, n=0)
+
+
+def test_count_says_what_is_missing_without_valgrind(monkeypatch):
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="valgrind is not installed"):
+        instructions.count(Path("."), "reset", 1)
+
+
+def test_count_quotes_the_run_when_callgrind_prints_no_total(monkeypatch):
+    monkeypatch.setattr(instructions.shutil, "which", lambda name: "/usr/bin/valgrind")
+    failed = subprocess.CompletedProcess([], 1, "", "valgrind: no such tool\n")
+    monkeypatch.setattr(instructions.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(RuntimeError, match="exit code 1:\nvalgrind: no such tool"):
+        instructions.count(Path("."), "reset", 1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_a_count_repeats_exactly_and_grows_with_the_episodes():
+    tree = Path(instructions.__file__).resolve().parents[1]
+    one = instructions.count(tree, "reset", 5)
+    assert one == instructions.count(tree, "reset", 5)
+    assert instructions.count(tree, "reset", 10) > one
