@@ -175,3 +175,31 @@ def test_greedy_and_uncached_specs(policy: HFPolicy) -> None:
     assert asyncio.run(greedy_uncached.for_episode("z#0").act(OPENING, TOOLS)) == a
     with pytest.raises(ConfigError, match="temperature must be >= 0"):
         HFPolicy(policy.model, policy.tokenizer, temperature=-0.5)
+
+
+def test_an_autocast_spec_stores_linear_weights_in_bf16_and_samples_the_same() -> None:
+    """Rounding the linear weights once gives the numbers autocast gives by rounding them on
+    every call: the same ids and the same logprobs, greedy and sampled."""
+    loaded = HFPolicy.from_spec("hf:tiny")  # fp32 weights, autocast rounds them per call
+    cast = HFPolicy.from_spec("hf:tiny,autocast=bfloat16")
+    linears = [m for m in cast.model.modules() if type(m) is torch.nn.Linear]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    embedding = cast.model.get_input_embeddings().weight
+    assert embedding.dtype == torch.float32  # a tied head got its own copy: the table is as loaded
+    assert all(p.dtype == torch.float32 for p in loaded.model.parameters())
+    prompts = [
+        policy_ids(loaded, OPENING),
+        policy_ids(loaded, [*OPENING, {"role": "user", "content": "Now call submit."}]),
+    ]
+    for temperature in (0.0, 1.0):
+        options = {"temperature": temperature, "max_new_tokens": 10, "autocast": "bfloat16"}
+        ref = HFPolicy(loaded.model, loaded.tokenizer, **options).sample_batch(prompts, [1, 2])
+        got = HFPolicy(cast.model, cast.tokenizer, **options).sample_batch(prompts, [1, 2])
+        assert [s.ids for s in got] == [s.ids for s in ref]
+        assert [s.logprobs for s in got] == [s.logprobs for s in ref]
+
+
+def policy_ids(policy: HFPolicy, messages: list[dict]) -> list[int]:
+    renderer = policy.renderer(TOOLS)
+    renderer.start(messages)
+    return list(renderer.ids)
