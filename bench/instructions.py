@@ -3,7 +3,8 @@ two.
 
 Wall-clock figures of a few microseconds swing by tens of percent between runs on a shared
 machine; instruction counts repeat exactly. This runs a catalog episode loop (a reset, then one
-step per look-up tool: ``search_taxonomy``, ``lookup_brand``, ``get_seller``) under
+step per look-up tool: ``get_attribute_schema``, ``search_taxonomy``, ``lookup_brand``,
+``get_seller``) under
 ``valgrind --tool=callgrind`` and counts only inside the loop: it runs as the reducing function of
 ``functools.reduce`` and callgrind collects while ``functools_reduce`` is on the stack
 (``--toggle-collect``), so imports, the world build and tantivy's threads stay out of the count.
@@ -49,6 +50,7 @@ opts = {"split": "test", "index": 0}
 env.reset(options=opts)
 task = twin.case("test", 0).task
 calls = {
+    "get_attribute_schema": {"category_id": twin.case("test", 0).truth["category_id"]},
     "search_taxonomy": {"query": "running shoes"},
     "lookup_brand": {"name": task.get("brand") or "Acme"},
     "get_seller": {"name": task["seller"]},
@@ -77,7 +79,7 @@ functools.reduce(episode, range(n), None)
 #: Figure name -> loop mode.
 MODES = {"env.reset": "reset", "env.step (text)": "text", "env.step (message)": "message"}
 
-_STEPS = 3  # look-up steps per episode in the text and message modes
+_STEPS = 4  # look-up steps per episode in the text and message modes
 
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
