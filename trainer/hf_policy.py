@@ -119,7 +119,9 @@ def cast_linear_weights(model: torch.nn.Module, dtype_name: str) -> int:
     """
     import torch
 
-    dtype = getattr(torch, dtype_name)
+    from trainer.models import resolve_dtype
+
+    dtype = resolve_dtype(dtype_name)
     cast = 0
     for module in model.modules():
         if type(module) is not torch.nn.Linear or module.weight.dtype == dtype:
@@ -298,9 +300,10 @@ class HFPolicy:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, adapter).eval()
-        if options.get("autocast"):
-            cast_linear_weights(model, options["autocast"])
-        return cls(model, tokenizer, name=spec, **options)
+        policy = cls(model, tokenizer, name=spec, **options)  # checks the autocast dtype first
+        if policy.autocast:
+            cast_linear_weights(model, policy.autocast)
+        return policy
 
     # -- sampling ----------------------------------------------------------------------------
     def _stop_ids(self) -> list[int]:

@@ -197,6 +197,8 @@ def test_an_autocast_spec_stores_linear_weights_in_bf16_and_samples_the_same() -
         got = HFPolicy(cast.model, cast.tokenizer, **options).sample_batch(prompts, [1, 2])
         assert [s.ids for s in got] == [s.ids for s in ref]
         assert [s.logprobs for s in got] == [s.logprobs for s in ref]
+    with pytest.raises(ConfigError, match="model.autocast 'int8'"):  # checked before any cast
+        HFPolicy.from_spec("hf:tiny,autocast=int8")
 
 
 def policy_ids(policy: HFPolicy, messages: list[dict]) -> list[int]:
