@@ -2,8 +2,8 @@
 two.
 
 Wall-clock figures of a few microseconds swing by tens of percent between runs on a shared
-machine; instruction counts repeat exactly. This runs a catalog episode loop (a reset, then one
-step per look-up tool: ``get_attribute_schema``, ``search_taxonomy``, ``lookup_brand``,
+machine; instruction counts repeat to within 0.1%. This runs a catalog episode loop (a reset,
+then one step per look-up tool: ``get_attribute_schema``, ``search_taxonomy``, ``lookup_brand``,
 ``get_seller``) under
 ``valgrind --tool=callgrind`` and counts only inside the loop: it runs as the reducing function of
 ``functools.reduce`` and callgrind collects while ``functools_reduce`` is on the stack

@@ -35,8 +35,10 @@ def test_count_quotes_the_run_when_callgrind_prints_no_total(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
-def test_a_count_repeats_exactly_and_grows_with_the_episodes():
+def test_a_count_repeats_within_a_tenth_of_a_percent_and_grows_with_the_episodes():
+    # Two processes differ by a few hundred instructions in 400k (memory addresses feed a few
+    # hashes), so a count repeats closely, not bit for bit.
     tree = Path(instructions.__file__).resolve().parents[1]
     one = instructions.count(tree, "reset", 5)
-    assert one == instructions.count(tree, "reset", 5)
-    assert instructions.count(tree, "reset", 10) > one
+    assert instructions.count(tree, "reset", 5) == pytest.approx(one, rel=1e-3)
+    assert instructions.count(tree, "reset", 10) > one * 1.5
