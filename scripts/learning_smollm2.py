@@ -109,11 +109,12 @@ CHAINS: dict[str, dict[str, Any]] = {
         "twin": "Catalog-v2",
         "twin_sets": ["max_turns=4"],
         "test_split_size": 1000,
+        "keep": True,
         "defaults": {
             "test_cases": 500,
-            "collect_episodes": 1000,
+            "collect_episodes": 280,
             "sft_epochs": 1,
-            "sft_batch_size": 8,
+            "sft_batch_size": 4,
             "grpo_steps": 16,
             "eval_batch": 16,
             "eval_chunk": 100,
@@ -125,8 +126,9 @@ CHAINS: dict[str, dict[str, Any]] = {
 
 def use_chain(name: str) -> dict[str, Any]:
     """Point the module's settings at chain ``name`` (:data:`CHAINS`); return its defaults."""
-    global RUN_DIR, DOCS_DIR, SFT_RECIPE, GRPO_RECIPE, MAX_NEW_TOKENS, TWIN, TWIN_SETS
+    global RUN_DIR, DOCS_DIR, SFT_RECIPE, GRPO_RECIPE, MAX_NEW_TOKENS, TWIN, TWIN_SETS, KEEP
     chain = CHAINS[name]
+    KEEP = bool(chain.get("keep"))
     RUN_DIR, DOCS_DIR = chain["run_dir"], chain["docs_dir"]
     SFT_RECIPE, GRPO_RECIPE = chain["sft_recipe"], chain["grpo_recipe"]
     MAX_NEW_TOKENS = chain["max_new_tokens"]
@@ -174,6 +176,8 @@ V2_GRPO_RUNS = (
     ("grpo_s1", "grpo-s1", ("seed=1",)),
 )
 V2_DECISIONS = ("ok", "counterfeit", "prohibited", "escalate")
+#: Whether the chain keeps its finished models in ``kept/`` (v2; see :func:`keep_run`).
+KEEP = False
 BOOT_SEED = 0
 BOOT_RESAMPLES = 10_000
 
@@ -321,6 +325,9 @@ def _evaluate(
     (RUN_DIR / f"episodes-{name}.jsonl").write_text("\n".join(lines) + "\n")
     chunks = [json.loads(done.read_text()) for done, _ in parts]
     summary.write_text(json.dumps({"chunks": chunks}, indent=1) + "\n")
+    for files in parts:  # the joined files hold them (and git would keep them twice)
+        for f in files:
+            f.unlink()
 
 
 def _evaluate_chunk(
@@ -450,19 +457,21 @@ def evaluate_grpo(policy: str, args: argparse.Namespace, name: str = "grpo") -> 
     folder and evaluation carry that name; snapshots are the ``grpo`` run's."""
     for k in args.grpo_eval_at if name == "grpo" else ():
         evaluate(f"grpo-{k}", f"hf:{snapshot_dir(k)},{policy}", args)
-    step = last_step(RUN_DIR / name)
+    step = trained_steps(name)
     if step != args.grpo_steps:
         log(f"{name}: the run is at step {step}, not {args.grpo_steps}; not evaluated")
         return
-    evaluate(name, f"hf:{RUN_DIR / name},{policy}", args)
+    evaluate(name, f"hf:{model_dir(name)},{policy}", args)
 
 
 def sft_finished(out: Path) -> bool:
     """Whether the SFT run in ``out`` reached its last step (or stopped early): its newest
     checkpoint says so (``total_steps``); a checkpoint without it is a finished one-checkpoint
-    run."""
+    run. A run the chain has kept (:func:`keep_run`) has finished."""
     from trainer.checkpoint import latest_checkpoint, load_checkpoint
 
+    if kept_info(out.name) is not None:
+        return True
     ckpt = latest_checkpoint(out)
     if ckpt is None:
         return False
@@ -505,6 +514,75 @@ def snapshot_dir(step: int) -> Path:
     return RUN_DIR / f"grpo-step-{step}"
 
 
+# -- kept models ------------------------------------------------------------------------------
+# A sitting on this machine can end before a stage does, and a later one may start from a fresh
+# checkout: the run folders (optimizer states, merged base weights, the run store) are gitignored
+# and ~100 MB a run. What later stages need of a finished run is small, so the v2 chain copies it to
+# kept/<run>/, which git tracks (.gitignore) with the evaluations' summaries and episodes.
+
+
+def kept_dir(name: str) -> Path:
+    """Where the chain keeps finished training run ``name`` (``sft``, ``grpo``, ...)."""
+    return RUN_DIR / "kept" / name
+
+
+def kept_info(name: str) -> dict[str, Any] | None:
+    """``kept.json`` of run ``name`` (its final step, how it ended, its adapter's sha256), or
+    None when the chain does not keep runs or has not kept this one."""
+    path = kept_dir(name) / "kept.json"
+    return json.loads(path.read_text()) if KEEP and path.is_file() else None
+
+
+def model_dir(name: str) -> str:
+    """The checkpoint folder later stages load run ``name``'s model from (``hf:`` evaluations,
+    GRPO's ``model.init_from``): its kept copy, named relative to the repository (the chain's
+    commands run there) so a recipe that names it works in any checkout; else its run folder."""
+    return os.path.relpath(kept_dir(name), ROOT) if KEEP else str(RUN_DIR / name)
+
+
+def trained_steps(name: str) -> int:
+    """The optimizer steps run ``name`` has finished: its kept step, else its newest checkpoint."""
+    info = kept_info(name)
+    return int(info["step"]) if info else last_step(RUN_DIR / name)
+
+
+def keep_run(name: str) -> None:
+    """Copy finished run ``name``'s newest checkpoint (adapter and recipe: a checkpoint folder
+    for ``hf:`` and ``model.init_from``) and its ``metrics.jsonl`` to :func:`kept_dir`, with
+    ``kept.json``; written beside it and renamed into place, so a half copy is never read."""
+    import hashlib
+
+    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+    out = RUN_DIR / name
+    ckpt = latest_checkpoint(out)
+    if ckpt is None:
+        raise FileNotFoundError(f"{out} has no checkpoint to keep")
+    state = load_checkpoint(ckpt)
+    dest = kept_dir(name)
+    tmp = dest.with_name(f".{name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt / "adapter", tmp / "adapter")
+    shutil.copy2(ckpt / "recipe.yaml", tmp / "recipe.yaml")
+    if (out / "metrics.jsonl").is_file():
+        shutil.copy2(out / "metrics.jsonl", tmp / "metrics.jsonl")
+    info = {
+        "step": int(state["step"]),
+        "total_steps": state.get("total_steps"),
+        "stopped_early": bool(state.get("stopped_early")),
+        "checkpoint": os.path.relpath(ckpt, ROOT),
+        "sha256": {
+            f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted((tmp / "adapter").iterdir())
+            if f.is_file()
+        },
+    }
+    (tmp / "kept.json").write_text(json.dumps(info, indent=1) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    log(f"{name}: step {info['step']} kept in {os.path.relpath(dest, ROOT)}")
+
+
 def train_grpo(args: argparse.Namespace, name: str = "grpo", extra: tuple[str, ...] = ()) -> bool:
     """Run GRPO to ``--grpo-steps`` in segments that end at each ``--grpo-eval-at`` step, where
     the checkpoint's adapter and recipe are copied to :func:`snapshot_dir`; True when it continued
@@ -520,6 +598,9 @@ def train_grpo(args: argparse.Namespace, name: str = "grpo", extra: tuple[str, .
     control, ``algorithm.placebo=true``); only the ``grpo`` run stops at ``--grpo-eval-at``.
     """
     out = RUN_DIR / name
+    if kept_info(name) is not None:
+        log(f"{name}: kept at step {trained_steps(name)}, skipped")
+        return False
     resumed = bool(last_step(out))
     stops = args.grpo_eval_at if name == "grpo" else []
     for target in sorted({*stops, args.grpo_steps}):
@@ -531,6 +612,8 @@ def train_grpo(args: argparse.Namespace, name: str = "grpo", extra: tuple[str, .
             snap.mkdir()
             shutil.copytree(ckpt / "adapter", snap / "adapter")
             shutil.copy2(ckpt / "recipe.yaml", snap / "recipe.yaml")
+    if KEEP and last_step(out) >= args.grpo_steps:
+        keep_run(name)
     return resumed
 
 
@@ -545,8 +628,12 @@ def train(
     """
     out = RUN_DIR / stage
     done = last_step(out)
-    if done and (sft_finished(out) if stage == "sft" else done >= steps):
-        log(f"{stage}: {out.name}/checkpoints reach step {done}, skipped")
+    if kept_info(stage) is not None or (
+        done and (sft_finished(out) if stage == "sft" else done >= steps)
+    ):
+        log(f"{stage}: finished at step {trained_steps(stage)}, skipped")
+        if KEEP and stage == "sft" and kept_info(stage) is None:
+            keep_run(stage)  # the run ended before the chain could keep it
         return False
     if trained_elsewhere(out):
         log(f"{stage}: another process is training {out.name} (its lock is held), skipped")
@@ -565,7 +652,7 @@ def train(
             log(f"sft: continuing from step {done}")
             cmd.append("--resume")
     else:
-        sets += [f"model.init_from={RUN_DIR / 'sft'}", f"train.steps={steps}"]
+        sets += [f"model.init_from={model_dir('sft')}", f"train.steps={steps}"]
         cmd = twin_cmd("train", GRPO_RECIPE)
         if done:
             log(f"{stage}: continuing from step {done} to {steps}")
@@ -581,6 +668,8 @@ def train(
             os.environ.pop("TWINRL_STORE", None)
         else:
             os.environ["TWINRL_STORE"] = env_store
+    if KEEP and stage == "sft" and sft_finished(out):
+        keep_run(stage)
     return bool(done)
 
 
@@ -602,12 +691,12 @@ def natural(args: argparse.Namespace, policy: str) -> None:
     mix = ("mix=natural",)
     for r in V2_REFS:
         evaluate(f"nat-{r}", r, args, mix)
-    models = [(n, last_step(RUN_DIR / n) == args.grpo_steps) for n in ("grpo", "grpo-s1")]
+    models = [(n, trained_steps(n) == args.grpo_steps) for n in ("grpo", "grpo-s1")]
     for name, done in models:
         if not done:
             log(f"natural: {name} has not finished training; not evaluated")
             continue
-        evaluate(f"nat-{name}", f"hf:{RUN_DIR / name},{policy}", args, mix)
+        evaluate(f"nat-{name}", f"hf:{model_dir(name)},{policy}", args, mix)
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -668,7 +757,10 @@ def paired(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def read_metrics(stage: str) -> list[dict[str, Any]]:
-    path = RUN_DIR / stage / "metrics.jsonl"
+    """Training run ``stage``'s metrics: its kept copy's (:func:`keep_run`), else its folder's."""
+    path = kept_dir(stage) / "metrics.jsonl"
+    if not (KEEP and path.exists()):
+        path = RUN_DIR / stage / "metrics.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -1311,7 +1403,7 @@ def actions(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
         "collect": lambda: collect(args),
         "zeroshot": lambda: evaluate("zeroshot", f"hf:smollm2,{policy}", args),
         "sft": lambda: train("sft", args),
-        "sft_eval": after_sft(lambda: evaluate("sft", f"hf:{RUN_DIR / 'sft'},{policy}", args)),
+        "sft_eval": after_sft(lambda: evaluate("sft", f"hf:{model_dir('sft')},{policy}", args)),
         "grpo": after_sft(lambda: train_grpo(args)),
         "grpo_eval": lambda: evaluate_grpo(policy, args),
         "report": lambda: report_v2(args) if args.chain == "v2" else report(args),
@@ -1328,6 +1420,8 @@ def after_sft(action: Callable[[], Any]) -> Callable[[], Any]:
         if not sft_finished(RUN_DIR / "sft"):
             log("the SFT run has not finished; skipped")
             return None
+        if KEEP and kept_info("sft") is None:
+            keep_run("sft")  # it finished in a process that ended before keeping it
         return action()
 
     return guarded

@@ -109,7 +109,7 @@ def test_v2_chain_plans_its_stages_and_commands(v2: Any) -> None:
     assert "autocast=bfloat16" in v2.evaluated[-1][1]
     (collect,) = v2.ran
     assert collect[1:5] == ["collect", "Catalog-v2", "--policy", "ceiling"]
-    assert collect[collect.index("--episodes") + 1] == "1000"
+    assert collect[collect.index("--episodes") + 1] == "280"
     assert collect[collect.index("--out") + 1] == str(v2.RUN_DIR / "data-ceiling")
 
 
@@ -130,8 +130,47 @@ def test_v2_grpo_runs_share_the_sft_start_and_differ_by_seed_or_placebo(v2: Any)
     ):
         assert cmd[1:3] == ["train", "data/recipes/catalog-v2-smollm2-grpo-cpu.yaml"]
         assert f"train.output_dir={v2.RUN_DIR / name}" in cmd
-        assert f"model.init_from={v2.RUN_DIR / 'sft'}" in cmd and "train.steps=4" in cmd
+        assert f"model.init_from={v2.model_dir('sft')}" in cmd and "train.steps=4" in cmd
         assert [s for s in ("algorithm.placebo=true", "seed=1") if s in cmd] == list(extra)
+    assert v2.kept_info("sft")["step"] == 120  # kept before the first run started from it
+
+
+def test_v2_a_fresh_checkout_continues_from_the_kept_models(
+    v2: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished run is copied to kept/<run> (tracked in git); a checkout without the run
+    folders skips the finished runs and loads their models and metrics from the kept copies."""
+    import shutil
+
+    from trainer.checkpoint import resolve_checkpoint
+
+    args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
+    for name, step, total in (("sft", 9, 9), ("grpo", 4, None)):
+        _save(v2.RUN_DIR / name, step, {"total_steps": total} if total else {})
+        (v2.RUN_DIR / name / "metrics.jsonl").write_text(f'{{"step": {step}, "losses/loss": 1}}\n')
+    _save(v2.RUN_DIR / "placebo", 2, {})  # stopped part-way: not kept
+    acts = v2.actions(args)
+    acts["sft"]()
+    acts["grpo"]()
+    acts["placebo"]()
+    assert len(v2.ran) == 1 and "--resume" in v2.ran[0]  # only placebo trains on
+    assert v2.kept_info("placebo") is None
+    kept = v2.kept_info("grpo")
+    assert kept["step"] == 4 and kept["checkpoint"].endswith("grpo/checkpoints/step-000004")
+    assert resolve_checkpoint(v2.kept_dir("grpo")) == v2.kept_dir("grpo")
+    for name in ("sft", "grpo", "placebo"):  # what a fresh checkout lacks
+        shutil.rmtree(v2.RUN_DIR / name)
+    v2.ran.clear()
+    acts["sft"]()
+    acts["grpo"]()
+    acts["grpo_eval"]()
+    assert v2.ran == [] and v2.sft_finished(v2.RUN_DIR / "sft")
+    ((name, policy, _),) = v2.evaluated
+    assert name == "grpo" and policy.startswith(f"hf:{v2.model_dir('grpo')},temperature=0")
+    assert [r["step"] for r in v2.read_metrics("grpo")] == [4]
+    acts["placebo"]()  # starts again, from the kept SFT model
+    (cmd,) = v2.ran
+    assert "--resume" not in cmd and f"model.init_from={v2.model_dir('sft')}" in cmd
 
 
 def test_v2_stopped_runs_resume_and_only_finished_models_are_scored(v2: Any) -> None:
