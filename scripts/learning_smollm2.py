@@ -147,13 +147,14 @@ BASE_ROWS = (
     ("sft", "SmolLM2 after SFT"),
 )
 VERDICTS = ("ok", "counterfeit", "prohibited")
-#: The v2 chain: the references, zero-shot, the teacher's demonstrations, SFT, GRPO seed 0, its
-#: placebo control (seed 0, advantages shuffled), GRPO seed 1, each model scored on the same test
-#: cases; then the natural mix.
+#: The v2 chain: the references, the teacher's demonstrations, SFT, GRPO seed 0, its placebo
+#: control (seed 0, advantages shuffled), GRPO seed 1, each model scored on the same test cases;
+#: then zero-shot (the costliest evaluation: the untrained model writes every turn to its limit)
+#: and the natural mix.
 # fmt: off
 V2_STAGES = (
-    "refs", "zeroshot", "collect", "sft", "sft_eval", "grpo", "grpo_eval", "placebo",
-    "placebo_eval", "grpo_s1", "grpo_s1_eval", "natural", "report",
+    "refs", "collect", "sft", "sft_eval", "grpo", "grpo_eval", "placebo", "placebo_eval",
+    "grpo_s1", "grpo_s1_eval", "zeroshot", "natural", "report",
 )
 # fmt: on
 ALL_STAGES = tuple(dict.fromkeys((*STAGES, *V2_STAGES)))
