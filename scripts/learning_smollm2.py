@@ -584,6 +584,13 @@ def keep_run(name: str) -> None:
     log(f"{name}: step {info['step']} kept in {os.path.relpath(dest, ROOT)}")
 
 
+def keep_sft() -> None:
+    """Keep the SFT run (:func:`keep_run`) once it has finished, if the chain keeps runs and has
+    not kept it yet."""
+    if KEEP and kept_info("sft") is None and sft_finished(RUN_DIR / "sft"):
+        keep_run("sft")
+
+
 def train_grpo(args: argparse.Namespace, name: str = "grpo", extra: tuple[str, ...] = ()) -> bool:
     """Run GRPO to ``--grpo-steps`` in segments that end at each ``--grpo-eval-at`` step, where
     the checkpoint's adapter and recipe are copied to :func:`snapshot_dir`; True when it continued
@@ -633,8 +640,8 @@ def train(
         done and (sft_finished(out) if stage == "sft" else done >= steps)
     ):
         log(f"{stage}: finished at step {trained_steps(stage)}, skipped")
-        if KEEP and stage == "sft" and kept_info(stage) is None:
-            keep_run(stage)  # the run ended before the chain could keep it
+        if stage == "sft":
+            keep_sft()  # the run may have ended before the chain could keep it
         return False
     if trained_elsewhere(out):
         log(f"{stage}: another process is training {out.name} (its lock is held), skipped")
@@ -669,8 +676,8 @@ def train(
             os.environ.pop("TWINRL_STORE", None)
         else:
             os.environ["TWINRL_STORE"] = env_store
-    if KEEP and stage == "sft" and sft_finished(out):
-        keep_run(stage)
+    if stage == "sft":
+        keep_sft()
     return bool(done)
 
 
@@ -980,21 +987,26 @@ V2_MODEL_ROWS = (
 )
 
 
+def flag_row(r: dict[str, Any]) -> tuple[float, bool, bool, bool, bool]:
+    """One episode row's operating cost, and whether it is a miss, a false alarm, a flagged bad
+    listing and a right decision (``none``, no accepted submit, counts as no decision)."""
+    from envs.catalog.v2.reward import operating_cost
+
+    truth = r["true_verdict"]
+    decision = r["verdict"] if r["verdict"] in V2_DECISIONS else None
+    cost = operating_cost(truth, r.get("true_request"), decision, r.get("request"))
+    flagged, bad = decision not in (None, "ok"), truth != "ok"
+    return cost, bad and not flagged, flagged and not bad, flagged and bad, decision == truth
+
+
 def flag_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Per 1,000 listings: operating cost, misses (a listing the policy does not pass, passed or
     left without a decision) and false alarms (an ok listing flagged); precision and recall of
     flagging (any decision but ok), as ``envs.catalog.v2.checks.natural_costs`` counts them."""
-    from envs.catalog.v2.reward import operating_cost
-
     cost = misses = alarms = tp = 0.0
     for r in rows:
-        truth = r["true_verdict"]
-        decision = r["verdict"] if r["verdict"] in V2_DECISIONS else None
-        cost += operating_cost(truth, r.get("true_request"), decision, r.get("request"))
-        flagged, bad = decision not in (None, "ok"), truth != "ok"
-        misses += bad and not flagged
-        alarms += flagged and not bad
-        tp += flagged and bad
+        c, miss, alarm, hit, _ = flag_row(r)
+        cost, misses, alarms, tp = cost + c, misses + miss, alarms + alarm, tp + hit
     n = max(len(rows), 1)
     return {
         "cost_per_1000": 1000 * cost / n,
@@ -1016,25 +1028,11 @@ def reweighted_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     bootstrap that resamples cases within each kind (seed :data:`BOOT_SEED`). ``coverage``: the
     natural share of the kinds present (the weights are renormalised over them)."""
     from envs.catalog.v2.listings import mix_for
-    from envs.catalog.v2.reward import operating_cost
 
     shares = mix_for("natural", "test")
     by_kind: dict[str, list[list[float]]] = {}
     for r in rows:
-        truth = r["true_verdict"]
-        decision = r["verdict"] if r["verdict"] in V2_DECISIONS else None
-        flagged, bad = decision not in (None, "ok"), truth != "ok"
-        by_kind.setdefault(r["kind"], []).append(
-            [
-                r["reward"] or 0.0,
-                operating_cost(truth, r.get("true_request"), decision, r.get("request")),
-                bad and not flagged,
-                flagged and not bad,
-                flagged and bad,
-                decision == truth,
-                r["submitted"],
-            ]
-        )
+        by_kind.setdefault(r["kind"], []).append([r["reward"] or 0.0, *flag_row(r), r["submitted"]])
     kinds = [k for k in by_kind if shares.get(k, 0.0) > 0]
     coverage = sum(shares[k] for k in kinds)
     weights = {k: shares[k] / coverage for k in kinds}
@@ -1516,8 +1514,7 @@ def after_sft(action: Callable[[], Any]) -> Callable[[], Any]:
         if not sft_finished(RUN_DIR / "sft"):
             log("the SFT run has not finished; skipped")
             return None
-        if KEEP and kept_info("sft") is None:
-            keep_run("sft")  # it finished in a process that ended before keeping it
+        keep_sft()  # it may have finished in a process that ended before keeping it
         return action()
 
     return guarded
