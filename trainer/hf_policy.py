@@ -103,16 +103,20 @@ def parse_hf_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return model, options
 
 
-def cast_linear_weights(model: torch.nn.Module, dtype_name: str) -> int:
+def cast_linear_weights(
+    model: torch.nn.Module, dtype_name: str, *, frozen_only: bool = False
+) -> int:
     """Store every ``nn.Linear``'s weight and bias in ``dtype_name`` (``"bfloat16"``), once, for a
-    model that samples under ``torch.autocast`` to that dtype with fixed weights (an evaluation).
+    model that samples under ``torch.autocast`` to that dtype with fixed weights (an evaluation),
+    or, with ``frozen_only``, only the layers whose weight is not trained (a LoRA learner's base
+    layers: its adapters keep their dtype and stay trainable).
 
     Autocast runs a linear layer on its weight rounded to the autocast dtype, and rounds it again
     on every call: at one decoded token per forward pass that copy was 39% of a CPU evaluation's
     time (``docs/benchmarks.md``). Rounded once here, the layers compute the same numbers (same
     sampled ids and logprobs, tested) without the copies. Embeddings and norms keep their dtype; a
     head tied to the embeddings gets its own rounded weight, so the embedding table stays as it
-    was. Do not call it on a model that is being trained.
+    was. Without ``frozen_only``, do not call it on a model that is being trained.
 
     Returns:
         How many layers were cast.
@@ -125,6 +129,8 @@ def cast_linear_weights(model: torch.nn.Module, dtype_name: str) -> int:
     cast = 0
     for module in model.modules():
         if type(module) is not torch.nn.Linear or module.weight.dtype == dtype:
+            continue
+        if frozen_only and module.weight.requires_grad:
             continue
         module.weight = torch.nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
         if module.bias is not None:

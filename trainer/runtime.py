@@ -248,6 +248,12 @@ def build_learner(cfg: Recipe, model_path: str, *, temperature: float) -> tuple[
             lora_dropout=cfg.lora.dropout,
             target_modules=cfg.lora.target_modules,
         )
+        if cfg.model.autocast:
+            from trainer.hf_policy import cast_linear_weights
+
+            # The frozen base layers run on weights rounded to the autocast dtype anyway: rounded
+            # once here, no forward pass (a sampled token, above all) copies them again.
+            cast_linear_weights(model, cfg.model.autocast, frozen_only=True)
     else:
         for p in model.parameters():
             p.requires_grad_(True)

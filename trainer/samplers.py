@@ -219,6 +219,9 @@ class HFSampler:
             each turn's new messages only. Call :meth:`clear_cache` whenever the weights change
             (e.g. after an optimizer step).
         cache_bytes: Memory bound of the prefix cache.
+        autocast: Sample under ``torch.autocast`` to this dtype (``"bfloat16"``: the learner's
+            ``model.autocast``, so the sampled logprobs are of the distribution it scores); None:
+            the weights' dtype.
     """
 
     #: Prefill each distinct prompt of a batch once (a GRPO group repeats its prompt G times),
@@ -233,9 +236,13 @@ class HFSampler:
         max_batch: int = 256,
         prefix_cache: bool = False,
         cache_bytes: int = 4 << 30,
+        autocast: str | None = None,
     ) -> None:
+        from trainer.scoring import autocast_context
         from trainer.serving.engine import Engine, PrefixStore
 
+        autocast_context(autocast, self._device_of(model))  # a bad dtype fails here
+        self.autocast = autocast or None
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = max_batch
@@ -253,7 +260,11 @@ class HFSampler:
     @property
     def device(self) -> torch.device:
         """Device of the model's parameters."""
-        return next(self.model.parameters()).device
+        return self._device_of(self.model)
+
+    @staticmethod
+    def _device_of(model: torch.nn.Module) -> torch.device:
+        return next(model.parameters()).device
 
     def clear_cache(self) -> None:
         """Forget cached keys/values (they belong to the weights they were computed with)."""
@@ -321,12 +332,15 @@ class HFSampler:
             )
             for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))
         ]
+        from trainer.scoring import autocast_context
+
         was_training = self.model.training
         self.model.eval()  # no dropout while sampling
         try:
-            for start in range(0, len(rows), self.max_batch):
-                chunk = rows[start : start + self.max_batch]
-                self.engine.decode(chunk, store=self.store, share_prefill=self.share_prefill)
+            with autocast_context(self.autocast, self.device):  # thread-local: entered here
+                for start in range(0, len(rows), self.max_batch):
+                    chunk = rows[start : start + self.max_batch]
+                    self.engine.decode(chunk, store=self.store, share_prefill=self.share_prefill)
         finally:
             self.model.train(was_training)
         return [Sample(r.ids, r.token_logprobs, r.finish_reason or "length") for r in rows]

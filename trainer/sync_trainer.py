@@ -126,7 +126,11 @@ class SyncTrainer(TrainingRuntime):
                     cfg.devices.learner,
                     cfg.devices.rollout,
                 )
-            return HFSampler(self.learner.model, self.tokenizer)
+            # Keys/values kept across an episode's turns and a group's shared prompt (a turn
+            # then prefills its new messages only); publish() forgets them when weights change.
+            return HFSampler(
+                self.learner.model, self.tokenizer, prefix_cache=True, autocast=cfg.model.autocast
+            )
         if cfg.sampler.kind == "vllm":
             self.server = make_sampler_server(cfg, self.output_dir, self.model_path, max_loras=2)
             self.server.start()
@@ -152,6 +156,9 @@ class SyncTrainer(TrainingRuntime):
         started = time.perf_counter()
         version = self.learner.version
         self.publisher.push(self.learner, version)
+        clear = getattr(self.sampler, "clear_cache", None)
+        if clear is not None:  # cached keys/values belong to the weights they were computed with
+            clear()
         if self.adapters.needs_files:  # a server: ask it for the adapter just loaded
             self.sampler.model_name = adapter_name(version)
         return time.perf_counter() - started
