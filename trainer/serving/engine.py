@@ -79,6 +79,9 @@ class Engine:
         pad_id: Id written into padding positions (never attended to).
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs``.
         seed: Seed of the generator rows without their own use.
+        cascade: Attend a batch's stored common prefix once for all rows (cascade attention,
+            ``trainer/serving/cascade.py``) rather than once per row, where the model's attention
+            allows it (:func:`~trainer.serving.cascade.supports_cascade`).
     """
 
     def __init__(
@@ -88,8 +91,12 @@ class Engine:
         pad_id: int,
         logprobs_mode: LogprobsMode = "processed_logprobs",
         seed: int = 0,
+        cascade: bool = True,
     ) -> None:
+        from trainer.serving.cascade import supports_cascade
+
         self.model = model
+        self.cascade = cascade and supports_cascade(model)
         self.pad_id = int(pad_id)
         self.logprobs_mode = logprobs_mode
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -189,7 +196,10 @@ class Engine:
             unit, distinct = list(range(len(rows))), prompts
         limits = [0 if full else len(p) - 1 for p in distinct]
         room = max(row.max_tokens for row in rows)
-        batch, ids, pos, new = build_batch(self.model, work, distinct, limits, room, self._cache_kw)
+        cascade = self.cascade and not full and len(rows) > 1
+        batch, ids, pos, new = build_batch(
+            self.model, work, distinct, limits, room, self._cache_kw, cascade=cascade
+        )
         logits = batch.forward(ids, pos, new, all_logits=full)
         if full:
             width = ids.shape[1]

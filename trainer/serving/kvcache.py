@@ -28,6 +28,7 @@ round-off (tested against an uncached forward pass).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -240,6 +241,10 @@ class CacheBatch:
         mask: ``[B, capacity]`` bool, the columns each row may attend to.
         cache_kw: The name the model's forward takes its cache under (``cache`` or
             ``past_key_values``, by transformers version).
+        prefix: Per layer, the keys/values ``[kv_heads, m, head_dim]`` of the prefix every row
+            starts with, held once and attended by cascade attention
+            (``trainer/serving/cascade.py``); the buffers then hold each row's tokens after it.
+            None: the buffers hold whole rows.
     """
 
     def __init__(
@@ -249,6 +254,7 @@ class CacheBatch:
         layers: list[_BufferLayer],
         mask: torch.Tensor,
         cache_kw: str,
+        prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         self.model = model
         self.slots = slots
@@ -257,10 +263,12 @@ class CacheBatch:
         self.mask = mask
         self.device = mask.device
         self.cache_kw = cache_kw
-        # the model's attention: SDPA takes the boolean mask; eager attention adds it, so it
-        # gets the additive form (the dtype's minimum where masked)
+        self.prefix = prefix
+        self.prefix_length = prefix[0][0].shape[1] if prefix else 0
+        # the model's attention: SDPA and cascade attention take the boolean mask; eager
+        # attention adds it, so it gets the additive form (the dtype's minimum where masked)
         config = getattr(model, "config", None)
-        self.bool_mask = getattr(config, "_attn_implementation", None) == "sdpa"
+        self.bool_mask = bool(prefix) or getattr(config, "_attn_implementation", None) == "sdpa"
 
     @property
     def length(self) -> int:
@@ -299,14 +307,23 @@ class CacheBatch:
             mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
             mask.masked_fill_(~allowed, torch.finfo(dtype).min)
             mask = mask[:, None]
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self.cache_kw: self.cache},
-            **({} if all_logits else {"logits_to_keep": 1}),
-        )
+        extra: dict[str, Any] = {} if all_logits else {"logits_to_keep": 1}
+        if self.prefix:
+            from trainer.serving.cascade import cascade_forward
+
+            context: Any = cascade_forward(self.model)
+            extra["twinrl_prefix"] = self.prefix
+        else:
+            context = contextlib.nullcontext()
+        with context:
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self.cache_kw: self.cache},
+                **extra,
+            )
         return out.logits.float() if all_logits else out.logits[:, -1].float()
 
     def take_row(self, b: int, sampled: list[int]) -> KVEntry:
@@ -314,8 +331,11 @@ class CacheBatch:
         slot = self.slots[b]
         cols = torch.tensor(slot.columns, dtype=torch.long, device=self.device)
         keys, values = [], []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             k, v = layer.row(b, cols)
+            if self.prefix:
+                pk, pv = self.prefix[i]
+                k, v = torch.cat([pk, k], dim=1), torch.cat([pv, v], dim=1)
             keys.append(k)
             values.append(v)
         return KVEntry(slot.prompt + sampled[:-1], keys, values)
@@ -341,6 +361,8 @@ def build_batch(
     limits: list[int],
     room: int,
     cache_kw: str,
+    *,
+    cascade: bool = False,
 ) -> tuple[CacheBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch whose cache holds each row's best stored prefix, and the uncached suffixes to feed.
 
@@ -352,27 +374,31 @@ def build_batch(
             token's logits are needed; 0: prefill the whole prompt).
         room: Columns to leave for sampled tokens.
         cache_kw: See :class:`CacheBatch`.
+        cascade: When the store holds at least ``MIN_SHARED`` tokens that every prompt starts
+            with, keep their keys/values once for cascade attention instead of a copy per row
+            (the batch will grow to more rows than ``prompts``, or ``prompts`` has several).
 
     Returns:
         The batch, and the ``input_ids``, ``position_ids`` and new-column mask of the suffixes
         (left-padded) for its first :meth:`CacheBatch.forward`.
     """
     device = next(model.parameters()).device
+    n_layers = model.config.num_hidden_layers if hasattr(model, "config") else 0
+    shared, prefix = _shared_prefix(store, prompts, limits, n_layers) if cascade else (0, None)
     found = [store.best(p, limit=lim) for p, lim in zip(prompts, limits, strict=True)]
     for entry, _ in found:
         if entry is not None:
             store.take(entry)
     cached = [n for _, n in found]
     suffixes = [p[n:] for p, n in zip(prompts, cached, strict=True)]
-    width_c = max(cached)
+    width_c = max(cached) - shared  # the buffers hold what follows the shared prefix
     width_n = max(len(s) for s in suffixes)
     capacity = width_c + width_n + room
-    n_layers = model.config.num_hidden_layers if hasattr(model, "config") else 0
     per_layer: list[list[tuple[int, Any, Any]]] = [[] for _ in range(n_layers)]
     for b, (entry, n) in enumerate(found):
-        if entry is not None and n > 0:
+        if entry is not None and n > shared:
             for i in range(n_layers):
-                per_layer[i].append((b, entry.keys[i][:, :n], entry.values[i][:, :n]))
+                per_layer[i].append((b, entry.keys[i][:, shared:n], entry.values[i][:, shared:n]))
     layers = [_BufferLayer(len(prompts), capacity, width_c, per_layer[i]) for i in range(n_layers)]
     mask = torch.zeros(len(prompts), capacity, dtype=torch.bool, device=device)
     input_ids = torch.zeros(len(prompts), width_n, dtype=torch.long, device=device)
@@ -380,17 +406,34 @@ def build_batch(
     new_mask = torch.zeros(len(prompts), width_n, dtype=torch.bool, device=device)
     slots = []
     for b, (p, n, s) in enumerate(zip(prompts, cached, suffixes, strict=True)):
-        mask[b, width_c - n : width_c] = True
+        own = n - shared
+        mask[b, width_c - own : width_c] = True
         pad = width_n - len(s)
         if s:
             input_ids[b, pad:] = torch.tensor(s, dtype=torch.long)
             positions[b, pad:] = torch.arange(n, len(p))
             new_mask[b, pad:] = True
-        columns = list(range(width_c - n, width_c)) + list(range(width_c + pad, width_c + width_n))
+        columns = list(range(width_c - own, width_c))
+        columns += list(range(width_c + pad, width_c + width_n))
         slots.append(Slot(list(p), columns, len(p)))
         store.hits += n
         store.misses += len(s)
-    return CacheBatch(model, slots, layers, mask, cache_kw), input_ids, positions, new_mask
+    batch = CacheBatch(model, slots, layers, mask, cache_kw, prefix=prefix)
+    return batch, input_ids, positions, new_mask
+
+
+def _shared_prefix(
+    store: PrefixStore, prompts: list[list[int]], limits: list[int], n_layers: int
+) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+    """The stored prefix every prompt starts with (at least ``MIN_SHARED`` tokens, no more than
+    any row's limit): its length and per-layer keys/values (views), or ``(0, None)``."""
+    most = min(common_prefix(prompts), *limits)
+    if most < MIN_SHARED or n_layers == 0:
+        return 0, None
+    entry, m = store.best(prompts[0], limit=most)
+    if entry is None or m < MIN_SHARED:
+        return 0, None
+    return m, [(entry.keys[i][:, :m], entry.values[i][:, :m]) for i in range(n_layers)]
 
 
 def prefill_common_prefix(
