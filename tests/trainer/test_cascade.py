@@ -31,8 +31,13 @@ def _reference(query, key, value, allowed, prefix_key, prefix_value, scaling):
     return out.transpose(1, 2)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["cpu-flash-kernel", "products"])
 @pytest.mark.parametrize("q", [1, 5])
-def test_attention_over_a_shared_prefix_equals_attention_over_the_concatenation(q: int) -> None:
+def test_attention_over_a_shared_prefix_equals_attention_over_the_concatenation(
+    q: int, fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not fused:  # the path of other devices, or of a torch without the CPU kernel
+        monkeypatch.setattr(cascade_module, "_CPU_FLASH", None)
     g = torch.Generator().manual_seed(0)
     b, hkv, groups, d, m, n = 3, 2, 3, 8, 40, 12
     query = torch.randn(b, hkv * groups, q, d, generator=g)
@@ -55,7 +60,12 @@ def test_attention_over_a_shared_prefix_equals_attention_over_the_concatenation(
     assert torch.allclose(chunked, got, atol=1e-6)
 
 
-def test_attention_over_a_shared_prefix_under_bf16_autocast_stays_near_float32() -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["cpu-flash-kernel", "products"])
+def test_attention_over_a_shared_prefix_under_bf16_autocast_stays_near_float32(
+    fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not fused:
+        monkeypatch.setattr(cascade_module, "_CPU_FLASH", None)
     g = torch.Generator().manual_seed(3)
     b, hkv, groups, d, m, n, q = 4, 3, 3, 64, 300, 50, 1  # SmolLM2's heads, a decode step
     query = torch.randn(b, hkv * groups, q, d, generator=g)

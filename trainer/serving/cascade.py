@@ -79,16 +79,43 @@ def _attend(
     # query head h reads kv head h // g: group the g query heads of a kv head together
     grouped = query.reshape(b, hkv, g * q, d)
     stacked = grouped.transpose(0, 1).reshape(hkv, b * g * q, d)  # every row against one prefix
-    out_p, lse_p = _chunked(stacked, prefix_key, prefix_value, None, scaling)
+    out_p, lse_p = _part(stacked[None], prefix_key[None], prefix_value[None], None, scaling)
+    out_p, lse_p = out_p[0], lse_p[0]
     out_p = out_p.reshape(hkv, b, g * q, dv).transpose(0, 1)
     lse_p = lse_p.reshape(hkv, b, g * q).transpose(0, 1)
     mask = allowed[:, :, None].expand(b, 1, g, q, allowed.shape[-1]).reshape(b, 1, g * q, -1)
-    out_r, lse_r = _chunked(grouped, key, value, mask, scaling)
+    out_r, lse_r = _part(grouped, key, value, mask, scaling)
     top = torch.maximum(lse_p, lse_r)
     w_p, w_r = (lse_p - top).exp(), (lse_r - top).exp()
     merged = (out_p * w_p[..., None] + out_r * w_r[..., None]) / (w_p + w_r)[..., None]
     merged = merged.to(query.dtype).reshape(b, hkv, g, q, dv).reshape(b, hq, q, dv)
     return merged.transpose(1, 2).contiguous()
+
+
+def _part(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 attention output and log-sum-exp of ``q [B, H, L, D]`` against ``k``/``v``
+    ``[B, H, n, D]`` under the boolean ``mask`` ``[B, 1, L, n]`` (None: every key).
+
+    On CPU, PyTorch's fused flash kernel (the one behind SDPA, which also returns the
+    log-sum-exp): in the values' dtype with float32 accumulation, like SDPA under autocast, and
+    3x faster than the unfused products on a prefill. Elsewhere the products below.
+    """
+    if q.device.type == "cpu" and _CPU_FLASH is not None:
+        dtype = v.dtype if v.dtype in (torch.bfloat16, torch.float32) else torch.float32
+        add = None
+        if mask is not None:
+            add = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+        out, lse = _CPU_FLASH(
+            q.to(dtype), k.to(dtype), v.to(dtype), 0.0, False, attn_mask=add, scale=scaling
+        )
+        return out.float(), lse.float()
+    return _chunked(q, k, v, mask, scaling)
+
+
+#: PyTorch's CPU flash attention, returning ``(output, logsumexp)``; None where this build lacks it.
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _chunked(
