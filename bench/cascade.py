@@ -8,7 +8,8 @@ The batch is shaped like a Catalog-v2 evaluation's late turn: ``--rows`` episode
 its own conversation already in the prefix cache, sampling ``--new`` tokens greedily. The linear
 layers run in bf16 under autocast, as ``hf:...,autocast=bfloat16`` evaluations do. The two engines
 (``Engine(cascade=True)`` and ``cascade=False``) decode alternately, so load from other processes
-hits both alike; the medians of the seconds per decoded token and their ratio are printed, with
+hits both alike; the medians of the seconds per decoded token and their ratio are printed (and
+the seconds each took to prefill the batch the first time, one reading each), with
 how many rows decoded the same greedy tokens and the logprob differences on the same context
 (each row up to its first differing token; bf16 round-off differs between the two paths).
 """
@@ -45,11 +46,13 @@ def run(
     cast_linear_weights(model, "bfloat16")
     prompts = _prompts(model.config.vocab_size, rows, shared, own)
     never = [model.config.vocab_size + 1]  # every row decodes all ``new`` tokens
-    samplers = {}
+    samplers, fill = {}, {}
     for name, cascade in (("cascade", True), ("per_row", False)):
         sampler = HFSampler(model, tok, prefix_cache=True, autocast="bfloat16")
         sampler.engine.cascade = cascade
-        sampler.sample(prompts, max_new_tokens=1, temperature=0.0, stop_ids=never)  # fill cache
+        t0 = time.perf_counter()  # the shared prompt once, then every row's own tokens
+        sampler.sample(prompts, max_new_tokens=1, temperature=0.0, stop_ids=never)
+        fill[name] = time.perf_counter() - t0
         samplers[name] = sampler
     seconds: dict[str, list[float]] = {name: [] for name in samplers}
     samples: dict[str, list[Any]] = {}
@@ -71,7 +74,8 @@ def run(
     return {
         "model": model_name, "rows": rows, "shared": shared, "own": own, "new": new,
         "threads": threads, "repeats": repeats,
-        "s_per_token": medians, "per_row_over_cascade": medians["per_row"] / medians["cascade"],
+        "s_per_token": medians, "prefill_s": fill,
+        "per_row_over_cascade": medians["per_row"] / medians["cascade"],
         "max_logprob_diff": max(diffs), "mean_logprob_diff": statistics.mean(diffs),
         "rows_with_the_same_tokens": same, "all_s_per_token": seconds,
     }  # fmt: skip
@@ -89,13 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     result = run(args.model, args.rows, args.shared, args.own, args.new, args.repeats, args.threads)
-    per_token = result["s_per_token"]
+    per_token, fill = result["s_per_token"], result["prefill_s"]
     print(
         f"{args.model}: {args.rows} rows, {args.shared} shared + {args.own} own tokens, "
         f"{args.threads} thread(s)\n"
         f"  per-row attention  {per_token['per_row'] * 1000:8.1f} ms per decoded token\n"
         f"  cascade attention  {per_token['cascade'] * 1000:8.1f} ms per decoded token\n"
         f"  per-row / cascade  {result['per_row_over_cascade']:.2f}x\n"
+        f"  prefill of the batch (one reading each): per-row {fill['per_row']:.1f} s, "
+        f"cascade {fill['cascade']:.1f} s\n"
         f"  greedy tokens the same in {result['rows_with_the_same_tokens']} of {args.rows} rows; "
         f"logprob difference on the same context: mean {result['mean_logprob_diff']:.3f}, "
         f"largest {result['max_logprob_diff']:.3f}"
