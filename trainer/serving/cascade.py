@@ -11,8 +11,8 @@ and attention is split in two:
 - the row part: each row's queries against its own keys after the prefix, under the batch mask.
 
 Each part's softmax is normalised on its own and the two are merged by their log-sum-exp, which
-gives softmax over the concatenation exactly (up to float round-off). Scores and softmax run in
-float32 whatever the compute dtype.
+gives softmax over the concatenation exactly (up to float round-off). Scores and softmax
+accumulate in float32 whatever the compute dtype.
 
 The engine selects it per forward pass (:func:`cascade_forward`), so the same model object keeps
 its own attention for everything else (a learner sharing it included).

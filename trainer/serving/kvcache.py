@@ -20,7 +20,10 @@ it, and the model gets explicit position ids (RoPE positions of each row's own s
 explicit 4-D mask (causal in buffer order, padding columns masked; boolean for SDPA, additive
 for eager attention; a padding query sees its own column, so no row is all masked). Rows that finish
 leave the batch when enough have finished to be worth the copy (:meth:`CacheBatch.keep`); rows
-that repeat a prompt are prefilled once and copied out (:meth:`CacheBatch.expand`).
+that repeat a prompt are prefilled once and copied out (:meth:`CacheBatch.expand`). With
+``build_batch(cascade=True)`` the stored prefix every row starts with is not copied into the
+buffers at all: it is held once and attended once for all rows (``trainer/serving/cascade.py``),
+and the buffers hold what follows it.
 
 The outputs are the model's own: logprobs equal a teacher-forced forward pass up to float
 round-off (tested against an uncached forward pass).
@@ -264,7 +267,6 @@ class CacheBatch:
         self.device = mask.device
         self.cache_kw = cache_kw
         self.prefix = prefix
-        self.prefix_length = prefix[0][0].shape[1] if prefix else 0
         # the model's attention: SDPA and cascade attention take the boolean mask; eager
         # attention adds it, so it gets the additive form (the dtype's minimum where masked)
         config = getattr(model, "config", None)
