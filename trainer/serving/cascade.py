@@ -59,37 +59,26 @@ def attend_with_prefix(
     Returns:
         ``[B, q, Hq, Dv]`` (transformers' attention output layout).
     """
+    # autocast off: each product runs in its operands' dtype (float32 scores; see _part)
     with torch.autocast(query.device.type, enabled=False):
-        return _attend(query, key, value, allowed, prefix_key, prefix_value, scaling)
-
-
-def _attend(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    allowed: torch.Tensor,
-    prefix_key: torch.Tensor,
-    prefix_value: torch.Tensor,
-    scaling: float,
-) -> torch.Tensor:
-    b, hq, q, d = query.shape
-    hkv = key.shape[1]
-    g = hq // hkv
-    dv = value.shape[-1]
-    # query head h reads kv head h // g: group the g query heads of a kv head together
-    grouped = query.reshape(b, hkv, g * q, d)
-    stacked = grouped.transpose(0, 1).reshape(hkv, b * g * q, d)  # every row against one prefix
-    out_p, lse_p = _part(stacked[None], prefix_key[None], prefix_value[None], None, scaling)
-    out_p, lse_p = out_p[0], lse_p[0]
-    out_p = out_p.reshape(hkv, b, g * q, dv).transpose(0, 1)
-    lse_p = lse_p.reshape(hkv, b, g * q).transpose(0, 1)
-    mask = allowed[:, :, None].expand(b, 1, g, q, allowed.shape[-1]).reshape(b, 1, g * q, -1)
-    out_r, lse_r = _part(grouped, key, value, mask, scaling)
-    top = torch.maximum(lse_p, lse_r)
-    w_p, w_r = (lse_p - top).exp(), (lse_r - top).exp()
-    merged = (out_p * w_p[..., None] + out_r * w_r[..., None]) / (w_p + w_r)[..., None]
-    merged = merged.to(query.dtype).reshape(b, hkv, g, q, dv).reshape(b, hq, q, dv)
-    return merged.transpose(1, 2).contiguous()
+        b, hq, q, d = query.shape
+        hkv = key.shape[1]
+        g = hq // hkv
+        dv = value.shape[-1]
+        # query head h reads kv head h // g: group the g query heads of a kv head together
+        grouped = query.reshape(b, hkv, g * q, d)
+        stacked = grouped.transpose(0, 1).reshape(hkv, b * g * q, d)  # every row against one prefix
+        out_p, lse_p = _part(stacked[None], prefix_key[None], prefix_value[None], None, scaling)
+        out_p, lse_p = out_p[0], lse_p[0]
+        out_p = out_p.reshape(hkv, b, g * q, dv).transpose(0, 1)
+        lse_p = lse_p.reshape(hkv, b, g * q).transpose(0, 1)
+        mask = allowed[:, :, None].expand(b, 1, g, q, allowed.shape[-1]).reshape(b, 1, g * q, -1)
+        out_r, lse_r = _part(grouped, key, value, mask, scaling)
+        top = torch.maximum(lse_p, lse_r)
+        w_p, w_r = (lse_p - top).exp(), (lse_r - top).exp()
+        merged = (out_p * w_p[..., None] + out_r * w_r[..., None]) / (w_p + w_r)[..., None]
+        merged = merged.to(query.dtype).reshape(b, hkv, g, q, dv).reshape(b, hq, q, dv)
+        return merged.transpose(1, 2).contiguous()
 
 
 def _part(
