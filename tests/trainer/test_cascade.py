@@ -174,7 +174,8 @@ def test_models_whose_attention_is_not_plain_softmax_decode_without_cascade(sett
     from trainer.serving.engine import Engine
 
     model, _ = load_model("tiny")
-    assert Engine(model, pad_id=0).cascade
+    assert Engine(model, pad_id=0).cascade  # on by default on CPU
+    assert not Engine(model, pad_id=0, cascade=False).cascade
     for key, value in setting.items():
         setattr(model.config, key, value)
     assert not Engine(model, pad_id=0).cascade

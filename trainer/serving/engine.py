@@ -81,7 +81,8 @@ class Engine:
         seed: Seed of the generator rows without their own use.
         cascade: Attend a batch's stored common prefix once for all rows (cascade attention,
             ``trainer/serving/cascade.py``) rather than once per row, where the model's attention
-            allows it (:func:`~trainer.serving.cascade.supports_cascade`).
+            allows it (:func:`~trainer.serving.cascade.supports_cascade`). None: on CPU only,
+            where it was measured (``docs/benchmarks.md``); a GPU keeps its SDPA kernels.
     """
 
     def __init__(
@@ -91,11 +92,13 @@ class Engine:
         pad_id: int,
         logprobs_mode: LogprobsMode = "processed_logprobs",
         seed: int = 0,
-        cascade: bool = True,
+        cascade: bool | None = None,
     ) -> None:
         from trainer.serving.cascade import supports_cascade
 
         self.model = model
+        if cascade is None:
+            cascade = next(model.parameters()).device.type == "cpu"
         self.cascade = cascade and supports_cascade(model)
         self.pad_id = int(pad_id)
         self.logprobs_mode = logprobs_mode
