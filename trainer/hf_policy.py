@@ -242,7 +242,6 @@ class HFPolicy:
         autocast: str | None = None,
     ) -> None:
         from trainer.samplers import HFSampler
-        from trainer.scoring import autocast_context
 
         if temperature < 0:
             raise ConfigError(f"HFPolicy: temperature must be >= 0 (0 = greedy), got {temperature}")
@@ -257,15 +256,13 @@ class HFPolicy:
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs or {})
         self.autocast = autocast or None
-        device = next(model.parameters()).device
-        autocast_context(self.autocast, device)  # a bad dtype fails here, not in the first turn
-        self._autocast = lambda: autocast_context(self.autocast, device)
         self.sampler = HFSampler(
             model,
             tokenizer,
             max_batch=max_batch,
             prefix_cache=prefix_cache,
             cache_bytes=cache_bytes,
+            autocast=self.autocast,  # a bad dtype fails here, not in the first turn
         )
         config = getattr(model, "config", None)
         self.max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
@@ -328,8 +325,7 @@ class HFPolicy:
         options: dict[str, Any] = {}
         if seeds is not None and isinstance(self.sampler, HFSampler):
             options["row_seeds"] = seeds
-        with self._autocast():  # thread-local: entered in the sampling thread
-            return self._sample_rows(prompts, options)
+        return self._sample_rows(prompts, options)  # HFSampler enters autocast in this thread
 
     def _sample_rows(self, prompts: list[list[int]], options: dict[str, Any]) -> list[Any]:
         room = self.max_context - max(len(p) for p in prompts)

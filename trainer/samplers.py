@@ -241,9 +241,9 @@ class HFSampler:
         from trainer.scoring import autocast_context
         from trainer.serving.engine import Engine, PrefixStore
 
-        autocast_context(autocast, self._device_of(model))  # a bad dtype fails here
-        self.autocast = autocast or None
         self.model = model
+        autocast_context(autocast, self.device)  # a bad dtype fails here
+        self.autocast = autocast or None
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.store: PrefixStore | None = PrefixStore(cache_bytes) if prefix_cache else None
@@ -260,11 +260,7 @@ class HFSampler:
     @property
     def device(self) -> torch.device:
         """Device of the model's parameters."""
-        return self._device_of(self.model)
-
-    @staticmethod
-    def _device_of(model: torch.nn.Module) -> torch.device:
-        return next(model.parameters()).device
+        return next(self.model.parameters()).device
 
     def clear_cache(self) -> None:
         """Forget cached keys/values (they belong to the weights they were computed with)."""
