@@ -4,7 +4,9 @@ A :class:`Row` is one sequence to sample: its prompt, length limit, temperature,
 and random generator. :meth:`Engine.decode` puts the rows in one batch over preallocated KV
 buffers (``trainer/serving/kvcache.py``): it prefills the batch's common prefix once, each
 distinct prompt once (a GRPO group repeats its prompt G times) and, with a prefix store, only
-the part of a prompt not seen in an earlier call (the next turn of an episode). Then it samples
+the part of a prompt not seen in an earlier call (the next turn of an episode); suffixes of very
+different lengths are prefilled in passes of similar lengths rather than padded to the longest
+(:func:`~trainer.serving.kvcache.prefill_ragged`). Then it samples
 every row to its stop. Each row draws one uniform per token from its own generator
 (inverse-CDF sampling), so a seeded row gives the same tokens whatever else shares its batch.
 
@@ -25,7 +27,13 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer.serving.api import LogprobsMode
-from trainer.serving.kvcache import CacheBatch, PrefixStore, build_batch, prefill_common_prefix
+from trainer.serving.kvcache import (
+    CacheBatch,
+    PrefixStore,
+    build_batch,
+    prefill_common_prefix,
+    prefill_ragged,
+)
 
 __all__ = ["Engine", "PrefixStore", "Row", "top_p_filter"]
 
@@ -83,6 +91,9 @@ class Engine:
             ``trainer/serving/cascade.py``) rather than once per row, where the model's attention
             allows it (:func:`~trainer.serving.cascade.supports_cascade`). None: on CPU only,
             where it was measured (``docs/benchmarks.md``); a GPU keeps its SDPA kernels.
+        ragged: Prefill rows whose new suffixes differ in length in passes of similar lengths
+            (:func:`~trainer.serving.kvcache.prefill_ragged`) instead of padding every row to
+            the longest.
     """
 
     def __init__(
@@ -93,6 +104,7 @@ class Engine:
         logprobs_mode: LogprobsMode = "processed_logprobs",
         seed: int = 0,
         cascade: bool | None = None,
+        ragged: bool = True,
     ) -> None:
         from trainer.serving.cascade import supports_cascade
 
@@ -100,6 +112,7 @@ class Engine:
         if cascade is None:
             cascade = next(model.parameters()).device.type == "cpu"
         self.cascade = cascade and supports_cascade(model)
+        self.ragged = ragged
         self.pad_id = int(pad_id)
         self.logprobs_mode = logprobs_mode
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -128,7 +141,8 @@ class Engine:
                 prompts continue their longest stored prefix and finished rows are stored. Only
                 valid while the weights stay the same. None: nothing is kept after the call.
             share_prefill: Prefill each distinct prompt once (a GRPO group repeats its prompt)
-                and the batch's common prefix once.
+                and the batch's common prefix once, and suffixes of different lengths in
+                passes (``ragged``). False: one padded batch of every row, the plain path.
         """
         if not rows:
             return
@@ -200,10 +214,22 @@ class Engine:
         limits = [0 if full else len(p) - 1 for p in distinct]
         room = max(row.max_tokens for row in rows)
         cascade = self.cascade and not full and len(rows) > 1
-        batch, ids, pos, new = build_batch(
-            self.model, work, distinct, limits, room, self._cache_kw, cascade=cascade
-        )
-        logits = batch.forward(ids, pos, new, all_logits=full)
+        staged = None
+        if self.ragged and share_prefill and not full and len(distinct) > 1:
+            staged = prefill_ragged(
+                self.model, work, distinct, self._cache_kw, cascade=self.cascade
+            )
+        if staged is None:
+            batch, ids, pos, new = build_batch(
+                self.model, work, distinct, limits, room, self._cache_kw, cascade=cascade
+            )
+            logits = batch.forward(ids, pos, new, all_logits=full)
+        else:  # every prompt is in the staged store whole: nothing is left to feed
+            source, logits = staged
+            whole = [len(p) for p in distinct]
+            batch, *_ = build_batch(
+                self.model, source, distinct, whole, room, self._cache_kw, cascade=cascade
+            )
         if full:
             width = ids.shape[1]
             for b, row in enumerate(rows):

@@ -25,6 +25,13 @@ that repeat a prompt are prefilled once and copied out (:meth:`CacheBatch.expand
 buffers at all: it is held once and attended once for all rows (``trainer/serving/cascade.py``),
 and the buffers hold what follows it.
 
+Rows are left-padded to the longest uncached suffix of their batch, and a padding query costs what
+a real one does (its products, and its attention over the whole context). In a late turn the new
+suffixes differ a lot (a 559-token search result beside a 65-token seller record), so
+:func:`prefill_ragged` prefills such a batch in passes of rows of similar length
+(:func:`plan_buckets`), each row's whole prompt then sits in the cache and decoding starts from
+the logits those passes gave.
+
 The outputs are the model's own: logprobs equal a teacher-forced forward pass up to float
 round-off (tested against an uncached forward pass).
 """
@@ -32,6 +39,7 @@ round-off (tested against an uncached forward pass).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +47,22 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-__all__ = ["CacheBatch", "KVEntry", "PrefixStore", "build_batch", "common_prefix"]
+__all__ = [
+    "CacheBatch",
+    "KVEntry",
+    "PrefixStore",
+    "build_batch",
+    "common_prefix",
+    "plan_buckets",
+    "prefill_ragged",
+]
 
 #: A shared batch prefix is prefilled on its own only when it adds at least this many tokens.
 MIN_SHARED = 32
+
+#: What one more forward pass costs, counted in fed tokens, when a ragged batch is split into
+#: passes (the layers' fixed per-call work; ``bench/ragged_prefill.py`` measures the trade).
+PASS_TOKENS = 32
 
 
 @dataclass
@@ -163,6 +183,13 @@ class _BufferLayer(DynamicLayer):
         self.device = key_states.device
         self.is_initialized = True
 
+    def _allocate_pending(self) -> None:
+        """Allocate from the rows to copy in, before any token was fed (a batch whose prompts
+        were all prefilled already, :func:`prefill_ragged`)."""
+        if self._k is None and self._rows:
+            _, k, v = self._rows[0]
+            self._allocate(k[None], v[None])
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +214,9 @@ class _BufferLayer(DynamicLayer):
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep only the rows in ``index`` (in that order)."""
-        if self._k is None or self._v is None:
+        self._allocate_pending()
+        if self._k is None or self._v is None:  # nothing cached and nothing fed yet
+            self.batch = len(index)
             return
         self._k = self._k.index_select(0, index)
         self._v = self._v.index_select(0, index)
@@ -197,7 +226,9 @@ class _BufferLayer(DynamicLayer):
 
     def row(self, row: int, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of one row's keys and values at ``columns``."""
-        assert self._k is not None and self._v is not None
+        self._allocate_pending()
+        if self._k is None or self._v is None:
+            raise RuntimeError("no keys or values yet: nothing was cached or fed")
         return self._k[row].index_select(1, columns), self._v[row].index_select(1, columns)
 
 
@@ -454,3 +485,93 @@ def prefill_common_prefix(
     entry = batch.take_row(0, [0])  # take_row keeps prompt + sampled[:-1] = the whole prefix
     entry.shared = True
     store.add(entry)
+
+
+def plan_buckets(lengths: Sequence[int], pass_tokens: int | None = None) -> list[list[int]]:
+    """Split rows into prefill passes that waste the least on padding.
+
+    A pass is left-padded to its longest row, so it costs ``rows x longest`` fed tokens, and every
+    pass costs ``pass_tokens`` more. Some cheapest split puts the rows in passes of consecutive
+    lengths (moving a longer row into the pass with the longer maximum never costs more), so a
+    dynamic programme over the sorted lengths finds it exactly.
+
+    Args:
+        lengths: Per row, the tokens it has to feed.
+        pass_tokens: The cost of one more pass, in fed tokens (None: ``PASS_TOKENS``).
+
+    Returns:
+        The passes, as row indices, shortest rows first; one pass holding every row when
+        splitting saves nothing.
+    """
+    if pass_tokens is None:
+        pass_tokens = PASS_TOKENS
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    sizes = [lengths[i] for i in order]
+    best = [0] + [sys.maxsize] * len(sizes)  # best[j]: cheapest plan of the j shortest rows
+    cut = [0] * (len(sizes) + 1)
+    for j in range(1, len(sizes) + 1):
+        for i in range(j):
+            cost = best[i] + (j - i) * sizes[j - 1] + pass_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    passes = []
+    j = len(sizes)
+    while j > 0:
+        passes.append(order[cut[j] : j])
+        j = cut[j]
+    return passes[::-1]
+
+
+def prefill_ragged(
+    model: torch.nn.Module,
+    store: PrefixStore,
+    prompts: list[list[int]],
+    cache_kw: str,
+    *,
+    cascade: bool = False,
+) -> tuple[PrefixStore, torch.Tensor] | None:
+    """Prefill prompts whose uncached suffixes differ in length in passes of similar lengths.
+
+    Each prompt continues its best entry in ``store`` as :func:`build_batch` would (entries are
+    taken out of ``store`` and its hit/miss counts updated the same way), but the suffixes are fed
+    in the passes :func:`plan_buckets` picks instead of one batch padded to the longest.
+
+    Args:
+        model: The causal LM.
+        store: Where cached prefixes come from.
+        prompts: The rows' prompts (distinct ones; their last token's logits are wanted).
+        cache_kw: See :class:`CacheBatch`.
+        cascade: Cascade attention in passes of more than one row (see :func:`build_batch`).
+
+    Returns:
+        A private store holding exactly each prompt's whole keys/values, for a :func:`build_batch`
+        with ``limits = len(prompt)`` (nothing left to feed), and the prompts' next-token logits
+        ``[len(prompts), vocab]``. None when one padded pass costs no more: nothing was run.
+    """
+    limits = [len(p) - 1 for p in prompts]
+    found = [store.best(p, limit=lim) for p, lim in zip(prompts, limits, strict=True)]
+    passes = plan_buckets([len(p) - n for p, (_, n) in zip(prompts, found, strict=True)])
+    if len(passes) < 2:
+        return None
+    # Every pass reads the store as it was, as one batch would: an entry two rows continue is not
+    # gone for the second row's pass because the first row's pass took it.
+    view = PrefixStore(sys.maxsize)
+    staged = PrefixStore(sys.maxsize)
+    logits: list[torch.Tensor] = [torch.empty(0)] * len(prompts)
+    for rows in passes:
+        view.entries = list(store.entries)
+        group, group_limits = [prompts[i] for i in rows], [limits[i] for i in rows]
+        batch, ids, pos, new = build_batch(
+            model, view, group, group_limits, 0, cache_kw, cascade=cascade and len(rows) > 1
+        )
+        out = batch.forward(ids, pos, new)
+        for b, i in enumerate(rows):
+            # take_row keeps prompt + sampled[:-1]: the whole prompt
+            staged.entries.append(batch.take_row(b, [0]))
+            logits[i] = out[b]
+    for entry, _ in found:
+        if entry is not None:
+            store.take(entry)
+    store.hits += view.hits
+    store.misses += view.misses
+    return staged, torch.stack(logits)
