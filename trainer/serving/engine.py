@@ -93,7 +93,8 @@ class Engine:
             where it was measured (``docs/benchmarks.md``); a GPU keeps its SDPA kernels.
         ragged: Prefill rows whose new suffixes differ in length in passes of similar lengths
             (:func:`~trainer.serving.kvcache.prefill_ragged`) instead of padding every row to
-            the longest.
+            the longest. It holds a second copy of the batch's keys/values while it assembles
+            the batch. None: on CPU only, where it was measured.
     """
 
     def __init__(
@@ -104,15 +105,14 @@ class Engine:
         logprobs_mode: LogprobsMode = "processed_logprobs",
         seed: int = 0,
         cascade: bool | None = None,
-        ragged: bool = True,
+        ragged: bool | None = None,
     ) -> None:
         from trainer.serving.cascade import supports_cascade
 
         self.model = model
-        if cascade is None:
-            cascade = next(model.parameters()).device.type == "cpu"
-        self.cascade = cascade and supports_cascade(model)
-        self.ragged = ragged
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        self.cascade = (on_cpu if cascade is None else cascade) and supports_cascade(model)
+        self.ragged = on_cpu if ragged is None else ragged
         self.pad_id = int(pad_id)
         self.logprobs_mode = logprobs_mode
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
