@@ -26,6 +26,29 @@ from typing import Any
 import torch
 
 
+def load_bf16(model_name: str, threads: int) -> tuple[Any, Any]:
+    """The model in eval mode with its linear weights stored in bf16 (as ``hf:...,
+    autocast=bfloat16`` evaluations run it), on ``threads`` torch threads; and its tokenizer."""
+    from trainer.hf_policy import cast_linear_weights
+    from trainer.models import load_model
+
+    torch.set_num_threads(threads)
+    model, tok = load_model(model_name, "float32")
+    model.eval()
+    cast_linear_weights(model, "bfloat16")
+    return model, tok
+
+
+def add_batch_options(ap: argparse.ArgumentParser) -> None:
+    """The options the engine benchmarks share: the model, the batch's rows and shared prompt,
+    torch threads and a JSON output."""
+    ap.add_argument("--model", default="smollm2", help="tiny, smollm2 or a local HF folder")
+    ap.add_argument("--rows", type=int, default=16)
+    ap.add_argument("--shared", type=int, default=1650)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path, default=None)
+
+
 def _prompts(vocab: int, rows: int, shared: int, own: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
     system = torch.randint(5, vocab, (shared,), generator=g).tolist()
@@ -36,14 +59,9 @@ def run(
     model_name: str, rows: int, shared: int, own: int, new: int, repeats: int, threads: int
 ) -> dict[str, Any]:
     """Seconds per decoded token with and without cascade attention (medians of ``repeats``)."""
-    from trainer.hf_policy import cast_linear_weights
-    from trainer.models import load_model
     from trainer.samplers import HFSampler
 
-    torch.set_num_threads(threads)
-    model, tok = load_model(model_name, "float32")
-    model.eval()
-    cast_linear_weights(model, "bfloat16")
+    model, tok = load_bf16(model_name, threads)
     prompts = _prompts(model.config.vocab_size, rows, shared, own)
     never = [model.config.vocab_size + 1]  # every row decodes all ``new`` tokens
     samplers, fill = {}, {}
@@ -83,14 +101,10 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2", help="tiny, smollm2 or a local HF folder")
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--shared", type=int, default=1650)
+    add_batch_options(ap)
     ap.add_argument("--own", type=int, default=1300)
     ap.add_argument("--new", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     result = run(args.model, args.rows, args.shared, args.own, args.new, args.repeats, args.threads)
     per_token, fill = result["s_per_token"], result["prefill_s"]

@@ -22,7 +22,6 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,18 +56,14 @@ def run(
 ) -> dict[str, Any]:
     """Seconds to prefill the new suffixes (and sample one token): one padded batch, and ragged
     prefill with each ``pass_tokens`` (what the planner charges for one more pass)."""
-    from trainer.hf_policy import cast_linear_weights
-    from trainer.models import load_model
+    from bench.cascade import load_bf16
     from trainer.samplers import HFSampler
     from trainer.serving import kvcache
     from trainer.serving.kvcache import plan_buckets
 
     default = kvcache.PASS_TOKENS
 
-    torch.set_num_threads(threads)
-    model, tok = load_model(model_name, "float32")
-    model.eval()
-    cast_linear_weights(model, "bfloat16")
+    model, tok = load_bf16(model_name, threads)
     cached, prompts = _batch(model.config.vocab_size, rows, shared, own, new)
     sampler = HFSampler(model, tok, prefix_cache=True, autocast="bfloat16")
     assert sampler.store is not None
@@ -111,21 +106,19 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.cascade import add_batch_options
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2", help="tiny, smollm2 or a local HF folder")
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--shared", type=int, default=1650)
+    add_batch_options(ap)
     ap.add_argument("--own-min", type=int, default=400)
     ap.add_argument("--own-max", type=int, default=1200)
     ap.add_argument("--new-min", type=int, default=60)
     ap.add_argument("--new-max", type=int, default=560)
     ap.add_argument("--repeats", type=int, default=2, help="ABBA rounds")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
         "--pass-tokens", type=int, nargs="+", default=None,
         help="ragged prefill's charge for one more pass, one run each (default: the engine's)",
     )  # fmt: skip
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     from trainer.serving.kvcache import PASS_TOKENS
 

@@ -76,6 +76,60 @@ def make_trainable_tiny(lora: bool) -> Any:
     return model
 
 
+def check_greedy_turns(
+    model: Any, tok: Any, prompts: list[list[int]], results: list[list[int]], max_new_tokens: int
+) -> None:
+    """Two greedy turns through ``HFSampler(prefix_cache=True)``, each row's next prompt adding
+    its sample and its ``results`` entry; every sampled token must be the argmax of, and its
+    logprob within 1e-4 of, an uncached teacher-forced forward pass."""
+    from trainer.samplers import HFSampler
+
+    sampler = HFSampler(model, tok, prefix_cache=True)
+    for _ in range(2):
+        samples = sampler.sample(
+            prompts, max_new_tokens=max_new_tokens, temperature=0.0, stop_ids=[5], seed=0
+        )
+        for prompt, s in zip(prompts, samples, strict=True):
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + s.ids])).logits[0, len(prompt) - 1 : -1]
+            want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(s.ids)[:, None])
+            assert logits.argmax(-1).tolist() == s.ids
+            assert torch.allclose(torch.tensor(s.logprobs), want[:, 0], atol=1e-4)
+        prompts = [p + s.ids + r for p, s, r in zip(prompts, samples, results, strict=True)]
+
+
+def sample_turns(
+    sampler: Any,
+    prompts: list[list[int]],
+    results: list[list[int]],
+    max_new_tokens: list[int],
+    temperature: float = 1.0,
+) -> list[list[Any]]:
+    """Three turns of a batch of episodes, seeded per turn: each row's next prompt is its prompt,
+    its sample and its ``results`` entry (a tool result of the row's own length)."""
+    out = []
+    for turn in range(3):
+        samples = sampler.sample(
+            prompts, max_new_tokens=max_new_tokens, temperature=temperature, stop_ids=[5, 6],
+            seed=turn,
+        )  # fmt: skip
+        out.append(samples)
+        prompts = [p + s.ids + r for p, s, r in zip(prompts, samples, results, strict=True)]
+    return out
+
+
+@pytest.fixture(scope="session")
+def turns() -> Callable[..., list[list[Any]]]:
+    """:func:`sample_turns`, as a fixture."""
+    return sample_turns
+
+
+@pytest.fixture(scope="session")
+def greedy_turns() -> Callable[..., None]:
+    """:func:`check_greedy_turns`, as a fixture."""
+    return check_greedy_turns
+
+
 @pytest.fixture(scope="session")
 def grouped_batch() -> Callable[..., TrainBatch]:
     """:func:`make_grouped_batch`: ``grouped_batch(seed=1, groups=3, group_size=4)``."""

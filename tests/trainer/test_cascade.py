@@ -95,21 +95,8 @@ def _count_cascade_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-def _turns(sampler: HFSampler, prompts: list[list[int]], temperature: float) -> list[list]:
-    """Three turns of a batch of episodes; each turn's prompt extends the last with its sample."""
-    out = []
-    for turn in range(3):
-        samples = sampler.sample(
-            prompts, max_new_tokens=[6, 9, 4, 9, 7][: len(prompts)], temperature=temperature,
-            stop_ids=[5, 6], seed=turn,
-        )  # fmt: skip
-        out.append(samples)
-        prompts = [p + s.ids + [30 + turn, 31] for p, s in zip(prompts, samples)]
-    return out
-
-
 def test_cascade_decoding_matches_the_per_row_path_over_turns(
-    tiny, monkeypatch: pytest.MonkeyPatch
+    tiny, turns, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, tok = tiny
     g = torch.Generator().manual_seed(1)
@@ -121,7 +108,8 @@ def test_cascade_decoding_matches_the_per_row_path_over_turns(
     off = HFSampler(model, tok, prefix_cache=True)
     off.engine.cascade = False
     on.engine.ragged = off.engine.ragged = False  # one prefill pass, counted below
-    got, want = _turns(on, prompts, 1.0), _turns(off, prompts, 1.0)
+    results, lengths = [[30, 31]] * len(prompts), [6, 9, 4, 9, 7]
+    got, want = turns(on, prompts, results, lengths), turns(off, prompts, results, lengths)
     assert len(calls) > 0 and calls[0] == len(prompts) - 1  # the repeated prompt prefilled once
     tol = 1e-4
     for turn_got, turn_want in zip(got, want, strict=True):
@@ -139,21 +127,12 @@ def test_cascade_decoding_matches_the_per_row_path_over_turns(
         assert torch.allclose(e_on.keys[0].float(), e_off.keys[0].float(), atol=tol)
 
 
-def test_cascade_greedy_decoding_matches_a_teacher_forced_forward_pass(tiny) -> None:
+def test_cascade_greedy_decoding_matches_a_teacher_forced_forward_pass(tiny, greedy_turns) -> None:
     model, tok = tiny
     g = torch.Generator().manual_seed(2)
     shared = torch.randint(40, 400, (50,), generator=g).tolist()
     prompts = [shared + [12, 13], shared + [14] * 7, shared + [15, 16, 17]]
-    sampler = HFSampler(model, tok, prefix_cache=True)
-    for turn in range(2):
-        samples = sampler.sample(prompts, max_new_tokens=6, temperature=0.0, stop_ids=[5], seed=0)
-        for prompt, s in zip(prompts, samples, strict=True):
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt + s.ids])).logits[0, len(prompt) - 1 : -1]
-            want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(s.ids)[:, None])
-            assert logits.argmax(-1).tolist() == s.ids
-            assert torch.allclose(torch.tensor(s.logprobs), want[:, 0], atol=1e-4)
-        prompts = [p + s.ids + [20 + turn] for p, s in zip(prompts, samples)]
+    greedy_turns(model, tok, prompts, [[20], [20], [20]], max_new_tokens=6)
 
 
 def test_the_model_keeps_its_own_attention_outside_the_engine(tiny) -> None:

@@ -70,23 +70,9 @@ def _spy_passes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return calls
 
 
-def _episodes(sampler: HFSampler, prompts: list[list[int]], temperature: float) -> list[list]:
-    """Three turns; each row's next prompt adds a 'tool result' of its own length."""
-    results = [[31], [32] * 45, [33, 34], [35] * 90, [36] * 3]
-    out = []
-    for turn in range(3):
-        samples = sampler.sample(
-            prompts, max_new_tokens=[5, 8, 3, 8, 6][: len(prompts)], temperature=temperature,
-            stop_ids=[5, 6], seed=turn,
-        )  # fmt: skip
-        out.append(samples)
-        prompts = [p + s.ids + r for p, s, r in zip(prompts, samples, results, strict=False)]
-    return out
-
-
 @pytest.mark.parametrize("cascade", [True, False], ids=["cascade", "per-row-attention"])
 def test_ragged_prefill_samples_what_one_padded_batch_samples(
-    tiny, cascade: bool, monkeypatch: pytest.MonkeyPatch
+    tiny, turns, cascade: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, tok = tiny
     g = torch.Generator().manual_seed(3)
@@ -99,9 +85,11 @@ def test_ragged_prefill_samples_what_one_padded_batch_samples(
         sampler.engine.cascade = cascade
     padded.engine.ragged = False
     went_ragged = _spy_passes(monkeypatch)
-    got = _episodes(ragged, prompts, 1.0)
+    results = [[31], [32] * 45, [33, 34], [35] * 90, [36] * 3]  # tool results of its own length
+    lengths = [5, 8, 3, 8, 6]
+    got = turns(ragged, prompts, results, lengths)
     assert sum(went_ragged) >= 2  # the first turn and at least one later one split
-    want = _episodes(padded, prompts, 1.0)
+    want = turns(padded, prompts, results, lengths)
     for turn_got, turn_want in zip(got, want, strict=True):
         for a, b in zip(turn_got, turn_want, strict=True):
             assert a.ids == b.ids
@@ -119,19 +107,10 @@ def test_ragged_prefill_samples_what_one_padded_batch_samples(
         assert torch.allclose(a.values[-1].float(), b.values[-1].float(), atol=1e-4)
 
 
-def test_ragged_greedy_decoding_matches_a_teacher_forced_forward_pass(tiny) -> None:
+def test_ragged_greedy_decoding_matches_a_teacher_forced_forward_pass(tiny, greedy_turns) -> None:
     model, tok = tiny
     g = torch.Generator().manual_seed(4)
     shared = torch.randint(40, 400, (40,), generator=g).tolist()
     prompts = [shared + [12], shared + [14] * 70, shared + [15, 16, 17], shared + [18] * 75]
-    sampler = HFSampler(model, tok, prefix_cache=True)
-    for turn in range(2):
-        samples = sampler.sample(prompts, max_new_tokens=5, temperature=0.0, stop_ids=[5], seed=0)
-        for prompt, s in zip(prompts, samples, strict=True):
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt + s.ids])).logits[0, len(prompt) - 1 : -1]
-            want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(s.ids)[:, None])
-            assert logits.argmax(-1).tolist() == s.ids
-            assert torch.allclose(torch.tensor(s.logprobs), want[:, 0], atol=1e-4)
-        prompts = [p + s.ids + [20 + turn] * (1 + 60 * (i % 2)) for i, (p, s) in enumerate(
-            zip(prompts, samples, strict=True))]  # fmt: skip
+    results = [[20], [21] * 61, [22], [23] * 61]  # the next turn is ragged too
+    greedy_turns(model, tok, prompts, results, max_new_tokens=5)
