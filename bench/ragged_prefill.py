@@ -58,10 +58,7 @@ def run(
     prefill with each ``pass_tokens`` (what the planner charges for one more pass)."""
     from bench.cascade import load_bf16
     from trainer.samplers import HFSampler
-    from trainer.serving import kvcache
     from trainer.serving.kvcache import plan_buckets
-
-    default = kvcache.PASS_TOKENS
 
     model, tok = load_bf16(model_name, threads)
     cached, prompts = _batch(model.config.vocab_size, rows, shared, own, new)
@@ -73,33 +70,31 @@ def run(
     filled = list(sampler.store.entries)
     # what each row feeds: its prompt after its stored entry (the cached prompt, whole)
     suffixes = [len(p) - len(c) for p, c in zip(prompts, cached, strict=True)]
-    modes = ["padded"] + [f"ragged@{p}" for p in pass_tokens]
+    charge = {f"ragged@{p}": p for p in pass_tokens}  # mode -> its charge per pass
+    modes = ["padded", *charge]
     seconds: dict[str, list[float]] = {name: [] for name in modes}
     first: dict[str, list[float]] = {}
     for _ in range(repeats):
         for name in modes + modes[::-1]:
             sampler.store.entries = list(filled)
-            sampler.engine.ragged = name != "padded"
-            if name != "padded":
-                kvcache.PASS_TOKENS = int(name.split("@")[1])
+            sampler.engine.ragged = name in charge
+            sampler.engine.pass_tokens = charge.get(name, 0)
             t0 = time.perf_counter()
             out = sampler.sample(prompts, max_new_tokens=1, temperature=0.0)
             seconds[name].append(time.perf_counter() - t0)
             first[name] = [s.logprobs[0] for s in out]
-    kvcache.PASS_TOKENS = default
     medians = {name: statistics.median(v) for name, v in seconds.items()}
     passes = {  # new tokens per row, per pass
-        m: [[suffixes[i] for i in p] for p in plan_buckets(suffixes, int(m.split("@")[1]))]
-        for m in modes[1:]
+        m: [[suffixes[i] for i in p] for p in plan_buckets(suffixes, c)] for m, c in charge.items()
     }
-    diffs = [abs(a - b) for m in modes[1:] for a, b in zip(first[m], first["padded"], strict=True)]
+    diffs = [abs(a - b) for m in charge for a, b in zip(first[m], first["padded"], strict=True)]
     return {
         "model": model_name, "rows": rows, "shared": shared, "own": own, "new": new,
         "threads": threads, "repeats": repeats, "fill_s": fill_s, "prefill_s": medians,
-        "padded_over": {m: medians["padded"] / medians[m] for m in modes[1:]},
+        "padded_over": {m: medians["padded"] / medians[m] for m in charge},
         "passes": passes,
         "fed_tokens": {"padded": rows * max(suffixes)} | {
-            m: sum(len(p) * max(p) for p in passes[m]) for m in modes[1:]  # padding included
+            m: sum(len(p) * max(p) for p in passes[m]) for m in charge  # padding included
         },
         "max_logprob_diff": max(diffs), "all_prefill_s": seconds,
     }  # fmt: skip

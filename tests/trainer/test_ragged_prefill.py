@@ -114,3 +114,16 @@ def test_ragged_greedy_decoding_matches_a_teacher_forced_forward_pass(tiny, gree
     prompts = [shared + [12], shared + [14] * 70, shared + [15, 16, 17], shared + [18] * 75]
     results = [[20], [21] * 61, [22], [23] * 61]  # the next turn is ragged too
     greedy_turns(model, tok, prompts, results, max_new_tokens=5)
+
+
+def test_the_engine_s_charge_per_pass_reaches_the_planner(
+    tiny, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tok = tiny
+    prompts = [[40] * 30 + [8], [40] * 30 + [9] * 200]  # 1 and 200 new tokens after the prefix
+    went_ragged = _spy_passes(monkeypatch)
+    sampler = HFSampler(model, tok)
+    sampler.sample(prompts, max_new_tokens=2, temperature=0.0)
+    sampler.engine.pass_tokens = 10**6  # no split can pay for itself
+    sampler.sample(prompts, max_new_tokens=2, temperature=0.0)
+    assert went_ragged == [True, False]

@@ -28,6 +28,7 @@ import torch
 
 from trainer.serving.api import LogprobsMode
 from trainer.serving.kvcache import (
+    PASS_TOKENS,
     CacheBatch,
     PrefixStore,
     build_batch,
@@ -113,6 +114,7 @@ class Engine:
         on_cpu = next(model.parameters()).device.type == "cpu"
         self.cascade = (on_cpu if cascade is None else cascade) and supports_cascade(model)
         self.ragged = on_cpu if ragged is None else ragged
+        self.pass_tokens = PASS_TOKENS  # ragged prefill's charge for one more pass
         self.pad_id = int(pad_id)
         self.logprobs_mode = logprobs_mode
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -217,8 +219,9 @@ class Engine:
         staged = None
         if self.ragged and share_prefill and not full and len(distinct) > 1:
             staged = prefill_ragged(
-                self.model, work, distinct, self._cache_kw, cascade=self.cascade
-            )
+                self.model, work, distinct, self._cache_kw,
+                cascade=self.cascade, pass_tokens=self.pass_tokens,
+            )  # fmt: skip
         if staged is None:
             batch, ids, pos, new = build_batch(
                 self.model, work, distinct, limits, room, self._cache_kw, cascade=cascade

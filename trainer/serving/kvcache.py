@@ -487,7 +487,7 @@ def prefill_common_prefix(
     store.add(entry)
 
 
-def plan_buckets(lengths: Sequence[int], pass_tokens: int | None = None) -> list[list[int]]:
+def plan_buckets(lengths: Sequence[int], pass_tokens: int = PASS_TOKENS) -> list[list[int]]:
     """Split rows into prefill passes that waste the least on padding.
 
     A pass is left-padded to its longest row, so it costs ``rows x longest`` fed tokens, and every
@@ -497,14 +497,12 @@ def plan_buckets(lengths: Sequence[int], pass_tokens: int | None = None) -> list
 
     Args:
         lengths: Per row, the tokens it has to feed.
-        pass_tokens: The cost of one more pass, in fed tokens (None: ``PASS_TOKENS``).
+        pass_tokens: The cost of one more pass, in fed tokens.
 
     Returns:
         The passes, as row indices, shortest rows first; one pass holding every row when
         splitting saves nothing.
     """
-    if pass_tokens is None:
-        pass_tokens = PASS_TOKENS
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     sizes = [lengths[i] for i in order]
     best = [0] + [sys.maxsize] * len(sizes)  # best[j]: cheapest plan of the j shortest rows
@@ -529,6 +527,7 @@ def prefill_ragged(
     cache_kw: str,
     *,
     cascade: bool = False,
+    pass_tokens: int = PASS_TOKENS,
 ) -> tuple[PrefixStore, torch.Tensor] | None:
     """Prefill prompts whose uncached suffixes differ in length in passes of similar lengths.
 
@@ -542,6 +541,7 @@ def prefill_ragged(
         prompts: The rows' prompts (distinct ones; their last token's logits are wanted).
         cache_kw: See :class:`CacheBatch`.
         cascade: Cascade attention in passes of more than one row (see :func:`build_batch`).
+        pass_tokens: What one more pass costs, in fed tokens (:func:`plan_buckets`).
 
     Returns:
         A private store holding exactly each prompt's whole keys/values, for a :func:`build_batch`
@@ -550,7 +550,8 @@ def prefill_ragged(
     """
     limits = [len(p) - 1 for p in prompts]
     found = [store.best(p, limit=lim) for p, lim in zip(prompts, limits, strict=True)]
-    passes = plan_buckets([len(p) - n for p, (_, n) in zip(prompts, found, strict=True)])
+    lengths = [len(p) - n for p, (_, n) in zip(prompts, found, strict=True)]
+    passes = plan_buckets(lengths, pass_tokens)
     if len(passes) < 2:
         return None
     # Every pass reads the store as it was, as one batch would: an entry two rows continue is not
