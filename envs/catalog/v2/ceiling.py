@@ -20,7 +20,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CeilingPolicy", "decide_from_tools", "read_listing", "read_rules", "resolve"]
+__all__ = [
+    "CeilingPolicy",
+    "WorkedCeilingPolicy",
+    "decide_from_tools",
+    "read_listing",
+    "read_rules",
+    "resolve",
+    "work_from_tools",
+]
 
 Message = dict[str, Any]
 
@@ -196,16 +204,18 @@ def _price_points(r: float, rules: dict[str, Any]) -> int:
     return next((pts for pts, bound in enumerate(bounds) if r >= bound), floor)
 
 
-def _points(
+def _point_items(
     listing: dict[str, Any],
     brand: dict[str, Any] | None,
     registered: bool,
     seller: dict[str, Any],
     similarity: float,
     rules: dict[str, Any],
-) -> tuple[int, bool, bool]:
-    """Rule 4's points, whether the brand is gated and whether the seller is authorised."""
-    pts, gated, auth = 0, False, False
+) -> tuple[list[tuple[str, int]], bool, bool]:
+    """Rule 4's points item by item (``(what was seen, points)``, the non-zero ones), whether the
+    brand is gated and whether the seller is authorised."""
+    items: list[tuple[str, int]] = []
+    gated, auth = False, False
     name = (brand or {}).get("name")
     if registered and brand:
         gated = bool(brand.get("protected"))
@@ -214,29 +224,38 @@ def _points(
         if msrp and msrp.get("low"):
             r = listing["price"] / msrp["low"]
             p = _price_points(r, rules)
-            pts += p - (1 if p and _CONDITION.search(_text(listing)) else 0)
-        pts += (3 if gated and not auth else 0) - (3 if auth else 0)
+            if p:
+                items.append((f"price {listing['price']:g}/{msrp['low']:g}={r:.2f}", p))
+                if _CONDITION.search(_text(listing)):
+                    items.append(("condition stated", -1))
+        if gated and not auth:
+            items.append(("gated, seller not authorised", 3))
+        if auth:
+            items.append(("seller authorised", -3))
     elif rules["near_name"] <= similarity < rules["imitation"]:
-        pts += 2
+        items.append((f"near name {similarity:g}", 2))
     fakes = [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
     own = [t["year"] for t in fakes if registered and t.get("brand") == name]
     if own:
-        pts += 4 if max(own) >= rules["recent_year"] else 2
+        items.append(
+            (f"takedown this brand {max(own)}", 4 if max(own) >= rules["recent_year"] else 2)
+        )
     if any(t.get("brand") != (name if registered else None) for t in fakes):
-        pts += 1
+        items.append(("takedown other brand", 1))
     age, sales, rating = (
         seller.get("account_age_days", 10**6),
         seller.get("sales", 10**6),
         seller.get("rating", 5),
     )
-    pts += (
-        (age < rules["new_account_days"])
-        + (sales < rules["few_sales"])
-        + (rating < rules["low_rating"])
-    )
+    if age < rules["new_account_days"]:
+        items.append((f"account {age} days", 1))
+    if sales < rules["few_sales"]:
+        items.append((f"{sales} sales", 1))
+    if rating < rules["low_rating"]:
+        items.append((f"rating {rating:g}", 1))
     if seller and _established(seller, rules):
-        pts -= 1
-    return pts, gated, auth
+        items.append(("established seller", -1))
+    return items, gated, auth
 
 
 def decide_from_tools(
@@ -249,8 +268,31 @@ def decide_from_tools(
 ) -> tuple[str, str | None, str]:
     """``(decision, request, reason)``: the written rules (their thresholds from
     :func:`read_rules`) applied to the tools' answers."""
+    decision, request, reason, _ = work_from_tools(listing, schema, lookup, seller, mentions, rules)
+    return decision, request, reason
+
+
+def work_from_tools(
+    listing: dict[str, Any],
+    schema: dict[str, Any],
+    lookup: dict[str, Any] | None,
+    seller: dict[str, Any],
+    mentions: dict[str, Any],
+    rules: dict[str, Any],
+) -> tuple[str, str | None, str, list[str]]:
+    """:func:`decide_from_tools` with its working: one line per rule it checked, in the rules'
+    order, each naming what it read and the points it gave, the last one the decision."""
+    work: list[str] = []
+
+    def done(
+        decision: str, request: str | None, reason: str
+    ) -> tuple[str, str | None, str, list[str]]:
+        work.append(f"-> {decision}" + (f" ({request})" if request else ""))
+        return decision, request, reason, work
+
+    work.append(f"policy {schema.get('policy', 'unknown')}")
     if schema.get("policy") == "prohibited":
-        return "prohibited", None, "prohibited category"
+        return done("prohibited", None, "prohibited category")
     text = _text(listing)
     exact = (lookup or {}).get("exact")
     unstated = None
@@ -259,31 +301,58 @@ def decide_from_tools(
         for r in exact.get("recalls") or ():
             if r["model_number"] in models:
                 if not batches:
+                    work.append(f"recall {r['recall_id']}: {r['model_number']}, no batch")
                     unstated = unstated or r["recall_id"]
                 elif batches & set(r["batches"]):
-                    return "prohibited", None, f"recall {r['recall_id']}"
+                    work.append(f"recall {r['recall_id']}: {r['model_number']}, batch listed")
+                    return done("prohibited", None, f"recall {r['recall_id']}")
+                else:
+                    work.append(f"recall {r['recall_id']}: {r['model_number']}, other batch")
     registered = bool(exact and exact.get("registered"))
-    sims = [s["similarity"] for s in (lookup or {}).get("similar") or () if s.get("registered")]
-    similarity = max(sims, default=0.0) if lookup and not registered else 0.0
+    sims = [s for s in (lookup or {}).get("similar") or () if s.get("registered")]
+    similarity = (
+        max((s["similarity"] for s in sims), default=0.0) if lookup and not registered else 0.0
+    )
+    if not listing["brand"]:
+        work.append("brand none")
+    elif registered:
+        work.append(f"brand {listing['brand']} registered")
+    elif similarity:
+        near = max(sims, key=lambda s: s["similarity"])
+        work.append(f"brand {listing['brand']} not registered, like {near['name']} {similarity:g}")
+    else:
+        work.append(f"brand {listing['brand']} not registered")
     if similarity >= rules["imitation"]:
-        return "counterfeit", None, "look-alike brand"
-    if any(((mentions.get(n) or {}).get("exact") or {}).get("registered") for n in _copies(text)):
-        return "counterfeit", None, "copy of a registered brand"
-    pts, gated, auth = _points(listing, exact, registered, seller, similarity, rules)
+        work[-1] += f" >= {rules['imitation']:g}"
+        return done("counterfeit", None, "look-alike brand")
+    for copied in _copies(text):
+        if ((mentions.get(copied) or {}).get("exact") or {}).get("registered"):
+            work.append(f"copy of {copied}, registered")
+            return done("counterfeit", None, "copy of a registered brand")
+    # the seller's figures always, so every working has the same shape; the points follow
+    fakes = [t for t in seller.get("takedowns") or () if t.get("reason") == "counterfeit"]
+    work.append(
+        f"seller {seller.get('account_age_days', '?')} days, {seller.get('sales', '?')} sales, "
+        f"rating {seller.get('rating', '?')}, {len(fakes)} counterfeit takedowns"
+    )
+    items, gated, auth = _point_items(listing, exact, registered, seller, similarity, rules)
+    pts = sum(p for _, p in items)
+    work += [f"{what} {p:+d}" for what, p in items]
+    work.append(f"points {pts}")
     if pts >= rules["remove_at"]:
-        return "counterfeit", None, f"{pts} points"
+        return done("counterfeit", None, f"{pts} points")
     if unstated:
-        return "escalate", "recall_remedy_notice", "recalled model, no batch"
+        return done("escalate", "recall_remedy_notice", "recalled model, no batch")
     est = _established(seller, rules)
     if schema.get("policy") == "certificate_required" and not (registered and (auth or est)):
-        return "escalate", "safety_certificate", "restricted category"
+        return done("escalate", "safety_certificate", "restricted category")
     if pts >= rules["review_at"]:
-        return (
+        return done(
             "escalate",
             "authorisation_letter" if gated and not auth else "invoice",
             f"{pts} points",
         )
-    return "ok", None, f"{pts} points"
+    return done("ok", None, f"{pts} points")
 
 
 def _done(messages: Sequence[Message]) -> dict[str, Any]:
@@ -318,6 +387,8 @@ class CeilingPolicy:
     search_limit = 10
     #: A constant decision instead of the rules' (the degenerate variants set it).
     fixed: tuple[str, str | None] | None = None
+    #: Whether the submit turn's text carries the working (:class:`WorkedCeilingPolicy`).
+    worked = False
 
     def __init__(self, twin: Any = None) -> None:
         self.twin = twin
@@ -355,7 +426,7 @@ class CeilingPolicy:
         mentions = {}
         for i, name in enumerate(_copies(_text(listing))[:3]):
             mentions[name] = done.get(f"m{i}")
-        decision, request, reason = decide_from_tools(
+        decision, request, reason, work = work_from_tools(
             listing, schema, done.get("b"), done.get("p") or {}, mentions, read_rules(messages)
         )
         if self.fixed is not None:
@@ -368,7 +439,24 @@ class CeilingPolicy:
         if request:
             args["request"] = request
         args["reason"] = reason
-        return _turn([_call("submit", args, "z")])
+        message = _turn([_call("submit", args, "z")])
+        if self.worked:
+            message["content"] = "\n".join(work)
+        return message
+
+
+class WorkedCeilingPolicy(CeilingPolicy):
+    """The ceiling that writes its working before it submits: a line per rule it checked, in the
+    rules' order, with what it read and the points it gave (``price 24/40=0.60 +1``, ``account
+    12 days +1``, ``points 4``, ``-> escalate (invoice)``), then the same ``submit`` call.
+
+    The teacher for a small model: a decision it must otherwise reach in the one token that
+    names it becomes a chain of short steps, each copying a figure from a tool's answer or
+    comparing it with a threshold the prompt states.
+    """
+
+    name = "ceiling_worked"
+    worked = True
 
 
 def _attributes(listing: dict[str, Any], schema: dict[str, Any]) -> dict[str, str]:
