@@ -32,6 +32,10 @@ arguments: finished stages are skipped, SFT and GRPO continue from their newest 
 --policy compact``: 1.000 on every test case), the recipes ``catalog-smollm2-expert-*-cpu.yaml``
 (bf16 autocast, 192-token turns, a held-out SFT loss, groups of 8 with dynamic sampling, RLOO) into
 ``runs/learning-smollm2-expert/`` (its report too).
+
+``--chain v2`` is the proof on Catalog-v2 (teacher ``ceiling``; report in ``docs/learning/``);
+``--chain v2-worked`` the same stages taught by ``ceiling_worked``, the ceiling writing its working
+before it submits, into ``runs/learning-smollm2-v2-worked/`` (its report too).
 """
 
 from __future__ import annotations
@@ -122,6 +126,20 @@ CHAINS: dict[str, dict[str, Any]] = {
         },
     },
 }
+#: The v2 chain taught by ``ceiling_worked`` (the ceiling writing its working before it submits)
+#: instead of ``ceiling``; everything else as the v2 chain, in its own run folder, its report
+#: beside it.
+CHAINS["v2-worked"] = {
+    **CHAINS["v2"],
+    "run_dir": ROOT / "runs" / "learning-smollm2-v2-worked",
+    "docs_dir": ROOT / "runs" / "learning-smollm2-v2-worked" / "report",
+    "teacher": "ceiling_worked",
+}
+
+
+def is_v2(chain: str) -> bool:
+    """Whether ``chain`` is one of the Catalog-v2 chains (their stages, references and report)."""
+    return CHAINS[chain].get("twin") == "Catalog-v2"
 
 
 def use_chain(name: str) -> dict[str, Any]:
@@ -1159,7 +1177,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "acceptance": acceptance(diffs, best_cheap),
         "wall_clock_s": Timings(RUN_DIR / "timings.json").data,
         "provenance": provenance(),
-        "rerun": rerun_command(sizes),
+        "rerun": rerun_command(sizes, args.chain),
     }
     (DOCS_DIR / "v2-results.json").write_text(json.dumps(results, indent=1) + "\n")
     curves = plot_v2_curves()
@@ -1167,14 +1185,15 @@ def report_v2(args: argparse.Namespace) -> None:
     log(f"report: {DOCS_DIR / 'v2-results.json'}, {DOCS_DIR / 'v2-table.md'}, {curves}")
 
 
-def rerun_command(sizes: dict[str, Any]) -> str:
-    """The one command that reruns the chain with the sizes it ran with."""
+def rerun_command(sizes: dict[str, Any], chain: str = "v2") -> str:
+    """The one command that reruns ``chain`` with the sizes it ran with."""
     flags = [f"--{k.replace('_', '-')} {v}" for k, v in sizes.items() if k != "grpo_eval_at"]
     flags += [f"--grpo-eval-at {k}" for k in sizes.get("grpo_eval_at", [])]
+    log_file = (CHAINS[chain]["run_dir"] / "log.txt").relative_to(ROOT)
     return (
-        "nohup nice -n 10 .venv/bin/python scripts/learning_smollm2.py --chain v2 "
+        f"nohup nice -n 10 .venv/bin/python scripts/learning_smollm2.py --chain {chain} "
         + " ".join(flags)
-        + " > runs/learning-smollm2-v2/log.txt 2>&1 &"
+        + f" > {log_file} 2>&1 &"
     )
 
 
@@ -1481,7 +1500,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def chain_stages(chain: str) -> tuple[str, ...]:
-    return V2_STAGES if chain == "v2" else STAGES
+    return V2_STAGES if is_v2(chain) else STAGES
 
 
 def actions(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
@@ -1491,7 +1510,7 @@ def actions(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
         f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}"
         + CHAINS[args.chain]["eval_options"]
     )
-    refs = V2_REFS if args.chain == "v2" else ("heuristic", "careful")
+    refs = V2_REFS if is_v2(args.chain) else ("heuristic", "careful")
     acts: dict[str, Callable[[], Any]] = {
         "refs": lambda: [evaluate(r, r, args) for r in refs],
         "collect": lambda: collect(args),
@@ -1500,9 +1519,9 @@ def actions(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
         "sft_eval": after_sft(lambda: evaluate("sft", f"hf:{model_dir('sft')},{policy}", args)),
         "grpo": after_sft(lambda: train_grpo(args)),
         "grpo_eval": lambda: evaluate_grpo(policy, args),
-        "report": lambda: report_v2(args) if args.chain == "v2" else report(args),
+        "report": lambda: report_v2(args) if is_v2(args.chain) else report(args),
     }
-    if args.chain == "v2":
+    if is_v2(args.chain):
         acts.update(v2_actions(args, policy))
     return acts
 

@@ -316,3 +316,21 @@ def test_a_v2_evaluation_runs_in_chunks_and_continues_from_the_first_missing_one
     assert len(json.loads((tmp_path / "eval-sft.json").read_text())["chunks"]) == 3
     chain.evaluate("sft", "hf:x", args)  # finished: skipped
     assert len(chain.ran) == 2
+
+
+def test_the_worked_chain_is_the_v2_chain_taught_by_the_worked_ceiling(chain: Any) -> None:
+    """--chain v2-worked: v2's stages and recipes, ``ceiling_worked`` demonstrations in its own run
+    folder, and a rerun command that names it."""
+    chain.use_chain("v2-worked")
+    assert chain.TEACHER["policy"] == "ceiling_worked" and chain.TWIN == "Catalog-v2"
+    assert chain.chain_stages("v2-worked") == chain.chain_stages("v2") == chain.V2_STAGES
+    assert chain.RUN_DIR.name == "learning-smollm2-v2-worked"
+    assert chain.SFT_RECIPE == chain.CHAINS["v2"]["sft_recipe"]
+    assert chain.DOCS_DIR != chain.CHAINS["v2"]["docs_dir"]  # docs/learning stays the v2 report
+    cmd = chain.rerun_command({"test_cases": 500}, "v2-worked")
+    assert "--chain v2-worked --test-cases 500 " in cmd
+    assert "> runs/learning-smollm2-v2-worked/log.txt" in cmd
+    chain.collect(SimpleNamespace(collect_episodes=280, store=Path("store.db")))
+    (cmd,) = chain.ran
+    assert cmd[cmd.index("--policy") + 1] == "ceiling_worked"
+    assert cmd[cmd.index("--out") + 1] == str(chain.RUN_DIR / "data-ceiling_worked")
