@@ -134,6 +134,8 @@ CHAINS["v2-worked"] = {
     "run_dir": ROOT / "runs" / "learning-smollm2-v2-worked",
     "docs_dir": ROOT / "runs" / "learning-smollm2-v2-worked" / "report",
     "teacher": "ceiling_worked",
+    # its models against the same stages of the chain taught without the working
+    "compare_with": "v2",
 }
 
 
@@ -1124,6 +1126,20 @@ def v2_differences(episodes: dict[str, Any], best_cheap: str | None) -> dict[str
     }
 
 
+def chain_differences(chain: str, episodes: dict[str, Any]) -> dict[str, Any]:
+    """Paired differences of this chain's models against the same stage of the chain it is
+    compared with (``compare_with``: the one taught without the working), on their shared cases;
+    keys name that chain (``sft - sft of v2``)."""
+    other = CHAINS[chain].get("compare_with")
+    out: dict[str, Any] = {}
+    for name in ("sft", "grpo", "grpo-s1", "placebo"):
+        path = CHAINS[other]["run_dir"] / f"episodes-{name}.jsonl" if other else None
+        if episodes.get(name) and path is not None and path.exists():
+            theirs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            out[f"{name} - {name} of {other}"] = paired(theirs, episodes[name])
+    return out
+
+
 def acceptance(diffs: dict[str, Any], best_cheap: str | None) -> dict[str, Any]:
     """Issue 25's three claims, each read off the paired intervals (None: not run yet)."""
 
@@ -1158,6 +1174,7 @@ def report_v2(args: argparse.Namespace) -> None:
     cheap = [n for n in V2_CHEAP if n in stats]
     best_cheap = max(cheap, key=lambda n: stats[n]["reward_mean"]) if cheap else None
     diffs = v2_differences(episodes, best_cheap)
+    diffs.update(chain_differences(args.chain, episodes))
     results = {
         "twin": "Catalog-v2",
         "twin_config": TWIN_SETS,

@@ -5,6 +5,7 @@ the compact teacher's recipes and folders."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -318,7 +319,9 @@ def test_a_v2_evaluation_runs_in_chunks_and_continues_from_the_first_missing_one
     assert len(chain.ran) == 2
 
 
-def test_the_worked_chain_is_the_v2_chain_taught_by_the_worked_ceiling(chain: Any) -> None:
+def test_the_worked_chain_is_the_v2_chain_taught_by_the_worked_ceiling(
+    chain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """--chain v2-worked: v2's stages and recipes, ``ceiling_worked`` demonstrations in its own run
     folder, and a rerun command that names it."""
     chain.use_chain("v2-worked")
@@ -330,7 +333,25 @@ def test_the_worked_chain_is_the_v2_chain_taught_by_the_worked_ceiling(chain: An
     cmd = chain.rerun_command({"test_cases": 500}, "v2-worked")
     assert "--chain v2-worked --test-cases 500 " in cmd
     assert "> runs/learning-smollm2-v2-worked/log.txt" in cmd
+    monkeypatch.setattr(chain, "RUN_DIR", tmp_path)  # a fresh run folder: nothing collected
     chain.collect(SimpleNamespace(collect_episodes=280, store=Path("store.db")))
     (cmd,) = chain.ran
     assert cmd[cmd.index("--policy") + 1] == "ceiling_worked"
-    assert cmd[cmd.index("--out") + 1] == str(chain.RUN_DIR / "data-ceiling_worked")
+    assert cmd[cmd.index("--out") + 1] == str(tmp_path / "data-ceiling_worked")
+
+
+def test_the_worked_chain_reports_its_models_against_the_plain_chains(
+    chain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sft - sft of v2``: paired over the case ids both chains evaluated."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    rows = [{"case_id": f"c{i}", "reward": r} for i, r in enumerate([0.0, 0.5, -1.0])]
+    (plain / "episodes-sft.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    monkeypatch.setitem(chain.CHAINS["v2"], "run_dir", plain)
+    worked = [{"case_id": f"c{i}", "reward": r} for i, r in enumerate([1.0, 0.5, 0.0, 1.0])]
+    diffs = chain.chain_differences("v2-worked", {"sft": worked, "grpo": worked})
+    assert list(diffs) == ["sft - sft of v2"]  # the plain chain has no GRPO episodes here
+    assert diffs["sft - sft of v2"]["cases"] == 3
+    assert diffs["sft - sft of v2"]["mean_diff"] == pytest.approx((1.0 + 0.0 + 1.0) / 3)
+    assert chain.chain_differences("v2", {"sft": worked}) == {}
