@@ -435,7 +435,22 @@ def episode_row(t: Any, truth: dict[str, Any]) -> dict[str, Any]:
     }
     if key == "decision":
         row.update(request=_norm(sub.get("request")), true_request=truth.get("request"))
+    working = submit_text(t.messages)
+    if working:
+        row["working"] = working
     return row
+
+
+def submit_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last turn that calls ``submit``: ``ceiling_worked``'s working, and the
+    working of a model it taught ("" when there is none)."""
+    for m in reversed(messages):
+        calls = m.get("tool_calls") or []
+        if m.get("role") == "assistant" and any(
+            (c.get("function") or {}).get("name") == "submit" for c in calls
+        ):
+            return (m.get("content") or "").strip()
+    return ""
 
 
 def data_dir() -> Path:
@@ -1175,6 +1190,11 @@ def report_v2(args: argparse.Namespace) -> None:
     best_cheap = max(cheap, key=lambda n: stats[n]["reward_mean"]) if cheap else None
     diffs = v2_differences(episodes, best_cheap)
     diffs.update(chain_differences(args.chain, episodes))
+    departures: dict[str, dict[str, int]] = {}
+    if TEACHER["policy"] == "ceiling_worked":
+        models = {n: episodes[n] for n, _ in V2_MODEL_ROWS if n in episodes}
+        teacher = teacher_workings(sorted({r["index"] for e in models.values() for r in e}))
+        departures = {n: working_departures(e, teacher) for n, e in models.items()}
     results = {
         "twin": "Catalog-v2",
         "twin_config": TWIN_SETS,
@@ -1192,6 +1212,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "natural_mix_reweighted": {n: reweighted_figures(e) for n, e in episodes.items()},
         "differences": diffs,
         "acceptance": acceptance(diffs, best_cheap),
+        "working_departures": departures,
         "wall_clock_s": Timings(RUN_DIR / "timings.json").data,
         "provenance": provenance(),
         "rerun": rerun_command(sizes, args.chain),
@@ -1303,6 +1324,7 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
     lines += v2_natural_lines(results["natural_mix"])
     lines += v2_reweighted_lines(results["natural_mix_reweighted"], results["natural_mix"])
     lines += v2_detail_lines(stats, labels)
+    lines += working_lines(results.get("working_departures") or {})
     lines += [""] + [f"![{c}]({c})" for c in curves]
     lines += ["", "Wall-clock (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items())]
     prov = results["provenance"]
@@ -1363,6 +1385,75 @@ def v2_reweighted_lines(reweighted: dict[str, Any], measured: dict[str, Any]) ->
             f"{s['misses_per_1000']:.0f} | {s['false_alarms_per_1000']:.0f} | "
             f"{s['cost_per_1000']:.0f} | {s['precision']:.2f} | {s['recall']:.2f} |"
         )
+    return lines
+
+
+#: The kinds of line of a working (:class:`envs.catalog.v2.ceiling.WorkedCeilingPolicy`), by their
+#: first word; any other line is one of rule 4's point items.
+WORKING_LINES = {
+    "policy": "category policy",
+    "recall": "recall",
+    "brand": "brand",
+    "copy": "copied brand",
+    "seller": "seller's figures",
+    "points": "points total",
+    "->": "decision",
+}
+WORKING_ORDER = (*WORKING_LINES.values(), "point item", "no working", "same as the teacher")
+
+
+def working_line_kind(line: str) -> str:
+    """What a line of a working states (:data:`WORKING_LINES`)."""
+    return WORKING_LINES.get(line.split(" ", 1)[0], "point item")
+
+
+def teacher_workings(indices: list[int]) -> dict[int, str]:
+    """``ceiling_worked``'s working on each test case in ``indices`` (the chain's twin)."""
+    from twin.registry import make_twin
+    from twin.rollout import run_episodes
+
+    twin = make_twin(TWIN, **dict(s.split("=", 1) for s in TWIN_SETS))
+    policy = twin.baselines()["ceiling_worked"](twin)
+    groups = run_episodes(twin, policy, [("test", i) for i in indices], progress=False)
+    return {t.index: submit_text(t.messages) for g in groups for t in g.trajectories}
+
+
+def working_departures(rows: list[dict[str, Any]], teacher: dict[int, str]) -> dict[str, int]:
+    """Episodes by the first line where the model's working differs from the teacher's on the
+    same case (its kind, :func:`working_line_kind`), or ``same as the teacher``; an episode
+    with no submit or no text before it counts as ``no working``."""
+    out = dict.fromkeys(WORKING_ORDER, 0)
+    for r in rows:
+        mine = (r.get("working") or "").splitlines()
+        theirs = teacher[r["index"]].splitlines()
+        if not mine:
+            out["no working"] += 1
+            continue
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+        if first is None and len(mine) == len(theirs):
+            out["same as the teacher"] += 1
+            continue
+        if first is None:  # one is the other cut short: the first line only one of them has
+            first = min(len(mine), len(theirs))
+        longer = theirs if first < len(theirs) else mine
+        out[working_line_kind(longer[first])] += 1
+    return out
+
+
+def working_lines(departures: dict[str, dict[str, int]]) -> list[str]:
+    """The report's table of :func:`working_departures`, one column a model."""
+    if not departures:
+        return []
+    names = list(departures)
+    lines = [
+        "",
+        "Where each model's working first departs from its teacher's on the same case (episodes):",
+        "",
+        "| first different line | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+    ]
+    for kind in WORKING_ORDER:
+        lines.append(f"| {kind} | " + " | ".join(str(departures[n][kind]) for n in names) + " |")
     return lines
 
 

@@ -355,3 +355,44 @@ def test_the_worked_chain_reports_its_models_against_the_plain_chains(
     assert diffs["sft - sft of v2"]["cases"] == 3
     assert diffs["sft - sft of v2"]["mean_diff"] == pytest.approx((1.0 + 0.0 + 1.0) / 3)
     assert chain.chain_differences("v2", {"sft": worked}) == {}
+
+
+def test_a_models_working_is_compared_with_its_teachers_line_by_line(chain: Any) -> None:
+    """The first line that differs names where the model went wrong: the seller's figures, a
+    point item, the total or the decision; a working cut short departs at the first line only
+    the teacher has."""
+    teacher = {
+        0: "policy ok\nbrand A registered\nseller 10 days, 5 sales, rating 4.2, 0 counterfeit "
+        "takedowns\naccount 10 days +1\n5 sales +1\npoints 2\n-> ok",
+        1: "policy prohibited\n-> prohibited",
+    }
+    lines = teacher[0].splitlines()
+    rows = [
+        {"index": 0, "working": teacher[0]},
+        {"index": 0, "working": "\n".join([*lines[:2], "seller 10 days, 50 sales", *lines[3:]])},
+        {"index": 0, "working": "\n".join([*lines[:4], "points 1", "-> ok"])},
+        {"index": 0, "working": "\n".join([*lines[:6], "-> escalate (invoice)"])},
+        {"index": 0, "working": "\n".join(lines[:2])},
+        {"index": 1, "working": "policy ok\n-> ok"},
+        {"index": 1},
+    ]
+    got = chain.working_departures(rows, teacher)
+    assert {k: v for k, v in got.items() if v} == {
+        "same as the teacher": 1,
+        "seller's figures": 2,  # one changed, one cut short before it
+        "point item": 1,
+        "decision": 1,
+        "category policy": 1,
+        "no working": 1,
+    }
+    assert list(got) == list(chain.WORKING_ORDER)
+
+
+def test_the_teachers_working_is_read_back_from_its_episodes(chain: Any) -> None:
+    """teacher_workings plays ``ceiling_worked`` on the chain's twin: its last line is the
+    decision it submitted."""
+    chain.use_chain("v2-worked")
+    got = chain.teacher_workings([0, 2])
+    assert sorted(got) == [0, 2]
+    assert got[2].splitlines() == ["policy prohibited", "-> prohibited"]
+    assert got[0].splitlines()[-1].startswith("-> ")
