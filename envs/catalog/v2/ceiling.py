@@ -272,6 +272,45 @@ def decide_from_tools(
     return decision, request, reason
 
 
+def _recall_lines(
+    exact: dict[str, Any] | None, text: str
+) -> tuple[list[str], str | None, str | None]:
+    """Rule 2 worked: a line per recall of a model the listing names, the first recall whose
+    batch is unstated, and the first whose batch the listing states (that one decides)."""
+    lines: list[str] = []
+    unstated = None
+    if not exact:
+        return lines, None, None
+    models, batches = set(_MODEL.findall(text)), {b.upper() for b in _BATCH.findall(text)}
+    for r in exact.get("recalls") or ():
+        if r["model_number"] not in models:
+            continue
+        head = f"recall {r['recall_id']}: {r['model_number']}"
+        if not batches:
+            lines.append(f"{head}, no batch")
+            unstated = unstated or r["recall_id"]
+        elif batches & set(r["batches"]):
+            lines.append(f"{head}, batch listed")
+            return lines, unstated, r["recall_id"]
+        else:
+            lines.append(f"{head}, other batch")
+    return lines, unstated, None
+
+
+def _brand_line(
+    brand: str | None, registered: bool, sims: list[dict[str, Any]], similarity: float
+) -> str:
+    """What the brand look-up said, with the nearest registered name when it is not registered."""
+    if not brand:
+        return "brand none"
+    if registered:
+        return f"brand {brand} registered"
+    if similarity:
+        near = max(sims, key=lambda s: s["similarity"])
+        return f"brand {brand} not registered, like {near['name']} {similarity:g}"
+    return f"brand {brand} not registered"
+
+
 def work_from_tools(
     listing: dict[str, Any],
     schema: dict[str, Any],
@@ -295,33 +334,16 @@ def work_from_tools(
         return done("prohibited", None, "prohibited category")
     text = _text(listing)
     exact = (lookup or {}).get("exact")
-    unstated = None
-    if exact:
-        models, batches = set(_MODEL.findall(text)), {b.upper() for b in _BATCH.findall(text)}
-        for r in exact.get("recalls") or ():
-            if r["model_number"] in models:
-                if not batches:
-                    work.append(f"recall {r['recall_id']}: {r['model_number']}, no batch")
-                    unstated = unstated or r["recall_id"]
-                elif batches & set(r["batches"]):
-                    work.append(f"recall {r['recall_id']}: {r['model_number']}, batch listed")
-                    return done("prohibited", None, f"recall {r['recall_id']}")
-                else:
-                    work.append(f"recall {r['recall_id']}: {r['model_number']}, other batch")
+    lines, unstated, listed = _recall_lines(exact, text)
+    work += lines
+    if listed:
+        return done("prohibited", None, f"recall {listed}")
     registered = bool(exact and exact.get("registered"))
     sims = [s for s in (lookup or {}).get("similar") or () if s.get("registered")]
     similarity = (
         max((s["similarity"] for s in sims), default=0.0) if lookup and not registered else 0.0
     )
-    if not listing["brand"]:
-        work.append("brand none")
-    elif registered:
-        work.append(f"brand {listing['brand']} registered")
-    elif similarity:
-        near = max(sims, key=lambda s: s["similarity"])
-        work.append(f"brand {listing['brand']} not registered, like {near['name']} {similarity:g}")
-    else:
-        work.append(f"brand {listing['brand']} not registered")
+    work.append(_brand_line(listing["brand"], registered, sims, similarity))
     if similarity >= rules["imitation"]:
         work[-1] += f" >= {rules['imitation']:g}"
         return done("counterfeit", None, "look-alike brand")
