@@ -759,11 +759,17 @@ def bootstrap_ci(values: np.ndarray) -> tuple[float, float]:
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def read_episodes(name: str) -> list[dict[str, Any]] | None:
-    path = RUN_DIR / f"episodes-{name}.jsonl"
-    if not path.exists():
-        return None
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_episodes(name: str, run_dir: Path | None = None) -> list[dict[str, Any]] | None:
+    """The episodes of evaluation ``name`` in ``run_dir`` (this chain's by default): its joined
+    file once it has finished, else the chunks it has finished so far (an evaluation still
+    running or stopped part-way; chunks finish in case order), else None."""
+    run_dir = run_dir or RUN_DIR
+    path = run_dir / f"episodes-{name}.jsonl"
+    paths = (
+        [path] if path.exists() else sorted(run_dir.glob(f"episodes-{name}.{'[0-9]' * 4}.jsonl"))
+    )
+    rows = [json.loads(line) for p in paths for line in p.read_text().splitlines() if line.strip()]
+    return rows or None
 
 
 def summarize(rows: list[dict[str, Any]], labels: tuple[str, ...] = VERDICTS) -> dict[str, Any]:
@@ -1148,21 +1154,27 @@ def chain_differences(chain: str, episodes: dict[str, Any]) -> dict[str, Any]:
     other = CHAINS[chain].get("compare_with")
     out: dict[str, Any] = {}
     for name in ("sft", "grpo", "grpo-s1", "placebo"):
-        path = CHAINS[other]["run_dir"] / f"episodes-{name}.jsonl" if other else None
-        if episodes.get(name) and path is not None and path.exists():
-            theirs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        theirs = read_episodes(name, CHAINS[other]["run_dir"]) if other else None
+        if episodes.get(name) and theirs:
             out[f"{name} - {name} of {other}"] = paired(theirs, episodes[name])
     return out
 
 
-def acceptance(diffs: dict[str, Any], best_cheap: str | None) -> dict[str, Any]:
-    """Issue 25's three claims, each read off the paired intervals (None: not run yet)."""
+def acceptance(
+    diffs: dict[str, Any], best_cheap: str | None, planned: int | None = None
+) -> dict[str, Any]:
+    """Issue 25's three claims, each read off the paired intervals. None: not run yet, or (with
+    ``planned``) paired over fewer cases than the chain's test size: a claim is judged on the
+    full evaluation only."""
+
+    def ready(key: str) -> bool:
+        return key in diffs and (planned is None or diffs[key].get("cases", planned) >= planned)
 
     def above(key: str) -> bool | None:
-        return diffs[key]["ci95"][0] > 0 if key in diffs else None
+        return diffs[key]["ci95"][0] > 0 if ready(key) else None
 
     def around_zero(key: str) -> bool | None:
-        return diffs[key]["ci95"][0] <= 0 <= diffs[key]["ci95"][1] if key in diffs else None
+        return diffs[key]["ci95"][0] <= 0 <= diffs[key]["ci95"][1] if ready(key) else None
 
     return {
         "grpo_beats_best_cheap": {
@@ -1211,7 +1223,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "natural_mix": natural_stats,
         "natural_mix_reweighted": {n: reweighted_figures(e) for n, e in episodes.items()},
         "differences": diffs,
-        "acceptance": acceptance(diffs, best_cheap),
+        "acceptance": acceptance(diffs, best_cheap, sizes.get("test_cases")),
         "working_departures": departures,
         "wall_clock_s": Timings(RUN_DIR / "timings.json").data,
         "provenance": provenance(),
@@ -1293,6 +1305,16 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
     stats, wall = results["stages"], results["wall_clock_s"]
     n = max((s["episodes"] for s in stats.values()), default=0)
     labels = [(r, f"{r} (reference)") for r in V2_REFS] + list(V2_MODEL_ROWS)
+    # an evaluation still running (or stopped) is reported on the cases it has finished, and says so
+    labels = [
+        (
+            r,
+            label
+            if r not in stats or stats[r]["episodes"] >= n
+            else f"{label}, cases 0..{stats[r]['episodes'] - 1} so far",
+        )
+        for r, label in labels
+    ]
     lines = [
         f"Catalog-v2, test split, evaluation mix, cases 0..{n - 1} ({n} cases, one greedy episode "
         f"each; {', '.join(TWIN_SETS)}, {MAX_NEW_TOKENS} new tokens per turn). Reward: mean "
@@ -1312,14 +1334,20 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
         "",
         f"Best cheap policy (constant, flagger, heuristic): {results['best_cheap_policy']}.",
     ]
-    lines += ["", "| difference (paired over cases) | mean [95% CI] |", "| --- | --- |"]
     lines += [
-        f"| {k} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |"
+        "",
+        "| difference (paired over cases) | mean [95% CI] | cases |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| {k} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['cases']} |"
         for k, d in results["differences"].items()
     ]
     lines += [
         "",
-        "Acceptance (issue 25; null = not run yet): `" + json.dumps(results["acceptance"]) + "`",
+        "Acceptance (issue 25; null = not run yet, or not on every test case yet): `"
+        + json.dumps(results["acceptance"])
+        + "`",
     ]
     lines += v2_natural_lines(results["natural_mix"])
     lines += v2_reweighted_lines(results["natural_mix_reweighted"], results["natural_mix"])

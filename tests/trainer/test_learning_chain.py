@@ -396,3 +396,24 @@ def test_the_teachers_working_is_read_back_from_its_episodes(chain: Any) -> None
     assert sorted(got) == [0, 2]
     assert got[2].splitlines() == ["policy prohibited", "-> prohibited"]
     assert got[0].splitlines()[-1].startswith("-> ")
+
+
+def test_a_partial_evaluation_is_reported_on_its_finished_chunks_and_judged_on_none(
+    chain: Any, tmp_path: Path
+) -> None:
+    """While an evaluation runs (or after a stop) the report reads the chunks it has finished,
+    in case order, and the acceptance claims wait for the full test size."""
+    for start, rewards in ((100, [0.5, 1.0]), (0, [1.0, -1.0])):
+        rows = [{"case_id": f"c{start + i}", "reward": r} for i, r in enumerate(rewards)]
+        text = "\n".join(json.dumps(r) for r in rows) + "\n"
+        (tmp_path / f"episodes-grpo.{start:04d}.jsonl").write_text(text)
+    (tmp_path / "episodes-grpo-s1.0000.jsonl").write_text('{"case_id": "x", "reward": 0}\n')
+    got = chain.read_episodes("grpo")
+    assert [r["case_id"] for r in got] == ["c0", "c1", "c100", "c101"]
+    assert chain.read_episodes("placebo") is None
+    (tmp_path / "episodes-grpo.jsonl").write_text('{"case_id": "all", "reward": 1}\n')
+    assert [r["case_id"] for r in chain.read_episodes("grpo")] == ["all"]  # the joined file wins
+
+    diffs = {"grpo - sft": {"ci95": [0.01, 0.2], "cases": 200}}
+    assert chain.acceptance(diffs, None, 500)["grpo_minus_sft_above_zero"]["seed 0"] is None
+    assert chain.acceptance(diffs, None, 200)["grpo_minus_sft_above_zero"]["seed 0"] is True
