@@ -1168,7 +1168,7 @@ def acceptance(
     full evaluation only."""
 
     def ready(key: str) -> bool:
-        return key in diffs and (planned is None or diffs[key].get("cases", planned) >= planned)
+        return key in diffs and (planned is None or diffs[key]["cases"] >= planned)
 
     def above(key: str) -> bool | None:
         return diffs[key]["ci95"][0] > 0 if ready(key) else None
@@ -1306,15 +1306,9 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
     n = max((s["episodes"] for s in stats.values()), default=0)
     labels = [(r, f"{r} (reference)") for r in V2_REFS] + list(V2_MODEL_ROWS)
     # an evaluation still running (or stopped) is reported on the cases it has finished, and says so
-    labels = [
-        (
-            r,
-            label
-            if r not in stats or stats[r]["episodes"] >= n
-            else f"{label}, cases 0..{stats[r]['episodes'] - 1} so far",
-        )
-        for r, label in labels
-    ]
+    for i, (r, label) in enumerate(labels):
+        if r in stats and stats[r]["episodes"] < n:
+            labels[i] = (r, f"{label}, cases 0..{stats[r]['episodes'] - 1} so far")
     lines = [
         f"Catalog-v2, test split, evaluation mix, cases 0..{n - 1} ({n} cases, one greedy episode "
         f"each; {', '.join(TWIN_SETS)}, {MAX_NEW_TOKENS} new tokens per turn). Reward: mean "
