@@ -417,3 +417,47 @@ def test_a_partial_evaluation_is_reported_on_its_finished_chunks_and_judged_on_n
     diffs = {"grpo - sft": {"ci95": [0.01, 0.2], "cases": 200}}
     assert chain.acceptance(diffs, None, 500)["grpo_minus_sft_above_zero"]["seed 0"] is None
     assert chain.acceptance(diffs, None, 200)["grpo_minus_sft_above_zero"]["seed 0"] is True
+
+
+def test_the_t07_chain_runs_only_grpo_at_0_7_from_the_v2_chains_sft(
+    v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--chain v2-t07: the three GRPO runs and their evaluations in its own folder, each sampled at
+    temperature 0.7 and started from the v2 chain's kept SFT model; the references and the SFT
+    evaluation are read from the v2 chain's folder, its own GRPO evaluations from its own."""
+    v2.parse_args(["--chain", "v2"])
+    _save(tmp_path / "sft", 9, {"total_steps": 9})
+    v2.keep_run("sft")  # what the v2 chain left: its kept SFT model
+    own = tmp_path / "t07"
+    monkeypatch.setitem(v2.CHAINS["v2-t07"], "run_dir", own)
+    args = v2.parse_args(["--chain", "v2-t07", "--grpo-steps", "4"])
+    assert v2.chain_stages("v2-t07") == (
+        "grpo", "grpo_eval", "placebo", "placebo_eval", "grpo_s1", "grpo_s1_eval", "report",
+    )  # fmt: skip
+    assert v2.RUN_DIR == own and v2.BASE_DIR == tmp_path
+    own.mkdir()
+    acts = v2.actions(args)
+    for stage in ("grpo", "placebo", "grpo_s1"):
+        acts[stage]()
+    assert len(v2.ran) == 3 and not (own / "sft").exists()
+    for cmd, name in zip(v2.ran, ("grpo", "placebo", "grpo-s1"), strict=True):
+        assert f"train.output_dir={own / name}" in cmd and "sampler.temperature=0.7" in cmd
+        assert f"model.init_from={v2.model_dir('sft')}" in cmd
+    assert Path(v2.ROOT, v2.model_dir("sft")).resolve() == (tmp_path / "kept" / "sft").resolve()
+
+    def write(folder: Path, name: str, rewards: list[float]) -> None:
+        rows = [{"case_id": f"c{i}", "reward": r} for i, r in enumerate(rewards)]
+        (folder / f"episodes-{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write(tmp_path, "sft", [0.0, 0.0])
+    write(tmp_path, "grpo", [1.0, 1.0])  # the v2 chain's GRPO, sampled at 1.0
+    write(tmp_path, "nat-ceiling", [1.0])
+    write(own, "grpo", [0.5, 0.5])
+    assert [r["reward"] for r in v2.read_episodes("sft")] == [0.0, 0.0]
+    assert [r["reward"] for r in v2.read_episodes("grpo")] == [0.5, 0.5]
+    assert v2.read_episodes("nat-ceiling") is not None and v2.read_episodes("placebo") is None
+    episodes = {n: v2.read_episodes(n) for n in ("sft", "grpo")}
+    diffs = v2.chain_differences("v2-t07", episodes)
+    assert list(diffs) == ["grpo - grpo of v2"]  # SFT is the same episodes in both
+    assert diffs["grpo - grpo of v2"]["mean_diff"] == pytest.approx(-0.5)
+    assert v2.v2_differences(episodes, None)["grpo - sft"]["mean_diff"] == pytest.approx(0.5)
