@@ -1364,7 +1364,7 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
     for i, (r, label) in enumerate(labels):
         if r in stats and stats[r]["episodes"] < n:
             labels[i] = (r, f"{label}, cases 0..{stats[r]['episodes'] - 1} so far")
-    lines = [f"{results['note']}", ""] if results.get("note") else []
+    lines = [results["note"], ""] if results.get("note") else []
     lines += [
         f"Catalog-v2, test split, evaluation mix, cases 0..{n - 1} ({n} cases, one greedy episode "
         f"each; {', '.join(TWIN_SETS)}, {MAX_NEW_TOKENS} new tokens per turn). Reward: mean "
