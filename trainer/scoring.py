@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from trainer.logits import DEFAULT_CHUNK, chunked_logprobs
+from trainer.models import warn_emulated_bf16
 from twin.errors import ConfigError
 
 __all__ = [
@@ -623,6 +624,8 @@ def autocast_context(
         raise ConfigError(f"model.autocast {dtype!r}: expected bfloat16, float16 or null")
     if kind == "cpu" and dtype == "float16":
         raise ConfigError("model.autocast float16 is GPU only; on CPU use bfloat16")
+    if kind == "cpu":
+        warn_emulated_bf16()
     return torch.autocast(device_type=kind, dtype=getattr(torch, dtype))
 
 
