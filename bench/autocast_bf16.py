@@ -1,4 +1,4 @@
-"""bf16 autocast against fp32 on this machine: the learner's update and `hf:` decoding, one run.
+"""bf16 autocast against fp32 on this machine: a matmul, the learner's update and `hf:` decoding.
 
     .venv/bin/python bench/autocast_bf16.py                        # SmolLM2-135M, 1 thread
     .venv/bin/python bench/autocast_bf16.py --model tiny --repeats 2 --json out.json
@@ -9,7 +9,8 @@ fp32, ...) so that load from other processes hits both alike; the medians and th
 printed, with the bf16-vs-fp32 logprob difference on the same tokens. The batch is SFT-shaped:
 ``--rows`` sequences of ``--tokens`` random tokens, the last quarter of each carrying loss, LoRA r16
 on all seven projections (the SmolLM2 recipes' adapter). The decoding part is greedy, ``--rows``
-prompts of ``--tokens`` tokens, ``--new`` new tokens each (no prefix cache across repeats).
+prompts of ``--tokens`` tokens, ``--new`` new tokens each (no prefix cache across repeats). The
+matmul line comes first: on a CPU without bf16 instructions it shows bf16 far slower than fp32.
 """
 
 from __future__ import annotations
@@ -48,6 +49,28 @@ def _learner(model: Any, autocast: str | None) -> Any:
         shared_prefix=False,
         autocast=autocast,
     )
+
+
+def matmul_gflops(
+    repeats: int = 10, shape: tuple[int, int, int] = (512, 576, 1536)
+) -> dict[str, float]:
+    """GFLOP/s of one ``m x k @ k x n`` matmul (SmolLM2's MLP shape) in fp32 and in bf16, the two
+    alternated: where the CPU has no bf16 instructions torch emulates them, which this shows
+    before any model runs."""
+    m, k, n = shape
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    pairs = {"fp32": (a, b), "bf16": (a.bfloat16(), b.bfloat16())}
+    times: dict[str, list[float]] = {key: [] for key in pairs}
+    for x, y in pairs.values():
+        x @ y  # warm-up
+    for _ in range(repeats):
+        for key, (x, y) in pairs.items():
+            times[key].append(_timed(lambda x=x, y=y: x @ y))
+    return {
+        f"matmul_{key}_gflops": 2 * m * k * n / statistics.median(v) / 1e9
+        for key, v in times.items()
+    }
 
 
 def _timed(fn: Any) -> float:
@@ -126,6 +149,7 @@ def run(
         "cpu": platform.processor() or platform.machine(),
         "cpu_flags": cpu_bf16_flags(),
         "torch": torch.__version__,
+        **matmul_gflops(),
         **med,
         "step_speedup": med["step_fp32_s"] / med["step_bf16_s"],
         "decode_speedup": med["decode_fp32_s"] / med["decode_bf16_s"],
@@ -156,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{out['model']}, {out['rows']} x {out['tokens']} tokens, {out['threads']} thread(s), "
         f"CPU flags {out['cpu_flags'] or 'none'}, load {out['load_average'][0]:.1f}"
+    )
+    print(
+        f"  matmul 512x576x1536  fp32 {out['matmul_fp32_gflops']:.1f} GFLOP/s   "
+        f"bf16 {out['matmul_bf16_gflops']:.1f} GFLOP/s"
     )
     print(
         f"  learner step   fp32 {out['step_fp32_s']:.2f} s   bf16 {out['step_bf16_s']:.2f} s   "
