@@ -40,7 +40,14 @@ from twin.errors import ConfigError
 if TYPE_CHECKING:
     from trainer.renderer import Renderer
 
-__all__ = ["ChoiceScore", "candidate_ids", "choice_logprobs", "score_row", "summarize"]
+__all__ = [
+    "ChoiceScore",
+    "candidate_ids",
+    "choice_logprobs",
+    "score_row",
+    "summarize",
+    "truth_of",
+]
 
 Message = dict[str, Any]
 
@@ -96,12 +103,7 @@ def _with_value(
     calls = [dict(c) for c in turn["tool_calls"]]
     function = dict(calls[j]["function"])
     raw = function.get("arguments") or "{}"
-    args = json.loads(raw) if isinstance(raw, str) else dict(raw)
-    if argument not in args:
-        raise ConfigError(
-            f"choice probe: the {function.get('name')!r} call has no argument {argument!r} "
-            f"(it has {sorted(args)})"
-        )
+    args = _arguments(function, argument)
     args[argument] = value
     function["arguments"] = json.dumps(args) if isinstance(raw, str) else args
     calls[j] = {**calls[j], "function": function}
@@ -110,14 +112,22 @@ def _with_value(
     return msgs
 
 
+def _arguments(function: dict[str, Any], argument: str) -> dict[str, Any]:
+    """A call's arguments (a JSON string or a dict) as a new dict that holds ``argument``."""
+    raw = function.get("arguments") or "{}"
+    args = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    if argument not in args:
+        raise ConfigError(
+            f"choice probe: the {function.get('name')!r} call has no argument {argument!r} "
+            f"(it has {sorted(args)})"
+        )
+    return args
+
+
 def truth_of(messages: Sequence[Message], tool: str, argument: str) -> str:
     """The value the episode's last ``tool`` call gave ``argument``."""
     i, j = _deciding_call(messages, tool)
-    raw = messages[i]["tool_calls"][j]["function"].get("arguments") or "{}"
-    args = json.loads(raw) if isinstance(raw, str) else raw
-    if argument not in args:
-        raise ConfigError(f"choice probe: the {tool!r} call has no argument {argument!r}")
-    return str(args[argument])
+    return str(_arguments(messages[i]["tool_calls"][j]["function"], argument)[argument])
 
 
 def candidate_ids(
@@ -210,11 +220,17 @@ def score_row(
 ) -> ChoiceScore:
     """Probe one dataset row: the model's log-probability of each value of ``argument``."""
     messages = row["messages"]
+    truth = truth_of(messages, tool, argument)
+    if truth not in values:
+        raise ConfigError(
+            f"choice probe: row {row.get('index')} chose {truth!r}, which is not among the "
+            f"candidates {list(values)}"
+        )
     prefix, continuations = candidate_ids(renderer, messages, tool, argument, values)
     return ChoiceScore(
         index=int(row.get("index", -1)),
         case_kind=row.get("case_kind"),
-        truth=truth_of(messages, tool, argument),
+        truth=truth,
         logprobs=choice_logprobs(model, prefix, continuations, autocast=autocast),
     )
 

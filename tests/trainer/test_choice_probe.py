@@ -168,6 +168,10 @@ def test_rows_that_cannot_be_probed_say_why(tiny: tuple[Any, Any], returns_data:
         candidate_ids(renderer, row["messages"], "decide", "verdict", DECISIONS)
     with pytest.raises(ConfigError, match="at least two different values"):
         candidate_ids(renderer, row["messages"], "decide", "decision", ["deny", "deny"])
+    truth = truth_of(row["messages"], "decide", "decision")
+    others = [v for v in DECISIONS if v != truth]
+    with pytest.raises(ConfigError, match=f"chose '{truth}', which is not among the candidates"):
+        score_row(tiny[0], renderer, row, tool="decide", argument="decision", values=others)
 
 
 def test_the_script_writes_every_row_and_the_summary(returns_data: Any, tmp_path: Path) -> None:
