@@ -23,7 +23,6 @@ from typing import Any
 __all__ = [
     "CeilingPolicy",
     "WorkedCeilingPolicy",
-    "decide_from_tools",
     "read_listing",
     "read_rules",
     "resolve",
@@ -258,20 +257,6 @@ def _point_items(
     return items, gated, auth
 
 
-def decide_from_tools(
-    listing: dict[str, Any],
-    schema: dict[str, Any],
-    lookup: dict[str, Any] | None,
-    seller: dict[str, Any],
-    mentions: dict[str, Any],
-    rules: dict[str, Any],
-) -> tuple[str, str | None, str]:
-    """``(decision, request, reason)``: the written rules (their thresholds from
-    :func:`read_rules`) applied to the tools' answers."""
-    decision, request, reason, _ = work_from_tools(listing, schema, lookup, seller, mentions, rules)
-    return decision, request, reason
-
-
 def _recall_lines(
     exact: dict[str, Any] | None, text: str
 ) -> tuple[list[str], str | None, str | None]:
@@ -319,8 +304,10 @@ def work_from_tools(
     mentions: dict[str, Any],
     rules: dict[str, Any],
 ) -> tuple[str, str | None, str, list[str]]:
-    """:func:`decide_from_tools` with its working: one line per rule it checked, in the rules'
-    order, each naming what it read and the points it gave, the last one the decision."""
+    """``(decision, request, reason, working)``: the written rules (their thresholds from
+    :func:`read_rules`) applied to the tools' answers, with the working: one line per rule it
+    checked, in the rules' order, each naming what it read and the points it gave, the last one
+    the decision."""
     work: list[str] = []
 
     def done(
