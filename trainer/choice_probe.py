@@ -23,7 +23,6 @@ kind.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections import Counter, defaultdict
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.models import cache_keyword
 from trainer.scoring import autocast_context
 from trainer.sft import render_row
 from twin.errors import ConfigError
@@ -182,10 +182,7 @@ def choice_logprobs(
             that this is compared with did.
     """
     device = next(model.parameters()).device
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this model takes
-    params = inspect.signature(base.forward).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"
+    cache_kw = cache_keyword(model)
     with autocast_context(autocast, device):
         # only the last position's logits: the vocabulary head over the whole prefix is wasted
         out = model(

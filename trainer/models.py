@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import logging
 import os
 import shutil
@@ -30,6 +31,7 @@ from twin.errors import ConfigError
 __all__ = [
     "NATIVE_BF16_FLAGS",
     "SMOLLM2_GGUF",
+    "cache_keyword",
     "cache_root",
     "cpu_bf16_flags",
     "load_model",
@@ -90,6 +92,14 @@ def warn_emulated_bf16() -> bool:
         ", ".join(NATIVE_BF16_FLAGS),
     )
     return True
+
+
+def cache_keyword(model: Any) -> str:
+    """The name ``model``'s forward takes its key/value cache under: transformers renamed
+    ``past_key_values`` to ``cache`` (5.2x). A peft model passes keyword arguments on to its base,
+    so the base's signature decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def cache_root() -> Path:

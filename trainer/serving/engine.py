@@ -21,11 +21,11 @@ that was sampled from) or ``raw_logprobs`` (before them, vLLM's default); a gree
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
 
+from trainer.models import cache_keyword
 from trainer.serving.api import LogprobsMode
 from trainer.serving.kvcache import (
     PASS_TOKENS,
@@ -118,12 +118,7 @@ class Engine:
         self.pad_id = int(pad_id)
         self.logprobs_mode = logprobs_mode
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        # transformers renamed `past_key_values` to `cache` (5.2x); pass whichever this model takes.
-        base = (
-            model.get_base_model() if hasattr(model, "get_base_model") else model
-        )  # peft passes kwargs on
-        params = inspect.signature(base.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_keyword(model)
 
     @property
     def device(self) -> torch.device:
