@@ -76,15 +76,17 @@ def listing_only_template() -> str:
 
 
 DEMOS = 96  # demonstrator episodes (train split)
-SFT = {"epochs": 4, "batch_size": 4, "lr": 1.0e-2}
+#: Six epochs, not four: with four, seed 1 on an AVX2-only CPU ended SFT submitting in 5% of
+#: held-out episodes (it closed the submit call before its verdict), and GRPO had little to start
+#: from; with six, eight seeds started at 33-68% (docs/training.md).
+SFT = {"epochs": 6, "batch_size": 4, "lr": 1.0e-2}
 GRPO = {"steps": 12, "group_size": 8, "groups_per_step": 4, "lr": 1.0e-3}
 EVAL_CASES = 96  # held-out dev cases
 EVAL_SAMPLES = 2  # episodes per held-out case
-#: GRPO's held-out reward over its SFT start. Measured (96 cases x 2): +0.43, +0.66, +0.38 on seeds
-#: 0-2 (torch 2.13, transformers 5.24), while five evaluations of one checkpoint with different
-#: sampling seeds spread over 0.15-0.21 (48 cases x 2).
-RISE_MIN = 0.20
-SUBMIT_RISE_MIN = 0.10  # and its share of episodes that end in a valid submission
+#: The paired bootstrap of GRPO's rise over its SFT start: resamples of the held-out cases, and
+#: the generator's seed (an interval does not depend on the order tests run in).
+BOOT_RESAMPLES, BOOT_SEED = 10_000, 0
+SUBMIT_RISE_MIN = 0.10  # GRPO's rise in the share of episodes that end in a valid submission
 
 
 class FormatTeacher:
@@ -204,6 +206,10 @@ def held_out(checkpoint: Path, seed: int) -> dict[str, Any]:
     submitted = [t for t in episodes if t.submission]
     return {
         "reward": statistics.fmean(t.reward or 0.0 for t in episodes),
+        # per case (in case order), the mean over its episodes: what the paired interval resamples
+        "case_rewards": [
+            statistics.fmean(t.reward or 0.0 for t in g.trajectories) for g in result.groups
+        ],
         "submitted": sum(bool(t.submission) for t in episodes) / len(episodes),
         "calls": len(calls) / len(episodes),
         "turns": statistics.fmean(t.num_turns for t in episodes),
@@ -224,6 +230,17 @@ def held_out(checkpoint: Path, seed: int) -> dict[str, Any]:
         },
         "episodes": len(episodes),
     }
+
+
+def paired_rise(before: list[float], after: list[float]) -> tuple[float, float, float]:
+    """Mean of ``after - before`` over the cases and its paired 95% bootstrap interval (both
+    checkpoints played the same cases with the same sampling seeds)."""
+    import numpy as np
+
+    diff = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
+    rng = np.random.default_rng(BOOT_SEED)
+    means = diff[rng.integers(0, len(diff), size=(BOOT_RESAMPLES, len(diff)))].mean(axis=1)
+    return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def _searched_before_submit(messages: list[dict[str, Any]]) -> bool:
@@ -276,7 +293,9 @@ def run_proof(seed: int, root: Path, *, sft_only: bool = False) -> dict[str, Any
     assert train(_recipe(root, "sft", sft), [], console=console) == 0, console.file.getvalue()
     t_sft = time.perf_counter()
     if sft_only:
-        return {"seed": seed, "sft": held_out(root / "sft", seed), "sft_s": t_sft - started}
+        before = held_out(root / "sft", seed)
+        before.pop("case_rewards")
+        return {"seed": seed, "sft": before, "sft_s": t_sft - started}
     grpo = {
         **_common(seed, model, root / "grpo"),
         "algorithm": {
@@ -298,10 +317,12 @@ def run_proof(seed: int, root: Path, *, sft_only: bool = False) -> dict[str, Any
     assert train(_recipe(root, "grpo", grpo), [], console=console) == 0, console.file.getvalue()
     t_grpo = time.perf_counter()
     before, after = held_out(root / "sft", seed), held_out(root / "grpo", seed)
+    rise, low, high = paired_rise(before.pop("case_rewards"), after.pop("case_rewards"))
     return {
         "seed": seed,
         "sft": before,
         "grpo": after,
+        "rise": {"mean": rise, "ci95": [low, high]},
         "demo_reward": demos.summary.get("reward_mean"),
         "sft_s": t_sft - started,
         "grpo_s": t_grpo - t_sft,
@@ -320,15 +341,16 @@ def test_grpo_lifts_the_held_out_catalog_reward_over_its_sft_start(
     sft, grpo = figures["sft"], figures["grpo"]
     # SFT learns the demonstrator's multi-turn, multi-token tool use: search and look-up, then
     # submit
-    assert sft["calls"] >= 2.0 and sft["turns"] >= 2.0, sft
-    # GRPO keeps episodes multi-turn with multi-token queries; it may trade the search for an
-    # earlier submit (the tiny model never copies the found category, so the search earns no
-    # reward: on seed 2 it fell to 1.76 calls an episode while the reward rose +0.38)
+    assert sft["calls"] >= 2.0 and sft["turns"] >= 2.0 and sft["query_tokens"] >= 2.0, sft
+    # GRPO keeps episodes multi-turn. It may trade the search for an earlier submit, and its
+    # queries for shorter ones: the tiny model never copies the found category, so the search
+    # earns no reward (seed 2 once fell to 1.76 calls an episode while its reward rose +0.38;
+    # seed 5 wrote one-token queries while its reward rose +0.57)
     assert grpo["turns"] >= 2.0, grpo
-    for stage in (sft, grpo):
-        assert stage["query_tokens"] >= 2.0, stage
     assert grpo["submitted"] >= sft["submitted"] + SUBMIT_RISE_MIN, (sft, grpo)
-    assert grpo["reward"] >= sft["reward"] + RISE_MIN, (sft, grpo)
+    # GRPO's held-out reward is above its SFT start beyond sampling noise: the paired interval
+    # over the held-out cases excludes zero
+    assert figures["rise"]["ci95"][0] > 0.0, figures["rise"]
 
 
 # -- the product options this proof needs (fast) -------------------------------------------------
