@@ -447,3 +447,18 @@ def test_the_demonstrator_searches_and_looks_up_then_submits_and_its_calls_are_f
     )
     assert rows[0]["messages"][0]["content"] not in seen and "lookup_brand" not in seen
     assert rows[0]["messages"][1]["content"] in seen and seen.startswith("<|im_start|>user\n")
+
+
+def test_paired_rise_excludes_zero_only_for_a_rise_beyond_the_case_noise() -> None:
+    rng = random.Random(0)
+    before = [rng.uniform(-1.0, 1.0) for _ in range(EVAL_CASES)]
+    noise = [rng.gauss(0.0, 0.5) for _ in before]
+    rise, low, high = paired_rise(before, [b + 0.3 + n for b, n in zip(before, noise)])
+    assert low > 0.0 and low < rise < high
+    # the same noise without the rise: the interval holds zero
+    _, low, high = paired_rise(
+        before, [b + n - statistics.fmean(noise) for b, n in zip(before, noise)]
+    )
+    assert low < 0.0 < high
+    # pairing: a shift by the same amount on every case is certain however spread the cases are
+    assert paired_rise(before, [b + 0.05 for b in before])[1] > 0.04
