@@ -1661,6 +1661,38 @@ SIZES = (
 )
 
 
+# How a command runs, not what it computes: a later call may change it without mixing two runs.
+RUN_SETTINGS = frozenset({"threads"})
+
+
+def record_sizes(args: argparse.Namespace) -> None:
+    """Write the sizes the stages run with to ``sizes.json``, refusing a change of size.
+
+    A chain picks up where it stopped, so a later call that asks for other sizes (a forgotten
+    ``--sft-epochs``, say) would score or train part of the run at one size and part at another,
+    and the report would claim the last call's sizes for all of it.
+    """
+    path = RUN_DIR / "sizes.json"
+    sizes = {k: getattr(args, k) for k in SIZES}
+    if path.exists():
+        before = json.loads(path.read_text())
+        changed = {
+            k: (before[k], v)
+            for k, v in sizes.items()
+            if k in before and k not in RUN_SETTINGS and before[k] != v
+        }
+        if changed:
+            said = ", ".join(
+                f"--{k.replace('_', '-')} {now} (ran with {then})"
+                for k, (then, now) in changed.items()
+            )
+            raise SystemExit(
+                f"{RUN_DIR} was run with other sizes than this call's: {said}. Pass the sizes it "
+                f"ran with (in {path}) to continue it, or move the folder away to start over."
+            )
+    path.write_text(json.dumps(sizes, indent=1) + "\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parsed and checked arguments, the chain selected (:func:`use_chain`)."""
     p = parser()
@@ -1733,8 +1765,7 @@ def main(argv: list[str] | None = None) -> int:
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     timings = Timings(RUN_DIR / "timings.json")
     if not args.only or set(args.only) - {"report"}:  # the sizes the stages ran with
-        sizes = {k: getattr(args, k) for k in SIZES}
-        (RUN_DIR / "sizes.json").write_text(json.dumps(sizes, indent=1) + "\n")
+        record_sizes(args)
     THREADS[0] = str(args.threads)
     acts = actions(args)
     for stage in chain_stages(args.chain):

@@ -114,6 +114,18 @@ def test_v2_chain_plans_its_stages_and_commands(v2: Any) -> None:
     assert collect[collect.index("--out") + 1] == str(v2.RUN_DIR / "data-ceiling")
 
 
+def test_a_later_call_with_other_sizes_is_refused_and_changes_nothing(v2: Any) -> None:
+    v2.main(["--chain", "v2", "--only", "refs", "--test-cases", "300", "--threads", "1"])
+    recorded = (v2.RUN_DIR / "sizes.json").read_text()
+    assert json.loads(recorded)["test_cases"] == 300
+    scored = len(v2.evaluated)
+    with pytest.raises(SystemExit, match=r"--test-cases 500 \(ran with 300\)"):
+        v2.main(["--chain", "v2", "--only", "refs"])  # the size forgotten
+    assert (v2.RUN_DIR / "sizes.json").read_text() == recorded and len(v2.evaluated) == scored
+    v2.main(["--chain", "v2", "--only", "refs", "--test-cases", "300", "--threads", "2"])
+    assert json.loads((v2.RUN_DIR / "sizes.json").read_text())["threads"] == 2
+
+
 def test_v2_grpo_runs_share_the_sft_start_and_differ_by_seed_or_placebo(v2: Any) -> None:
     args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
     v2.actions(args)["sft"]()
