@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trainer.logits import DEFAULT_CHUNK, chunked_logprobs
-from trainer.models import warn_emulated_bf16
+from trainer.models import cache_keyword, warn_emulated_bf16
 from twin.errors import ConfigError
 
 __all__ = [
@@ -264,25 +264,18 @@ class BatchScorer:
         attn = torch.cat(
             [mb["prefix_attention_mask"][mb["unit_of_row"]], mb["suffix_attention_mask"]], dim=1
         )
-        cache_kw = "cache" if "cache" in self._decoder_params(decoder) else "past_key_values"
         hidden = decoder(
             input_ids=mb["suffix_ids"],
             attention_mask=attn,
             position_ids=positions,
             use_cache=True,
-            **{cache_kw: cache},
+            **{cache_keyword(decoder): cache},
         ).last_hidden_state  # [B, S, H]
         # suffix column s of row b is full-layout position prefix_len[b] + s; nothing before the
         # prefix's end is selected (the prefix ends before the first loss token's predictor)
         last = select.shape[1] - 1
         sel = select.gather(1, positions.clamp(max=last)) & (positions <= last)
         return hidden[sel]
-
-    @staticmethod
-    def _decoder_params(decoder: Any) -> set[str]:
-        import inspect
-
-        return set(inspect.signature(decoder.forward).parameters)
 
     def _parts(self) -> tuple[Any, Any] | None:
         """``(decoder, lm_head)`` when logits can be computed on selected positions only."""
