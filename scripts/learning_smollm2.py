@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_DIR = ROOT / "runs" / "learning-smollm2"
@@ -1311,7 +1312,7 @@ def plot_v2_curves() -> list[str]:
     import matplotlib.pyplot as plt
 
     written = []
-    sft = read_metrics("sft")
+    sft = [] if BASE_DIR else read_metrics("sft")  # a base chain's SFT curve is in its report
     series = {
         "sft": [
             (label, [(r["step"], r[key]) for r in sft if key in r])
@@ -1325,7 +1326,10 @@ def plot_v2_curves() -> list[str]:
             for n, label in (("grpo", "seed 0"), ("grpo-s1", "seed 1"), ("placebo", "placebo"))
         ],
     }
-    ylabels = {"sft": "token NLL (assistant tokens)", "grpo": "mean sampled reward (T=1.0)"}
+    ylabels = {
+        "sft": "token NLL (assistant tokens)",
+        "grpo": f"mean sampled reward (T={grpo_temperature():g})",
+    }
     for stage, lines in series.items():
         lines = [(label, pts) for label, pts in lines if pts]
         if not lines:
@@ -1344,6 +1348,17 @@ def plot_v2_curves() -> list[str]:
         plt.close(fig)
         written.append(name)
     return written
+
+
+def grpo_temperature() -> float:
+    """The temperature the chain's GRPO runs sample at: its ``grpo_sets``' if they set one, else
+    the GRPO recipe's."""
+    for setting in GRPO_SETS:
+        key, _, value = setting.partition("=")
+        if key == "sampler.temperature":
+            return float(value)
+    recipe = yaml.safe_load((ROOT / GRPO_RECIPE).read_text())
+    return float(recipe["sampler"]["temperature"])
 
 
 def _row_cells(s: dict[str, Any]) -> str:

@@ -473,3 +473,27 @@ def test_the_t07_chain_runs_only_grpo_at_0_7_from_the_v2_chains_sft(
     assert list(diffs) == ["grpo - grpo of v2"]  # SFT is the same episodes in both
     assert diffs["grpo - grpo of v2"]["mean_diff"] == pytest.approx(-0.5)
     assert v2.v2_differences(episodes, None)["grpo - sft"]["mean_diff"] == pytest.approx(0.5)
+
+
+def test_the_t07_report_draws_only_its_grpo_curve_and_labels_its_temperature(
+    v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SFT curve is the base chain's (drawn in its report), and the GRPO curve's axis names
+    the temperature the chain samples at, 0.7 here and the recipe's 1.0 in the v2 chain."""
+    v2.parse_args(["--chain", "v2"])
+    assert v2.grpo_temperature() == 1.0
+    for run in ("sft", "grpo"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text(
+            '{"step": 1, "losses/loss": 1.0, "rewards/total": -0.5}\n'
+        )
+    monkeypatch.setitem(v2.CHAINS["v2-t07"], "run_dir", tmp_path)
+    monkeypatch.setitem(v2.CHAINS["v2-t07"], "docs_dir", tmp_path / "report")
+    v2.parse_args(["--chain", "v2-t07"])
+    (tmp_path / "report").mkdir()
+    labels: list[str] = []
+    monkeypatch.setattr("matplotlib.axes.Axes.set_ylabel", lambda ax, label: labels.append(label))
+    assert v2.grpo_temperature() == 0.7
+    assert v2.plot_v2_curves() == ["v2-grpo-curve.png"]
+    assert labels == ["mean sampled reward (T=0.7)"]
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["v2-grpo-curve.png"]
