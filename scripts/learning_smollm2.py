@@ -56,7 +56,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_DIR = ROOT / "runs" / "learning-smollm2"
@@ -1351,14 +1350,11 @@ def plot_v2_curves() -> list[str]:
 
 
 def grpo_temperature() -> float:
-    """The temperature the chain's GRPO runs sample at: its ``grpo_sets``' if they set one, else
-    the GRPO recipe's."""
-    for setting in GRPO_SETS:
-        key, _, value = setting.partition("=")
-        if key == "sampler.temperature":
-            return float(value)
-    recipe = yaml.safe_load((ROOT / GRPO_RECIPE).read_text())
-    return float(recipe["sampler"]["temperature"])
+    """The temperature the chain's GRPO runs sample at: the GRPO recipe's, under the chain's
+    ``grpo_sets``."""
+    from trainer.config import load_recipe
+
+    return load_recipe(ROOT / GRPO_RECIPE, list(GRPO_SETS)).sampler.temperature
 
 
 def _row_cells(s: dict[str, Any]) -> str:
