@@ -157,19 +157,43 @@ CHAINS["v2-t07"] = {
     "SFT model; the references and the SFT row are the v2 chain's evaluations.",
 }
 
+#: The v2 chain with about four times the demonstrations: 1,040 ceiling train episodes (the v2
+#: chain's 280 and 760 more), one epoch, the learning rate decaying over the whole run and the
+#: held-out loss scored three times in it (:func:`sft_length_sets`). Handed the expert's evidence,
+#: the v2 chain's SFT model picks the right decision on 32% of test rows and on 55% of its own
+#: training rows (docs/learning.md): it memorised its 264 demonstrations. Its SFT takes longer than
+#: a sitting, so its newest checkpoint is carried across checkouts (:func:`carry_run`).
+CHAINS["v2-1k"] = {
+    **CHAINS["v2"],
+    "run_dir": ROOT / "runs" / "learning-smollm2-v2-1k",
+    "docs_dir": ROOT / "runs" / "learning-smollm2-v2-1k" / "report",
+    "defaults": {**CHAINS["v2"]["defaults"], "collect_episodes": 1040},
+    "sft_length_from_data": True,
+    "base": "v2",
+    "base_stages": ("refs", "zeroshot", "natural"),
+    # its models against the same stages of the chain taught with 280 demonstrations
+    "compare_with": "v2",
+    "note": "SFT on 1,040 ceiling demonstrations (the v2 chain's 280), one epoch; the references "
+    "and zero-shot are the v2 chain's evaluations.",
+}
 
 #: The run folder of the chain this one shares its references, demonstrations and SFT model with
 #: (``base``; None: it runs them itself), and the recipe settings its GRPO runs add.
 BASE_DIR: Path | None = None
+#: Whether the SFT schedule is fitted to the collected demonstrations (:func:`sft_length_sets`).
+SFT_LENGTH_FROM_DATA = False
 GRPO_SETS: tuple[str, ...] = ()
-#: The stages a chain with a ``base`` leaves to it (their results are read from its folder).
+#: The stages a chain with a ``base`` leaves to it by default (their results are read from its
+#: folder); a chain's ``base_stages`` names fewer.
 BASE_STAGES = ("refs", "collect", "sft", "sft_eval", "zeroshot", "natural")
+#: The stages the selected chain leaves to its base (:func:`use_chain`).
+FROM_BASE: tuple[str, ...] = ()
 
 
 def from_base(name: str) -> bool:
     """Whether evaluation or run ``name`` is the ``base`` chain's (a reference, its natural-mix
     evaluation, zero-shot, SFT) when this chain has one."""
-    shared = (*V2_REFS, "zeroshot", "sft")
+    shared = (*V2_REFS, *(s for s in ("zeroshot", "sft") if s in FROM_BASE))
     return BASE_DIR is not None and (name in shared or name.removeprefix("nat-") in V2_REFS)
 
 
@@ -181,9 +205,11 @@ def is_v2(chain: str) -> bool:
 def use_chain(name: str) -> dict[str, Any]:
     """Point the module's settings at chain ``name`` (:data:`CHAINS`); return its defaults."""
     global RUN_DIR, DOCS_DIR, SFT_RECIPE, GRPO_RECIPE, MAX_NEW_TOKENS, TWIN, TWIN_SETS, KEEP
-    global BASE_DIR, GRPO_SETS
+    global BASE_DIR, GRPO_SETS, SFT_LENGTH_FROM_DATA, FROM_BASE
     chain = CHAINS[name]
+    FROM_BASE = tuple(chain.get("base_stages", BASE_STAGES)) if chain.get("base") else ()
     KEEP = bool(chain.get("keep"))
+    SFT_LENGTH_FROM_DATA = bool(chain.get("sft_length_from_data"))
     BASE_DIR = CHAINS[chain["base"]]["run_dir"] if chain.get("base") else None
     GRPO_SETS = tuple(chain.get("grpo_sets", ()))
     RUN_DIR, DOCS_DIR = chain["run_dir"], chain["docs_dir"]
@@ -210,8 +236,8 @@ VERDICTS = ("ok", "counterfeit", "prohibited")
 #: and the natural mix.
 # fmt: off
 V2_STAGES = (
-    "refs", "collect", "sft", "sft_eval", "grpo", "grpo_eval", "placebo", "placebo_eval",
-    "grpo_s1", "grpo_s1_eval", "zeroshot", "natural", "report",
+    "refs", "collect", "sft", "probe", "sft_eval", "grpo", "grpo_eval", "placebo", "placebo_eval",
+    "grpo_s1", "grpo_s1_eval", "zeroshot", "natural", "report", "carry",
 )
 # fmt: on
 ALL_STAGES = tuple(dict.fromkeys((*STAGES, *V2_STAGES)))
@@ -654,6 +680,7 @@ def keep_run(name: str) -> None:
     (tmp / "kept.json").write_text(json.dumps(info, indent=1) + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(tmp, dest)
+    shutil.rmtree(carry_dir(name), ignore_errors=True)  # the kept model supersedes it
     log(f"{name}: step {info['step']} kept in {os.path.relpath(dest, ROOT)}")
 
 
@@ -662,6 +689,142 @@ def keep_sft() -> None:
     not kept it yet."""
     if KEEP and kept_info("sft") is None and sft_finished(RUN_DIR / "sft"):
         keep_run("sft")
+
+
+# -- the choice probe ---------------------------------------------------------------------------
+#: Test cases whose ceiling episodes the ``probe`` stage hands each model (0..99: the rows of
+#: docs/learning.md's choice-probe table, so the figures compare).
+PROBE_ROWS = 100
+
+
+def probe_data() -> Path:
+    """The ceiling's episodes of test cases ``0 .. PROBE_ROWS - 1`` (remade in seconds)."""
+    return RUN_DIR / "probe-data"
+
+
+def probe_path(name: str) -> Path:
+    """Where the ``probe`` stage writes model ``name``'s choice probe (tracked in git)."""
+    return RUN_DIR / f"probe-{name}.json"
+
+
+def probe() -> None:
+    """The ``probe`` stage: for each model this chain has kept and not yet probed, which decision
+    it prefers when the expert's evidence is given (``scripts/choice_probe.py``: the ceiling's
+    episode up to ``submit``, each decision scored teacher-forced, float32), into
+    :func:`probe_path`. ~20 minutes a model on 2 cores, against hours for a greedy evaluation: the
+    cheap check of judgement before the evaluation and GRPO."""
+    names = [
+        n for n in ("sft", *(f for _, f, _ in V2_GRPO_RUNS))
+        if not from_base(n) and kept_info(n) is not None and not probe_path(n).exists()
+    ]  # fmt: skip
+    if not names:
+        log("probe: no kept model left to probe")
+        return
+    if not (probe_data() / "dataset.json").exists():
+        cmd = twin_cmd(
+            "collect", TWIN, "--policy", "ceiling", "--split", "test",
+            "--episodes", str(PROBE_ROWS), "--out", str(probe_data()), "--no-progress",
+        )  # fmt: skip
+        for s in TWIN_SETS:
+            cmd += ["--set", s]
+        run(cmd)
+    for name in names:
+        t0 = time.monotonic()
+        run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "choice_probe.py"),
+                "--policy",
+                f"hf:{model_dir(name)}",
+                "--data",
+                str(probe_data()),
+                "--rows",
+                str(PROBE_ROWS),
+                "--out",
+                str(probe_path(name)),
+            ]  # fmt: skip
+        )
+        Timings(RUN_DIR / "timings.json").record(f"probe-{name}", time.monotonic() - t0)
+
+
+# -- carried checkpoints ----------------------------------------------------------------------
+# A training run longer than a sitting (the v2-1k chain's SFT: ~4.5 hours) has to continue in a
+# later checkout, which has only what git tracks. The `carry` stage copies each unfinished run's
+# newest checkpoint (weights, optimizer moments, RNG and step: 38 MB for LoRA rank 8) and its
+# metrics to carry/<run>/, which git tracks; a later call puts it back before `--resume`, so the
+# run goes on as if it had not stopped. A run that finishes is kept (keep_run) and its carried
+# checkpoint deleted.
+
+
+def carry_dir(name: str) -> Path:
+    """Where training run ``name``'s newest checkpoint is carried across checkouts; laid out as
+    the run folder is (``checkpoints/step-NNNNNN/``, ``metrics.jsonl``)."""
+    return RUN_DIR / "carry" / name
+
+
+def carried_step(name: str) -> int:
+    """The step of run ``name``'s carried checkpoint (0: none)."""
+    return last_step(carry_dir(name))
+
+
+def carry_run(name: str) -> int:
+    """Copy unfinished run ``name``'s newest checkpoint and ``metrics.jsonl`` to
+    :func:`carry_dir`, replacing an older carried one (written beside it and renamed into place);
+    return the carried step, 0 when the run has no checkpoint or has been kept."""
+    from trainer.checkpoint import latest_checkpoint
+
+    out = RUN_DIR / name
+    ckpt = latest_checkpoint(out)
+    if ckpt is None or kept_info(name) is not None:
+        return 0
+    step = last_step(out)
+    if carried_step(name) == step:
+        return step
+    dest = carry_dir(name)
+    tmp = dest.with_name(f".{name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt, tmp / "checkpoints" / ckpt.name)
+    (tmp / "checkpoints" / "latest").write_text(ckpt.name + "\n")
+    if (out / "metrics.jsonl").is_file():
+        shutil.copy2(out / "metrics.jsonl", tmp / "metrics.jsonl")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    log(f"{name}: step {step} carried in {os.path.relpath(dest, ROOT)}")
+    return step
+
+
+def carry_runs() -> None:
+    """The ``carry`` stage: carry every training run of the chain that has a checkpoint and has
+    not finished (:func:`carry_run`); run it before committing at the end of a sitting."""
+    carried = [name for name in ("sft", *(f for _, f, _ in V2_GRPO_RUNS)) if carry_run(name)]
+    if not carried:
+        log("carry: no unfinished training run")
+
+
+def restore_carried(name: str) -> int:
+    """Put run ``name``'s carried checkpoint and metrics back into its run folder when they are
+    newer than what the folder has (a fresh checkout has none); return the restored step (0:
+    nothing to restore)."""
+    from trainer.checkpoint import latest_checkpoint
+
+    step = carried_step(name)
+    out = RUN_DIR / name
+    if step <= last_step(out):
+        return 0
+    ckpt = latest_checkpoint(carry_dir(name))
+    assert ckpt is not None  # carried_step found it
+    root = out / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{ckpt.name}.restoring"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(ckpt, tmp)
+    shutil.rmtree(root / ckpt.name, ignore_errors=True)
+    os.replace(tmp, root / ckpt.name)
+    (root / "latest").write_text(ckpt.name + "\n")
+    if (carry_dir(name) / "metrics.jsonl").is_file():
+        shutil.copy2(carry_dir(name) / "metrics.jsonl", out / "metrics.jsonl")
+    log(f"{name}: step {step} restored from {os.path.relpath(carry_dir(name), ROOT)}")
+    return step
 
 
 def train_grpo(args: argparse.Namespace, name: str = "grpo", extra: tuple[str, ...] = ()) -> bool:
@@ -682,6 +845,8 @@ def train_grpo(args: argparse.Namespace, name: str = "grpo", extra: tuple[str, .
     if kept_info(name) is not None:
         log(f"{name}: kept at step {trained_steps(name)}, skipped")
         return False
+    if not trained_elsewhere(out):
+        restore_carried(name)
     resumed = bool(last_step(out))
     stops = args.grpo_eval_at if name == "grpo" else []
     for target in sorted({*stops, args.grpo_steps}):
@@ -708,6 +873,8 @@ def train(
     continues from its newest checkpoint (``--resume``): SFT's checkpoints record its length.
     """
     out = RUN_DIR / stage
+    if kept_info(stage) is None and not trained_elsewhere(out):
+        restore_carried(stage)
     done = last_step(out)
     if kept_info(stage) is not None or (
         done and (sft_finished(out) if stage == "sft" else done >= steps)
@@ -727,6 +894,7 @@ def train(
             f"data.epochs={args.sft_epochs}",
             f"data.batch_size={args.sft_batch_size}",
             f"eval.cases={args.sft_eval_cases}",
+            *sft_length_sets(args),
         ]
         cmd = twin_cmd("sft", SFT_RECIPE)
         if done:
@@ -752,6 +920,26 @@ def train(
     if stage == "sft":
         keep_sft()
     return bool(done)
+
+
+def sft_length_sets(args: argparse.Namespace) -> list[str]:
+    """Recipe settings that fit the SFT schedule to the run's length, for a chain that says
+    ``sft_length_from_data`` (else none: the recipe's own, sized for the v2 chain's 280 episodes).
+
+    The run takes ``ceil(epochs x (rows - holdout) / batch)`` steps, ``rows`` being what the
+    teacher's collection kept (``dataset.json``); the learning rate decays over all of them and
+    the held-out loss is scored after each third, as the v2 recipe does over its 66 steps.
+    """
+    import math
+
+    from trainer.config import load_recipe
+
+    if not SFT_LENGTH_FROM_DATA:
+        return []
+    rows = int(json.loads((data_dir() / "dataset.json").read_text())["rows"])
+    holdout = load_recipe(ROOT / SFT_RECIPE).data.holdout
+    steps = math.ceil(args.sft_epochs * (rows - holdout) / args.sft_batch_size)
+    return [f"optim.lr_decay_steps={steps}", f"data.holdout_every={math.ceil(steps / 3)}"]
 
 
 def v2_actions(args: argparse.Namespace, policy: str) -> dict[str, Callable[[], Any]]:
@@ -1284,9 +1472,7 @@ def chain_timings() -> dict[str, float]:
     if BASE_DIR is None:
         return own
     base = Timings(BASE_DIR / "timings.json").data
-    shared = {
-        k: v for k, v in base.items() if k in BASE_STAGES or from_base(k.removeprefix("eval-"))
-    }
+    shared = {k: v for k, v in base.items() if k in FROM_BASE or from_base(k.removeprefix("eval-"))}
     return {**shared, **own}
 
 
@@ -1311,7 +1497,7 @@ def plot_v2_curves() -> list[str]:
     import matplotlib.pyplot as plt
 
     written = []
-    sft = [] if BASE_DIR else read_metrics("sft")  # a base chain's SFT curve is in its report
+    sft = [] if from_base("sft") else read_metrics("sft")  # the base's SFT curve is in its report
     series = {
         "sft": [
             (label, [(r["step"], r[key]) for r in sft if key in r])
@@ -1729,9 +1915,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def chain_stages(chain: str) -> tuple[str, ...]:
-    """The stages of ``chain`` in order; one with a ``base`` leaves :data:`BASE_STAGES` to it."""
+    """The stages of ``chain`` in order; one with a ``base`` leaves its ``base_stages``
+    (default :data:`BASE_STAGES`) to it."""
     if CHAINS[chain].get("base"):
-        return tuple(s for s in V2_STAGES if s not in BASE_STAGES)
+        left = CHAINS[chain].get("base_stages", BASE_STAGES)
+        return tuple(s for s in V2_STAGES if s not in left)
     return V2_STAGES if is_v2(chain) else STAGES
 
 
@@ -1752,6 +1940,8 @@ def actions(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
         "grpo": after_sft(lambda: train_grpo(args)),
         "grpo_eval": lambda: evaluate_grpo(policy, args),
         "report": lambda: report_v2(args) if is_v2(args.chain) else report(args),
+        "carry": carry_runs,
+        "probe": lambda: probe(),
     }
     if is_v2(args.chain):
         acts.update(v2_actions(args, policy))

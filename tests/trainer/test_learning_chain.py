@@ -444,7 +444,8 @@ def test_the_t07_chain_runs_only_grpo_at_0_7_from_the_v2_chains_sft(
     monkeypatch.setitem(v2.CHAINS["v2-t07"], "run_dir", own)
     args = v2.parse_args(["--chain", "v2-t07", "--grpo-steps", "4"])
     assert v2.chain_stages("v2-t07") == (
-        "grpo", "grpo_eval", "placebo", "placebo_eval", "grpo_s1", "grpo_s1_eval", "report",
+        "probe", "grpo", "grpo_eval", "placebo", "placebo_eval", "grpo_s1", "grpo_s1_eval",
+        "report", "carry",
     )  # fmt: skip
     assert v2.RUN_DIR == own and v2.BASE_DIR == tmp_path
     own.mkdir()
@@ -497,3 +498,117 @@ def test_the_t07_report_draws_only_its_grpo_curve_and_labels_its_temperature(
     assert v2.plot_v2_curves() == ["v2-grpo-curve.png"]
     assert labels == ["mean sampled reward (T=0.7)"]
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == ["v2-grpo-curve.png"]
+
+
+def _stage_state(out: Path) -> tuple[int, str]:
+    """A run folder's newest checkpoint step and its metrics file's text."""
+    from trainer.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(out)
+    step = int(ckpt.name.removeprefix("step-")) if ckpt else 0
+    return step, (out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists() else ""
+
+
+def test_an_unfinished_run_is_carried_to_a_fresh_checkout_and_resumed_there(v2: Any) -> None:
+    """The carry stage copies an unfinished run's newest checkpoint (optimizer and RNG included)
+    and metrics into carry/<run>/; a checkout without the run folder gets them back before
+    --resume; a run that finishes is kept and its carried copy deleted."""
+    import shutil
+
+    import torch
+
+    args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
+    out = v2.RUN_DIR / "sft"
+    _save(out, 3, {"total_steps": 9})
+    _save(out, 4, {"total_steps": 9})
+    (out / "metrics.jsonl").write_text('{"step": 3}\n{"step": 4}\n')
+    acts = v2.actions(args)
+    acts["carry"]()
+    assert v2.carried_step("sft") == 4 and v2.carried_step("grpo") == 0
+    carried = v2.carry_dir("sft") / "checkpoints" / "step-000004"
+    assert sorted(p.name for p in carried.iterdir()) == [
+        "adapter",
+        "recipe.yaml",
+        "trainer_state.pt",
+    ]
+    state = torch.load(carried / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 4 and "rng" in state and state["total_steps"] == 9
+    before = _stage_state(out)
+    shutil.rmtree(out)  # a fresh checkout has only what git tracks
+    acts["sft"]()
+    (cmd,) = v2.ran
+    assert "--resume" in cmd and _stage_state(out) == before
+    assert not list((out / "checkpoints").glob(".*"))  # no half copy left behind
+    v2.ran.clear()
+    acts["sft"]()  # the run folder has the carried step already: nothing copied over it
+    assert "--resume" in v2.ran[-1] and _stage_state(out) == before
+    _save(out, 9, {"total_steps": 9})  # the run finishes: kept, the carried copy deleted
+    v2.keep_sft()
+    assert v2.kept_info("sft")["step"] == 9 and not v2.carry_dir("sft").exists()
+    assert v2.carry_run("sft") == 0  # a kept run is not carried
+
+
+def test_a_carried_checkpoint_never_replaces_a_newer_one(v2: Any) -> None:
+    v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
+    out = v2.RUN_DIR / "placebo"
+    _save(out, 2, {})
+    assert v2.carry_run("placebo") == 2 and v2.restore_carried("placebo") == 0
+    _save(out, 3, {})
+    assert v2.restore_carried("placebo") == 0 and _stage_state(out)[0] == 3
+    assert v2.carry_run("placebo") == 3 and v2.carried_step("placebo") == 3
+    carried = sorted(p.name for p in (v2.carry_dir("placebo") / "checkpoints").iterdir())
+    assert carried == ["latest", "step-000003"]  # the older carried step replaced
+
+
+def test_the_1k_chain_trains_its_own_sft_on_its_demonstrations_over_their_length(
+    v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--chain v2-1k collects 1,040 demonstrations and fits the learning-rate decay and the
+    held-out scoring to the steps they make; the references and zero-shot are the v2 chain's."""
+    own = tmp_path / "1k"
+    monkeypatch.setitem(v2.CHAINS["v2-1k"], "run_dir", own)
+    args = v2.parse_args(["--chain", "v2-1k"])
+    assert args.collect_episodes == 1040 and v2.BASE_DIR == tmp_path
+    stages = v2.chain_stages("v2-1k")
+    assert {"collect", "sft", "probe", "sft_eval", "grpo"} <= set(stages)
+    assert not {"refs", "zeroshot", "natural"} & set(stages)
+    assert v2.from_base("always_escalate") and v2.from_base("zeroshot")
+    assert not v2.from_base("sft") and v2.kept_dir("sft") == own / "kept" / "sft"
+    (v2.data_dir()).mkdir(parents=True)
+    (v2.data_dir() / "dataset.json").write_text('{"rows": 1038}')
+    v2.train("sft", args)
+    (cmd,) = v2.ran
+    # (1038 - 16 held out) / 4 a step = 256 steps; the held-out loss after each third
+    assert "optim.lr_decay_steps=256" in cmd and "data.holdout_every=86" in cmd
+    v2.parse_args(["--chain", "v2"])
+    assert v2.sft_length_sets(args) == []  # the v2 chain's recipe is sized for its 280
+
+
+def test_the_probe_stage_probes_each_kept_model_once(v2: Any) -> None:
+    args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
+    acts = v2.actions(args)
+    acts["probe"]()
+    assert v2.ran == []  # nothing kept yet
+    _save(v2.RUN_DIR / "sft", 9, {"total_steps": 9})
+    v2.keep_sft()
+    acts["probe"]()
+    collect, probe = v2.ran
+    assert collect[1:9] == [
+        "collect",
+        "Catalog-v2",
+        "--policy",
+        "ceiling",
+        "--split",
+        "test",
+        "--episodes",
+        "100",
+    ]
+    assert probe[1].endswith("choice_probe.py")
+    assert probe[probe.index("--policy") + 1] == f"hf:{v2.model_dir('sft')}"
+    assert probe[probe.index("--out") + 1] == str(v2.probe_path("sft"))
+    v2.probe_path("sft").write_text("{}")
+    (v2.probe_data()).mkdir()
+    (v2.probe_data() / "dataset.json").write_text("{}")
+    v2.ran.clear()
+    acts["probe"]()
+    assert v2.ran == []  # probed already
