@@ -86,6 +86,15 @@ def open_training_run(
             from twin.store import RunStore
 
             store = RunStore()
+        if run_id is not None and not _has_run(store, run_id):
+            # resumed from a checkpoint made elsewhere (another checkout or machine): its store
+            # stayed there, so the steps from here on are a new run of this one
+            log.warning(
+                "run %s of the resumed checkpoint is not in this run store; its later steps are "
+                "recorded as a new run",
+                run_id,
+            )
+            run_id = None
         if run_id is None:
             run_id = store.start_run(
                 "train", twin=twin_name, policy=policy or cfg.model.path,
@@ -95,6 +104,20 @@ def open_training_run(
         log.warning("run store unavailable (%s); episodes are not stored", exc)
         return None, run_id
     return store, run_id
+
+
+def _has_run(store: RunRecord, run_id: int) -> bool:
+    """Whether ``store`` holds run ``run_id``; a store that cannot say is taken to."""
+    from twin.store.runs import RunNotFoundError
+
+    lookup = getattr(store, "run", None)
+    if lookup is None:
+        return True
+    try:
+        lookup(run_id)
+    except RunNotFoundError:
+        return False
+    return True
 
 
 def close_training_run(

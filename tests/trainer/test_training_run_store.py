@@ -30,6 +30,18 @@ def test_a_done_run_is_finished_and_an_unfinished_one_stays_resumable(tmp_path) 
     assert info.status == "finished" and info.metrics == {"reward/mean": 0.75}
 
 
+def test_a_run_resumed_from_another_checkouts_checkpoint_is_recorded_as_a_new_run(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint carried to a fresh checkout names a run its empty store does not hold: the
+    steps from there on are recorded as a new run instead of failing at every write."""
+    store = RunStore(tmp_path / "fresh.db")
+    store, run_id = open_training_run(_cfg(), "Toy", 7, store=store)
+    assert run_id is not None and run_id != 7 and store.run(run_id).status == "running"
+    assert "run 7 of the resumed checkpoint is not in this run store" in caplog.text
+    store.log_metrics(run_id, 8, {"losses/loss": 0.5})  # writes go to the new run
+
+
 def test_a_failing_store_warns_and_is_closed_anyway(caplog: pytest.LogCaptureFixture) -> None:
     closed: list[bool] = []
 
