@@ -38,7 +38,10 @@ arguments: finished stages are skipped, SFT and GRPO continue from their newest 
 before it submits, into ``runs/learning-smollm2-v2-worked/`` (its report too); ``--chain v2-t07``
 only the v2 chain's three GRPO runs and their evaluations, sampled at temperature 0.7, from the v2
 chain's kept SFT model, into ``runs/learning-smollm2-v2-t07/`` (its report too, with the v2
-chain's references and SFT row).
+chain's references and SFT row); ``--chain v2-1k`` the v2 chain's SFT and later stages taught
+with 1,040 demonstrations instead of 280, into ``runs/learning-smollm2-v2-1k/`` (its report too,
+with the v2 chain's references and zero-shot row). A run longer than a sitting is carried to the
+next checkout by the ``carry`` stage (its newest checkpoint, in git).
 """
 
 from __future__ import annotations
@@ -705,6 +708,70 @@ def probe_data() -> Path:
 def probe_path(name: str) -> Path:
     """Where the ``probe`` stage writes model ``name``'s choice probe (tracked in git)."""
     return RUN_DIR / f"probe-{name}.json"
+
+
+def read_probe(name: str, run_dir: Path | None = None) -> dict[str, Any] | None:
+    """Model ``name``'s choice probe in ``run_dir`` (default this chain's), or None."""
+    path = (run_dir or RUN_DIR) / f"probe-{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def probe_results(chain: str) -> dict[str, Any]:
+    """Per probed model: the probe's summary and, where the ``compare_with`` chain probed its
+    model of the same name on the same rows, the paired difference of accuracy (this chain's
+    minus that one's, bootstrap over rows)."""
+    other = CHAINS[chain].get("compare_with")
+    out: dict[str, Any] = {}
+    for name in ("sft", *(f for _, f, _ in V2_GRPO_RUNS)):
+        mine = read_probe(name)
+        if mine is None:
+            continue
+        scores = mine.pop("scores")
+        entry: dict[str, Any] = {"summary": mine}
+        theirs = read_probe(name, CHAINS[other]["run_dir"]) if other else None
+        if theirs is not None:
+            right = {r["index"]: r["choice"] == r["truth"] for r in theirs["scores"]}
+            diff = np.array(
+                [float(r["choice"] == r["truth"]) - right[r["index"]] for r in scores
+                 if r["index"] in right]
+            )  # fmt: skip
+            if len(diff):
+                lo, hi = bootstrap_ci(diff)
+                entry[f"minus_{other}"] = {
+                    "rows": len(diff), "mean_diff": float(diff.mean()), "ci95": [lo, hi]
+                }  # fmt: skip
+        out[name] = entry
+    return out
+
+
+def probe_lines(probes: dict[str, Any]) -> list[str]:
+    """The report's table of the choice probes (:func:`probe_results`)."""
+    if not probes:
+        return []
+    lines = [
+        "",
+        "Choice probe (scripts/choice_probe.py): the ceiling's episodes of test cases "
+        f"0..{PROBE_ROWS - 1} up to `submit`, each decision scored after the expert's evidence; "
+        "the model's choice is the most likely one.",
+        "",
+        "| model | rows | accuracy | p(true decision) | chose ok / counterfeit / prohibited / "
+        "escalate | accuracy minus the compared chain's [95% CI] |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, entry in probes.items():
+        s = entry["summary"]
+        chose = " / ".join(str(s["chosen"].get(d, 0)) for d in V2_DECISIONS)
+        diff = next((v for k, v in entry.items() if k.startswith("minus_")), None)
+        cell = (
+            f"{diff['mean_diff']:+.2f} [{diff['ci95'][0]:+.2f}, {diff['ci95'][1]:+.2f}]"
+            if diff
+            else ""
+        )
+        lines.append(
+            f"| {name} | {s['rows']} | {s['accuracy']:.2f} | {s['truth_prob']:.2f} | {chose} "
+            f"| {cell} |"
+        )
+    return lines
 
 
 def probe() -> None:
@@ -1454,6 +1521,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "differences": diffs,
         "acceptance": acceptance(diffs, best_cheap, sizes.get("test_cases")),
         "working_departures": departures,
+        "choice_probe": probe_results(args.chain),
         "wall_clock_s": chain_timings(),
         "note": CHAINS[args.chain].get("note"),
         "provenance": provenance(),
@@ -1600,6 +1668,7 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
     lines += v2_reweighted_lines(results["natural_mix_reweighted"], results["natural_mix"])
     lines += v2_detail_lines(stats, labels)
     lines += working_lines(results.get("working_departures") or {})
+    lines += probe_lines(results.get("choice_probe") or {})
     lines += [""] + [f"![{c}]({c})" for c in curves]
     lines += ["", "Wall-clock (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items())]
     prov = results["provenance"]
@@ -1771,7 +1840,8 @@ def parser() -> argparse.ArgumentParser:
         help="heuristic: the reported v1 run (heuristic teacher); expert: v1 with the compact "
         "teacher, bf16 autocast, groups of 8 with dynamic sampling (runs/learning-smollm2-expert); "
         "v2: the Catalog-v2 proof (ceiling teacher, two GRPO seeds and a placebo, natural mix; "
-        "runs/learning-smollm2-v2, report docs/learning/v2-*)",
+        "runs/learning-smollm2-v2, report docs/learning/v2-*); v2-worked, v2-t07, v2-1k: the v2 "
+        "chain taught with its working, GRPO sampled at 0.7, 1,040 demonstrations",
     )
     p.add_argument(
         "--test-cases",

@@ -612,3 +612,33 @@ def test_the_probe_stage_probes_each_kept_model_once(v2: Any) -> None:
     v2.ran.clear()
     acts["probe"]()
     assert v2.ran == []  # probed already
+
+
+def test_the_report_pairs_a_probe_with_the_compared_chains_on_the_same_rows(
+    v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe_results: each probed model's summary, and its accuracy minus the compare_with
+    chain's same model over the rows both probed."""
+
+    def write(run_dir: Path, choices: list[str]) -> None:
+        truths = ["ok", "escalate", "counterfeit", "ok"]
+        scores = [
+            {"index": i, "truth": t, "choice": c} for i, (t, c) in enumerate(zip(truths, choices))
+        ]
+        right = sum(c == t for c, t in zip(choices, truths))
+        summary = {"rows": 4, "accuracy": right / 4, "truth_prob": 0.5, "chosen": {"ok": 2}}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "probe-sft.json").write_text(json.dumps({**summary, "scores": scores}))
+
+    own = tmp_path / "1k"
+    monkeypatch.setitem(v2.CHAINS["v2-1k"], "run_dir", own)
+    write(tmp_path, ["escalate", "escalate", "escalate", "escalate"])  # the v2 chain's: 1 of 4
+    write(own, ["ok", "escalate", "counterfeit", "escalate"])  # 3 of 4
+    v2.parse_args(["--chain", "v2-1k"])
+    probes = v2.probe_results("v2-1k")
+    assert list(probes) == ["sft"] and probes["sft"]["summary"]["accuracy"] == 0.75
+    diff = probes["sft"]["minus_v2"]
+    assert diff["rows"] == 4 and diff["mean_diff"] == pytest.approx(0.5)
+    assert diff["ci95"][0] <= 0.5 <= diff["ci95"][1]
+    (row,) = [line for line in v2.probe_lines(probes) if line.startswith("| sft")]
+    assert "| 0.75 |" in row and "2 / 0 / 0 / 0" in row and "+0.50 [" in row
