@@ -1837,11 +1837,9 @@ def parser() -> argparse.ArgumentParser:
         "--chain",
         choices=sorted(CHAINS),
         default="heuristic",
-        help="heuristic: the reported v1 run (heuristic teacher); expert: v1 with the compact "
-        "teacher, bf16 autocast, groups of 8 with dynamic sampling (runs/learning-smollm2-expert); "
-        "v2: the Catalog-v2 proof (ceiling teacher, two GRPO seeds and a placebo, natural mix; "
-        "runs/learning-smollm2-v2, report docs/learning/v2-*); v2-worked, v2-t07, v2-1k: the v2 "
-        "chain taught with its working, GRPO sampled at 0.7, 1,040 demonstrations",
+        help="heuristic: the reported v1 run; expert: v1 with the compact teacher; v2: the "
+        "Catalog-v2 proof (report docs/learning/v2-*); v2-worked, v2-t07, v2-1k: the v2 chain "
+        "taught with its working, GRPO sampled at 0.7, 1,040 demonstrations (module docstring)",
     )
     p.add_argument(
         "--test-cases",
