@@ -705,14 +705,15 @@ def probe_data() -> Path:
     return RUN_DIR / "probe-data"
 
 
-def probe_path(name: str) -> Path:
-    """Where the ``probe`` stage writes model ``name``'s choice probe (tracked in git)."""
-    return RUN_DIR / f"probe-{name}.json"
+def probe_path(name: str, run_dir: Path | None = None) -> Path:
+    """Where the ``probe`` stage writes model ``name``'s choice probe (tracked in git), in
+    ``run_dir`` (default this chain's)."""
+    return (run_dir or RUN_DIR) / f"probe-{name}.json"
 
 
 def read_probe(name: str, run_dir: Path | None = None) -> dict[str, Any] | None:
     """Model ``name``'s choice probe in ``run_dir`` (default this chain's), or None."""
-    path = (run_dir or RUN_DIR) / f"probe-{name}.json"
+    path = probe_path(name, run_dir)
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -815,7 +816,7 @@ def probe() -> None:
 
 
 # -- carried checkpoints ----------------------------------------------------------------------
-# A training run longer than a sitting (the v2-1k chain's SFT: ~4.5 hours) has to continue in a
+# A training run longer than a sitting (the v2-1k chain's SFT: ~3.5 hours) has to continue in a
 # later checkout, which has only what git tracks. The `carry` stage copies each unfinished run's
 # newest checkpoint (weights, optimizer moments, RNG and step: 38 MB for LoRA rank 8) and its
 # metrics to carry/<run>/, which git tracks; a later call puts it back before `--resume`, so the
@@ -997,8 +998,6 @@ def sft_length_sets(args: argparse.Namespace) -> list[str]:
     teacher's collection kept (``dataset.json``); the learning rate decays over all of them and
     the held-out loss is scored after each third, as the v2 recipe does over its 66 steps.
     """
-    import math
-
     from trainer.config import load_recipe
 
     if not SFT_LENGTH_FROM_DATA:
