@@ -717,6 +717,35 @@ def read_probe(name: str, run_dir: Path | None = None) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+#: The per-decision offsets :func:`offset_cv_accuracy` tries (log-probability units).
+OFFSET_GRID = np.arange(-6.0, 6.01, 0.5)
+
+
+def offset_cv_accuracy(scores: list[dict[str, Any]], folds: int = 5) -> float:
+    """Accuracy of the probe's choices after adding to each decision's log-probability an offset
+    fitted on the other folds' rows (grid :data:`OFFSET_GRID`, "ok" fixed at 0; rows shuffled
+    with seed :data:`BOOT_SEED`).
+
+    A model whose scores rank the decisions by the case but lean to one of them gains here; one
+    whose scores say little about the case stays near the majority rate, whatever its lean.
+    """
+    import itertools
+
+    x = np.array([[r["logprobs"][d] for d in V2_DECISIONS] for r in scores])  # [N, 4]
+    y = np.array([V2_DECISIONS.index(r["truth"]) for r in scores])
+    offsets = np.array(
+        [(0.0, *o) for o in itertools.product(OFFSET_GRID, repeat=len(V2_DECISIONS) - 1)]
+    )  # [C, 4]
+    order = np.random.default_rng(BOOT_SEED).permutation(len(y))
+    right = 0
+    for held in np.array_split(order, folds):
+        fit = np.setdiff1d(order, held)
+        hits = (x[fit][None] + offsets[:, None]).argmax(-1) == y[fit]  # [C, N_fit]
+        best = offsets[hits.mean(1).argmax()]
+        right += int(((x[held] + best).argmax(-1) == y[held]).sum())
+    return right / len(y)
+
+
 def probe_results(chain: str) -> dict[str, Any]:
     """Per probed model: the probe's summary and, where the ``compare_with`` chain probed its
     model of the same name on the same rows, the paired difference of accuracy (this chain's
@@ -728,7 +757,12 @@ def probe_results(chain: str) -> dict[str, Any]:
         if mine is None:
             continue
         scores = mine.pop("scores")
-        entry: dict[str, Any] = {"summary": mine}
+        majority = max(sum(r["truth"] == d for r in scores) for d in V2_DECISIONS) / len(scores)
+        entry: dict[str, Any] = {
+            "summary": mine,
+            "offset_cv_accuracy": offset_cv_accuracy(scores),
+            "majority_rate": majority,
+        }
         theirs = read_probe(name, CHAINS[other]["run_dir"]) if other else None
         if theirs is not None:
             right = {r["index"]: r["choice"] == r["truth"] for r in theirs["scores"]}
@@ -756,8 +790,9 @@ def probe_lines(probes: dict[str, Any]) -> list[str]:
         "the model's choice is the most likely one.",
         "",
         "| model | rows | accuracy | p(true decision) | chose ok / counterfeit / prohibited / "
-        "escalate | accuracy minus the compared chain's [95% CI] |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "escalate | accuracy minus the compared chain's [95% CI] | accuracy with fitted offsets "
+        "(5-fold) | majority rate |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, entry in probes.items():
         s = entry["summary"]
@@ -770,8 +805,14 @@ def probe_lines(probes: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"| {name} | {s['rows']} | {s['accuracy']:.2f} | {s['truth_prob']:.2f} | {chose} "
-            f"| {cell} |"
+            f"| {cell} | {entry['offset_cv_accuracy']:.2f} | {entry['majority_rate']:.2f} |"
         )
+    lines += [
+        "",
+        "Accuracy with fitted offsets: each decision's log-probability plus an offset fitted on "
+        "the other four fifths of the rows. Near the majority rate, the scores say little about "
+        "the case beyond a lean; well above it, the judgement is there and only leans.",
+    ]
     return lines
 
 

@@ -623,7 +623,8 @@ def test_the_report_pairs_a_probe_with_the_compared_chains_on_the_same_rows(
     def write(run_dir: Path, choices: list[str]) -> None:
         truths = ["ok", "escalate", "counterfeit", "ok"]
         scores = [
-            {"index": i, "truth": t, "choice": c} for i, (t, c) in enumerate(zip(truths, choices))
+            {"index": i, "truth": t, "choice": c, "logprobs": {d: -float(d != c) for d in DECS}}
+            for i, (t, c) in enumerate(zip(truths, choices))
         ]
         right = sum(c == t for c, t in zip(choices, truths))
         summary = {"rows": 4, "accuracy": right / 4, "truth_prob": 0.5, "chosen": {"ok": 2}}
@@ -642,3 +643,26 @@ def test_the_report_pairs_a_probe_with_the_compared_chains_on_the_same_rows(
     assert diff["ci95"][0] <= 0.5 <= diff["ci95"][1]
     (row,) = [line for line in v2.probe_lines(probes) if line.startswith("| sft")]
     assert "| 0.75 |" in row and "2 / 0 / 0 / 0" in row and "+0.50 [" in row
+    assert probes["sft"]["majority_rate"] == 0.5
+
+
+DECS = ("ok", "counterfeit", "prohibited", "escalate")
+
+
+def test_fitted_offsets_recover_a_judgement_that_only_leans_and_not_one_that_is_absent(
+    chain: Any,
+) -> None:
+    """offset_cv_accuracy: scores that rank the true decision second-best behind a constant lean
+    to escalate are all right once the lean is taken off; scores unrelated to the case stay near
+    the majority rate."""
+    rng = __import__("numpy").random.default_rng(1)
+    truths = [DECS[i % 4] for i in range(80)]
+    leaning = [
+        {"truth": t, "logprobs": {d: (-1.0 if d == t else -3.0) + 3.0 * (d == "escalate")
+                                  for d in DECS}}
+        for t in truths
+    ]  # fmt: skip
+    assert sum(max(r["logprobs"], key=r["logprobs"].get) == r["truth"] for r in leaning) == 20
+    assert chain.offset_cv_accuracy(leaning) == 1.0
+    absent = [{"truth": t, "logprobs": {d: float(rng.normal()) for d in DECS}} for t in truths]
+    assert chain.offset_cv_accuracy(absent) < 0.45
