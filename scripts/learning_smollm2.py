@@ -262,6 +262,8 @@ V2_GRPO_RUNS = (
     ("placebo", "placebo", ("algorithm.placebo=true",)),
     ("grpo_s1", "grpo-s1", ("seed=1",)),
 )
+#: Every training run of the v2 chain, by its folder name.
+V2_RUNS = ("sft", *(folder for _, folder, _ in V2_GRPO_RUNS))
 V2_DECISIONS = ("ok", "counterfeit", "prohibited", "escalate")
 #: Whether the chain keeps its finished models in ``kept/`` (v2; see :func:`keep_run`).
 KEEP = False
@@ -606,7 +608,11 @@ def last_step(out: Path) -> int:
     """The step count of a training run's newest complete checkpoint (0: none)."""
     from trainer.checkpoint import latest_checkpoint
 
-    ckpt = latest_checkpoint(out)
+    return checkpoint_step(latest_checkpoint(out))
+
+
+def checkpoint_step(ckpt: Path | None) -> int:
+    """The step count a checkpoint folder (``step-NNNNNN``) is named for (0: None)."""
     return int(ckpt.name.removeprefix("step-")) if ckpt is not None else 0
 
 
@@ -752,7 +758,7 @@ def probe_results(chain: str) -> dict[str, Any]:
     minus that one's, bootstrap over rows)."""
     other = CHAINS[chain].get("compare_with")
     out: dict[str, Any] = {}
-    for name in ("sft", *(f for _, f, _ in V2_GRPO_RUNS)):
+    for name in V2_RUNS:
         mine = read_probe(name)
         if mine is None:
             continue
@@ -823,7 +829,7 @@ def probe() -> None:
     :func:`probe_path`. ~20 minutes a model on 2 cores, against hours for a greedy evaluation: the
     cheap check of judgement before the evaluation and GRPO."""
     names = [
-        n for n in ("sft", *(f for _, f, _ in V2_GRPO_RUNS))
+        n for n in V2_RUNS
         if not from_base(n) and kept_info(n) is not None and not probe_path(n).exists()
     ]  # fmt: skip
     if not names:
@@ -886,7 +892,7 @@ def carry_run(name: str) -> int:
     ckpt = latest_checkpoint(out)
     if ckpt is None or kept_info(name) is not None:
         return 0
-    step = last_step(out)
+    step = checkpoint_step(ckpt)
     if carried_step(name) == step:
         return step
     dest = carry_dir(name)
@@ -905,7 +911,7 @@ def carry_run(name: str) -> int:
 def carry_runs() -> None:
     """The ``carry`` stage: carry every training run of the chain that has a checkpoint and has
     not finished (:func:`carry_run`); run it before committing at the end of a sitting."""
-    carried = [name for name in ("sft", *(f for _, f, _ in V2_GRPO_RUNS)) if carry_run(name)]
+    carried = [name for name in V2_RUNS if carry_run(name)]
     if not carried:
         log("carry: no unfinished training run")
 
@@ -916,12 +922,11 @@ def restore_carried(name: str) -> int:
     nothing to restore)."""
     from trainer.checkpoint import latest_checkpoint
 
-    step = carried_step(name)
-    out = RUN_DIR / name
-    if step <= last_step(out):
-        return 0
     ckpt = latest_checkpoint(carry_dir(name))
-    assert ckpt is not None  # carried_step found it
+    step = checkpoint_step(ckpt)
+    out = RUN_DIR / name
+    if ckpt is None or step <= last_step(out):
+        return 0
     root = out / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{ckpt.name}.restoring"
