@@ -221,6 +221,7 @@ def use_chain(name: str) -> dict[str, Any]:
     TWIN = chain.get("twin", "catalog")
     TWIN_SETS = list(chain.get("twin_sets", ["prompt_style=compact", "max_turns=3"]))
     TEACHER.update(policy=chain["teacher"], min_reward=chain["min_reward"])
+    PRECISION["chain"] = PRECISION["run"] = chain_autocast(name)
     return dict(chain["defaults"])
 
 
@@ -285,6 +286,75 @@ def twin_cmd(*args: str) -> list[str]:
 THREADS = ["1"]
 #: (threads, time.monotonic() at its end) of the last command this chain ran.
 LAST_COMMAND = [0, 0.0]
+
+
+#: Compute precision, "bfloat16" (float32 weights, bfloat16 autocast) or "float32": the selected
+#: chain's own ("chain") and this call's (``--autocast`` resolved by :func:`resolve_autocast`).
+PRECISION = {"chain": "float32", "run": "float32"}
+
+
+def chain_autocast(chain: str) -> str:
+    """The precision ``chain``'s recipes and evaluations were written for."""
+    return "bfloat16" if "autocast=bfloat16" in CHAINS[chain]["eval_options"] else "float32"
+
+
+def resolve_autocast(choice: str, chain: str, bf16_flags: list[str] | None) -> str:
+    """The precision ``--autocast choice`` gives on a CPU reporting ``bf16_flags``
+    (:func:`trainer.models.cpu_bf16_flags`; None: unknown).
+
+    ``auto`` keeps the chain's bfloat16 where the CPU has bfloat16 instructions (or where the
+    flags cannot be read) and falls back to float32 where it has none: there torch emulates
+    bfloat16 and a v2 SFT step took ~4.5 minutes instead of ~45 s (docs/benchmarks.md).
+    """
+    if choice != "auto":
+        return choice
+    if chain_autocast(chain) == "bfloat16" and bf16_flags == []:
+        return "float32"
+    return chain_autocast(chain)
+
+
+def eval_options(chain: str) -> str:
+    """The chain's ``hf:`` policy options at this call's :data:`PRECISION`."""
+    base = CHAINS[chain]["eval_options"].replace(",autocast=bfloat16", "")
+    return base + (",autocast=bfloat16" if PRECISION["run"] == "bfloat16" else "")
+
+
+def record_precision(key: str, start: int) -> None:
+    """Keep in ``precision.json`` that ``key`` (a training stage, or ``eval-<name>``) runs from
+    step or case ``start`` at this call's precision; a part run before any record was kept ran at
+    the chain's own (no earlier version of the chain could change it)."""
+    path = RUN_DIR / "precision.json"
+    data: dict[str, list[list[Any]]] = json.loads(path.read_text()) if path.exists() else {}
+    parts = data.setdefault(key, [])
+    if not parts and start > 0:
+        parts.append([PRECISION["chain"], 0])
+    if parts and parts[-1][0] == PRECISION["run"]:
+        return
+    parts[:] = [p for p in parts if p[1] < start] + [[PRECISION["run"], start]]
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def read_precision() -> dict[str, Any]:
+    """The chain's own precision and ``precision.json``'s record (:func:`record_precision`)."""
+    path = RUN_DIR / "precision.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    return {"default": PRECISION["chain"], "record": record}
+
+
+def precision_lines(precision: dict[str, Any]) -> list[str]:
+    """The report's account of the precision each stage ran at: the record, and the chain's own
+    for every stage or part the record does not name."""
+    default, data = precision["default"], precision["record"]
+    what = {"bfloat16": "bfloat16 autocast over float32 weights", "float32": "float32"}
+    said = [
+        f"{key}: "
+        + ", ".join(f"{what[prec]} from {'case' if key.startswith('eval-') else 'step'} {start}"
+                    for prec, start in parts)
+        for key, parts in data.items()
+        if {prec for prec, _ in parts} != {default}
+    ]  # fmt: skip
+    line = f"Compute precision: {what[default]}"
+    return ["", line + (f", except {'; '.join(said)}." if said else " in every stage.")]
 
 
 def command_threads() -> str:
@@ -432,6 +502,7 @@ def _evaluate_chunk(
 ) -> None:
     """``twin eval`` of cases ``start .. start+cases-1``; its episodes exported from the store;
     its wall-clock kept in ``timings.json`` as ``eval-<name>`` (``add``: summed over chunks)."""
+    record_precision(f"eval-{name}", start)
     t0 = time.monotonic()
     partial = summary.with_suffix(".partial")
     cmd = twin_cmd(
@@ -1001,7 +1072,9 @@ def train(
         log(f"{stage}: another process is training {out.name} (its lock is held), skipped")
         return False
     turns = [f"twin.config.{s}" for s in TWIN_SETS if s.startswith("max_turns=")]
-    sets = [f"train.output_dir={out}", *turns, *extra]
+    autocast = "bfloat16" if PRECISION["run"] == "bfloat16" else "null"
+    sets = [f"train.output_dir={out}", *turns, f"model.autocast={autocast}", *extra]
+    record_precision(stage, done or 0)
     if stage == "sft":
         sets += [
             f"data.paths=[{data_dir()}]",
@@ -1458,7 +1531,7 @@ def provenance() -> dict[str, Any]:
         "quantisation": SMOLLM2_GGUF.rsplit(".", 2)[-2],
         "sha256": digest.hexdigest(),
         "bytes": path.stat().st_size,
-        "loaded_as": "dequantised to float32 (trainer.models), bfloat16 autocast",
+        "loaded_as": "dequantised to float32 (trainer.models)",
     }
 
 
@@ -1570,6 +1643,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "wall_clock_s": chain_timings(),
         "note": CHAINS[args.chain].get("note"),
         "provenance": provenance(),
+        "compute_precision": read_precision(),
         "rerun": rerun_command(sizes, args.chain),
     }
     (DOCS_DIR / "v2-results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -1722,6 +1796,7 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
         f"Model: {prov['model']}, file `{prov['file']}` of `{prov['package']}` "
         f"({prov['quantisation']}, {prov['bytes']:,} bytes, sha256 `{prov['sha256']}`), "
         f"{prov['loaded_as']}.",
+        *precision_lines(results.get("compute_precision") or {"default": "bfloat16", "record": {}}),
         "",
         f"Rerun: `{results['rerun']}`",
     ]
@@ -1943,6 +2018,15 @@ def parser() -> argparse.ArgumentParser:
         help="cases per `twin eval` call of an evaluation (a stopped evaluation continues from its "
         "first unfinished chunk); 0 = all at once; default 0, 100 (v2)",
     )
+    add_machine_options(p)
+    p.add_argument(
+        "--only", choices=ALL_STAGES, action="append", help="run only these stages (repeatable)"
+    )
+    return p
+
+
+def add_machine_options(p: argparse.ArgumentParser) -> None:
+    """The options fitted to the machine a call runs on; they may change between calls."""
     p.add_argument(
         "--threads",
         type=int,
@@ -1951,9 +2035,14 @@ def parser() -> argparse.ArgumentParser:
         "processes leave idle, chosen per command; default 1, 0 (v2)",
     )
     p.add_argument(
-        "--only", choices=ALL_STAGES, action="append", help="run only these stages (repeatable)"
+        "--autocast",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="compute precision of training and evaluation: bfloat16 autocast over float32 "
+        "weights, or float32; auto (default): the chain's own (bfloat16, heuristic chain: "
+        "float32), float32 on a CPU without bfloat16 instructions, where torch emulates them "
+        "several times slower. The report says which parts ran at which",
     )
-    return p
 
 
 DEFAULTS = {"test_cases": 200, "eval_batch": 24, "eval_chunk": 0, "threads": 1}
@@ -2024,6 +2113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"--only {sorted(unknown)}: not a stage of --chain {args.chain}")
     args.store = RUN_DIR / "store.db"
+    from trainer.models import cpu_bf16_flags
+
+    PRECISION["run"] = resolve_autocast(args.autocast, args.chain, cpu_bf16_flags())
     return args
 
 
@@ -2039,10 +2131,8 @@ def chain_stages(chain: str) -> tuple[str, ...]:
 def actions(args: argparse.Namespace) -> dict[str, Callable[[], Any]]:
     """What each stage does (v2's extra stages are in :func:`v2_actions`)."""
     batch = min(args.eval_batch, args.test_cases)
-    policy = (
-        f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}"
-        + CHAINS[args.chain]["eval_options"]
-    )
+    options = eval_options(args.chain)
+    policy = f"temperature=0,max_new_tokens={MAX_NEW_TOKENS},max_batch={batch}{options}"
     refs = V2_REFS if is_v2(args.chain) else ("heuristic", "careful")
     acts: dict[str, Callable[[], Any]] = {
         "refs": lambda: [evaluate(r, r, args) for r in refs],

@@ -24,6 +24,8 @@ def chain(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     module.use_chain("expert")
     monkeypatch.setattr(module, "RUN_DIR", tmp_path)
+    # a CPU with bfloat16 instructions, whatever this machine's are (--autocast auto reads them)
+    monkeypatch.setattr("trainer.models.cpu_bf16_flags", lambda cpuinfo=None: ["amx_bf16"])
     ran: list[list[str]] = []
     monkeypatch.setattr(module, "run", lambda cmd, stdout_path=None: ran.append(cmd))
     module.ran = ran
@@ -666,3 +668,35 @@ def test_fitted_offsets_recover_a_judgement_that_only_leans_and_not_one_that_is_
     assert chain.offset_cv_accuracy(leaning) == 1.0
     absent = [{"truth": t, "logprobs": {d: float(rng.normal()) for d in DECS}} for t in truths]
     assert chain.offset_cv_accuracy(absent) < 0.45
+
+
+def test_auto_precision_is_float32_on_a_cpu_without_bf16_and_the_report_says_from_where(
+    v2: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU without bfloat16 instructions --autocast auto trains and scores in float32; a run
+    resumed there records the step it changed at, and the report names it."""
+    assert v2.resolve_autocast("auto", "v2", None) == "bfloat16"  # flags unknown: the chain's
+    assert v2.resolve_autocast("auto", "heuristic", ["amx_bf16"]) == "float32"
+    assert v2.resolve_autocast("bfloat16", "heuristic", []) == "bfloat16"  # asked for: given
+    out = v2.RUN_DIR / "sft"
+    _save(out, 3, {"total_steps": 9})
+    args = v2.parse_args(["--chain", "v2"])
+    v2.train("sft", args)  # steps 0-2 ran before at the chain's bfloat16
+    assert "model.autocast=bfloat16" in v2.ran[-1]
+    monkeypatch.setattr("trainer.models.cpu_bf16_flags", lambda cpuinfo=None: [])
+    args = v2.parse_args(["--chain", "v2"])
+    _save(out, 5, {"total_steps": 9})
+    v2.train("sft", args)
+    assert "model.autocast=null" in v2.ran[-1] and "--resume" in v2.ran[-1]
+    v2.actions(args)["zeroshot"]()
+    assert "autocast" not in v2.evaluated[-1][1]
+    precision = v2.read_precision()
+    assert precision["record"] == {"sft": [["bfloat16", 0], ["float32", 5]]}
+    (line,) = [x for x in v2.precision_lines(precision) if x]
+    assert line == (
+        "Compute precision: bfloat16 autocast over float32 weights, except sft: bfloat16 "
+        "autocast over float32 weights from step 0, float32 from step 5."
+    )
+    args = v2.parse_args(["--chain", "v2", "--autocast", "bfloat16"])  # asked for: given
+    v2.actions(args)["zeroshot"]()
+    assert "autocast=bfloat16" in v2.evaluated[-1][1]
