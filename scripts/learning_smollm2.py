@@ -1629,8 +1629,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "bootstrap": {"seed": BOOT_SEED, "resamples": BOOT_RESAMPLES, "interval": "percentile 95%"},
         "sizes": sizes,
         "training_steps_run": {
-            n: len([r for r in read_metrics(n) if "losses/loss" in r])
-            for n in ("sft", "grpo", "grpo-s1", "placebo")
+            n: len([r for r in read_metrics(n) if "losses/loss" in r]) for n in V2_RUNS
         },
         "best_cheap_policy": best_cheap,
         "stages": stats,

@@ -362,6 +362,33 @@ class TrainConfig(_Section):
 _DEVICE = r"^(cpu|cuda|cuda:\d+)$"
 
 
+class EmphasisConfig(_Section):
+    """The tokens of one decision in each demonstration, weighted in the SFT loss and scored on
+    their own (``data.emphasis``).
+
+    A demonstration's few decision tokens (the value of the catalog's ``submit`` ``decision``)
+    are lost among its hundreds of call-format tokens: a model can reach a low mean loss while
+    still choosing the decision poorly. The span is the ids where the rendered demonstration
+    would differ had the call taken another of ``values`` (as the choice probe finds it,
+    ``trainer.choice_probe``).
+    """
+
+    tool: str = Field(description="The deciding tool call (the demonstration's last call to it).")
+    argument: str = Field(description="Its argument whose value is the decision.")
+    values: list[str] = Field(
+        min_length=2,
+        description="Every value the argument may take (the span is where they differ).",
+    )
+    weight: float = Field(
+        1.0,
+        gt=0,
+        description="Loss weight of the decision's tokens (every other assistant token weighs 1; "
+        "the loss is divided by the total weight). 1 only measures: sft/emphasis_nll and "
+        "sft/holdout_emphasis_nll, the decision's summed NLL per demonstration, are logged "
+        "either way.",
+    )
+
+
 class DataConfig(_Section):
     """The trajectory dataset of ``algorithm: sft`` (written by ``twin collect``)."""
 
@@ -401,6 +428,11 @@ class DataConfig(_Section):
         description="Early stopping: end the run when the held-out loss has not improved for this "
         "many "
         "held-out evaluations in a row (0 = never; needs holdout > 0).",
+    )
+    emphasis: EmphasisConfig | None = Field(
+        None,
+        description="Weight one decision's tokens in the loss and log their NLL on their own "
+        "(null = every assistant token alike).",
     )
 
     @field_validator("paths", mode="before")

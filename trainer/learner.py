@@ -265,7 +265,8 @@ class Learner:
             yield ScoredBatch(
                 logprobs=logp, mask=mb["mask"], advantages=mb["advantages"],
                 sampler_logprobs=mb["sampler_logprobs"], old_logprobs=_stacked(old, mrows, logp),
-                ref_logprobs=_stacked(ref, mrows, logp), entropy=ent,
+                ref_logprobs=_stacked(ref, mrows, logp), entropy=ent, weights=mb.get("weights"),
+                rows=list(mrows),
             )  # fmt: skip
 
     def _check_fits(self, batch: TrainBatch) -> None:

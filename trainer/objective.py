@@ -83,6 +83,9 @@ class ScoredBatch:
         old_logprobs: Learner logprobs before this update (None: ``logprobs.detach()``).
         ref_logprobs: Reference (adapter disabled) logprobs (None: no KL).
         entropy: Per-token entropy of ``logits / T``; with grad when ``entropy_coef > 0``.
+        weights: Per-token loss weights (:attr:`trainer.scoring.TrainBatch.token_weights`;
+            None: all 1).  # [B, T]
+        rows: Which rows of the scored batch these are, in order (None: not said).
     """
 
     logprobs: Tensor
@@ -92,6 +95,8 @@ class ScoredBatch:
     old_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
     entropy: Tensor | None = None
+    weights: Tensor | None = None
+    rows: list[int] | None = None
 
 
 # ==================================================================== per group

@@ -58,6 +58,8 @@ class TrainBatch:
         loss_mask: 1 on sampled tokens.  # N x [T_i]
         sampler_logprobs: The sampler's logprob of each sampled token, 0.0 elsewhere.  # N x [T_i]
         advantages: One advantage per sequence.  # [N]
+        token_weights: Optional per-token loss weights, read where the mask is 1 (SFT's
+            ``data.emphasis``); None: every loss token weighs 1.  # N x [T_i]
     """
 
     input_ids: list[list[int]]
@@ -65,6 +67,7 @@ class TrainBatch:
     sampler_logprobs: list[list[float]]
     advantages: list[float]
     meta: dict[str, Any] = field(default_factory=dict)
+    token_weights: list[list[float]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -84,6 +87,12 @@ class TrainBatch:
                 raise ValueError(
                     f"TrainBatch row {i}: the first token cannot carry loss (nothing predicts it)"
                 )
+            if self.token_weights is not None and len(self.token_weights[i]) != len(ids):
+                raise ValueError(
+                    f"TrainBatch row {i}: {len(ids)} ids but {len(self.token_weights[i])} weights"
+                )
+        if self.token_weights is not None and len(self.token_weights) != n:
+            raise ValueError(f"TrainBatch: {n} sequences but {len(self.token_weights)} weight rows")
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -207,6 +216,11 @@ class BatchScorer:
             "sampler_logprobs": slp[:, 1:].to(dev),  # [B, T-1]
             "advantages": adv.to(dev),  # [B]
         }
+        if batch.token_weights is not None:
+            weights = torch.zeros((n, width), dtype=torch.float32)
+            for r, i in enumerate(rows):
+                weights[r, : len(batch.token_weights[i])] = torch.tensor(batch.token_weights[i])
+            out["weights"] = weights[:, 1:].to(dev)  # [B, T-1]
         if units is not None:
             out.update({k: v.to(dev) for k, v in self._split_prefix(rows, batch, units).items()})
         return out

@@ -35,6 +35,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,7 @@ from trainer.checkpoint import (
     save_checkpoint,
     unlock_output_dir,
 )
-from trainer.config import Recipe, check_devices
+from trainer.config import EmphasisConfig, Recipe, check_devices
 from trainer.learner import Learner, TrainBatch
 from trainer.metrics import MetricsLogger, close_training_run, open_training_run, plot_rewards
 from trainer.renderer import EpisodeTokens, Renderer
@@ -60,7 +61,10 @@ from twin.trajectory import Trajectory
 if TYPE_CHECKING:
     from trainer.protocols import RunRecord
 
-__all__ = ["SFTTrainer", "eval_metrics", "holdout_loss", "parse_rate", "render_row", "sft_step"]
+__all__ = [
+    "SFTEpisode", "SFTTrainer", "emphasis_span", "eval_metrics", "holdout_loss", "parse_rate",
+    "render_row", "sft_step",
+]  # fmt: skip
 
 log = logging.getLogger("twinrl.trainer")
 
@@ -181,27 +185,98 @@ def eval_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
-def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, float]:
+@dataclass
+class SFTEpisode(EpisodeTokens):
+    """A rendered demonstration with the span of its decision's tokens (``data.emphasis``).
+
+    Attributes:
+        emphasis: ``(start, end)`` of the decision value's ids in ``input_ids`` (end exclusive);
+            None where the demonstration has no such decision or no emphasis is set.
+    """
+
+    emphasis: tuple[int, int] | None = None
+
+
+def emphasis_span(
+    renderer: Renderer, messages: Sequence[Message], emphasis: EmphasisConfig, ids: Sequence[int]
+) -> tuple[int, int] | None:
+    """Where the decision's value lies in ``ids`` (``messages`` rendered by :func:`render_row`).
+
+    The span is the ids the rendering would change had the last ``emphasis.tool`` call given
+    ``emphasis.argument`` another of ``emphasis.values``
+    (:func:`trainer.choice_probe.candidate_ids`), so it holds exactly the value's tokens however
+    the tokenizer merged them with the quotes.
+
+    Returns:
+        ``(start, end)`` (end exclusive), or None where the demonstration has no such call, its
+        value is not one of ``values``, or its rendering differs from the candidates' before the
+        span ends (a template that writes the arguments otherwise).
+    """
+    from trainer.choice_probe import candidate_ids, truth_of
+
+    try:
+        truth = truth_of(messages, emphasis.tool, emphasis.argument)
+    except ConfigError:
+        return None
+    if truth not in emphasis.values:
+        return None
+    prefix, values = candidate_ids(
+        renderer, messages, emphasis.tool, emphasis.argument, emphasis.values
+    )
+    start, end = len(prefix), len(prefix) + len(values[truth])
+    if end == start or list(ids[:end]) != prefix + values[truth]:
+        return None
+    return start, end
+
+
+def _weights(episode: EpisodeTokens, weight: float) -> list[float]:
+    """Per-token loss weights: ``weight`` on the episode's emphasis span, 1 elsewhere."""
+    out = [1.0] * len(episode.input_ids)
+    span = getattr(episode, "emphasis", None)
+    if span is not None:
+        out[span[0] : span[1]] = [weight] * (span[1] - span[0])
+    return out
+
+
+def _span_nll(logp: torch.Tensor, span: tuple[int, int]) -> float:
+    """The summed NLL of ``span``'s tokens; ``logp[t]`` is the logprob of token ``t + 1``."""
+    return -float(logp[span[0] - 1 : span[1] - 1].float().sum())
+
+
+def sft_step(
+    learner: Learner, episodes: Sequence[EpisodeTokens], *, emphasis_weight: float = 1.0
+) -> dict[str, float]:
     """One optimizer step of mean token negative log-likelihood on ``episodes``' loss masks.
 
     Args:
         learner: The learner (its micro-batching, LoRA or full weights, AdamW).
-        episodes: Rendered rows (:func:`render_row`).
+        episodes: Rendered rows (:func:`render_row`; :class:`SFTEpisode` with their emphasis).
+        emphasis_weight: The loss weight of the emphasis spans' tokens (1: unweighted).
 
     Returns:
-        ``losses/loss`` (= ``losses/nll``, per assistant token), ``sft/token_confident`` (share
-        of assistant tokens the model gives a probability above 0.5), ``policy/entropy``,
-        ``policy/grad_norm``, ``optim/lr``, ``optim/skipped_nonfinite``, ``sft/tokens``,
-        ``perf/learner_s``, ``perf/learner_tokens_per_s``.
+        ``losses/loss`` (the loss minimised: ``losses/nll`` unless an emphasis weight is set),
+        ``losses/nll`` (per assistant token), ``sft/emphasis_nll`` (where some episodes have an
+        emphasis span: the decision's summed NLL per such episode), ``sft/token_confident``
+        (share of assistant tokens the model gives a probability above 0.5),
+        ``policy/entropy``, ``policy/grad_norm``, ``optim/lr``, ``optim/skipped_nonfinite``,
+        ``sft/tokens``, ``perf/learner_s``, ``perf/learner_tokens_per_s``.
     """
     started = time.perf_counter()
+    spans = [getattr(e, "emphasis", None) for e in episodes]
+    weighted = emphasis_weight != 1.0 and any(spans)
     batch = TrainBatch(
         [list(e.input_ids) for e in episodes], [list(e.loss_mask) for e in episodes],
         [[0.0] * len(e.input_ids) for e in episodes], [1.0] * len(episodes),
+        token_weights=[_weights(e, emphasis_weight) for e in episodes] if weighted else None,
     )  # fmt: skip
     tokens = sum(map(sum, batch.loss_mask))
     if tokens == 0:
         raise ValueError("sft_step: the episodes hold no assistant tokens")
+    total_weight = (
+        sum(w for ws, m in zip(batch.token_weights, batch.loss_mask) for w, k in zip(ws, m) if k)
+        if batch.token_weights is not None
+        else tokens
+    )
     longest = max(len(ids) for ids in batch.input_ids)
     if longest > learner.optim_config.micro_batch_tokens:
         raise ConfigError(
@@ -211,21 +286,28 @@ def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, f
         )
     learner.model.train()
     learner.optimizer.zero_grad(set_to_none=True)
-    nll = confident = entropy = 0.0
+    loss_sum = nll = confident = entropy = decision = 0.0
     for scored in learner.score(batch, range(len(batch))):
         mask = scored.mask
-        loss = -(scored.logprobs * mask).sum() / tokens
+        weighted_mask = mask if scored.weights is None else mask * scored.weights
+        loss = -(scored.logprobs * weighted_mask).sum() / total_weight
         loss.backward()
-        nll += float(loss.detach())
+        loss_sum += float(loss.detach())
+        nll -= float((scored.logprobs.detach() * mask).sum()) / tokens
         confident += float(((scored.logprobs > math.log(0.5)).float() * mask).sum())
         if scored.entropy is not None:
             entropy += float((scored.entropy.detach() * mask).sum())
-    norm, applied = learner.apply_gradients(nll)
+        for r, i in enumerate(scored.rows or ()):
+            if spans[i] is not None:
+                decision += _span_nll(scored.logprobs.detach()[r], spans[i])
+    norm, applied = learner.apply_gradients(loss_sum)
     learner.model.eval()
     elapsed = time.perf_counter() - started
+    emphasised = sum(span is not None for span in spans)
     return {
-        "losses/loss": nll,
+        "losses/loss": loss_sum,
         "losses/nll": nll,
+        **({"sft/emphasis_nll": decision / emphasised} if emphasised else {}),
         "sft/token_confident": confident / tokens,
         "sft/tokens": float(tokens),
         "sft/episodes": float(len(batch)),
@@ -240,20 +322,30 @@ def sft_step(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, f
     }
 
 
-def holdout_loss(learner: Learner, episodes: Sequence[EpisodeTokens]) -> float:
-    """Mean negative log-likelihood per assistant token of ``episodes`` under the current weights
-    (no grad; the learner's micro-batches and shared prompts)."""
+def holdout_loss(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, float]:
+    """Under the current weights (no grad; the learner's micro-batches and shared prompts):
+    ``loss``, the mean negative log-likelihood per assistant token of ``episodes``, and, where
+    some have an emphasis span (:class:`SFTEpisode`), ``emphasis_nll``, its summed NLL averaged
+    over those episodes (minus the log-probability of the right decision)."""
     batch = TrainBatch(
         [list(e.input_ids) for e in episodes], [list(e.loss_mask) for e in episodes],
         [[0.0] * len(e.input_ids) for e in episodes], [0.0] * len(episodes),
     )  # fmt: skip
     logp = learner.scorer.frozen_logprobs(batch, reference=False)
-    total = tokens = 0.0
+    total = tokens = decision = 0.0
+    emphasised = 0
     for i, mask in enumerate(batch.loss_mask):
         m = torch.tensor(mask[1:], dtype=torch.float32)
         total -= float((logp[i].float().cpu() * m).sum())
         tokens += float(m.sum())
-    return total / tokens if tokens else 0.0
+        span = getattr(episodes[i], "emphasis", None)
+        if span is not None:
+            decision += _span_nll(logp[i].cpu(), span)
+            emphasised += 1
+    out = {"loss": total / tokens if tokens else 0.0}
+    if emphasised:
+        out["emphasis_nll"] = decision / emphasised
+    return out
 
 
 class SFTTrainer:
@@ -378,8 +470,9 @@ class SFTTrainer:
             if len(episode) > limit:
                 dropped["too_long"] += 1
                 continue
-            out.append(episode)
+            out.append(self._emphasised(renderers[key], row["messages"], episode))
         self.dropped = dropped
+        self._check_emphasis(out)
         if dropped["too_long"]:
             log.warning(
                 "sft: %d of %d episodes are longer than sampler.max_episode_tokens (%d) and are "
@@ -395,6 +488,34 @@ class SFTTrainer:
                 "optim.micro_batch_tokens)"
             )
         return out
+
+    def _emphasised(
+        self, renderer: Renderer, messages: Sequence[Message], episode: EpisodeTokens
+    ) -> EpisodeTokens:
+        """``episode`` with its decision's span (``data.emphasis``), or as it is without one."""
+        emphasis = self.cfg.data.emphasis
+        if emphasis is None:
+            return episode
+        span = emphasis_span(renderer, messages, emphasis, episode.input_ids)
+        return SFTEpisode(
+            list(episode.input_ids), list(episode.loss_mask), list(episode.sampler_logprobs),
+            list(episode.turn_spans), episode.prompt_len, emphasis=span,
+        )  # fmt: skip
+
+    def _check_emphasis(self, episodes: list[EpisodeTokens]) -> None:
+        """Refuse an emphasis no demonstration has; say how many lack it."""
+        emphasis = self.cfg.data.emphasis
+        if emphasis is None:
+            return
+        without = sum(getattr(e, "emphasis", None) is None for e in episodes)
+        said = (
+            f"data.emphasis: {without} of {len(episodes)} demonstrations have no "
+            f"{emphasis.tool!r} call whose {emphasis.argument!r} is one of {emphasis.values}"
+        )
+        if without == len(episodes):
+            raise ConfigError(said + "; check the tool, the argument and the values")
+        if without:
+            log.warning("%s; they train unweighted and are not scored on their own", said)
 
     def _split_holdout(
         self, episodes: list[EpisodeTokens]
@@ -469,15 +590,19 @@ class SFTTrainer:
 
     def _holdout_record(self) -> dict[str, float]:
         """``sft/holdout_loss`` now, the best so far, and early stopping's verdict."""
-        loss = holdout_loss(self.learner, self.held_out)
+        scores = holdout_loss(self.learner, self.held_out)
+        loss = scores["loss"]
         if self.best_holdout is None or loss < self.best_holdout:
             self.best_holdout, self.since_best = loss, 0
         else:
             self.since_best += 1
         patience = self.cfg.data.patience
         self.stopped_early = bool(patience) and self.since_best >= patience
-        return {"sft/holdout_loss": loss, "sft/holdout_best": float(self.best_holdout),
-                "sft/stopped_early": float(self.stopped_early)}  # fmt: skip
+        record = {"sft/holdout_loss": loss, "sft/holdout_best": float(self.best_holdout),
+                  "sft/stopped_early": float(self.stopped_early)}  # fmt: skip
+        if "emphasis_nll" in scores:
+            record["sft/holdout_emphasis_nll"] = scores["emphasis_nll"]
+        return record
 
     def _due(self, step: int) -> bool:
         every = self.cfg.eval.every
@@ -504,7 +629,14 @@ class SFTTrainer:
                 record.update(ev)
                 record["perf/eval_s"] = time.perf_counter() - t0
             rows = order[step * bs : (step + 1) * bs]
-            record.update(sft_step(self.learner, [self.episodes[i] for i in rows]))
+            emphasis = cfg.data.emphasis
+            record.update(
+                sft_step(
+                    self.learner,
+                    [self.episodes[i] for i in rows],
+                    emphasis_weight=emphasis.weight if emphasis else 1.0,
+                )
+            )
             self.step = step + 1
             if self._holdout_due(self.step):
                 record.update(self._holdout_record())
