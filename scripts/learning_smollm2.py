@@ -51,9 +51,11 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1643,10 +1645,13 @@ def report_v2(args: argparse.Namespace) -> None:
         "note": CHAINS[args.chain].get("note"),
         "provenance": provenance(),
         "compute_precision": read_precision(),
+        "decision_nll": decision_nll(
+            [] if from_base("sft") else read_metrics("sft"), decision_prior_entropy()
+        ),
         "rerun": rerun_command(sizes, args.chain),
     }
     (DOCS_DIR / "v2-results.json").write_text(json.dumps(results, indent=1) + "\n")
-    curves = plot_v2_curves()
+    curves = plot_v2_curves() + plot_decision_curve(results["decision_nll"])
     (DOCS_DIR / "v2-table.md").write_text("\n".join(v2_markdown(results, curves)) + "\n")
     log(f"report: {DOCS_DIR / 'v2-results.json'}, {DOCS_DIR / 'v2-table.md'}, {curves}")
 
@@ -1721,6 +1726,104 @@ def plot_v2_curves() -> list[str]:
     return written
 
 
+#: First-epoch SFT steps per block of the decision's NLL (:func:`decision_nll`).
+DECISION_BLOCK = 32
+
+
+def decision_prior_entropy() -> float | None:
+    """Entropy (nats) of the teacher's decisions over the chain's demonstrations: the NLL per
+    demonstration of a model that knows only how often each decision is right (None: the
+    dataset is not in this checkout; ``collect`` remakes it)."""
+    from trainer.choice_probe import truth_of
+    from twin.evaluation.collect import read_dataset
+
+    if not (data_dir() / "dataset.json").exists():
+        return None
+    rows = read_dataset(data_dir(), min_reward=float(TEACHER["min_reward"]))
+    counts = Counter(truth_of(r["messages"], "submit", "decision") for r in rows)
+    n = sum(counts.values())
+    return -sum(c / n * math.log(c / n) for c in counts.values())
+
+
+def decision_nll(rows: list[dict[str, Any]], prior: float | None) -> dict[str, Any]:
+    """SFT's NLL of the right decision (``sft/emphasis_nll``, ``data.emphasis``) in blocks of
+    :data:`DECISION_BLOCK` first-epoch steps, each with a normal 95% interval over its steps.
+
+    In the first epoch a step scores its demonstrations before it trains on them, so each block
+    says how well the model chooses on demonstrations it has not seen; ``prior`` is what knowing
+    only the decisions' frequencies scores (:func:`decision_prior_entropy`).
+    """
+    first = [(r["step"], r["sft/emphasis_nll"]) for r in rows
+             if "sft/emphasis_nll" in r and r.get("sft/epoch", 0.0) < 1.0]  # fmt: skip
+    blocks = []
+    for k in range(0, len(first), DECISION_BLOCK):
+        part = [v for _, v in first[k : k + DECISION_BLOCK]]
+        mean = statistics.fmean(part)
+        half = 1.96 * statistics.stdev(part) / math.sqrt(len(part)) if len(part) > 1 else 0.0
+        blocks.append({"steps": [first[k][0], first[k + len(part) - 1][0]], "mean": mean,
+                       "ci95": [mean - half, mean + half]})  # fmt: skip
+    held = [(r["step"], r["sft/holdout_emphasis_nll"]) for r in rows
+            if "sft/holdout_emphasis_nll" in r]  # fmt: skip
+    return {"prior_entropy": prior, "first_epoch_blocks": blocks, "held_out": held}
+
+
+def plot_decision_curve(summary: dict[str, Any]) -> list[str]:
+    """``v2-decision-curve.png``: the blocks and held-out points of :func:`decision_nll` against
+    the decisions' frequencies; none without measurements."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blocks = summary.get("first_epoch_blocks") or []
+    if not blocks:
+        return []
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    mids = [(b["steps"][0] + b["steps"][1]) / 2 for b in blocks]
+    errs = [[b["mean"] - b["ci95"][0] for b in blocks], [b["ci95"][1] - b["mean"] for b in blocks]]
+    ax.errorbar(mids, [b["mean"] for b in blocks], yerr=errs, marker="o", ms=3, capsize=3,
+                label=f"not yet trained on ({DECISION_BLOCK}-step blocks)")  # fmt: skip
+    held = summary.get("held_out") or []
+    if held:
+        ax.plot([s + 1 for s, _ in held], [v for _, v in held], "s", label="held out")
+    if summary.get("prior_entropy"):
+        ax.axhline(summary["prior_entropy"], color="grey", ls="--", label="decision frequencies")
+    ax.set_xlabel("step")
+    ax.set_ylabel("NLL of the right decision (nats)")
+    ax.set_title("SmolLM2 on Catalog-v2: the decision in SFT")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(DOCS_DIR / "v2-decision-curve.png", dpi=100)
+    plt.close(fig)
+    return ["v2-decision-curve.png"]
+
+
+def decision_lines(summary: dict[str, Any]) -> list[str]:
+    """The report's table of :func:`decision_nll`; none without measurements."""
+    if not summary.get("first_epoch_blocks"):
+        return []
+    prior = summary.get("prior_entropy")
+    lines = [
+        "",
+        "NLL of the right decision on demonstrations SFT had not yet trained on (nats; minus "
+        "the log-probability of the teacher's decision, scored before each first-epoch step "
+        "trains on them"
+        + (f"; knowing only the decisions' frequencies scores {prior:.3f}" if prior else "")
+        + "):",
+        "",
+        "| steps | mean [95% CI] |",
+        "| --- | --- |",
+    ]
+    lines += [
+        f"| {b['steps'][0]}-{b['steps'][1]} | {b['mean']:.3f} [{b['ci95'][0]:.3f}, "
+        f"{b['ci95'][1]:.3f}] |"
+        for b in summary["first_epoch_blocks"]
+    ]
+    held = ", ".join(f"after {s + 1} steps {v:.3f}" for s, v in summary.get("held_out", []))
+    return lines + (["", f"On the held-out demonstrations: {held}."] if held else [])
+
+
 def grpo_temperature() -> float:
     """The temperature the chain's GRPO runs sample at: the GRPO recipe's, under the chain's
     ``grpo_sets``."""
@@ -1787,6 +1890,7 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
     lines += v2_detail_lines(stats, labels)
     lines += working_lines(results.get("working_departures") or {})
     lines += probe_lines(results.get("choice_probe") or {})
+    lines += decision_lines(results.get("decision_nll") or {})
     lines += [""] + [f"![{c}]({c})" for c in curves]
     lines += ["", "Wall-clock (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items())]
     prov = results["provenance"]

@@ -700,3 +700,43 @@ def test_auto_precision_is_float32_on_a_cpu_without_bf16_and_the_report_says_fro
     args = v2.parse_args(["--chain", "v2", "--autocast", "bfloat16"])  # asked for: given
     v2.actions(args)["zeroshot"]()
     assert "autocast=bfloat16" in v2.evaluated[-1][1]
+
+
+def _submit(decision: str, reward: float = 1.0) -> dict[str, Any]:
+    call = {"function": {"name": "submit", "arguments": json.dumps({"decision": decision})}}
+    return {"messages": [{"role": "assistant", "tool_calls": [call]}], "reward": reward}
+
+
+def test_the_decisions_nll_is_reported_on_first_epoch_steps_against_its_frequencies(
+    v2: Any,
+) -> None:
+    """The report blocks SFT's decision NLL over first-epoch steps (each scored before it is
+    trained on), leaves later epochs out, and sets it against the teachers' decision mix."""
+    import math
+
+    from twin.evaluation.collect import write_dataset
+
+    v2.parse_args(["--chain", "v2"])
+    assert v2.decision_prior_entropy() is None  # no dataset in this checkout
+    rows = [_submit("ok")] * 2 + [_submit("escalate"), _submit("counterfeit"), _submit("ok", 0.5)]
+    write_dataset(rows, v2.data_dir())
+    # the kept rows (reward >= 0.99): ok 2, escalate 1, counterfeit 1
+    expected = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    assert v2.decision_prior_entropy() == pytest.approx(expected)
+    metrics = [
+        {"step": s, "sft/emphasis_nll": 1.3 - 0.01 * s, "sft/epoch": s / 40} for s in range(45)
+    ]
+    metrics[39]["sft/holdout_emphasis_nll"] = 0.95
+    summary = v2.decision_nll(metrics, expected)
+    first, second = summary["first_epoch_blocks"]
+    assert first["steps"] == [0, 31] and second["steps"] == [32, 39]  # steps 40-44: epoch 2
+    assert first["mean"] == pytest.approx(1.3 - 0.01 * 15.5)
+    assert first["ci95"][0] < first["mean"] < first["ci95"][1]
+    assert summary["held_out"] == [(39, 0.95)]
+    text = "\n".join(v2.decision_lines(summary))
+    assert "| 0-31 | 1.145 [" in text and f"frequencies scores {expected:.3f}" in text
+    assert "after 40 steps 0.950" in text
+    v2.DOCS_DIR.mkdir(parents=True)
+    assert v2.plot_decision_curve(summary) == ["v2-decision-curve.png"]
+    assert (v2.DOCS_DIR / "v2-decision-curve.png").stat().st_size > 0
+    assert v2.decision_lines(v2.decision_nll([], None)) == []
