@@ -740,3 +740,23 @@ def test_the_decisions_nll_is_reported_on_first_epoch_steps_against_its_frequenc
     assert v2.plot_decision_curve(summary) == ["v2-decision-curve.png"]
     assert (v2.DOCS_DIR / "v2-decision-curve.png").stat().st_size > 0
     assert v2.decision_lines(v2.decision_nll([], None)) == []
+    # paired by step with a compared run scored on the same demonstrations (its steps 0-9 only)
+    other = [{**r, "sft/emphasis_nll": r["sft/emphasis_nll"] + 0.1} for r in metrics[:10]]
+    first = v2.decision_nll(metrics, expected, other)["first_epoch_blocks"][0]
+    assert first["minus_compared"]["mean"] == pytest.approx(-0.1)
+    assert first["minus_compared"]["steps"] == 10
+
+
+def test_the_emphasis_chain_weights_the_decision_on_the_1k_demonstrations(
+    v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(v2.CHAINS["v2-1k-emph"], "run_dir", tmp_path / "emph")
+    args = v2.parse_args(["--chain", "v2-1k-emph"])
+    assert args.collect_episodes == 1040 and v2.compared_dir("v2-1k-emph") == (
+        v2.CHAINS["v2-1k"]["run_dir"]
+    )
+    v2.data_dir().mkdir(parents=True)
+    (v2.data_dir() / "dataset.json").write_text('{"rows": 1038}')
+    v2.train("sft", args)
+    (cmd,) = v2.ran
+    assert "data.emphasis.weight=10" in cmd and "optim.lr_decay_steps=256" in cmd
