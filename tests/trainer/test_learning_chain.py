@@ -752,9 +752,8 @@ def test_the_emphasis_chain_weights_the_decision_on_the_1k_demonstrations(
 ) -> None:
     monkeypatch.setitem(v2.CHAINS["v2-1k-emph"], "run_dir", tmp_path / "emph")
     args = v2.parse_args(["--chain", "v2-1k-emph"])
-    assert args.collect_episodes == 1040 and v2.compared_dir("v2-1k-emph") == (
-        v2.CHAINS["v2-1k"]["run_dir"]
-    )
+    assert args.collect_episodes == 1040
+    assert v2.compared_dir("v2-1k-emph") == v2.CHAINS["v2-1k"]["run_dir"]
     v2.data_dir().mkdir(parents=True)
     (v2.data_dir() / "dataset.json").write_text('{"rows": 1038}')
     v2.train("sft", args)
