@@ -3,7 +3,6 @@ loss, and their NLL logged on their own (trainer/sft.py)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,22 +26,16 @@ def returns_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Twelve oracle episodes of the returns twin as a ``twin collect`` dataset; a run store of
     the module's own."""
     root = tmp_path_factory.mktemp("sft-emphasis")
-    old = os.environ.get("TWINRL_STORE")
-    os.environ["TWINRL_STORE"] = str(root / "runs.db")
-    twin = make_twin("returns")
-    result = evaluate(
-        twin, make_policy("oracle", twin), [("train", i) for i in range(12)], progress=False
-    )
-    rows = [trajectory_row(t, twin.tool_schemas, run_id=None) for g in result.groups
-            for t in g.trajectories]  # fmt: skip
-    write_dataset(rows, root / "ds")
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TWINRL_STORE", str(root / "runs.db"))
+        twin = make_twin("returns")
+        result = evaluate(
+            twin, make_policy("oracle", twin), [("train", i) for i in range(12)], progress=False
+        )
+        rows = [trajectory_row(t, twin.tool_schemas, run_id=None) for g in result.groups
+                for t in g.trajectories]  # fmt: skip
+        write_dataset(rows, root / "ds")
         yield root
-    finally:
-        if old is None:
-            os.environ.pop("TWINRL_STORE", None)
-        else:
-            os.environ["TWINRL_STORE"] = old
 
 
 def _trainer(root: Path, out: str, lr: float = 3e-3, **data: Any) -> SFTTrainer:
