@@ -16,6 +16,9 @@ negative log-likelihood over the step's assistant tokens::
 
     loss = - sum(mask * log p(token)) / sum(mask)          # one optimizer step per batch
 
+With ``data.emphasis`` the decision's tokens in each demonstration (:func:`emphasis_span`) weigh
+``w`` and the rest 1: ``- sum(w * mask * log p) / sum(w * mask)``; their NLL is logged on its own.
+
 Every ``eval.every`` steps (and before the first and after the last) the current weights act in
 the twin as an in-process policy (:class:`trainer.hf_policy.HFPolicy`) on cases ``0..eval.cases-1``
 of ``eval.split``: ``eval/reward``, ``eval/parse_rate`` (share of assistant turns holding a call
@@ -62,7 +65,7 @@ if TYPE_CHECKING:
     from trainer.protocols import RunRecord
 
 __all__ = [
-    "SFTEpisode", "SFTTrainer", "emphasis_span", "eval_metrics", "holdout_loss", "parse_rate",
+    "SFTEpisode", "SFTTrainer", "emphasis_span", "eval_metrics", "holdout_scores", "parse_rate",
     "render_row", "sft_step",
 ]  # fmt: skip
 
@@ -322,7 +325,7 @@ def sft_step(
     }
 
 
-def holdout_loss(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, float]:
+def holdout_scores(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[str, float]:
     """Under the current weights (no grad; the learner's micro-batches and shared prompts):
     ``loss``, the mean negative log-likelihood per assistant token of ``episodes``, and, where
     some have an emphasis span (:class:`SFTEpisode`), ``emphasis_nll``, its summed NLL averaged
@@ -589,8 +592,9 @@ class SFTTrainer:
         return epoch_end or step == self.total_steps or bool(every and step % every == 0)
 
     def _holdout_record(self) -> dict[str, float]:
-        """``sft/holdout_loss`` now, the best so far, and early stopping's verdict."""
-        scores = holdout_loss(self.learner, self.held_out)
+        """``sft/holdout_loss`` now, the best so far, early stopping's verdict and, with
+        ``data.emphasis``, ``sft/holdout_emphasis_nll``."""
+        scores = holdout_scores(self.learner, self.held_out)
         loss = scores["loss"]
         if self.best_holdout is None or loss < self.best_holdout:
             self.best_holdout, self.since_best = loss, 0

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from trainer.config import load_recipe
-from trainer.sft import SFTTrainer, holdout_loss, sft_step
+from trainer.sft import SFTTrainer, holdout_scores, sft_step
 from twin.errors import ConfigError
 from twin.evaluation import evaluate
 from twin.evaluation.collect import trajectory_row, write_dataset
@@ -80,7 +80,7 @@ def test_the_weight_counts_the_decisions_tokens_that_many_times(returns_data: Pa
     run = _trainer(returns_data, "weights", lr=1e-12, emphasis=EMPHASIS)
     try:
         episodes = run.episodes[:4]
-        held = holdout_loss(run.learner, episodes)
+        held = holdout_scores(run.learner, episodes)
         plain = sft_step(run.learner, episodes)
         weighted = sft_step(run.learner, episodes, emphasis_weight=5.0)
         assert weighted["losses/nll"] == pytest.approx(plain["losses/nll"], rel=1e-5)
