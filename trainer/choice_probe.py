@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.models import cache_keyword
+from trainer.rows import render_row
 from trainer.scoring import autocast_context
-from trainer.sft import render_row
 from twin.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def candidate_ids(
 ) -> tuple[list[int], dict[str, list[int]]]:
     """The shared prefix's ids and, per candidate, the ids where the candidates differ.
 
-    Each candidate's conversation is rendered whole (:func:`trainer.sft.render_row`, the tokens a
+    Each candidate's conversation is rendered whole (:func:`trainer.rows.render_row`, the tokens a
     model trained on it saw); the prefix is the longest run of ids all of them start with and
     the common suffix (the rest of the call, the end of the turn) is dropped, so each candidate
     keeps exactly the ids its value changed, however the tokenizer merged them with the quotes.
