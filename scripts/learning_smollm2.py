@@ -862,7 +862,7 @@ def probe_results(chain: str) -> dict[str, Any]:
             "offset_cv_accuracy": offset_cv_accuracy(scores),
             "majority_rate": majority,
         }
-        theirs = read_probe(name, CHAINS[other]["run_dir"]) if other else None
+        theirs = read_probe(name, compared_dir(chain)) if other else None
         if theirs is not None:
             right = {r["index"]: r["choice"] == r["truth"] for r in theirs["scores"]}
             diff = np.array(
@@ -1592,7 +1592,7 @@ def chain_differences(chain: str, episodes: dict[str, Any]) -> dict[str, Any]:
     for name in ("sft", "grpo", "grpo-s1", "placebo"):
         if from_base(name):  # the same episodes
             continue
-        theirs = read_episodes(name, CHAINS[other]["run_dir"]) if other else None
+        theirs = read_episodes(name, compared_dir(chain)) if other else None
         if episodes.get(name) and theirs:
             out[f"{name} - {name} of {other}"] = paired(theirs, episodes[name])
     return out
@@ -1645,6 +1645,7 @@ def report_v2(args: argparse.Namespace) -> None:
         models = {n: episodes[n] for n, _ in V2_MODEL_ROWS if n in episodes}
         teacher = teacher_workings(sorted({r["index"] for e in models.values() for r in e}))
         departures = {n: working_departures(e, teacher) for n, e in models.items()}
+    other_dir = compared_dir(args.chain)
     results = {
         "twin": "Catalog-v2",
         "twin_config": TWIN_SETS,
@@ -1670,7 +1671,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "decision_nll": decision_nll(
             [] if from_base("sft") else read_metrics("sft"),
             decision_prior_entropy(),
-            read_metrics("sft", compared_dir(args.chain)) if compared_dir(args.chain) else None,
+            read_metrics("sft", other_dir) if other_dir else None,
         ),
         "rerun": rerun_command(sizes, args.chain),
     }
