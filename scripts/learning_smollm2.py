@@ -1685,11 +1685,22 @@ def chain_timings() -> dict[str, float]:
     """Wall-clock seconds per stage of this chain, after those of the stages its ``base`` ran for
     it (the references' and SFT's evaluations, the demonstrations, SFT)."""
     own = Timings(RUN_DIR / "timings.json").data
+    # a sitting stopped mid-run records no wall-clock, so a run trained over several sittings
+    # takes at least the summed time of its logged steps (set-up and restarts not counted)
+    for stage, folder in (("sft", "sft"), *((s, f) for s, f, _ in V2_GRPO_RUNS)):
+        stepped = steps_seconds(read_metrics(folder))
+        if stepped > own.get(stage, 0.0):
+            own[stage] = round(stepped, 1)
     if BASE_DIR is None:
         return own
     base = Timings(BASE_DIR / "timings.json").data
     shared = {k: v for k, v in base.items() if k in FROM_BASE or from_base(k.removeprefix("eval-"))}
     return {**shared, **own}
+
+
+def steps_seconds(metrics: list[dict[str, Any]]) -> float:
+    """The summed ``perf/step_s`` of a run's logged steps (its training time across sittings)."""
+    return sum(float(r["perf/step_s"]) for r in metrics if "perf/step_s" in r)
 
 
 def rerun_command(sizes: dict[str, Any], chain: str = "v2") -> str:

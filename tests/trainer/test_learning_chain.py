@@ -759,3 +759,19 @@ def test_the_emphasis_chain_weights_the_decision_on_the_1k_demonstrations(
     v2.train("sft", args)
     (cmd,) = v2.ran
     assert "data.emphasis.weight=10" in cmd and "optim.lr_decay_steps=256" in cmd
+
+
+def test_a_run_trained_over_stopped_sittings_reports_its_summed_step_time(v2: Any) -> None:
+    """A sitting stopped mid-run records no wall-clock: the report takes the summed time of the
+    run's logged steps where that is more than what the sittings that finished recorded."""
+    v2.parse_args(["--chain", "v2"])
+    (v2.RUN_DIR / "timings.json").write_text(json.dumps({"collect": 20.0, "sft": 50.0}))
+    (v2.RUN_DIR / "sft").mkdir()
+    steps = [{"step": s, "losses/loss": 0.1, "perf/step_s": 40.0} for s in range(3)]
+    (v2.RUN_DIR / "sft" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    (v2.RUN_DIR / "grpo").mkdir()
+    (v2.RUN_DIR / "grpo" / "metrics.jsonl").write_text(json.dumps({"perf/step_s": 7.5}) + "\n")
+    timings = v2.chain_timings()
+    assert timings == {"collect": 20.0, "sft": 120.0, "grpo": 7.5}
+    (v2.RUN_DIR / "timings.json").write_text(json.dumps({"sft": 500.0}))  # set-up counted too
+    assert v2.chain_timings()["sft"] == 500.0
