@@ -429,6 +429,13 @@ class DataConfig(_Section):
         "many "
         "held-out evaluations in a row (0 = never; needs holdout > 0).",
     )
+    patience_on: Literal["loss", "emphasis_nll"] = Field(
+        "loss",
+        description="The held-out figure early stopping watches (and sft/holdout_best is the best "
+        "of): loss, the mean NLL per assistant token, or emphasis_nll, the decision's NLL "
+        "(needs emphasis). On a decision task the mean is mostly call format, learned long "
+        "before the decision is.",
+    )
     emphasis: EmphasisConfig | None = Field(
         None,
         description="Weight one decision's tokens in the loss and log their NLL on their own "
@@ -599,6 +606,11 @@ class Recipe(_Section):
         if self.data.patience and not self.data.holdout:
             raise ValueError(
                 "data.patience needs data.holdout > 0: early stopping watches the held-out loss"
+            )
+        if self.data.patience_on == "emphasis_nll" and self.data.emphasis is None:
+            raise ValueError(
+                "data.patience_on: emphasis_nll needs data.emphasis: it names the decision whose "
+                "held-out NLL early stopping watches (or set patience_on: loss)"
             )
         return self
 

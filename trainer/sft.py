@@ -309,7 +309,8 @@ class SFTTrainer:
         self.episodes: list[EpisodeTokens] = []
         self.held_out: list[EpisodeTokens] = []
         self.dropped: dict[str, int] = {}
-        #: Early stopping's state: the best held-out loss, evaluations since it, stopped or not.
+        #: Early stopping's state: the best watched held-out figure (data.patience_on), evaluations
+        #: since it, stopped or not.
         self.best_holdout: float | None = None
         self.since_best = 0
         self.stopped_early = False
@@ -465,9 +466,16 @@ class SFTTrainer:
         idx = list(range(len(episodes)))
         random.Random(stable_seed("sft-holdout", self.cfg.seed)).shuffle(idx)
         held = set(idx[:n])
-        return [e for i, e in enumerate(episodes) if i not in held], [
-            episodes[i] for i in sorted(held)
-        ]
+        kept = [episodes[i] for i in sorted(held)]
+        if self.cfg.data.patience_on == "emphasis_nll" and all(
+            getattr(e, "emphasis", None) is None for e in kept
+        ):
+            raise ConfigError(
+                f"data.patience_on: emphasis_nll, but none of the {n} held-out demonstrations "
+                "has the emphasised decision, so there is nothing to watch; raise data.holdout "
+                "or set patience_on: loss"
+            )
+        return [e for i, e in enumerate(episodes) if i not in held], kept
 
     def _setup_store(self) -> None:
         self.store, self.run_id = open_training_run(
@@ -522,17 +530,18 @@ class SFTTrainer:
         return epoch_end or step == self.total_steps or bool(every and step % every == 0)
 
     def _holdout_record(self) -> dict[str, float]:
-        """``sft/holdout_loss`` now, the best so far, early stopping's verdict and, with
-        ``data.emphasis``, ``sft/holdout_emphasis_nll``."""
+        """``sft/holdout_loss`` now, the best so far of the figure early stopping watches
+        (``data.patience_on``), its verdict and, with ``data.emphasis``,
+        ``sft/holdout_emphasis_nll``."""
         scores = holdout_scores(self.learner, self.held_out)
-        loss = scores["loss"]
-        if self.best_holdout is None or loss < self.best_holdout:
-            self.best_holdout, self.since_best = loss, 0
+        watched = scores[self.cfg.data.patience_on]
+        if self.best_holdout is None or watched < self.best_holdout:
+            self.best_holdout, self.since_best = watched, 0
         else:
             self.since_best += 1
         patience = self.cfg.data.patience
         self.stopped_early = bool(patience) and self.since_best >= patience
-        record = {"sft/holdout_loss": loss, "sft/holdout_best": float(self.best_holdout),
+        record = {"sft/holdout_loss": scores["loss"], "sft/holdout_best": float(self.best_holdout),
                   "sft/stopped_early": float(self.stopped_early)}  # fmt: skip
         if "emphasis_nll" in scores:
             record["sft/holdout_emphasis_nll"] = scores["emphasis_nll"]

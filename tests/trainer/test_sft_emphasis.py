@@ -133,3 +133,30 @@ def test_an_emphasis_no_demonstration_has_is_refused_with_what_to_check(
                 "data": {"paths": ["x"], "emphasis": {**EMPHASIS, "values": ["refund"]}},
             }
         )
+
+
+@pytest.mark.parametrize("watched", ["loss", "emphasis_nll"])
+def test_early_stopping_watches_the_figure_patience_on_names(
+    returns_data: Path, monkeypatch: pytest.MonkeyPatch, watched: str
+) -> None:
+    """The held-out loss keeps falling while the decision's NLL rises after the first
+    evaluation: watching the decision stops the run after ``patience`` evaluations, watching the
+    loss does not; sft/holdout_best is the best of the watched figure."""
+    scripted = iter([{"loss": 2.0 - 0.1 * k, "emphasis_nll": 1.0 + 0.1 * k} for k in range(9)])
+    monkeypatch.setattr("trainer.sft.holdout_scores", lambda learner, episodes: next(scripted))
+    data = {"holdout": 4, "holdout_every": 1, "patience": 2, "epochs": 3, "emphasis": EMPHASIS}
+    run = _trainer(returns_data, f"patience-{watched}", patience_on=watched, **data)
+    try:
+        history = run.train()
+    finally:
+        run.cleanup()
+    best = [r["sft/holdout_best"] for r in history if "sft/holdout_best" in r]
+    if watched == "emphasis_nll":
+        assert run.stopped_early and run.step == 3 and best == [1.0, 1.0, 1.0]
+    else:
+        assert not run.stopped_early and run.step == 6 and best[-1] == pytest.approx(1.5)
+
+
+def test_watching_the_decision_needs_an_emphasis(returns_data: Path) -> None:
+    with pytest.raises(ConfigError, match="patience_on: emphasis_nll needs data.emphasis"):
+        _trainer(returns_data, "no-emphasis", holdout=4, patience=2, patience_on="emphasis_nll")
