@@ -77,13 +77,15 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "auto", description="Weights dtype; 'auto' = float32 on CPU, bfloat16 on GPU."
     )
-    autocast: Literal["bfloat16", "float16"] | None = Field(
+    autocast: Literal["bfloat16", "float16", "auto"] | None = Field(
         None,
         description="Run the learner's forward and backward (and SFT's held-out evaluation; `hf:` "
         "policies take autocast=bfloat16) under torch.autocast to this dtype while the weights "
         "stay in `dtype` (float32 weights + bfloat16 autocast = mixed precision with fp32 master "
-        "weights). bfloat16 is 1.5-4x faster on CPUs with AMX and on GPUs; null = compute in "
-        "`dtype`.",
+        "weights). bfloat16 is 1.5-4x faster on CPUs with AMX and on GPUs, and several times "
+        "slower than float32 on CPUs that only emulate it; auto = bfloat16 where the device "
+        "computes it natively (a GPU that supports it, a CPU with AMX-BF16, AVX512-BF16 or Arm "
+        "BF16), else none; null = compute in `dtype`.",
     )
     chat_template: str | None = Field(
         None,

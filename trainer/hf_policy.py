@@ -21,7 +21,8 @@ is under 100 tokens), ``dtype`` (auto),
 prompt; 0 = prefill the whole conversation every turn), ``autocast`` (``bfloat16``: run the
 model under ``torch.autocast``; its linear layers' weights are stored in that dtype once, which
 gives the same samples without autocast's copy of every weight on every decoded token; 1.5-2x
-faster on a CPU with AMX, see docs/benchmarks.md), ``threads`` (torch CPU threads; default
+faster on a CPU with AMX, see docs/benchmarks.md; ``auto``: bfloat16 where the device computes it
+natively, else none), ``threads`` (torch CPU threads; default
 ``OMP_NUM_THREADS``, else the cores the machine's load leaves idle:
 :func:`trainer.threads.default_cpu_threads`). Everything loads offline.
 ``temperature=0`` samples greedily.
@@ -241,6 +242,7 @@ class HFPolicy:
         template_kwargs: dict[str, Any] | None = None,
         autocast: str | None = None,
     ) -> None:
+        from trainer.models import resolve_autocast
         from trainer.samplers import HFSampler
 
         if temperature < 0:
@@ -255,7 +257,7 @@ class HFPolicy:
         self.max_batch = max_batch
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs or {})
-        self.autocast = autocast or None
+        self.autocast = resolve_autocast(autocast, next(model.parameters()).device)
         self.sampler = HFSampler(
             model,
             tokenizer,

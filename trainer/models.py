@@ -72,6 +72,34 @@ def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str] | None:
     return sorted(flags & set(NATIVE_BF16_FLAGS))
 
 
+def resolve_autocast(dtype: str | None, device: torch.device | str) -> str | None:
+    """The autocast dtype ``model.autocast`` (or an ``hf:`` policy's ``autocast=``) means on
+    ``device``: ``auto`` is bfloat16 where the device computes it natively (a CUDA GPU that
+    supports it, a CPU reporting one of :data:`NATIVE_BF16_FLAGS`) and None, compute in the
+    weights' dtype, elsewhere (a CPU whose flags cannot be read included: emulated bfloat16 is
+    several times slower than float32, a missed speed-up only a little); other values as given.
+    """
+    if dtype != "auto":
+        return dtype or None
+    kind = torch.device(device).type
+    if kind == "cuda":
+        native = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    else:
+        native = kind == "cpu" and bool(cpu_bf16_flags())
+    chosen = "bfloat16" if native else None
+    _say_auto_autocast(kind, chosen)
+    return chosen
+
+
+@functools.cache
+def _say_auto_autocast(kind: str, chosen: str | None) -> None:
+    """Log, once per process and device type, what ``autocast: auto`` chose."""
+    if chosen:
+        log.info("autocast auto on %s: bfloat16 (computed natively there)", kind)
+    else:
+        log.info("autocast auto on %s: none, the weights' dtype (no native bfloat16)", kind)
+
+
 @functools.cache
 def warn_emulated_bf16() -> bool:
     """Warn, once per process, that bfloat16 compute on this CPU is emulated; True if it warned.

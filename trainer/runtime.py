@@ -237,9 +237,10 @@ def build_learner(cfg: Recipe, model_path: str, *, temperature: float) -> tuple[
     Returns:
         ``(learner, tokenizer)``.
     """
-    from trainer.models import load_model
+    from trainer.models import load_model, resolve_autocast
 
     model, tokenizer = load_model(model_path, cfg.model.dtype, device=cfg.devices.learner)
+    autocast = resolve_autocast(cfg.model.autocast, cfg.devices.learner)
     if cfg.lora.enabled:
         model = build_lora_model(
             model,
@@ -248,18 +249,18 @@ def build_learner(cfg: Recipe, model_path: str, *, temperature: float) -> tuple[
             lora_dropout=cfg.lora.dropout,
             target_modules=cfg.lora.target_modules,
         )
-        if cfg.model.autocast:
+        if autocast:
             from trainer.hf_policy import cast_linear_weights
 
             # The frozen base layers run on weights rounded to the autocast dtype anyway: rounded
             # once here, no forward pass (a sampled token, above all) copies them again.
-            cast_linear_weights(model, cfg.model.autocast, frozen_only=True)
+            cast_linear_weights(model, autocast, frozen_only=True)
     else:
         for p in model.parameters():
             p.requires_grad_(True)
     learner = Learner(
         model, algorithm=cfg.algorithm, optim=cfg.optim, temperature=temperature,
-        max_tokens=cfg.sampler.max_episode_tokens, autocast=cfg.model.autocast,
+        max_tokens=cfg.sampler.max_episode_tokens, autocast=autocast,
     )  # fmt: skip
     return learner, tokenizer
 

@@ -238,12 +238,14 @@ class HFSampler:
         cache_bytes: int = 4 << 30,
         autocast: str | None = None,
     ) -> None:
+        from trainer.models import resolve_autocast
         from trainer.scoring import autocast_context
         from trainer.serving.engine import Engine, PrefixStore
 
         self.model = model
+        autocast = resolve_autocast(autocast, self.device)
         autocast_context(autocast, self.device)  # a bad dtype fails here
-        self.autocast = autocast or None
+        self.autocast = autocast
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.store: PrefixStore | None = PrefixStore(cache_bytes) if prefix_cache else None

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trainer.logits import DEFAULT_CHUNK, chunked_logprobs
-from trainer.models import cache_keyword, warn_emulated_bf16
+from trainer.models import cache_keyword, resolve_autocast, warn_emulated_bf16
 from twin.errors import ConfigError
 
 __all__ = [
@@ -116,8 +116,9 @@ class BatchScorer:
             activations (forward passes with grad only).
         logit_chunk: Positions whose vocabulary logits exist at once
             (:func:`trainer.logits.chunked_logprobs`).
-        autocast: Run forward passes under ``torch.autocast`` to this dtype (``"bfloat16"``);
-            the weights, their gradients and the log-softmax stay in the weights' dtype / fp32.
+        autocast: Run forward passes under ``torch.autocast`` to this dtype (``"bfloat16"``;
+            ``"auto"``: :func:`trainer.models.resolve_autocast` on the model's device); the
+            weights, their gradients and the log-softmax stay in the weights' dtype / fp32.
     """
 
     def __init__(
@@ -133,7 +134,7 @@ class BatchScorer:
     ) -> None:
         self.model = model
         self.logit_chunk = int(logit_chunk)
-        self.autocast = autocast
+        self.autocast = resolve_autocast(autocast, next(model.parameters()).device)
         self.temperature = float(temperature)
         self.micro_batch_tokens = int(micro_batch_tokens)
         self.shared_prefix = bool(shared_prefix)
@@ -624,11 +625,12 @@ def autocast_context(
     Raises:
         ConfigError: a dtype autocast does not support on that device type.
     """
+    dtype = resolve_autocast(dtype, device)
     if not dtype:
         return contextlib.nullcontext()
     kind = torch.device(device).type
     if dtype not in ("bfloat16", "float16"):
-        raise ConfigError(f"model.autocast {dtype!r}: expected bfloat16, float16 or null")
+        raise ConfigError(f"model.autocast {dtype!r}: expected bfloat16, float16, auto or null")
     if kind == "cpu" and dtype == "float16":
         raise ConfigError("model.autocast float16 is GPU only; on CPU use bfloat16")
     if kind == "cpu":

@@ -76,3 +76,34 @@ def test_hf_policy_samples_under_autocast() -> None:
     assert next(model.parameters()).dtype == torch.float32
     with pytest.raises(Exception, match="autocast"):
         HFPolicy(model, tok, autocast="float8")
+
+
+@pytest.mark.parametrize(
+    ("flags", "chosen"), [(["amx_bf16"], "bfloat16"), ([], None), (None, None)]
+)
+def test_auto_autocast_is_bf16_only_where_the_cpu_computes_it_natively(
+    monkeypatch: pytest.MonkeyPatch, flags: list[str] | None, chosen: str | None
+) -> None:
+    """``autocast: auto`` reaches the learner, the recipe's learner and an ``hf:`` policy as
+    bfloat16 on a CPU with bfloat16 instructions and as none where torch would emulate it (or
+    where the flags cannot be read); explicit values are kept whatever the CPU."""
+    from trainer.config import load_recipe
+    from trainer.hf_policy import HFPolicy
+    from trainer.models import resolve_autocast
+    from trainer.runtime import build_learner
+
+    monkeypatch.setattr("trainer.models.cpu_bf16_flags", lambda cpuinfo=None: flags)
+    assert resolve_autocast("auto", "cpu") == chosen
+    assert resolve_autocast("bfloat16", "cpu") == "bfloat16"
+    assert resolve_autocast(None, "cpu") is None
+    assert _learner("auto").scorer.autocast == chosen
+    recipe = load_recipe(
+        {"twin": {"name": "Toy"}, "model": {"path": "tiny", "dtype": "float32", "autocast": "auto"}}
+    )
+    learner, _ = build_learner(recipe, "tiny", temperature=1.0)
+    assert learner.scorer.autocast == chosen
+    frozen = {m.weight.dtype for m in learner.model.modules()
+              if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad}  # fmt: skip
+    assert frozen == {torch.bfloat16 if chosen else torch.float32}  # rounded once where bf16
+    policy = HFPolicy.from_spec("hf:tiny,autocast=auto,temperature=0")
+    assert policy.autocast == chosen and policy.sampler.autocast == chosen
