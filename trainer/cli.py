@@ -186,6 +186,14 @@ def _describe(cfg: Recipe) -> str:
     return f"twin {cfg.twin.name}, model {cfg.model.path}, {per_step} -> {cfg.train.output_dir}"
 
 
+def _sft_extras(record: dict[str, Any]) -> str:
+    """An SFT step line's optional figures, where the step has them: the decision's NLL
+    (``data.emphasis``) and the held-out scores."""
+    keys = (("sft/emphasis_nll", "decision"), ("sft/holdout_loss", "held-out"),
+            ("sft/holdout_emphasis_nll", "held-out decision"))  # fmt: skip
+    return "".join(f"{label} {_fmt(record, key)}  " for key, label in keys if key in record)
+
+
 def _step_printer(
     progress: Progress, task: Any, first: dict[str, Any], *, sft: bool
 ) -> Callable[[dict[str, Any]], None]:
@@ -204,6 +212,7 @@ def _step_printer(
         # A line per step too, so the curve survives in logs that drop the live display.
         middle = (
             f"loss {_fmt(record, 'losses/loss')}  parse {_fmt(record, 'eval/parse_rate', '.2f')}  "
+            + _sft_extras(record)
             if sft
             else f"kl {_fmt(record, 'losses/kl', '.4f')}  clip {_fmt(record, 'losses/clipfrac')}  "
         )

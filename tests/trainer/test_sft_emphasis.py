@@ -160,3 +160,22 @@ def test_early_stopping_watches_the_figure_patience_on_names(
 def test_watching_the_decision_needs_an_emphasis(returns_data: Path) -> None:
     with pytest.raises(ConfigError, match="patience_on: emphasis_nll needs data.emphasis"):
         _trainer(returns_data, "no-emphasis", holdout=4, patience=2, patience_on="emphasis_nll")
+
+
+def test_an_sft_step_line_shows_the_decisions_nll_where_the_step_has_it() -> None:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from trainer.cli import _step_printer
+
+    console = Console(record=True, width=200)
+    with Progress(console=console, disable=True) as progress:
+        on_step = _step_printer(progress, progress.add_task("sft", total=3), {}, sft=True)
+        on_step({"step": 0, "losses/loss": 0.5, "sft/emphasis_nll": 1.2345})
+        on_step({"step": 1, "losses/loss": 0.4, "sft/holdout_loss": 0.25,
+                 "sft/holdout_emphasis_nll": 0.75})  # fmt: skip
+        on_step({"step": 2, "losses/loss": 0.3})
+    first, second, third = console.export_text().splitlines()
+    assert "decision 1.234" in first and "held-out" not in first
+    assert "held-out 0.250" in second and "held-out decision 0.750" in second
+    assert "decision" not in third
