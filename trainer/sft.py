@@ -466,16 +466,16 @@ class SFTTrainer:
         idx = list(range(len(episodes)))
         random.Random(stable_seed("sft-holdout", self.cfg.seed)).shuffle(idx)
         held = set(idx[:n])
-        kept = [episodes[i] for i in sorted(held)]
+        held_out = [episodes[i] for i in sorted(held)]
         if self.cfg.data.patience_on == "emphasis_nll" and all(
-            getattr(e, "emphasis", None) is None for e in kept
+            getattr(e, "emphasis", None) is None for e in held_out
         ):
             raise ConfigError(
                 f"data.patience_on: emphasis_nll, but none of the {n} held-out demonstrations "
                 "has the emphasised decision, so there is nothing to watch; raise data.holdout "
                 "or set patience_on: loss"
             )
-        return [e for i, e in enumerate(episodes) if i not in held], kept
+        return [e for i, e in enumerate(episodes) if i not in held], held_out
 
     def _setup_store(self) -> None:
         self.store, self.run_id = open_training_run(
