@@ -1646,6 +1646,7 @@ def report_v2(args: argparse.Namespace) -> None:
         teacher = teacher_workings(sorted({r["index"] for e in models.values() for r in e}))
         departures = {n: working_departures(e, teacher) for n, e in models.items()}
     other_dir = compared_dir(args.chain)
+    counts = decision_counts()
     results = {
         "twin": "Catalog-v2",
         "twin_config": TWIN_SETS,
@@ -1670,8 +1671,9 @@ def report_v2(args: argparse.Namespace) -> None:
         "compute_precision": read_precision(),
         "decision_nll": decision_nll(
             [] if from_base("sft") else read_metrics("sft"),
-            decision_prior_entropy(),
+            decision_prior_entropy(counts),
             read_metrics("sft", other_dir) if other_dir else None,
+            counts,
         ),
         "rerun": rerun_command(sizes, args.chain),
     }
@@ -1766,9 +1768,8 @@ def plot_v2_curves() -> list[str]:
 DECISION_BLOCK = 32
 
 
-def decision_prior_entropy() -> float | None:
-    """Entropy (nats) of the teacher's decisions over the chain's demonstrations: the NLL per
-    demonstration of a model that knows only how often each decision is right (None: the
+def decision_counts() -> Counter[str] | None:
+    """How often the teacher took each decision over the chain's demonstrations (None: the
     dataset is not in this checkout; ``collect`` remakes it)."""
     from trainer.choice_probe import truth_of
     from twin.evaluation.collect import read_dataset
@@ -1776,9 +1777,31 @@ def decision_prior_entropy() -> float | None:
     if not (data_dir() / "dataset.json").exists():
         return None
     rows = read_dataset(data_dir(), min_reward=float(TEACHER["min_reward"]))
-    counts = Counter(truth_of(r["messages"], "submit", "decision") for r in rows)
+    return Counter(truth_of(r["messages"], "submit", "decision") for r in rows)
+
+
+def decision_prior_entropy(counts: Counter[str] | None = None) -> float | None:
+    """Entropy (nats) of the teacher's decisions (``counts``, default :func:`decision_counts`):
+    the NLL per demonstration of a model that knows only how often each decision is right."""
+    counts = counts if counts is not None else decision_counts()
+    if not counts:
+        return None
     n = sum(counts.values())
     return -sum(c / n * math.log(c / n) for c in counts.values())
+
+
+def _by_decision(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Steps' per-value decision NLLs (``sft/emphasis_nll/<value>`` with their counts) pooled
+    over ``rows``: per value, the mean NLL over its demonstrations and how many there were."""
+    sums: dict[str, list[float]] = {}
+    for r in rows:
+        for key, n in r.items():
+            if key.startswith("sft/emphasis_nll_count/"):
+                value = key.rsplit("/", 1)[1]
+                acc = sums.setdefault(value, [0.0, 0.0])
+                acc[0] += r[f"sft/emphasis_nll/{value}"] * n
+                acc[1] += n
+    return {v: {"nll": total / n, "n": n} for v, (total, n) in sorted(sums.items()) if n}
 
 
 def _first_epoch_decisions(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
@@ -1795,7 +1818,10 @@ def _mean_ci(values: list[float]) -> dict[str, Any]:
 
 
 def decision_nll(
-    rows: list[dict[str, Any]], prior: float | None, other: list[dict[str, Any]] | None = None
+    rows: list[dict[str, Any]],
+    prior: float | None,
+    other: list[dict[str, Any]] | None = None,
+    counts: Counter[str] | None = None,
 ) -> dict[str, Any]:
     """SFT's NLL of the right decision (``sft/emphasis_nll``, ``data.emphasis``) in blocks of
     :data:`DECISION_BLOCK` first-epoch steps, each with a normal 95% interval over its steps.
@@ -1804,21 +1830,31 @@ def decision_nll(
     says how well the model chooses on demonstrations it has not seen; ``prior`` is what knowing
     only the decisions' frequencies scores (:func:`decision_prior_entropy`). ``other``: the
     metrics of the compared chain's SFT on the same demonstrations in the same order; each block
-    then also holds this run's minus that one's, paired by step (``minus_compared``).
+    then also holds this run's minus that one's, paired by step (``minus_compared``). Where the
+    run logged the NLL per decision value, each block holds it pooled (``by_decision``), and
+    ``counts`` (the teacher's decisions, :func:`decision_counts`) gives each value's NLL under
+    the frequencies alone (``prior_by_decision``: minus the log of its share).
     """
     first = _first_epoch_decisions(rows)
     theirs = dict(_first_epoch_decisions(other or []))
+    by_step = {r["step"]: r for r in rows}
     blocks = []
     for k in range(0, len(first), DECISION_BLOCK):
         part = first[k : k + DECISION_BLOCK]
         block = {"steps": [part[0][0], part[-1][0]], **_mean_ci([v for _, v in part])}
+        by_decision = _by_decision([by_step[step] for step, _ in part])
+        if by_decision:
+            block["by_decision"] = by_decision
         diffs = [v - theirs[s] for s, v in part if s in theirs]
         if diffs:
             block["minus_compared"] = {**_mean_ci(diffs), "steps": len(diffs)}
         blocks.append(block)
     held = [(r["step"], r["sft/holdout_emphasis_nll"]) for r in rows
             if "sft/holdout_emphasis_nll" in r]  # fmt: skip
-    return {"prior_entropy": prior, "first_epoch_blocks": blocks, "held_out": held}
+    total = sum(counts.values()) if counts else 0
+    prior_by = {v: -math.log(c / total) for v, c in sorted(counts.items())} if total else {}
+    return {"prior_entropy": prior, "prior_by_decision": prior_by, "first_epoch_blocks": blocks,
+            "held_out": held}  # fmt: skip
 
 
 def plot_decision_curve(summary: dict[str, Any]) -> list[str]:
@@ -1887,7 +1923,34 @@ def decision_lines(summary: dict[str, Any]) -> list[str]:
             f"{b['ci95'][1]:.3f}] | {paired} |"
         )
     held = ", ".join(f"after {s + 1} steps {v:.3f}" for s, v in summary.get("held_out", []))
-    return lines + (["", f"On the held-out demonstrations: {held}."] if held else [])
+    lines += ["", f"On the held-out demonstrations: {held}."] if held else []
+    return lines + by_decision_lines(summary)
+
+
+def by_decision_lines(summary: dict[str, Any]) -> list[str]:
+    """The report's table of the decision NLL per true decision and block (where the run logged
+    it), under the NLL each value has when only the frequencies are known."""
+    blocks = [b for b in summary.get("first_epoch_blocks", []) if b.get("by_decision")]
+    if not blocks:
+        return []
+    prior = summary.get("prior_by_decision") or {}
+    values = sorted({v for b in blocks for v in b["by_decision"]} | set(prior))
+    lines = [
+        "",
+        "The same by the teacher's decision (mean NLL over the block's demonstrations with that "
+        "decision, their number in brackets):",
+        "",
+        "| steps | " + " | ".join(values) + " |",
+        "| --- |" + " --- |" * len(values),
+    ]
+    if prior:
+        cells = [f"{prior[v]:.3f}" if v in prior else "" for v in values]
+        lines.append("| frequencies only | " + " | ".join(cells) + " |")
+    for b in blocks:
+        got = b["by_decision"]
+        cells = [f"{got[v]['nll']:.3f} ({got[v]['n']:.0f})" if v in got else "" for v in values]
+        lines.append(f"| {b['steps'][0]}-{b['steps'][1]} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def grpo_temperature() -> float:

@@ -125,9 +125,11 @@ class SFTEpisode(EpisodeTokens):
     Attributes:
         emphasis: ``(start, end)`` of the decision value's ids in ``input_ids`` (end exclusive);
             None where the demonstration has no such decision or no emphasis is set.
+        decision: The value those ids spell (one of ``data.emphasis.values``), or None.
     """
 
     emphasis: tuple[int, int] | None = None
+    decision: str | None = None
 
 
 def emphasis_span(
@@ -176,6 +178,20 @@ def _span_nll(logp: torch.Tensor, span: tuple[int, int]) -> float:
     return -float(logp[span[0] - 1 : span[1] - 1].float().sum())
 
 
+def _decision_scores(scored: list[tuple[str | None, float]], prefix: str) -> dict[str, float]:
+    """From ``(decision, its NLL)`` per emphasised episode: ``<prefix>`` (the mean NLL) and, per
+    decision value, ``<prefix>/<value>`` (its mean) and ``<prefix>_count/<value>`` (its
+    episodes), so a report can pool steps by value; nothing without episodes."""
+    if not scored:
+        return {}
+    out = {prefix: sum(v for _, v in scored) / len(scored)}
+    for value in sorted({d for d, _ in scored if d is not None}):
+        mine = [v for d, v in scored if d == value]
+        out[f"{prefix}/{value}"] = sum(mine) / len(mine)
+        out[f"{prefix}_count/{value}"] = float(len(mine))
+    return out
+
+
 def sft_step(
     learner: Learner, episodes: Sequence[EpisodeTokens], *, emphasis_weight: float = 1.0
 ) -> dict[str, float]:
@@ -189,7 +205,9 @@ def sft_step(
     Returns:
         ``losses/loss`` (the loss minimised: ``losses/nll`` unless an emphasis weight is set),
         ``losses/nll`` (per assistant token), ``sft/emphasis_nll`` (where some episodes have an
-        emphasis span: the decision's summed NLL per such episode), ``sft/token_confident``
+        emphasis span: the decision's summed NLL per such episode; per decision value too,
+        ``sft/emphasis_nll/<value>`` with ``sft/emphasis_nll_count/<value>``),
+        ``sft/token_confident``
         (share of assistant tokens the model gives a probability above 0.5),
         ``policy/entropy``, ``policy/grad_norm``, ``optim/lr``, ``optim/skipped_nonfinite``,
         ``sft/tokens``, ``perf/learner_s``, ``perf/learner_tokens_per_s``.
@@ -219,7 +237,8 @@ def sft_step(
         )
     learner.model.train()
     learner.optimizer.zero_grad(set_to_none=True)
-    loss_sum = nll = confident = entropy = decision = 0.0
+    loss_sum = nll = confident = entropy = 0.0
+    decisions: list[tuple[str | None, float]] = []
     for scored in learner.score(batch, range(len(batch))):
         mask = scored.mask
         weighted_mask = mask if scored.weights is None else mask * scored.weights
@@ -232,15 +251,15 @@ def sft_step(
             entropy += float((scored.entropy.detach() * mask).sum())
         for r, i in enumerate(scored.rows or ()):
             if spans[i] is not None:
-                decision += _span_nll(scored.logprobs.detach()[r], spans[i])
+                nll_i = _span_nll(scored.logprobs.detach()[r], spans[i])
+                decisions.append((getattr(episodes[i], "decision", None), nll_i))
     norm, applied = learner.apply_gradients(loss_sum)
     learner.model.eval()
     elapsed = time.perf_counter() - started
-    emphasised = sum(span is not None for span in spans)
     return {
         "losses/loss": loss_sum,
         "losses/nll": nll,
-        **({"sft/emphasis_nll": decision / emphasised} if emphasised else {}),
+        **_decision_scores(decisions, "sft/emphasis_nll"),
         "sft/token_confident": confident / tokens,
         "sft/tokens": float(tokens),
         "sft/episodes": float(len(batch)),
@@ -259,26 +278,28 @@ def holdout_scores(learner: Learner, episodes: Sequence[EpisodeTokens]) -> dict[
     """Under the current weights (no grad; the learner's micro-batches and shared prompts):
     ``loss``, the mean negative log-likelihood per assistant token of ``episodes``, and, where
     some have an emphasis span (:class:`SFTEpisode`), ``emphasis_nll``, its summed NLL averaged
-    over those episodes (minus the log-probability of the right decision)."""
+    over those episodes (minus the log-probability of the right decision), and the same per
+    decision value (``emphasis_nll/<value>``, ``emphasis_nll_count/<value>``)."""
     batch = TrainBatch(
         [list(e.input_ids) for e in episodes], [list(e.loss_mask) for e in episodes],
         [[0.0] * len(e.input_ids) for e in episodes], [0.0] * len(episodes),
     )  # fmt: skip
     logp = learner.scorer.frozen_logprobs(batch, reference=False)
-    total = tokens = decision = 0.0
-    emphasised = 0
+    total = tokens = 0.0
+    decisions: list[tuple[str | None, float]] = []
     for i, mask in enumerate(batch.loss_mask):
         m = torch.tensor(mask[1:], dtype=torch.float32)
         total -= float((logp[i].float().cpu() * m).sum())
         tokens += float(m.sum())
         span = getattr(episodes[i], "emphasis", None)
         if span is not None:
-            decision += _span_nll(logp[i].cpu(), span)
-            emphasised += 1
-    out = {"loss": total / tokens if tokens else 0.0}
-    if emphasised:
-        out["emphasis_nll"] = decision / emphasised
-    return out
+            decisions.append(
+                (getattr(episodes[i], "decision", None), _span_nll(logp[i].cpu(), span))
+            )
+    return {
+        "loss": total / tokens if tokens else 0.0,
+        **_decision_scores(decisions, "emphasis_nll"),
+    }
 
 
 class SFTTrainer:
@@ -430,10 +451,14 @@ class SFTTrainer:
         emphasis = self.cfg.data.emphasis
         if emphasis is None:
             return episode
+        from trainer.choice_probe import truth_of
+
         span = emphasis_span(renderer, messages, emphasis, episode.input_ids)
+        # a span exists only where the call and its value do, so truth_of finds them
+        decision = truth_of(messages, emphasis.tool, emphasis.argument) if span else None
         return SFTEpisode(
             list(episode.input_ids), list(episode.loss_mask), list(episode.sampler_logprobs),
-            list(episode.turn_spans), episode.prompt_len, emphasis=span,
+            list(episode.turn_spans), episode.prompt_len, emphasis=span, decision=decision,
         )  # fmt: skip
 
     def _check_emphasis(self, episodes: list[EpisodeTokens]) -> None:
@@ -532,7 +557,7 @@ class SFTTrainer:
     def _holdout_record(self) -> dict[str, float]:
         """``sft/holdout_loss`` now, the best so far of the figure early stopping watches
         (``data.patience_on``), its verdict and, with ``data.emphasis``,
-        ``sft/holdout_emphasis_nll``."""
+        ``sft/holdout_emphasis_nll`` (and per decision value, as :func:`holdout_scores`)."""
         scores = holdout_scores(self.learner, self.held_out)
         watched = scores[self.cfg.data.patience_on]
         if self.best_holdout is None or watched < self.best_holdout:
@@ -543,8 +568,7 @@ class SFTTrainer:
         self.stopped_early = bool(patience) and self.since_best >= patience
         record = {"sft/holdout_loss": scores["loss"], "sft/holdout_best": float(self.best_holdout),
                   "sft/stopped_early": float(self.stopped_early)}  # fmt: skip
-        if "emphasis_nll" in scores:
-            record["sft/holdout_emphasis_nll"] = scores["emphasis_nll"]
+        record.update({f"sft/holdout_{k}": v for k, v in scores.items() if k != "loss"})
         return record
 
     def _due(self, step: int) -> bool:

@@ -775,3 +775,37 @@ def test_a_run_trained_over_stopped_sittings_reports_its_summed_step_time(v2: An
     assert timings == {"collect": 20.0, "sft": 120.0, "grpo": 7.5}
     (v2.RUN_DIR / "timings.json").write_text(json.dumps({"sft": 500.0}))  # set-up counted too
     assert v2.chain_timings()["sft"] == 500.0
+
+
+def test_the_decisions_nll_is_pooled_per_true_decision_against_each_ones_frequency(
+    v2: Any,
+) -> None:
+    """Steps that logged the decision NLL per value are pooled per block by demonstrations, and
+    each value is set against minus the log of its share of the teacher's decisions."""
+    import math
+    from collections import Counter
+
+    metrics = []
+    for s in range(40):  # every step: one "ok" demonstration at 0.5, three "escalate" at 2.0
+        metrics.append({
+            "step": s, "sft/epoch": s / 40, "sft/emphasis_nll": (0.5 + 3 * 2.0) / 4,
+            "sft/emphasis_nll/ok": 0.5, "sft/emphasis_nll_count/ok": 1.0,
+            "sft/emphasis_nll/escalate": 2.0, "sft/emphasis_nll_count/escalate": 3.0,
+        })  # fmt: skip
+    metrics[5].update({"sft/emphasis_nll/ok": 1.5, "sft/emphasis_nll_count/ok": 3.0})
+    counts = Counter({"ok": 3, "escalate": 1})
+    summary = v2.decision_nll(metrics, v2.decision_prior_entropy(counts), counts=counts)
+    first, second = summary["first_epoch_blocks"]
+    ok = first["by_decision"]["ok"]
+    assert ok["n"] == 34 and ok["nll"] == pytest.approx((31 * 0.5 + 3 * 1.5) / 34)
+    assert second["by_decision"]["escalate"] == {"nll": 2.0, "n": 24}
+    assert summary["prior_by_decision"] == pytest.approx(
+        {"escalate": math.log(4), "ok": -math.log(0.75)}
+    )
+    lines = v2.decision_lines(summary)
+    header = lines.index("| steps | escalate | ok |")
+    assert lines[header + 2] == "| frequencies only | 1.386 | 0.288 |"
+    assert lines[header + 3] == f"| 0-31 | 2.000 (96) | {ok['nll']:.3f} (34) |"
+    plain = v2.decision_nll([{"step": 0, "sft/emphasis_nll": 1.0}], None)  # no per-value keys
+    assert "by_decision" not in plain["first_epoch_blocks"][0]
+    assert v2.by_decision_lines(plain) == []

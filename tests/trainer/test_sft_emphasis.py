@@ -68,7 +68,7 @@ def test_each_demonstrations_span_is_its_decisions_tokens(returns_data: Path) ->
             assert 0 < start < end <= len(episode.input_ids)
             assert all(episode.loss_mask[start:end])  # the model's own tokens
             text = run.tokenizer.decode(episode.input_ids[start - 2 : end + 2])
-            assert sum(v in text for v in DECISIONS) == 1
+            assert [v for v in DECISIONS if v in text] == [episode.decision]
     finally:
         run.cleanup()
 
@@ -114,6 +114,14 @@ def test_a_run_logs_the_decisions_held_out_nll_and_weighting_lowers_it_faster(
             run.cleanup()
         held = [r["sft/holdout_emphasis_nll"] for r in history if "sft/holdout_emphasis_nll" in r]
         assert len(held) == 1 and all("sft/emphasis_nll" in r for r in history)
+        for record in history:  # per decision value: pooled, they give the step's mean
+            prefix = "sft/holdout_emphasis_nll" if "sft/holdout_loss" in record else None
+            for key in ("sft/emphasis_nll", *([prefix] if prefix else [])):
+                counts = {k.rsplit("/", 1)[1]: v for k, v in record.items()
+                          if k.startswith(f"{key}_count/")}  # fmt: skip
+                assert set(counts) <= set(DECISIONS) and sum(counts.values()) == 4
+                pooled = sum(record[f"{key}/{v}"] * n for v, n in counts.items()) / 4
+                assert pooled == pytest.approx(record[key])
         runs[weight] = history
     trained = {w: h[-1]["sft/emphasis_nll"] for w, h in runs.items()}
     assert trained[20.0] < trained[1.0]  # the same two steps, the decision weighted 20 times
