@@ -1853,8 +1853,13 @@ def decision_nll(
             if "sft/holdout_emphasis_nll" in r]  # fmt: skip
     total = sum(counts.values()) if counts else 0
     prior_by = {v: -math.log(c / total) for v, c in sorted(counts.items())} if total else {}
+    every = (
+        {"steps": [first[0][0], first[-1][0]], "n": len(first), **_mean_ci([v for _, v in first])}
+        if len(blocks) > 1
+        else None
+    )
     return {"prior_entropy": prior, "prior_by_decision": prior_by, "first_epoch_blocks": blocks,
-            "held_out": held}  # fmt: skip
+            "first_epoch_all": every, "held_out": held}  # fmt: skip
 
 
 def plot_decision_curve(summary: dict[str, Any]) -> list[str]:
@@ -1921,6 +1926,12 @@ def decision_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {b['steps'][0]}-{b['steps'][1]} | {b['mean']:.3f} [{b['ci95'][0]:.3f}, "
             f"{b['ci95'][1]:.3f}] | {paired} |"
+        )
+    every = summary.get("first_epoch_all")
+    if every:
+        lines.append(
+            f"| all, {every['steps'][0]}-{every['steps'][1]} ({every['n']} steps) | "
+            f"{every['mean']:.3f} [{every['ci95'][0]:.3f}, {every['ci95'][1]:.3f}] |  |"
         )
     held = ", ".join(f"after {s + 1} steps {v:.3f}" for s, v in summary.get("held_out", []))
     lines += ["", f"On the held-out demonstrations: {held}."] if held else []

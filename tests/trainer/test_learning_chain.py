@@ -735,6 +735,8 @@ def test_the_decisions_nll_is_reported_on_first_epoch_steps_against_its_frequenc
     assert summary["held_out"] == [(39, 0.95)]
     text = "\n".join(v2.decision_lines(summary))
     assert "| 0-31 | 1.145 [" in text and f"frequencies scores {expected:.3f}" in text
+    assert summary["first_epoch_all"]["mean"] == pytest.approx(1.3 - 0.01 * 19.5)
+    assert "| all, 0-39 (40 steps) | 1.105 [" in text
     assert "after 40 steps 0.950" in text
     v2.DOCS_DIR.mkdir(parents=True)
     assert v2.plot_decision_curve(summary) == ["v2-decision-curve.png"]
