@@ -1646,7 +1646,6 @@ def report_v2(args: argparse.Namespace) -> None:
         teacher = teacher_workings(sorted({r["index"] for e in models.values() for r in e}))
         departures = {n: working_departures(e, teacher) for n, e in models.items()}
     other_dir = compared_dir(args.chain)
-    counts = decision_counts()
     results = {
         "twin": "Catalog-v2",
         "twin_config": TWIN_SETS,
@@ -1671,9 +1670,8 @@ def report_v2(args: argparse.Namespace) -> None:
         "compute_precision": read_precision(),
         "decision_nll": decision_nll(
             [] if from_base("sft") else read_metrics("sft"),
-            decision_prior_entropy(counts),
+            decision_counts(),
             read_metrics("sft", other_dir) if other_dir else None,
-            counts,
         ),
         "rerun": rerun_command(sizes, args.chain),
     }
@@ -1819,21 +1817,20 @@ def _mean_ci(values: list[float]) -> dict[str, Any]:
 
 def decision_nll(
     rows: list[dict[str, Any]],
-    prior: float | None,
+    counts: Counter[str] | None,
     other: list[dict[str, Any]] | None = None,
-    counts: Counter[str] | None = None,
 ) -> dict[str, Any]:
     """SFT's NLL of the right decision (``sft/emphasis_nll``, ``data.emphasis``) in blocks of
     :data:`DECISION_BLOCK` first-epoch steps, each with a normal 95% interval over its steps.
 
     In the first epoch a step scores its demonstrations before it trains on them, so each block
-    says how well the model chooses on demonstrations it has not seen; ``prior`` is what knowing
-    only the decisions' frequencies scores (:func:`decision_prior_entropy`). ``other``: the
-    metrics of the compared chain's SFT on the same demonstrations in the same order; each block
-    then also holds this run's minus that one's, paired by step (``minus_compared``). Where the
-    run logged the NLL per decision value, each block holds it pooled (``by_decision``), and
-    ``counts`` (the teacher's decisions, :func:`decision_counts`) gives each value's NLL under
-    the frequencies alone (``prior_by_decision``: minus the log of its share).
+    says how well the model chooses on demonstrations it has not seen. ``counts``, the teacher's
+    decisions (:func:`decision_counts`; None: unknown), give what knowing only their frequencies
+    scores: overall (``prior_entropy``) and per value (``prior_by_decision``, minus the log of its
+    share). ``other``: the metrics of the compared chain's SFT on the same demonstrations in the
+    same order; each block then also holds this run's minus that one's, paired by step
+    (``minus_compared``). Where the run logged the NLL per decision value, each block holds it
+    pooled (``by_decision``).
     """
     first = _first_epoch_decisions(rows)
     theirs = dict(_first_epoch_decisions(other or []))
@@ -1858,7 +1855,8 @@ def decision_nll(
         if len(blocks) > 1
         else None
     )
-    return {"prior_entropy": prior, "prior_by_decision": prior_by, "first_epoch_blocks": blocks,
+    return {"prior_entropy": decision_prior_entropy(counts) if counts else None,
+            "prior_by_decision": prior_by, "first_epoch_blocks": blocks,
             "first_epoch_all": every, "held_out": held}  # fmt: skip
 
 

@@ -713,6 +713,7 @@ def test_the_decisions_nll_is_reported_on_first_epoch_steps_against_its_frequenc
     """The report blocks SFT's decision NLL over first-epoch steps (each scored before it is
     trained on), leaves later epochs out, and sets it against the teachers' decision mix."""
     import math
+    from collections import Counter
 
     from twin.evaluation.collect import write_dataset
 
@@ -727,7 +728,8 @@ def test_the_decisions_nll_is_reported_on_first_epoch_steps_against_its_frequenc
         {"step": s, "sft/emphasis_nll": 1.3 - 0.01 * s, "sft/epoch": s / 40} for s in range(45)
     ]
     metrics[39]["sft/holdout_emphasis_nll"] = 0.95
-    summary = v2.decision_nll(metrics, expected)
+    counts = Counter({"ok": 2, "escalate": 1, "counterfeit": 1})
+    summary = v2.decision_nll(metrics, counts)
     first, second = summary["first_epoch_blocks"]
     assert first["steps"] == [0, 31] and second["steps"] == [32, 39]  # steps 40-44: epoch 2
     assert first["mean"] == pytest.approx(1.3 - 0.01 * 15.5)
@@ -744,7 +746,7 @@ def test_the_decisions_nll_is_reported_on_first_epoch_steps_against_its_frequenc
     assert v2.decision_lines(v2.decision_nll([], None)) == []
     # paired by step with a compared run scored on the same demonstrations (its steps 0-9 only)
     other = [{**r, "sft/emphasis_nll": r["sft/emphasis_nll"] + 0.1} for r in metrics[:10]]
-    first = v2.decision_nll(metrics, expected, other)["first_epoch_blocks"][0]
+    first = v2.decision_nll(metrics, counts, other)["first_epoch_blocks"][0]
     assert first["minus_compared"]["mean"] == pytest.approx(-0.1)
     assert first["minus_compared"]["steps"] == 10
 
@@ -796,7 +798,7 @@ def test_the_decisions_nll_is_pooled_per_true_decision_against_each_ones_frequen
         })  # fmt: skip
     metrics[5].update({"sft/emphasis_nll/ok": 1.5, "sft/emphasis_nll_count/ok": 3.0})
     counts = Counter({"ok": 3, "escalate": 1})
-    summary = v2.decision_nll(metrics, v2.decision_prior_entropy(counts), counts=counts)
+    summary = v2.decision_nll(metrics, counts)
     first, second = summary["first_epoch_blocks"]
     ok = first["by_decision"]["ok"]
     assert ok["n"] == 34 and ok["nll"] == pytest.approx((31 * 0.5 + 3 * 1.5) / 34)
