@@ -407,3 +407,55 @@ def async_fakes() -> Any:
     )
     for t in made:  # the load / probe threads
         t.stop_workers()
+
+
+#: The toy LoRA learning runs (the async and the Ray acceptance tests): toy-lora-cpu.yaml's seed 2
+#: crosses 0.8 at step ~80 at k = 0 and k = 1 alike; 110 steps leave a margin.
+TOY_LEARN_SEED = 2
+TOY_LEARN_STEPS = 110
+
+
+def toy_lora_trainer(output_dir: Path, k: int, sets: tuple[str, ...] = ()) -> Any:
+    """The trainer of toy-lora-cpu.yaml (seed 2, :data:`TOY_LEARN_STEPS` steps, staleness ``k``)
+    into ``output_dir``: the local backend's, or the Ray backend's where ``sets`` say
+    ``backend=ray``. Not set up: the caller runs ``setup``, ``train`` and ``cleanup``."""
+    from trainer.async_trainer import AsyncTrainer
+    from trainer.config import load_recipe
+
+    cfg = load_recipe(
+        "toy-lora-cpu",
+        [
+            f"seed={TOY_LEARN_SEED}",
+            f"async.max_staleness={k}",
+            f"train.steps={TOY_LEARN_STEPS}",
+            "train.checkpoint_every=0",
+            f"train.output_dir={output_dir}",
+            "train.store=false",
+            *sets,
+        ],
+    )
+    if cfg.backend == "ray":
+        from trainer.ray_backend import RayTrainer
+
+        return RayTrainer(cfg)
+    return AsyncTrainer(cfg)
+
+
+@pytest.fixture(scope="session")
+def toy_lora_local(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], list[Any]]:
+    """``toy_lora_local(k)``: the history of the local toy LoRA run at staleness ``k``, trained
+    once per session: the async test compares k = 1 with k = 0, and the Ray test compares its run
+    with the same local k = 1 run, so the slow suite trains it once."""
+    histories: dict[int, list[Any]] = {}
+
+    def history(k: int) -> list[Any]:
+        if k not in histories:
+            trainer = toy_lora_trainer(tmp_path_factory.mktemp(f"toy-lora-k{k}"), k)
+            try:
+                trainer.setup()
+                histories[k] = trainer.train()
+            finally:
+                trainer.cleanup()
+        return histories[k]
+
+    return history

@@ -27,6 +27,8 @@ from trainer.config import load_recipe
 from trainer.workers import SharedState, adapter_name
 from twin.errors import ConfigError
 
+from .conftest import TOY_LEARN_STEPS
+
 CTX = multiprocessing.get_context("spawn")
 
 
@@ -476,39 +478,12 @@ def test_async_trainer_needs_lora() -> None:
 
 
 # -- a real run (processes, the built-in server) ---------------------------------------------------
-#: toy-lora-cpu.yaml's seed 2 crosses 0.8 at step ~80 (k = 0 and k = 1 alike); 150 steps leave a
-#: margin
-LEARN_STEPS = 150
-LEARN_SEED = 2
-
-
-def _run(tmp_path: Path, k: int, steps: int) -> list[dict[str, Any]]:
-    cfg = load_recipe(
-        "toy-lora-cpu",
-        [
-            f"seed={LEARN_SEED}",
-            f"async.max_staleness={k}",
-            f"train.steps={steps}",
-            "train.checkpoint_every=0",
-            f"train.output_dir={tmp_path / f'k{k}'}",
-            "train.store=false",
-        ],
-    )
-    trainer = AsyncTrainer(cfg)
-    try:
-        trainer.setup()
-        return trainer.train()
-    finally:
-        trainer.cleanup()
-
-
 @pytest.mark.slow
-def test_k1_learns_the_toy_task_like_k0(tmp_path: Path) -> None:
+def test_k1_learns_the_toy_task_like_k0(toy_lora_local: Any) -> None:
     # The acceptance run: `twin serve`, the rollout worker and the learner in three processes train
     # the toy task with one version of staleness to the reward the synchronous order (k = 0, the
     # same code) reaches. A random tiny model starts at ~0.1; the right call for both words is 1.0.
-    sync = _run(tmp_path, 0, LEARN_STEPS)
-    overlapped = _run(tmp_path, 1, LEARN_STEPS)
+    sync, overlapped = toy_lora_local(0), toy_lora_local(1)
 
     def late(h: list[dict[str, Any]], key: str = "rewards/total") -> float:
         return sum(r[key] for r in h[-5:]) / 5
@@ -521,9 +496,9 @@ def test_k1_learns_the_toy_task_like_k0(tmp_path: Path) -> None:
         assert h[-1]["rewards/correct"] > 0.6, curves  # reads the word, not one call for both
     assert abs(late(overlapped) - late(sync)) <= 0.1, curves
     assert {r["async/staleness"] for r in sync} == {0.0}
-    assert sum(r["async/staleness"] for r in overlapped) / LEARN_STEPS > 0.5  # it did overlap
+    assert sum(r["async/staleness"] for r in overlapped) / TOY_LEARN_STEPS > 0.5  # it did overlap
     for h in (sync, overlapped):  # every adapter checked once (NaN: no check completed that step)
-        assert sum(r["async/checks"] for r in h) == LEARN_STEPS + 1, [
+        assert sum(r["async/checks"] for r in h) == TOY_LEARN_STEPS + 1, [
             r["async/probe_version"] for r in h
         ]
     for r in sync + overlapped:

@@ -13,8 +13,7 @@ from trainer.ray_backend import _Coordinator
 from trainer.workers import SharedState
 from twin.errors import ConfigError
 
-LEARN_SEED = 2  # the seed tests/trainer/test_async.py trains (step ~80 passes 0.8 at k = 1)
-LEARN_STEPS = 110
+from .conftest import TOY_LEARN_SEED, TOY_LEARN_STEPS, toy_lora_trainer
 
 
 def test_backend_is_local_unless_the_recipe_says_ray():
@@ -102,39 +101,20 @@ def test_a_claim_waits_in_the_coordinator_until_the_rule_allows_it():
     assert asyncio.run(learner_trains_then_claim()) == (1, [])
 
 
-def _train(tmp_path: Path, backend: str, on_step: Any = None) -> tuple[list[dict[str, Any]], Any]:
-    from trainer.async_trainer import AsyncTrainer
-    from trainer.ray_backend import RayTrainer
-
-    cfg = load_recipe(
-        "toy-lora-cpu",
-        [
-            f"seed={LEARN_SEED}",
-            "async.max_staleness=1",
-            f"train.steps={LEARN_STEPS}",
-            "train.checkpoint_every=0",
-            f"train.output_dir={tmp_path / backend}",
-            "train.store=false",
-            f"backend={backend}",
-            "ray.rollout_workers=2",
-            "ray.engines=1",
-            "ray.worker_cpus=0.5",
-            "ray.engine_cpus=1",
-        ],
-    )
-    trainer = (RayTrainer if backend == "ray" else AsyncTrainer)(cfg)
-    if on_step is not None:
-        trainer.on_step = lambda record: on_step(trainer, record)
-    try:
-        trainer.setup()
-        return trainer.train(), trainer
-    finally:
-        trainer.cleanup()
+#: The Ray placement of the toy acceptance run: a local cluster of 2 CPUs, one engine actor, two
+#: rollout worker actors.
+RAY_SETS = (
+    "backend=ray",
+    "ray.rollout_workers=2",
+    "ray.engines=1",
+    "ray.worker_cpus=0.5",
+    "ray.engine_cpus=1",
+)
 
 
 @pytest.mark.slow
 def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker(
-    tmp_path: Path,
+    tmp_path: Path, toy_lora_local: Any
 ) -> None:
     # The acceptance run: a local Ray cluster of 2 CPUs, one `twin serve` engine actor, two rollout
     # worker actors, the learner here; the toy LoRA recipe trains to the local backend's reward, and
@@ -150,11 +130,15 @@ def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker
             killed.append(record["step"])
             ray.kill(trainer.workers[0], no_restart=False)
 
+    ray_trainer = toy_lora_trainer(tmp_path / "ray", 1, RAY_SETS)
+    ray_trainer.on_step = lambda record: kill_one(ray_trainer, record)
     try:
-        remote, ray_trainer = _train(tmp_path, "ray", kill_one)
+        ray_trainer.setup()
+        remote = ray_trainer.train()
     finally:
+        ray_trainer.cleanup()
         ray.shutdown()
-    local, _ = _train(tmp_path, "local")
+    local = toy_lora_local(1)  # the same recipe and seed with the local backend
 
     def late(h: list[dict[str, Any]]) -> float:
         return sum(r["rewards/total"] for r in h[-5:]) / 5
@@ -163,14 +147,14 @@ def test_ray_backend_learns_the_toy_task_like_local_and_survives_a_killed_worker
         name: " ".join(f"{r['rewards/total']:.2f}" for r in h[::5])
         for name, h in (("local", local), ("ray", remote))
     }
-    assert len(remote) == LEARN_STEPS
+    assert len(remote) == TOY_LEARN_STEPS
     for h in (local, remote):
         assert sum(r["rewards/total"] for r in h[:3]) / 3 < 0.2, curves  # it starts random
         assert late(h) > 0.8, curves
     assert abs(late(remote) - late(local)) <= 0.1, curves
     assert killed and ray_trainer.worker_restarts == [1, 0], (ray_trainer.worker_restarts, curves)
     assert {r["async/staleness"] for r in remote} <= {0.0, 1.0}
-    assert sum(r["async/checks"] for r in remote) == LEARN_STEPS + 1
+    assert sum(r["async/checks"] for r in remote) == TOY_LEARN_STEPS + 1
     for r in remote:
         assert not r["async/logprob_mismatch"] >= 1e-3  # every engine ran the adapter just trained
     assert ray_trainer.adapters.sent_bytes > 0  # adapters went through the object store
@@ -187,7 +171,7 @@ def test_a_killed_learner_actor_is_replaced_and_resumes_from_its_checkpoint(tmp_
     cfg = load_recipe(
         "toy-lora-cpu",
         [
-            f"seed={LEARN_SEED}",
+            f"seed={TOY_LEARN_SEED}",
             "async.max_staleness=1",
             "train.steps=20",
             "train.checkpoint_every=5",
