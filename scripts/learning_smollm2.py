@@ -816,33 +816,86 @@ def read_probe(name: str, run_dir: Path | None = None) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-#: The per-decision offsets :func:`offset_cv_accuracy` tries (log-probability units).
+#: The per-decision offsets :func:`offset_cv` tries (log-probability units).
 OFFSET_GRID = np.arange(-6.0, 6.01, 0.5)
 
 
+def offset_cv(x: np.ndarray, gain: np.ndarray, folds: int = 5) -> np.ndarray:
+    """Per row, the gain of the decision chosen after adding to each decision's log-probability
+    an offset fitted on the other folds' rows to the highest mean gain (grid :data:`OFFSET_GRID`,
+    "ok" fixed at 0; rows shuffled with seed :data:`BOOT_SEED`).  # [N]
+
+    Args:
+        x: Each row's log-probability of each decision (:data:`V2_DECISIONS` order).  # [N, 4]
+        gain: What choosing each decision earns on each row: 1 for the right one for accuracy,
+            its reward for :func:`probe_reward`.  # [N, 4]
+    """
+    import itertools
+
+    offsets = np.array(
+        [(0.0, *o) for o in itertools.product(OFFSET_GRID, repeat=len(V2_DECISIONS) - 1)]
+    )  # [C, 4]
+    order = np.random.default_rng(BOOT_SEED).permutation(len(x))
+    out = np.zeros(len(x))
+    for held in np.array_split(order, folds):
+        fit = np.setdiff1d(order, held)
+        chosen = (x[fit][None] + offsets[:, None]).argmax(-1)  # [C, N_fit]
+        earned = np.take_along_axis(np.broadcast_to(gain[fit], (len(offsets), *gain[fit].shape)),
+                                    chosen[..., None], -1)[..., 0]  # fmt: skip
+        best = offsets[earned.mean(1).argmax()]
+        out[held] = gain[held, (x[held] + best).argmax(-1)]
+    return out
+
+
+def _probe_matrix(scores: list[dict[str, Any]]) -> np.ndarray:
+    """The probe's log-probabilities, rows by decisions.  # [N, 4]"""
+    return np.array([[r["logprobs"][d] for d in V2_DECISIONS] for r in scores])
+
+
 def offset_cv_accuracy(scores: list[dict[str, Any]], folds: int = 5) -> float:
-    """Accuracy of the probe's choices after adding to each decision's log-probability an offset
-    fitted on the other folds' rows (grid :data:`OFFSET_GRID`, "ok" fixed at 0; rows shuffled
-    with seed :data:`BOOT_SEED`).
+    """Accuracy of the probe's choices with offsets fitted on the other folds (:func:`offset_cv`).
 
     A model whose scores rank the decisions by the case but lean to one of them gains here; one
     whose scores say little about the case stays near the majority rate, whatever its lean.
     """
-    import itertools
+    truth = np.array([V2_DECISIONS.index(r["truth"]) for r in scores])
+    right = (np.arange(len(V2_DECISIONS))[None] == truth[:, None]).astype(float)  # [N, 4]
+    return float(offset_cv(_probe_matrix(scores), right, folds).mean())
 
-    x = np.array([[r["logprobs"][d] for d in V2_DECISIONS] for r in scores])  # [N, 4]
-    y = np.array([V2_DECISIONS.index(r["truth"]) for r in scores])
-    offsets = np.array(
-        [(0.0, *o) for o in itertools.product(OFFSET_GRID, repeat=len(V2_DECISIONS) - 1)]
-    )  # [C, 4]
-    order = np.random.default_rng(BOOT_SEED).permutation(len(y))
-    right = 0
-    for held in np.array_split(order, folds):
-        fit = np.setdiff1d(order, held)
-        hits = (x[fit][None] + offsets[:, None]).argmax(-1) == y[fit]  # [C, N_fit]
-        best = offsets[hits.mean(1).argmax()]
-        right += int(((x[held] + best).argmax(-1) == y[held]).sum())
-    return right / len(y)
+
+def decision_rewards(scores: list[dict[str, Any]]) -> np.ndarray | None:
+    """What each decision earns on each probed row with the expert's category and attributes:
+    the reward of the constant policy's episode of the same test case (``always_<decision>``,
+    a reference evaluation of cases 0..499); None where one of them lacks a row.  # [N, 4]"""
+    by_decision = []
+    for d in V2_DECISIONS:
+        rows = read_episodes(f"always_{d}") or []
+        by_decision.append({r["index"]: r["reward"] or 0.0 for r in rows})
+    if any(r["index"] not in rewards for r in scores for rewards in by_decision):
+        return None
+    return np.array([[rewards[r["index"]] for rewards in by_decision] for r in scores])
+
+
+def probe_reward(scores: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The reward the probe's decisions would earn (:func:`decision_rewards`): the model's own
+    choices, its choices with offsets fitted for reward on the other folds (:func:`offset_cv`),
+    and the best constant decision on the same rows, with the paired interval of the fitted
+    choices minus that constant. None without the constants' evaluations."""
+    gain = decision_rewards(scores)
+    if gain is None:
+        return None
+    x = _probe_matrix(scores)
+    fitted = offset_cv(x, gain)
+    best = int(gain.mean(0).argmax())
+    diff = fitted - gain[:, best]
+    lo, hi = bootstrap_ci(diff)
+    return {
+        "choices": float(gain[np.arange(len(x)), x.argmax(-1)].mean()),
+        "fitted": float(fitted.mean()),
+        "best_constant": V2_DECISIONS[best],
+        "best_constant_reward": float(gain[:, best].mean()),
+        "fitted_minus_best_constant": {"mean_diff": float(diff.mean()), "ci95": [lo, hi]},
+    }
 
 
 def probe_results(chain: str) -> dict[str, Any]:
@@ -861,6 +914,7 @@ def probe_results(chain: str) -> dict[str, Any]:
             "summary": mine,
             "offset_cv_accuracy": offset_cv_accuracy(scores),
             "majority_rate": majority,
+            "reward": probe_reward(scores),
         }
         theirs = read_probe(name, compared_dir(chain)) if other else None
         if theirs is not None:
@@ -911,6 +965,38 @@ def probe_lines(probes: dict[str, Any]) -> list[str]:
         "Accuracy with fitted offsets: each decision's log-probability plus an offset fitted on "
         "the other four fifths of the rows. Near the majority rate, the scores say little about "
         "the case beyond a lean; well above it, the judgement is there and only leans.",
+    ]
+    return lines + probe_reward_lines(probes)
+
+
+def probe_reward_lines(probes: dict[str, Any]) -> list[str]:
+    """The report's table of the reward the probes' decisions would earn (:func:`probe_reward`);
+    none where the constants' evaluations are missing."""
+    rewards = {name: e["reward"] for name, e in probes.items() if e.get("reward")}
+    if not rewards:
+        return []
+    lines = [
+        "",
+        "The same decisions as reward: each row's decision paid what the constant policy that "
+        "always makes it earned on that test case (the expert's category and attributes), so "
+        "this is the reward the judgement alone would bring, set against the best constant "
+        "decision on the same rows.",
+        "",
+        "| model | its choices | offsets fitted for reward (5-fold) | best constant | fitted "
+        "minus best constant [95% CI] |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, r in rewards.items():
+        d = r["fitted_minus_best_constant"]
+        lines.append(
+            f"| {name} | {r['choices']:+.3f} | {r['fitted']:+.3f} | {r['best_constant']} "
+            f"{r['best_constant_reward']:+.3f} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, "
+            f"{d['ci95'][1]:+.3f}] |"
+        )
+    lines += [
+        "",
+        "A model whose fitted decisions do not beat the best constant here, with the evidence "
+        "handed to it, has no judgement that GRPO could turn into a policy beating that constant.",
     ]
     return lines
 
@@ -1684,18 +1770,21 @@ def report_v2(args: argparse.Namespace) -> None:
 def chain_timings() -> dict[str, float]:
     """Wall-clock seconds per stage of this chain, after those of the stages its ``base`` ran for
     it (the references' and SFT's evaluations, the demonstrations, SFT)."""
-    own = Timings(RUN_DIR / "timings.json").data
+    timings = Timings(RUN_DIR / "timings.json").data
+    if BASE_DIR is not None:
+        base = Timings(BASE_DIR / "timings.json").data
+        shared = {
+            k: v for k, v in base.items() if k in FROM_BASE or from_base(k.removeprefix("eval-"))
+        }
+        timings = {**shared, **timings}
     # a sitting stopped mid-run records no wall-clock, so a run trained over several sittings
-    # takes at least the summed time of its logged steps (set-up and restarts not counted)
+    # takes at least the summed time of its logged steps (set-up and restarts not counted); a
+    # run the base chain trained is read from there (read_metrics) and floors the base's figure
     for stage, folder in (("sft", "sft"), *((s, f) for s, f, _ in V2_GRPO_RUNS)):
         stepped = steps_seconds(read_metrics(folder))
-        if stepped > own.get(stage, 0.0):
-            own[stage] = round(stepped, 1)
-    if BASE_DIR is None:
-        return own
-    base = Timings(BASE_DIR / "timings.json").data
-    shared = {k: v for k, v in base.items() if k in FROM_BASE or from_base(k.removeprefix("eval-"))}
-    return {**shared, **own}
+        if stepped > timings.get(stage, 0.0):
+            timings[stage] = round(stepped, 1)
+    return timings
 
 
 def steps_seconds(metrics: list[dict[str, Any]]) -> float:

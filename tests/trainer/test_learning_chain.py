@@ -670,6 +670,69 @@ def test_fitted_offsets_recover_a_judgement_that_only_leans_and_not_one_that_is_
     assert chain.offset_cv_accuracy(absent) < 0.45
 
 
+def test_the_probes_decisions_are_paid_what_each_constant_earned_on_the_same_case(
+    v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe_reward: each row's decision earns the reward of the always-<decision> reference on
+    that test case; offsets fitted for reward (5-fold) take a lean to a costly decision off,
+    and the fitted choices are set against the best constant on the same rows."""
+    # the right decision earns 1.0, escalate 0.5 elsewhere, a wrong ok -1.0, any other 0.2
+    truths = [DECS[i % 4] for i in range(80)]
+    paid = {d: [1.0 if d == t else (0.5 if d == "escalate" else (-1.0 if d == "ok" else 0.2))
+                for t in truths] for d in DECS}  # fmt: skip
+    for d in DECS:
+        rows = [{"index": i, "reward": r} for i, r in enumerate(paid[d])]
+        (tmp_path / f"episodes-always_{d}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+    v2.parse_args(["--chain", "v2"])
+    # the right decision second-best behind a lean to ok: its own choices pay -1 on 3 in 4 rows
+    leaning = [
+        {"index": i, "truth": t,
+         "logprobs": {d: (-1.0 if d == t else -3.0) + 3.0 * (d == "ok") for d in DECS}}
+        for i, t in enumerate(truths)
+    ]  # fmt: skip
+    r = v2.probe_reward(leaning)
+    assert r["choices"] == pytest.approx((20 * 1.0 + 60 * -1.0) / 80)
+    assert r["fitted"] == pytest.approx(1.0)  # the lean fitted away: every row right
+    # escalate: 1.0 on the escalate rows, 0.5 on the others; counterfeit and prohibited 0.4
+    assert r["best_constant"] == "escalate" and r["best_constant_reward"] == pytest.approx(0.625)
+    diff = r["fitted_minus_best_constant"]
+    lo, hi = diff["ci95"]
+    assert diff["mean_diff"] == pytest.approx(0.375) and 0.25 < lo < 0.375 < hi < 0.5
+    # scores unrelated to the case: fitting for reward learns to escalate, which is the best
+    # constant (fitting for accuracy would not: the four decisions are equally common)
+    rng = __import__("numpy").random.default_rng(1)
+    absent = [{"index": i, "truth": t, "logprobs": {d: float(rng.normal()) for d in DECS}}
+              for i, t in enumerate(truths)]  # fmt: skip
+    assert v2.probe_reward(absent)["fitted"] == pytest.approx(0.625, abs=0.02)
+    # a row the references did not evaluate: no reward figures rather than a partial one
+    assert v2.probe_reward([*leaning, {**leaning[0], "index": 500}]) is None
+    lines = v2.probe_reward_lines({"sft": {"reward": r}, "grpo": {"reward": None}})
+    (row,) = [line for line in lines if line.startswith("| ")][2:]
+    assert row == f"| sft | -0.500 | +1.000 | escalate +0.625 | +0.375 [{lo:+.3f}, {hi:+.3f}] |"
+
+
+def test_a_chain_reports_its_bases_wall_clock_for_the_runs_the_base_trained(
+    v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chain whose SFT is its base's reports the base's recorded SFT wall-clock, floored by
+    the summed step time of the base's kept run, never the smaller of the two."""
+    own = tmp_path / "t07"
+    own.mkdir()
+    monkeypatch.setitem(v2.CHAINS["v2-t07"], "run_dir", own)
+    (tmp_path / "timings.json").write_text(json.dumps({"sft": 500.0, "eval-sft": 60.0}))
+    (own / "timings.json").write_text(json.dumps({"grpo": 70.0}))
+    kept = tmp_path / "kept" / "sft"  # where the base keeps its finished SFT run
+    kept.mkdir(parents=True)
+    steps = [{"step": s, "perf/step_s": 100.0} for s in range(4)]
+    (kept / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    v2.parse_args(["--chain", "v2-t07"])
+    assert v2.chain_timings() == {"sft": 500.0, "eval-sft": 60.0, "grpo": 70.0}
+    (tmp_path / "timings.json").write_text(json.dumps({"sft": 300.0}))  # stopped sittings
+    assert v2.chain_timings()["sft"] == 400.0
+
+
 def test_auto_precision_is_float32_on_a_cpu_without_bf16_and_the_report_says_from_where(
     v2: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
