@@ -1669,6 +1669,80 @@ def v2_differences(episodes: dict[str, Any], best_cheap: str | None) -> dict[str
     }
 
 
+#: The parts :func:`reward_gap` splits a model's difference from a reference into.
+GAP_PARTS = ("no_submit", "category", "attributes", "decision", "other")
+
+
+def reward_gap(model: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a model's reward goes against ``reference``'s on their shared cases, per case.
+
+    An episode the model did not submit puts its whole difference in ``no_submit``. On one it
+    submitted, each reward term's weight times the difference of its component goes to
+    ``category``, ``attributes`` and ``decision`` (the policy term,
+    ``envs.catalog.v2.reward``), and the rest (penalties, the clip to [-1, 1]) to ``other``. The
+    parts are means over all shared cases, so they add up to ``total``.
+    """
+    from envs.catalog.v2.reward import WEIGHTS
+
+    theirs = {r["case_id"]: r for r in reference}
+    shared = [r for r in model if r["case_id"] in theirs]
+    parts = dict.fromkeys(GAP_PARTS, 0.0)
+    for mine in shared:
+        ref = theirs[mine["case_id"]]
+        diff = (mine["reward"] or 0.0) - (ref["reward"] or 0.0)
+        if not mine["submitted"]:
+            parts["no_submit"] += diff
+            continue
+        for part, term in (("category", "category"), ("attributes", "attributes"),
+                           ("decision", "policy")):  # fmt: skip
+            share = WEIGHTS[term] * (mine["components"][term] - ref["components"][term])
+            parts[part] += share
+            diff -= share
+        parts["other"] += diff
+    n = max(len(shared), 1)
+    return {
+        "cases": len(shared),
+        "not_submitted": sum(not r["submitted"] for r in shared),
+        "total": sum(parts.values()) / n,
+        **{k: v / n for k, v in parts.items()},
+    }
+
+
+def reward_gaps(episodes: dict[str, Any], best_cheap: str | None) -> dict[str, Any]:
+    """:func:`reward_gap` of each model row against the best cheap policy."""
+    if not best_cheap or not episodes.get(best_cheap):
+        return {}
+    return {
+        name: reward_gap(episodes[name], episodes[best_cheap])
+        for name, _ in V2_MODEL_ROWS
+        if episodes.get(name)
+    }
+
+
+def reward_gap_lines(gaps: dict[str, Any], best_cheap: str | None) -> list[str]:
+    """The report's table of :func:`reward_gaps`."""
+    if not gaps:
+        return []
+    lines = [
+        "",
+        f"Where each model's reward goes against {best_cheap} (mean per case over the shared "
+        "cases; the parts add up to the difference): episodes it did not submit, then on the "
+        "ones it submitted each reward term's weight times its difference, and the rest "
+        "(penalties, the clip to [-1, 1]).",
+        "",
+        "| model | difference | not submitted (episodes) | category | attributes | decision | "
+        "other |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, g in gaps.items():
+        lines.append(
+            f"| {name} | {g['total']:+.3f} | {g['no_submit']:+.3f} ({g['not_submitted']}) | "
+            f"{g['category']:+.3f} | {g['attributes']:+.3f} | {g['decision']:+.3f} | "
+            f"{g['other']:+.3f} |"
+        )
+    return lines
+
+
 def chain_differences(chain: str, episodes: dict[str, Any]) -> dict[str, Any]:
     """Paired differences of this chain's models against the same stage of the chain it is
     compared with (``compare_with``: the one taught without the working), on their shared cases;
@@ -1747,6 +1821,7 @@ def report_v2(args: argparse.Namespace) -> None:
         "natural_mix": natural_stats,
         "natural_mix_reweighted": {n: reweighted_figures(e) for n, e in episodes.items()},
         "differences": diffs,
+        "reward_gap": reward_gaps(episodes, best_cheap),
         "acceptance": acceptance(diffs, best_cheap, sizes.get("test_cases")),
         "working_departures": departures,
         "choice_probe": probe_results(args.chain),
@@ -2106,6 +2181,7 @@ def v2_markdown(results: dict[str, Any], curves: list[str]) -> list[str]:
         f"| {k} | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['cases']} |"
         for k, d in results["differences"].items()
     ]
+    lines += reward_gap_lines(results.get("reward_gap") or {}, results["best_cheap_policy"])
     lines += [
         "",
         "Acceptance (issue 25; null = not run yet, or not on every test case yet): `"

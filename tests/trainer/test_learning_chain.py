@@ -713,6 +713,38 @@ def test_the_probes_decisions_are_paid_what_each_constant_earned_on_the_same_cas
     assert row == f"| sft | -0.500 | +1.000 | escalate +0.625 | +0.375 [{lo:+.3f}, {hi:+.3f}] |"
 
 
+def test_the_reward_gap_to_a_reference_splits_into_parts_that_add_up(v2: Any) -> None:
+    """reward_gap: an unsubmitted episode's whole difference is 'no_submit'; a submitted one's
+    splits into each term's weight times its component difference, the rest in 'other' (here
+    the clip to [-1, 1]); the parts are per-case means and add up to the total."""
+
+    def row(case: int, reward: float, submitted: bool, c: float, a: float, p: float) -> dict:
+        comps = {"category": c, "attributes": a, "policy": p, "penalty": 0.0}
+        return {"case_id": f"t/{case}", "reward": reward, "submitted": submitted,
+                "components": comps}  # fmt: skip
+
+    reference = [row(i, 0.4, True, 1.0, 1.0, -0.5) for i in range(4)]  # escalates everywhere
+    model = [
+        row(0, -1.0, False, 0.0, 0.0, -6.0),  # never submitted
+        row(1, 1.0, True, 1.0, 1.0, 1.0),  # the right decision: +0.6 from the policy term
+        row(2, 0.5, True, 0.0, 1.0, 0.5),  # wrong category (-0.3), a better decision (+0.4)
+        row(3, -1.0, True, 1.0, 0.5, -6.0),  # wrong attributes and a miss, clipped at -1
+        row(9, 1.0, True, 1.0, 1.0, 1.0),  # a case the reference did not play: left out
+    ]
+    gap = v2.reward_gap(model, reference)
+    assert gap["cases"] == 4 and gap["not_submitted"] == 1
+    assert gap["no_submit"] == pytest.approx(-1.4 / 4)
+    assert gap["category"] == pytest.approx(-0.3 / 4)
+    assert gap["attributes"] == pytest.approx(-0.15 / 4)
+    assert gap["decision"] == pytest.approx((0.6 + 0.4 - 2.2) / 4)
+    # case 3: -1.4 in all, -0.15 attributes and -2.2 decision, so +0.95 of it is the clip
+    assert gap["other"] == pytest.approx(0.95 / 4)
+    assert gap["total"] == pytest.approx((-1.4 + 0.6 + 0.1 - 1.4) / 4)
+    assert sum(gap[k] for k in v2.GAP_PARTS) == pytest.approx(gap["total"])
+    (line,) = [x for x in v2.reward_gap_lines({"sft": gap}, "always_escalate") if "| sft" in x]
+    assert line == "| sft | -0.525 | -0.350 (1) | -0.075 | -0.037 | -0.300 | +0.237 |"
+
+
 def test_a_chain_reports_its_bases_wall_clock_for_the_runs_the_base_trained(
     v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
