@@ -840,8 +840,7 @@ def offset_cv(x: np.ndarray, gain: np.ndarray, folds: int = 5) -> np.ndarray:
     for held in np.array_split(order, folds):
         fit = np.setdiff1d(order, held)
         chosen = (x[fit][None] + offsets[:, None]).argmax(-1)  # [C, N_fit]
-        earned = np.take_along_axis(np.broadcast_to(gain[fit], (len(offsets), *gain[fit].shape)),
-                                    chosen[..., None], -1)[..., 0]  # fmt: skip
+        earned = gain[fit][np.arange(len(fit))[None], chosen]  # [C, N_fit]
         best = offsets[earned.mean(1).argmax()]
         out[held] = gain[held, (x[held] + best).argmax(-1)]
     return out
@@ -996,7 +995,8 @@ def probe_reward_lines(probes: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "A model whose fitted decisions do not beat the best constant here, with the evidence "
-        "handed to it, has no judgement that GRPO could turn into a policy beating that constant.",
+        "handed to it, cannot beat that constant by recalibrating its decisions alone: its "
+        "judgement itself has to improve.",
     ]
     return lines
 
