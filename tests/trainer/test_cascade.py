@@ -159,3 +159,45 @@ def test_models_whose_attention_is_not_plain_softmax_decode_without_cascade(sett
     for key, value in setting.items():
         setattr(model.config, key, value)
     assert not Engine(model, pad_id=0).cascade
+
+
+def _stored(model, ids: list[int], *, shared: bool = False):
+    """The keys/values of ``ids`` as the engine stores them after a turn."""
+    from trainer.models import cache_keyword
+    from trainer.serving.kvcache import PrefixStore, build_batch
+
+    batch, feed, pos, new = build_batch(model, PrefixStore(), [ids], [0], 0, cache_keyword(model))
+    batch.forward(feed, pos, new)
+    entry = batch.take_row(0, [0])
+    entry.shared = shared
+    return entry
+
+
+def test_a_stored_entry_longer_than_the_rows_own_caches_is_not_taken_as_their_shared_prefix(
+    tiny,
+) -> None:
+    # The batch's rows share 70 tokens, but what the store holds for them covers only the first
+    # 50 (the system prompt); another episode's entry covers all 70 and then goes its own way.
+    # The prefix attended once must be what every row has cached, not that entry's 70 tokens: a
+    # longer one fed the rows' tokens 50-69 twice, or with room 0 failed to fit the buffer.
+    from trainer.models import cache_keyword
+    from trainer.serving.kvcache import PrefixStore, build_batch
+
+    model, _ = tiny
+    g = torch.Generator().manual_seed(4)
+    system = torch.randint(40, 400, (50,), generator=g).tolist()
+    common = system + torch.randint(40, 400, (20,), generator=g).tolist()
+    other = common + [5, 6, 7, 8]  # an earlier episode's turn, not a prefix of either row
+    prompts = [common + [9, 10, 11], common + [12] * 9]
+    for room in (0, 4):
+        store = PrefixStore()
+        store.add(_stored(model, system, shared=True))
+        store.add(_stored(model, other))
+        batch, feed, pos, new = build_batch(
+            model, store, prompts, [len(p) - 1 for p in prompts], room, cache_keyword(model),
+            cascade=True,
+        )  # fmt: skip
+        got = batch.forward(feed, pos, new)
+        for b, p in enumerate(prompts):
+            want = model(torch.tensor([p])).logits[0, -1].float()
+            assert torch.allclose(got[b], want, atol=1e-4), (room, b, (got[b] - want).abs().max())

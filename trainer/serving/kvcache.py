@@ -417,8 +417,8 @@ def build_batch(
     """
     device = next(model.parameters()).device
     n_layers = model.config.num_hidden_layers if hasattr(model, "config") else 0
-    shared, prefix = _shared_prefix(store, prompts, limits, n_layers) if cascade else (0, None)
     found = [store.best(p, limit=lim) for p, lim in zip(prompts, limits, strict=True)]
+    shared, prefix = _shared_prefix(prompts, found, n_layers) if cascade else (0, None)
     for entry, _ in found:
         if entry is not None:
             store.take(entry)
@@ -456,17 +456,20 @@ def build_batch(
 
 
 def _shared_prefix(
-    store: PrefixStore, prompts: list[list[int]], limits: list[int], n_layers: int
+    prompts: list[list[int]], found: list[tuple[KVEntry | None, int]], n_layers: int
 ) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
-    """The stored prefix every prompt starts with (at least ``MIN_SHARED`` tokens, no more than
-    any row's limit): its length and per-layer keys/values (views), or ``(0, None)``."""
-    most = min(common_prefix(prompts), *limits)
-    if most < MIN_SHARED or n_layers == 0:
+    """The cached prefix every row continues (at least ``MIN_SHARED`` tokens): its length and
+    per-layer keys/values (views of row 0's entry), or ``(0, None)``.
+
+    ``found``: each row's entry and cached length (:meth:`PrefixStore.best`). The prefix is no
+    longer than any row's cached length: the buffers hold each row's tokens after the prefix, so
+    a row that had cached fewer would feed part of the prefix again (attending to it twice).
+    """
+    most = min(common_prefix(prompts), *(n for _, n in found))
+    entry = found[0][0]
+    if most < MIN_SHARED or n_layers == 0 or entry is None:
         return 0, None
-    entry, m = store.best(prompts[0], limit=most)
-    if entry is None or m < MIN_SHARED:
-        return 0, None
-    return m, [(entry.keys[i][:, :m], entry.values[i][:, :m]) for i in range(n_layers)]
+    return most, [(entry.keys[i][:, :most], entry.values[i][:, :most]) for i in range(n_layers)]
 
 
 def prefill_common_prefix(
