@@ -316,12 +316,12 @@ def test_a_v2_evaluation_runs_in_chunks_and_continues_from_the_first_missing_one
         stdout_path.write_text(json.dumps({"run_id": start}))
 
     def fake_export(run_id: int, out: Path, store: Path, sets: tuple[str, ...] = ()) -> None:
-        out.write_text(f'{{"case": {run_id}}}\n')
+        out.write_text(f'{{"case": {run_id}, "index": {run_id}, "reward": 0.5}}\n')
 
     monkeypatch.setattr(chain, "run", fake_run)
     monkeypatch.setattr(chain, "export_episodes", fake_export)
     (tmp_path / "eval-sft.0100.json").write_text(json.dumps({"run_id": 100}))  # done before a stop
-    (tmp_path / "episodes-sft.0100.jsonl").write_text('{"case": 100}\n')
+    (tmp_path / "episodes-sft.0100.jsonl").write_text('{"case": 100, "index": 100, "reward": 1}\n')
     chain.evaluate("sft", "hf:x", args)
     spans = [(c[c.index("--start") + 1], c[c.index("--episodes") + 1]) for c in chain.ran]
     assert spans == [("0", "100"), ("200", "50")]
@@ -410,6 +410,48 @@ def test_the_teachers_working_is_read_back_from_its_episodes(chain: Any) -> None
     assert sorted(got) == [0, 2]
     assert got[2].splitlines() == ["policy prohibited", "-> prohibited"]
     assert got[0].splitlines()[-1].startswith("-> ")
+
+
+def test_failed_episodes_are_played_again_in_place_and_the_rest_are_left_alone(
+    chain: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An episode whose policy raised (reward null) is not the model's score: a finished
+    evaluation plays those cases again, in runs of consecutive cases, and keeps the others."""
+    monkeypatch.setitem(chain.CHAINS["v2"], "run_dir", tmp_path)
+    args = chain.parse_args(["--chain", "v2", "--test-cases", "250"])
+
+    def row(i: int, reward: float | None) -> str:
+        return json.dumps({"case_id": f"c{i}", "index": i, "reward": reward}) + "\n"
+
+    played: list[tuple[int, int]] = []
+
+    def fake_run(cmd: list[str], stdout_path: Path | None = None) -> None:
+        start, n = int(cmd[cmd.index("--start") + 1]), int(cmd[cmd.index("--episodes") + 1])
+        played.append((start, n))
+        stdout_path.write_text(json.dumps({"run_id": start * 1000 + n, "by_kind": {}}))
+
+    def fake_export(run_id: int, out: Path, store: Path, sets: tuple[str, ...] = ()) -> None:
+        start, n = divmod(run_id, 1000)
+        out.write_text("".join(row(i, 0.5) for i in range(start, start + n)))
+
+    monkeypatch.setattr(chain, "run", fake_run)
+    monkeypatch.setattr(chain, "export_episodes", fake_export)
+    rewards = [1.0, None, None, -1.0, None, 0.25]
+    (tmp_path / "episodes-grpo.jsonl").write_text("".join(row(i, r) for i, r in enumerate(rewards)))
+    (tmp_path / "eval-grpo.json").write_text(json.dumps({"chunks": [{"errors": 3}]}))
+    chain.evaluate("grpo", "hf:x", args)
+    assert played == [(1, 2), (4, 1)]
+    lines = (tmp_path / "episodes-grpo.jsonl").read_text().splitlines()
+    assert [json.loads(x)["reward"] for x in lines] == [1.0, 0.5, 0.5, -1.0, 0.5, 0.25]
+    summary = json.loads((tmp_path / "eval-grpo.json").read_text())
+    assert [r["run_id"] for r in summary["rerun"]] == [1002, 4001]
+    assert sorted(p.name for p in tmp_path.iterdir() if "rerun" in p.name) == []
+    chain.evaluate("grpo", "hf:x", args)  # nothing failed now: skipped
+    assert len(played) == 2
+    # one still failing is reported as such, not silently as a score of 0
+    failed = [{"reward": None, "turns": 1, "parsed_turns": 0, "submitted": False,
+               "verdict": "none", "true_verdict": "ok", "kind": "clean"}]  # fmt: skip
+    assert chain.summarize(failed, chain.V2_DECISIONS)["failed"] == 1
 
 
 def test_a_partial_evaluation_is_reported_on_its_finished_chunks_and_judged_on_none(
