@@ -523,6 +523,7 @@ def rerun_failed(
         partial.unlink()
         part.unlink()
         data.pop("by_kind", None)
+        data["precision"] = PRECISION["run"]  # the rest may have run at another
         done = json.loads(summary.read_text())
         done.setdefault("rerun", []).append(data)
         summary.write_text(json.dumps(done, indent=1) + "\n")

@@ -445,6 +445,7 @@ def test_failed_episodes_are_played_again_in_place_and_the_rest_are_left_alone(
     assert [json.loads(x)["reward"] for x in lines] == [1.0, 0.5, 0.5, -1.0, 0.5, 0.25]
     summary = json.loads((tmp_path / "eval-grpo.json").read_text())
     assert [r["run_id"] for r in summary["rerun"]] == [1002, 4001]
+    assert {r["precision"] for r in summary["rerun"]} == {chain.PRECISION["run"]}
     assert sorted(p.name for p in tmp_path.iterdir() if "rerun" in p.name) == []
     chain.evaluate("grpo", "hf:x", args)  # nothing failed now: skipped
     assert len(played) == 2
