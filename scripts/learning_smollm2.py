@@ -503,9 +503,9 @@ def rerun_failed(
     """Play the cases whose episode failed in ``episodes`` again and put the new episodes in
     their place; ``summary`` lists them under ``rerun`` (the chunk's own counts stay as they ran).
 
-    A failed episode is the policy raising (the decoding engine's ragged-prefill overflow once
-    failed a whole batch of 16), not the model's doing; scored 0.0 it would move the mean by up
-    to 0.03 on 500 cases. Cases still failing the second time keep their null reward, and the
+    A failed episode is the policy raising (the decoding engine can fail a whole batch of 16 at
+    once), not the model's doing; scored 0.0, one such batch moves the mean by up to 0.03 on 500
+    cases. Cases still failing the second time keep their null reward, and the
     report says how many."""
     failed = failed_cases(episodes)
     if not failed:

@@ -407,9 +407,10 @@ def build_batch(
             token's logits are needed; 0: prefill the whole prompt).
         room: Columns to leave for sampled tokens.
         cache_kw: See :class:`CacheBatch`.
-        cascade: When the store holds at least ``MIN_SHARED`` tokens that every prompt starts
-            with, keep their keys/values once for cascade attention instead of a copy per row
-            (the batch will grow to more rows than ``prompts``, or ``prompts`` has several).
+        cascade: When every row's cached prefix covers at least ``MIN_SHARED`` tokens that
+            every prompt starts with, keep their keys/values once for cascade attention instead
+            of a copy per row (the batch will grow to more rows than ``prompts``, or ``prompts``
+            has several).
 
     Returns:
         The batch, and the ``input_ids``, ``position_ids`` and new-column mask of the suffixes
