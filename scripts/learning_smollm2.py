@@ -41,7 +41,9 @@ chain's kept SFT model, into ``runs/learning-smollm2-v2-t07/`` (its report too, 
 chain's references and SFT row); ``--chain v2-1k`` the v2 chain's SFT and later stages taught
 with 1,040 demonstrations instead of 280, into ``runs/learning-smollm2-v2-1k/`` (its report too,
 with the v2 chain's references and zero-shot row); ``--chain v2-1k-emph`` the same with the
-decision's tokens weighted 10 times in the SFT loss (``data.emphasis``), compared with v2-1k. A run
+decision's tokens weighted 10 times in the SFT loss (``data.emphasis``), compared with v2-1k;
+``--chain v2-1k-recover`` the v2-1k chain taught by ``ceiling_recovering``, whose demonstrations
+answer the error of a slipped first submission, compared with v2-1k. A run
 longer than a sitting is carried to the next checkout by the ``carry`` stage (its newest
 checkpoint, in git).
 """
@@ -182,6 +184,23 @@ CHAINS["v2-1k"] = {
     "compare_with": "v2",
     "note": "SFT on 1,040 ceiling demonstrations (the v2 chain's 280), one epoch; the references "
     "and zero-shot are the v2 chain's evaluations.",
+}
+
+#: The v2-1k chain taught by ``ceiling_recovering``: the same 1,040 train cases, on 171 of
+#: which the teacher's first submission is the slip SmolLM2 makes (item specifics copied as
+#: attributes the category does not have), marked weight 0, and its next turn answers the error.
+#: Every one of the v2-1k GRPO model's 23 unsubmitted test episodes in 500 began with a rejected
+#: submission, after which it never wrote an accepted one (docs/learning.md). A slipped episode
+#: scores 0.99 (the 0.01 invalid-call penalty), which the chain's ``min_reward`` keeps.
+CHAINS["v2-1k-recover"] = {
+    **CHAINS["v2-1k"],
+    "run_dir": ROOT / "runs" / "learning-smollm2-v2-1k-recover",
+    "docs_dir": ROOT / "runs" / "learning-smollm2-v2-1k-recover" / "report",
+    "teacher": "ceiling_recovering",
+    "compare_with": "v2-1k",
+    "note": "SFT on the v2-1k chain's 1,040 train cases taught by ceiling_recovering (a slipped "
+    "first submission, weight 0, and its correction on 171 of them); the references and "
+    "zero-shot are the v2 chain's evaluations.",
 }
 
 #: The v2-1k chain with the decision's tokens weighted 10 times in the SFT loss

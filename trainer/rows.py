@@ -59,7 +59,9 @@ def render_row(renderer: Renderer, messages: Sequence[Message]) -> EpisodeTokens
     :meth:`Renderer.add_completion` as the ids the template writes for it (the message itself is
     what the template sees, tool calls included); the messages between turns (tool results) with
     :meth:`Renderer.add_messages`. Messages after the last assistant turn carry no loss and are
-    left out.
+    left out. An assistant turn with ``"weight": 0`` (OpenAI's fine-tuning format; 1 is the
+    default) stays in the sequence as context with no loss, e.g. a teacher's planted mistake
+    whose error message the next turn answers.
 
     Args:
         renderer: A renderer with the twin's tools (reused: :meth:`Renderer.start` resets it).
@@ -69,12 +71,19 @@ def render_row(renderer: Renderer, messages: Sequence[Message]) -> EpisodeTokens
         The episode's ids, with the loss mask on the assistant turns' tokens.
 
     Raises:
-        ConfigError: no assistant turn, or a template that cannot be rendered turn by turn.
+        ConfigError: no assistant turn with weight 1, an assistant ``weight`` other than 0 or 1,
+            or a template that cannot be rendered turn by turn.
     """
     msgs = [dict(m) for m in messages]
     first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), None)
     if first is None:
         raise ConfigError("render_row: the row has no assistant turn (nothing to learn from)")
+    weights = [_weight(m, i) for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    if not any(weights):
+        raise ConfigError(
+            "render_row: every assistant turn has weight 0 (nothing to learn from); a row needs "
+            "at least one turn with weight 1 (the default)"
+        )
     last = max(i for i, m in enumerate(msgs) if m.get("role") == "assistant")
     renderer.start(msgs[:first])
     pending: list[Message] = []
@@ -86,4 +95,22 @@ def render_row(renderer: Renderer, messages: Sequence[Message]) -> EpisodeTokens
             renderer.add_messages(pending)
             pending = []
         renderer.add_completion(_turn_ids(renderer, renderer.messages, m), message=m)
-    return renderer.episode()
+    episode = renderer.episode()
+    # a weight-0 turn is rendered exactly as a trained one (so the next turn sees the same ids)
+    # and only then loses its loss and its span
+    for (start, end), weight in zip(list(episode.turn_spans), weights, strict=True):
+        if not weight:
+            episode.loss_mask[start:end] = [0] * (end - start)
+            episode.turn_spans.remove((start, end))
+    return episode
+
+
+def _weight(message: Message, index: int) -> int:
+    """An assistant message's loss weight: its ``weight`` (0 or 1), 1 when it has none."""
+    weight = message.get("weight", 1)
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise ConfigError(
+            f"render_row: message {index} has weight {weight!r}; an assistant turn's weight is 0 "
+            "(context, no loss) or 1 (trained on, the default)"
+        )
+    return int(weight)

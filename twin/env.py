@@ -846,7 +846,11 @@ def _message_size(msg: dict[str, Any], limit: int) -> int | None:
 
 
 def _assistant_record(action: Any, calls: list[ParsedCall] | None, limit: int) -> dict[str, Any]:
-    """The assistant message as stored in the chat: raw text kept exactly, dicts normalised."""
+    """The assistant message as stored in the chat: raw text kept exactly, dicts normalised.
+
+    A dict's ``weight`` (0 or 1, as in OpenAI's fine-tuning format) is kept: a scripted teacher
+    marks a turn 0 when it is there to be answered, not imitated (``trainer.rows.render_row``
+    gives it no loss)."""
     if isinstance(action, str):
         return {"role": "assistant", "content": action if len(action) <= limit else action[:limit]}
     if not isinstance(action, dict):
@@ -865,6 +869,8 @@ def _assistant_record(action: Any, calls: list[ParsedCall] | None, limit: int) -
             }
             for c in calls
         ]
+    if action.get("weight") in (0, 1) and not isinstance(action.get("weight"), bool):
+        msg["weight"] = int(action["weight"])
     return msg
 
 

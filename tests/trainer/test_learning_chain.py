@@ -354,6 +354,24 @@ def test_the_worked_chain_is_the_v2_chain_taught_by_the_worked_ceiling(
     assert cmd[cmd.index("--out") + 1] == str(tmp_path / "data-ceiling_worked")
 
 
+def test_the_recovering_chain_is_the_1k_chain_taught_by_the_recovering_ceiling(
+    chain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--chain v2-1k-recover: the v2-1k sizes and recipes, ``ceiling_recovering`` demonstrations
+    (a slipped episode scores 0.99, which ``min_reward`` keeps) in its own folder, compared with
+    v2-1k."""
+    chain.use_chain("v2-1k-recover")
+    assert chain.TEACHER["policy"] == "ceiling_recovering"
+    assert chain.RUN_DIR.name == "learning-smollm2-v2-1k-recover"
+    assert chain.SFT_RECIPE == chain.CHAINS["v2-1k"]["sft_recipe"]
+    assert chain.compared_dir("v2-1k-recover") == chain.CHAINS["v2-1k"]["run_dir"]
+    monkeypatch.setattr(chain, "RUN_DIR", tmp_path)
+    chain.collect(SimpleNamespace(collect_episodes=1040, store=Path("store.db")))
+    (cmd,) = chain.ran
+    assert cmd[cmd.index("--policy") + 1] == "ceiling_recovering"
+    assert float(cmd[cmd.index("--min-reward") + 1]) <= 0.99
+
+
 def test_the_worked_chain_reports_its_models_against_the_plain_chains(
     chain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

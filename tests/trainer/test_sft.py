@@ -151,6 +151,40 @@ def test_the_loss_mask_covers_exactly_the_assistant_turns(
         assert '"name": "lookup_order", "arguments"' not in text_off  # the agent's call
 
 
+def test_a_weight_0_turn_is_context_with_the_same_ids_and_no_loss(
+    tiny: tuple[Any, Any], returns_rows: Any
+) -> None:
+    """OpenAI's fine-tuning ``weight``: a turn marked 0 keeps its ids (the next turn is rendered
+    after the same text) but loses its loss and its span; a weight other than 0 or 1, or a row
+    with no turn to learn, is refused with what is allowed."""
+    _, tokenizer = tiny
+    twin, trajectories, _ = returns_rows
+    renderer = Renderer(tokenizer, twin.tool_schemas)
+    t = trajectories[0]
+    full = render_row(renderer, t.messages)
+    first = next(i for i, m in enumerate(t.messages) if m["role"] == "assistant")
+    marked = [dict(m) for m in t.messages]
+    marked[first]["weight"] = 0
+    got = render_row(renderer, marked)
+    assert got.input_ids == full.input_ids
+    (kept,) = got.turn_spans
+    assert kept == full.turn_spans[1]
+    s, e = full.turn_spans[0]
+    assert got.loss_mask[s:e] == [0] * (e - s) and sum(full.loss_mask[s:e]) == e - s
+    assert got.loss_mask[kept[0] : kept[1]] == full.loss_mask[kept[0] : kept[1]]
+    marked[first]["weight"] = 1  # explicit 1 is the default
+    assert render_row(renderer, marked).loss_mask == full.loss_mask
+    for bad in (0.5, 2, True, "0"):
+        marked[first]["weight"] = bad
+        with pytest.raises(ConfigError, match=r"weight .* is 0 \(context, no loss\) or 1"):
+            render_row(renderer, marked)
+    for m in marked:
+        if m["role"] == "assistant":
+            m["weight"] = 0
+    with pytest.raises(ConfigError, match="every assistant turn has weight 0"):
+        render_row(renderer, marked)
+
+
 def test_sft_loss_is_the_mean_nll_of_the_masked_tokens(
     tiny: tuple[Any, Any], returns_rows: Any
 ) -> None:

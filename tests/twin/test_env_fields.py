@@ -58,3 +58,28 @@ def test_env_built_records_share_one_fields_set_that_assignment_and_copies_keep_
     assert copy.model_fields_set is not a.model_fields_set and copy.model_fields_set == every
     assert (copy.reward, a.reward) == (1.0, 0.5)
     assert a.model_dump(exclude_unset=True) == a.model_dump()  # every field counts as set
+
+
+def test_a_dict_actions_loss_weight_of_0_or_1_is_kept_and_any_other_dropped():
+    """A scripted teacher's ``weight`` reaches the stored chat (and so ``twin collect``'s rows);
+    a value SFT would refuse is not stored."""
+    from twin.env import TwinEnv
+    from twin.registry import make_twin
+
+    env = TwinEnv(make_twin("Catalog-v1"))
+    call = {"name": "search_taxonomy", "arguments": '{"query": "shoes"}'}
+    kept = []
+    for weight in (0, 1, True, 0.5, "0", None):
+        env.reset(options={"split": "test", "index": 0})
+        action = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "a", "type": "function", "function": call}],
+        }
+        if weight is not None:
+            action["weight"] = weight
+        env.step(action)
+        (turn,) = [m for m in env.trajectory.messages if m["role"] == "assistant"]
+        assert turn["tool_calls"][0]["function"]["name"] == "search_taxonomy"
+        kept.append(turn.get("weight"))
+    assert kept == [0, 1, None, None, None, None]

@@ -1,5 +1,6 @@
 """Baselines of catalog v2 beside the ceiling: the oracle, a heuristic, the two-call flagger and
-constant decisions (``ceiling_worked`` is the ceiling writing its working before it submits).
+constant decisions (``ceiling_worked`` is the ceiling writing its working before it submits,
+``ceiling_recovering`` the ceiling answering the error of a slipped first submission).
 
 - ``heuristic``: a checklist analyst that skips the seller's record and never escalates: the
   first search hit, the schema's policy, brand look-alikes (similarity >= 90), a price under 40%
@@ -19,6 +20,7 @@ from typing import Any
 from envs.catalog.common.ids import find_listing_id
 from envs.catalog.v2.ceiling import (
     CeilingPolicy,
+    RecoveringCeilingPolicy,
     WorkedCeilingPolicy,
     _attributes,
     _bare,
@@ -179,6 +181,7 @@ BASELINES_V2: dict[str, Callable[[Any], Any]] = {
     "oracle": OracleV2,
     "ceiling": CeilingPolicy,
     "ceiling_worked": WorkedCeilingPolicy,
+    "ceiling_recovering": RecoveringCeilingPolicy,
     "heuristic": HeuristicV2,
     **DEGENERATE_V2,
 }

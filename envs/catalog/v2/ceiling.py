@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
     "CeilingPolicy",
+    "RecoveringCeilingPolicy",
     "WorkedCeilingPolicy",
     "read_listing",
     "read_rules",
@@ -466,6 +468,58 @@ class WorkedCeilingPolicy(CeilingPolicy):
 
     name = "ceiling_worked"
     worked = True
+
+
+class RecoveringCeilingPolicy(CeilingPolicy):
+    """The ceiling that, on a fixed share of listings, first submits the slip small models make
+    and then answers the tool's error with the right submission.
+
+    The slip is the commonest one a trained SmolLM2 made on Catalog-v2's test cases: every item
+    specific copied into ``attributes`` under its own name, one of which is not an attribute of the
+    category (``'color' is not an attribute of ...``). That turn carries ``"weight": 0``, so SFT
+    shows the model the rejected call as context without teaching it
+    (:func:`trainer.rows.render_row`); the next turn, the ceiling's own submission, is what it
+    learns to write after such an error. A model taught only by the ceiling never saw a rejected
+    submit, and such episodes ran out of turns without one.
+
+    Which listings slip is fixed by the listing's text (a CRC-32), so the same cases slip on every
+    machine. It slips only where the twin allows a fourth turn and the listing states a specific
+    the category's schema does not have; elsewhere it is the ceiling.
+    """
+
+    name = "ceiling_recovering"
+    #: The share of listings (with a specific the schema lacks) whose first submission slips.
+    slip_rate = 0.5
+
+    def turn(self, messages: Sequence[Message]) -> Message:
+        """The ceiling's turn, with the slipped submission before it where this listing slips."""
+        step = sum(1 for m in messages if m.get("role") == "assistant")
+        right = super().turn(messages)
+        if step != 2 or not self._slips(messages):
+            return right
+        args = json.loads(right["tool_calls"][0]["function"]["arguments"])
+        slipped = self._slipped(read_listing(messages), _done(messages).get("c") or {}, args)
+        if slipped is None:
+            return right
+        return {**_turn([_call("submit", slipped, "y")]), "weight": 0}
+
+    def _slips(self, messages: Sequence[Message]) -> bool:
+        turns = getattr(getattr(self.twin, "config", None), "max_turns", 0) or 0
+        text = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+        return turns >= 4 and zlib.crc32(text.encode()) % 1000 < self.slip_rate * 1000
+
+    @staticmethod
+    def _slipped(
+        listing: dict[str, Any], schema: dict[str, Any], args: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """``args`` with every other item specific as an attribute under its own lower-cased
+        name, or None when the schema has every one of them (the slip would be accepted)."""
+        have = {a["handle"] for a in schema.get("attributes") or ()}
+        copied = {k.lower().replace(" ", "_"): v for k, v in listing["specifics"].items()}
+        copied.pop("item_type", None)
+        if not set(copied) - have:
+            return None
+        return {**args, "attributes": {**copied, **args["attributes"]}}
 
 
 def _attributes(listing: dict[str, Any], schema: dict[str, Any]) -> dict[str, str]:
