@@ -72,3 +72,30 @@ def shopify_twin_v1(shopify_twin):
     t = CatalogTwinV1(seed=0, taxonomy_path=str(SHOPIFY))
     _ = t.world
     return t
+
+
+@pytest.fixture(scope="session")
+def v2_twin(twin_v1):
+    """``v2_twin(max_turns)``: Catalog v2 on the generated world (seed 0, 400 test cases)."""
+    from envs.catalog import CatalogTwinV2
+
+    def make(max_turns: int):
+        t = CatalogTwinV2(seed=0, taxonomy_path=None, max_turns=max_turns, test_size=400)
+        _ = t.world
+        return t
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def play():
+    """``play(twin, baseline, n, split)``: the baseline's episodes of cases ``0 .. n - 1``."""
+    from twin.rollout import run_episodes
+
+    def run(twin, name: str, n: int, split: str = "test"):
+        policy = twin.baselines()[name](twin)
+        cases = [(split, i) for i in range(n)]
+        groups = run_episodes(twin, policy, cases, group_size=1, progress=False)
+        return [t for g in groups for t in g.trajectories]
+
+    return run

@@ -8,24 +8,6 @@ import json
 
 import pytest
 
-from twin.rollout import run_episodes
-
-
-def _twin(max_turns: int):
-    from envs.catalog import CatalogTwinV2
-
-    t = CatalogTwinV2(seed=0, taxonomy_path=None, max_turns=max_turns, test_size=400)
-    _ = t.world
-    return t
-
-
-def _episodes(twin, name: str, n: int):
-    policy = twin.baselines()[name](twin)
-    groups = run_episodes(
-        twin, policy, [("train", i) for i in range(n)], group_size=1, progress=False
-    )
-    return [t for g in groups for t in g.trajectories]
-
 
 def _submits(trajectory) -> list[tuple[dict, dict, str]]:
     """Each submit turn, its parsed arguments and the tool's answer."""
@@ -41,10 +23,11 @@ def _submits(trajectory) -> list[tuple[dict, dict, str]]:
 
 
 @pytest.fixture(scope="module")
-def four_turns():
-    twin = _twin(4)
-    n = 160
-    return list(zip(_episodes(twin, "ceiling", n), _episodes(twin, "ceiling_recovering", n)))
+def four_turns(v2_twin, play):
+    twin, n = v2_twin(4), 160
+    return list(
+        zip(play(twin, "ceiling", n, "train"), play(twin, "ceiling_recovering", n, "train"))
+    )
 
 
 def test_a_slipped_submission_is_rejected_and_the_next_is_the_ceilings(four_turns) -> None:
@@ -72,15 +55,17 @@ def test_a_slipped_submission_is_rejected_and_the_next_is_the_ceilings(four_turn
     assert 0.05 * len(four_turns) < slipped < 0.35 * len(four_turns)
 
 
-def test_the_same_listings_slip_on_every_run() -> None:
-    twin = _twin(4)
-    runs = [[len(_submits(t)) for t in _episodes(twin, "ceiling_recovering", 40)] for _ in range(2)]
+def test_the_same_listings_slip_on_every_run(v2_twin, play) -> None:
+    twin = v2_twin(4)
+    runs = [[len(_submits(t)) for t in play(twin, "ceiling_recovering", 40, "train")] for _ in "ab"]
     assert runs[0] == runs[1] and 2 in runs[0]
 
 
-def test_without_a_fourth_turn_it_is_the_ceiling() -> None:
-    twin = _twin(3)
+def test_without_a_fourth_turn_it_is_the_ceiling(v2_twin, play) -> None:
+    twin = v2_twin(3)
     for plain, recovering in zip(
-        _episodes(twin, "ceiling", 40), _episodes(twin, "ceiling_recovering", 40), strict=True
+        play(twin, "ceiling", 40, "train"),
+        play(twin, "ceiling_recovering", 40, "train"),
+        strict=True,
     ):
         assert recovering.messages == plain.messages and recovering.reward == plain.reward

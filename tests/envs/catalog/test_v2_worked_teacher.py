@@ -8,25 +8,11 @@ import re
 
 import pytest
 
-from twin.rollout import run_episodes
-
 
 @pytest.fixture(scope="module")
-def v2(twin_v1):
-    """Catalog v2 on the generated world, seed 0, four turns (the v2 learning chain's twin)."""
-    from envs.catalog import CatalogTwinV2
-
-    t = CatalogTwinV2(seed=0, taxonomy_path=None, max_turns=4, test_size=400)
-    _ = t.world
-    return t
-
-
-def _episodes(twin, name: str, n: int):
-    policy = twin.baselines()[name](twin)
-    groups = run_episodes(
-        twin, policy, [("test", i) for i in range(n)], group_size=1, progress=False
-    )
-    return [t for g in groups for t in g.trajectories]
+def v2(v2_twin):
+    """Catalog v2, four turns (the v2 learning chain's twin)."""
+    return v2_twin(4)
 
 
 def _submit_turn(trajectory) -> tuple[str, dict]:
@@ -52,9 +38,9 @@ def _tool_answer(trajectory, name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pairs(v2):
+def pairs(v2, play):
     n = 400
-    return list(zip(_episodes(v2, "ceiling", n), _episodes(v2, "ceiling_worked", n)))
+    return list(zip(play(v2, "ceiling", n), play(v2, "ceiling_worked", n)))
 
 
 def test_the_worked_ceiling_submits_what_the_ceiling_submits(pairs):
