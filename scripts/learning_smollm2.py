@@ -487,20 +487,36 @@ def evaluate(name: str, policy: str, args: argparse.Namespace, sets: tuple[str, 
     play ``--natural-cases`` cases). Its wall-clock is kept in ``timings.json`` as ``eval-<name>``.
     """
     summary = RUN_DIR / f"eval-{name}.json"
+    episodes = RUN_DIR / f"episodes-{name}.jsonl"
     lock = summary.with_suffix(".lock")
-    if summary.exists() and not failed_cases(RUN_DIR / f"episodes-{name}.jsonl"):
+    if summary.exists() and not failed_cases(episodes):
         log(f"{name}: {summary.name} exists, skipped")
+        return
+    if not summary.exists() and chunk_size(args, sets) < case_count(args, sets):
+        _evaluate_chunks(name, policy, summary, args, sets)  # each chunk under its own lock
         return
     if not take_lock(lock):
         log(f"{name}: being evaluated by another process ({lock.name}), skipped")
         return
     try:
         if summary.exists():
-            rerun_failed(name, policy, summary, RUN_DIR / f"episodes-{name}.jsonl", args, sets)
+            rerun_failed(name, policy, summary, episodes, args, sets)
         else:
-            _evaluate(name, policy, summary, args, sets)
+            _evaluate_chunk(name, policy, 0, case_count(args, sets), summary, episodes, args, sets)
+            rerun_failed(name, policy, summary, episodes, args, sets)
     finally:
         lock.unlink(missing_ok=True)
+
+
+def case_count(args: argparse.Namespace, sets: tuple[str, ...]) -> int:
+    """The cases an evaluation plays: ``--natural-cases`` on the natural mix, else ``--test-cases``
+    (the natural-mix rows pass ``mix=natural`` in ``sets``)."""
+    return args.natural_cases if "mix=natural" in sets else args.test_cases
+
+
+def chunk_size(args: argparse.Namespace, sets: tuple[str, ...]) -> int:
+    """The cases per ``twin eval`` call (``--eval-chunk``; 0: all of them in one)."""
+    return args.eval_chunk or case_count(args, sets)
 
 
 def failed_cases(episodes: Path) -> list[int]:
@@ -563,35 +579,62 @@ def contiguous_runs(indices: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _evaluate(
+def _evaluate_chunks(
     name: str, policy: str, summary: Path, args: argparse.Namespace, sets: tuple[str, ...]
 ) -> None:
     """Cases 0..N-1 in chunks of ``--eval-chunk`` (one ``twin eval --start`` each): a finished
     chunk's summary and episodes are kept, so an evaluation stopped part-way continues from its
-    first missing chunk. Then the chunks' episodes are joined into ``episodes-<name>.jsonl``."""
-    cases = args.natural_cases if "mix=natural" in sets else args.test_cases
-    chunk = args.eval_chunk or cases
-    if chunk >= cases:
-        episodes = RUN_DIR / f"episodes-{name}.jsonl"
-        _evaluate_chunk(name, policy, 0, cases, summary, episodes, args, sets)
-        rerun_failed(name, policy, summary, episodes, args, sets)
-        return
+    first missing chunk.
+
+    Each chunk is played under its own lock, so a second process running the same stage takes the
+    next free chunk (on 2 cores, two one-thread processes play more cases per hour than one with
+    two threads). The process that finds every chunk finished joins their episodes into
+    ``episodes-<name>.jsonl`` and their summaries into ``summary``."""
+    cases, chunk = case_count(args, sets), chunk_size(args, sets)
     parts = []
     for start in range(0, cases, chunk):
         part = RUN_DIR / f"episodes-{name}.{start:04d}.jsonl"
         done = RUN_DIR / f"eval-{name}.{start:04d}.json"
-        if not done.exists():
-            n = min(chunk, cases - start)
-            _evaluate_chunk(name, policy, start, n, done, part, args, sets, add=True)
-        rerun_failed(name, policy, done, part, args, sets)
         parts.append((done, part))
-    lines = [line for _, part in parts for line in part.read_text().splitlines() if line.strip()]
-    (RUN_DIR / f"episodes-{name}.jsonl").write_text("\n".join(lines) + "\n")
-    chunks = [json.loads(done.read_text()) for done, _ in parts]
-    summary.write_text(json.dumps({"chunks": chunks}, indent=1) + "\n")
-    for files in parts:  # the joined files hold them (and git would keep them twice)
-        for f in files:
-            f.unlink()
+        claim = done.with_suffix(".lock")
+        if not take_lock(claim):
+            continue
+        try:
+            if not done.exists():
+                n = min(chunk, cases - start)
+                _evaluate_chunk(name, policy, start, n, done, part, args, sets, add=True)
+            rerun_failed(name, policy, done, part, args, sets)
+        finally:
+            claim.unlink(missing_ok=True)
+    # A chunk is finished once its summary exists and no process holds it (its failed episodes
+    # are replayed under the lock). Each process frees its own chunk before it looks at the
+    # others', so of two that finish together at least one sees every chunk finished.
+    running = [d for d, _ in parts if not d.exists() or d.with_suffix(".lock").exists()]
+    if running:
+        log(f"{name}: {', '.join(d.name for d in running)} not finished here (another process "
+            "plays them and joins the chunks)")  # fmt: skip
+        return
+    _join_chunks(name, summary, parts)
+
+
+def _join_chunks(name: str, summary: Path, parts: list[tuple[Path, Path]]) -> None:
+    """Join the finished chunks ``parts`` into ``episodes-<name>.jsonl`` and ``summary``, once."""
+    lock = summary.with_suffix(".lock")
+    if not take_lock(lock):
+        log(f"{name}: being joined by another process ({lock.name}), skipped")
+        return
+    try:
+        if summary.exists():  # another process joined them first
+            return
+        lines = [ln for _, part in parts for ln in part.read_text().splitlines() if ln.strip()]
+        (RUN_DIR / f"episodes-{name}.jsonl").write_text("\n".join(lines) + "\n")
+        chunks = [json.loads(done.read_text()) for done, _ in parts]
+        summary.write_text(json.dumps({"chunks": chunks}, indent=1) + "\n")
+        for files in parts:  # the joined files hold them (and git would keep them twice)
+            for f in files:
+                f.unlink()
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def _evaluate_chunk(

@@ -333,6 +333,47 @@ def test_a_v2_evaluation_runs_in_chunks_and_continues_from_the_first_missing_one
     assert len(chain.ran) == 2
 
 
+def test_a_chunk_another_process_plays_is_left_to_it_and_the_last_one_to_finish_joins(
+    chain: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two processes of one evaluation split its chunks: each takes the next free one, and the
+    process that finds every chunk finished joins them (once)."""
+    import os
+
+    monkeypatch.setitem(chain.CHAINS["v2"], "run_dir", tmp_path)
+    args = chain.parse_args(["--chain", "v2", "--test-cases", "250"])
+
+    def fake_run(cmd: list[str], stdout_path: Path | None = None) -> None:
+        chain.ran.append(cmd)
+        start = int(cmd[cmd.index("--start") + 1])
+        stdout_path.write_text(json.dumps({"run_id": start}))
+
+    def fake_export(run_id: int, out: Path, store: Path, sets: tuple[str, ...] = ()) -> None:
+        out.write_text(f'{{"case": {run_id}, "index": {run_id}, "reward": 0.5}}\n')
+
+    monkeypatch.setattr(chain, "run", fake_run)
+    monkeypatch.setattr(chain, "export_episodes", fake_export)
+    other = tmp_path / "eval-sft.0100.lock"
+    other.write_text(str(os.getpid()))  # a live process plays cases 100..199
+    chain.evaluate("sft", "hf:x", args)
+    starts = [c[c.index("--start") + 1] for c in chain.ran]
+    assert starts == ["0", "200"]
+    assert not (tmp_path / "eval-sft.json").exists()  # not joined while a chunk is being played
+    assert (tmp_path / "episodes-sft.0000.jsonl").exists()
+
+    # the other process finishes its chunk, frees it, and finds every chunk finished
+    (tmp_path / "eval-sft.0100.json").write_text(json.dumps({"run_id": 100}))
+    (tmp_path / "episodes-sft.0100.jsonl").write_text('{"case": 100, "index": 100, "reward": 1}\n')
+    other.unlink()
+    chain.evaluate("sft", "hf:x", args)
+    assert len(chain.ran) == 2  # nothing played twice
+    lines = (tmp_path / "episodes-sft.jsonl").read_text().splitlines()
+    assert [json.loads(x)["case"] for x in lines] == [0, 100, 200]
+    chunks = json.loads((tmp_path / "eval-sft.json").read_text())["chunks"]
+    assert [c["run_id"] for c in chunks] == [0, 100, 200]
+    assert not list(tmp_path.glob("eval-sft.0*")) and not list(tmp_path.glob("*.lock"))
+
+
 def test_the_worked_chain_is_the_v2_chain_taught_by_the_worked_ceiling(
     chain: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
