@@ -301,14 +301,9 @@ def test_v2_acceptance_reads_the_paired_intervals(chain: Any) -> None:
     )
 
 
-def test_a_v2_evaluation_runs_in_chunks_and_continues_from_the_first_missing_one(
-    chain: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    import json
-
-    monkeypatch.setitem(chain.CHAINS["v2"], "run_dir", tmp_path)
-    args = chain.parse_args(["--chain", "v2", "--test-cases", "250"])
-    assert args.eval_chunk == 100
+def _fake_chunk_play(chain: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``twin eval`` and the episode export replaced: a chunk starting at case K gets run id K
+    and one episode of case K (reward 0.5); each command is kept in ``chain.ran``."""
 
     def fake_run(cmd: list[str], stdout_path: Path | None = None) -> None:
         chain.ran.append(cmd)
@@ -320,6 +315,18 @@ def test_a_v2_evaluation_runs_in_chunks_and_continues_from_the_first_missing_one
 
     monkeypatch.setattr(chain, "run", fake_run)
     monkeypatch.setattr(chain, "export_episodes", fake_export)
+
+
+def test_a_v2_evaluation_runs_in_chunks_and_continues_from_the_first_missing_one(
+    chain: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import json
+
+    monkeypatch.setitem(chain.CHAINS["v2"], "run_dir", tmp_path)
+    args = chain.parse_args(["--chain", "v2", "--test-cases", "250"])
+    assert args.eval_chunk == 100
+
+    _fake_chunk_play(chain, monkeypatch)
     (tmp_path / "eval-sft.0100.json").write_text(json.dumps({"run_id": 100}))  # done before a stop
     (tmp_path / "episodes-sft.0100.jsonl").write_text('{"case": 100, "index": 100, "reward": 1}\n')
     chain.evaluate("sft", "hf:x", args)
@@ -343,16 +350,7 @@ def test_a_chunk_another_process_plays_is_left_to_it_and_the_last_one_to_finish_
     monkeypatch.setitem(chain.CHAINS["v2"], "run_dir", tmp_path)
     args = chain.parse_args(["--chain", "v2", "--test-cases", "250"])
 
-    def fake_run(cmd: list[str], stdout_path: Path | None = None) -> None:
-        chain.ran.append(cmd)
-        start = int(cmd[cmd.index("--start") + 1])
-        stdout_path.write_text(json.dumps({"run_id": start}))
-
-    def fake_export(run_id: int, out: Path, store: Path, sets: tuple[str, ...] = ()) -> None:
-        out.write_text(f'{{"case": {run_id}, "index": {run_id}, "reward": 0.5}}\n')
-
-    monkeypatch.setattr(chain, "run", fake_run)
-    monkeypatch.setattr(chain, "export_episodes", fake_export)
+    _fake_chunk_play(chain, monkeypatch)
     other = tmp_path / "eval-sft.0100.lock"
     other.write_text(str(os.getpid()))  # a live process plays cases 100..199
     chain.evaluate("sft", "hf:x", args)
