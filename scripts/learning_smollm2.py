@@ -493,7 +493,7 @@ def evaluate(name: str, policy: str, args: argparse.Namespace, sets: tuple[str, 
         log(f"{name}: {summary.name} exists, skipped")
         return
     if not summary.exists() and chunk_size(args, sets) < case_count(args, sets):
-        _evaluate_chunks(name, policy, summary, args, sets)  # each chunk under its own lock
+        _evaluate_in_chunks(name, policy, summary, args, sets)  # each chunk under its own lock
         return
     if not take_lock(lock):
         log(f"{name}: being evaluated by another process ({lock.name}), skipped")
@@ -579,7 +579,7 @@ def contiguous_runs(indices: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _evaluate_chunks(
+def _evaluate_in_chunks(
     name: str, policy: str, summary: Path, args: argparse.Namespace, sets: tuple[str, ...]
 ) -> None:
     """Cases 0..N-1 in chunks of ``--eval-chunk`` (one ``twin eval --start`` each): a finished
