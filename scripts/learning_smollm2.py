@@ -1038,11 +1038,39 @@ def probe_reward(scores: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def probe_lean(scores: list[dict[str, Any]], base: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How far a model's lean moved from ``base``'s (its starting model's probe): on each row
+    both probed, the change of each decision's log-odds over "ok" (log p(d) - log p(ok), model
+    minus base), as its mean, its standard deviation over rows and the rows where it rose.
+
+    A shift the same on every row (small sd) moved the lean and left the ranking by case alone;
+    None where the two probes share no row.
+    """
+    theirs = {r["index"]: r for r in base}
+    pairs = [(r, theirs[r["index"]]) for r in scores if r["index"] in theirs]
+    if not pairs:
+        return None
+    x = _probe_matrix([m for m, _ in pairs]) - _probe_matrix([b for _, b in pairs])  # [N, 4]
+    shift = x[:, 1:] - x[:, :1]  # [N, 3]: each decision's log-odds over "ok"
+    return {
+        "rows": len(pairs),
+        **{
+            d: {
+                "mean": float(shift[:, i].mean()),
+                "sd": float(shift[:, i].std()),
+                "rose": int((shift[:, i] > 0).sum()),
+            }
+            for i, d in enumerate(V2_DECISIONS[1:])
+        },
+    }
+
+
 def probe_results(chain: str) -> dict[str, Any]:
     """Per probed model: the probe's summary and, where the ``compare_with`` chain probed its
     model of the same name on the same rows, the paired difference of accuracy (this chain's
     minus that one's, bootstrap over rows)."""
     other = CHAINS[chain].get("compare_with")
+    start = read_probe("sft")
     out: dict[str, Any] = {}
     for name in V2_RUNS:
         mine = read_probe(name)
@@ -1056,6 +1084,8 @@ def probe_results(chain: str) -> dict[str, Any]:
             "majority_rate": majority,
             "reward": probe_reward(scores),
         }
+        if name != "sft" and start is not None:
+            entry["lean_from_sft"] = probe_lean(scores, start["scores"])
         theirs = read_probe(name, compared_dir(chain)) if other else None
         if theirs is not None:
             right = {r["index"]: r["choice"] == r["truth"] for r in theirs["scores"]}
@@ -1106,7 +1136,32 @@ def probe_lines(probes: dict[str, Any]) -> list[str]:
         "the other four fifths of the rows. Near the majority rate, the scores say little about "
         "the case beyond a lean; well above it, the judgement is there and only leans.",
     ]
-    return lines + probe_reward_lines(probes)
+    return lines + probe_lean_lines(probes) + probe_reward_lines(probes)
+
+
+def probe_lean_lines(probes: dict[str, Any]) -> list[str]:
+    """The report's table of how far each GRPO-trained model's lean moved from SFT's
+    (:func:`probe_lean`); none where no model has that figure."""
+    leans = {name: e["lean_from_sft"] for name, e in probes.items() if e.get("lean_from_sft")}
+    if not leans:
+        return []
+    lines = [
+        "",
+        "The lean each run moved: on each probed row, the change from SFT of each decision's "
+        "log-odds over ok (log p(decision) - log p(ok)), as its mean (its standard deviation "
+        "over rows) and the rows where it rose. A shift alike on every row moved the lean, not "
+        "the judgement.",
+        "",
+        "| model | rows | counterfeit over ok | prohibited over ok | escalate over ok |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, lean in leans.items():
+        cells = " | ".join(
+            f"{lean[d]['mean']:+.2f} ({lean[d]['sd']:.2f}), rose on {lean[d]['rose']}"
+            for d in V2_DECISIONS[1:]
+        )
+        lines.append(f"| {name} | {lean['rows']} | {cells} |")
+    return lines
 
 
 def probe_reward_lines(probes: dict[str, Any]) -> list[str]:

@@ -770,6 +770,43 @@ def test_fitted_offsets_recover_a_judgement_that_only_leans_and_not_one_that_is_
     assert chain.offset_cv_accuracy(absent) < 0.45
 
 
+def test_a_probes_lean_from_sft_is_each_decisions_log_odds_change_over_ok_on_shared_rows(
+    v2: Any, tmp_path: Path
+) -> None:
+    """probe_lean: per decision, the change from SFT of log p(d) - log p(ok) on the rows both
+    probed (mean, sd over rows, rows where it rose); probe_results gives it to every model but
+    SFT and the report prints it."""
+    base = [
+        {"index": i, "truth": "ok", "choice": "ok",
+         "logprobs": {"ok": -1.0, "counterfeit": -2.0, "prohibited": -3.0, "escalate": -2.0}}
+        for i in range(4)
+    ]  # fmt: skip
+    # escalate gains 1 or 3 over ok, counterfeit loses 1 everywhere, prohibited does not move;
+    # row 9 is not in the SFT probe and is left out
+    moved = [
+        {**r, "logprobs": {**r["logprobs"], "ok": -1.5, "counterfeit": -3.5, "prohibited": -3.5,
+                           "escalate": -2.5 + (1.0 if i < 2 else 3.0)}}
+        for i, r in enumerate([*base, {**base[0], "index": 9}])
+    ]  # fmt: skip
+    lean = v2.probe_lean(moved, base)
+    assert lean["rows"] == 4
+    assert lean["escalate"] == {"mean": 2.0, "sd": 1.0, "rose": 4}
+    assert lean["counterfeit"] == {"mean": -1.0, "sd": 0.0, "rose": 0}
+    assert lean["prohibited"] == {"mean": 0.0, "sd": 0.0, "rose": 0}
+    assert v2.probe_lean(moved, [{**base[0], "index": 7}]) is None
+
+    summary = {"rows": 4, "accuracy": 1.0, "truth_prob": 0.5, "chosen": {"ok": 4}}
+    for name, scores in (("sft", base), ("grpo", moved)):
+        (tmp_path / f"probe-{name}.json").write_text(json.dumps({**summary, "scores": scores}))
+    v2.parse_args(["--chain", "v2"])
+    probes = v2.probe_results("v2")
+    assert "lean_from_sft" not in probes["sft"] and probes["grpo"]["lean_from_sft"] == lean
+    (row,) = [line for line in v2.probe_lines(probes) if "rose on" in line]
+    assert row == (
+        "| grpo | 4 | -1.00 (0.00), rose on 0 | +0.00 (0.00), rose on 0 | +2.00 (1.00), rose on 4 |"
+    )
+
+
 def test_the_probes_decisions_are_paid_what_each_constant_earned_on_the_same_case(
     v2: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
