@@ -276,18 +276,19 @@ BASE_ROWS = (
 )
 VERDICTS = ("ok", "counterfeit", "prohibited")
 #: The v2 chain: the references, the teacher's demonstrations, SFT, GRPO seed 0, its placebo
-#: control (seed 0, advantages shuffled), GRPO seed 1, each model scored on the same test cases;
-#: then zero-shot (the costliest evaluation: the untrained model writes every turn to its limit)
-#: and the natural mix.
+#: control (seed 0, advantages shuffled), GRPO seed 1 and its placebo, each model scored on the
+#: same test cases; then zero-shot (the costliest evaluation: the untrained model writes every
+#: turn to its limit) and the natural mix.
 # fmt: off
 V2_STAGES = (
     "refs", "collect", "sft", "probe", "sft_eval", "grpo", "grpo_eval", "placebo", "placebo_eval",
-    "grpo_s1", "grpo_s1_eval", "zeroshot", "natural", "report", "carry",
+    "grpo_s1", "grpo_s1_eval", "placebo_s1", "placebo_s1_eval", "zeroshot", "natural", "report",
+    "carry",
 )
 # fmt: on
 ALL_STAGES = tuple(dict.fromkeys((*STAGES, *V2_STAGES)))
 #: Stages whose wall-clock the chain records itself (evaluations record their own).
-TRAINING_STAGES = ("collect", "sft", "grpo", "placebo", "grpo_s1")
+TRAINING_STAGES = ("collect", "sft", "grpo", "placebo", "grpo_s1", "placebo_s1")
 #: Catalog-v2's reference policies (its baselines): the cheap ones, then the ceiling.
 V2_CHEAP = (
     "always_ok",
@@ -303,6 +304,7 @@ V2_GRPO_RUNS = (
     ("grpo", "grpo", ()),
     ("placebo", "placebo", ("algorithm.placebo=true",)),
     ("grpo_s1", "grpo-s1", ("seed=1",)),
+    ("placebo_s1", "placebo-s1", ("algorithm.placebo=true", "seed=1")),
 )
 #: Every training run of the v2 chain, by its folder name.
 V2_RUNS = ("sft", *(folder for _, folder, _ in V2_GRPO_RUNS))
@@ -791,7 +793,8 @@ def evaluate_grpo(policy: str, args: argparse.Namespace, name: str = "grpo") -> 
     """Score GRPO's ``--grpo-eval-at`` snapshots, then its last checkpoint when that is the step
     ``--grpo-steps`` names (a run stopped early, or longer than asked, would be mislabelled).
 
-    ``name``: the GRPO run (``grpo``; the v2 chain's ``grpo-s1`` and ``placebo`` too), whose
+    ``name``: the GRPO run (``grpo``; the v2 chain's ``grpo-s1``, ``placebo`` and
+    ``placebo-s1`` too), whose
     folder and evaluation carry that name; snapshots are the ``grpo`` run's."""
     for k in args.grpo_eval_at if name == "grpo" else ():
         evaluate(f"grpo-{k}", f"hf:{snapshot_dir(k)},{policy}", args)
@@ -1327,8 +1330,9 @@ def train_grpo(args: argparse.Namespace, name: str = "grpo", extra: tuple[str, .
     rate is constant). A run that was stopped continues the same way.
 
     ``name`` and ``extra``: another GRPO run from the same SFT adapter in ``RUN_DIR / name``
-    with recipe settings ``extra`` (the v2 chain's second seed, ``seed=1``, and its placebo
-    control, ``algorithm.placebo=true``); only the ``grpo`` run stops at ``--grpo-eval-at``.
+    with recipe settings ``extra`` (the v2 chain's second seed, ``seed=1``, its placebo
+    control, ``algorithm.placebo=true``, and both); only the ``grpo`` run stops at
+    ``--grpo-eval-at``.
     """
     out = RUN_DIR / name
     if kept_info(name) is not None:
@@ -1744,6 +1748,7 @@ V2_MODEL_ROWS = (
     ("grpo", "SmolLM2 after SFT + GRPO (seed 0)"),
     ("grpo-s1", "SmolLM2 after SFT + GRPO (seed 1)"),
     ("placebo", "SmolLM2 after SFT + placebo GRPO (seed 0)"),
+    ("placebo-s1", "SmolLM2 after SFT + placebo GRPO (seed 1)"),
 )
 
 
@@ -1853,12 +1858,12 @@ def v2_stats(names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def v2_differences(episodes: dict[str, Any], best_cheap: str | None) -> dict[str, Any]:
     """Paired differences: each trained model vs SFT and vs the best cheap policy, SFT vs
-    zero-shot, each GRPO seed vs the placebo run."""
+    zero-shot, each GRPO seed vs the seed-0 placebo run and vs its own seed's placebo."""
     pairs = [("zeroshot", "sft")]
-    pairs += [("sft", m) for m in ("grpo", "grpo-s1", "placebo")]
-    pairs += [("placebo", m) for m in ("grpo", "grpo-s1")]
+    pairs += [("sft", m) for m in ("grpo", "grpo-s1", "placebo", "placebo-s1")]
+    pairs += [("placebo", m) for m in ("grpo", "grpo-s1")] + [("placebo-s1", "grpo-s1")]
     if best_cheap:
-        pairs += [(best_cheap, m) for m in ("sft", "grpo", "grpo-s1", "placebo")]
+        pairs += [(best_cheap, m) for m in ("sft", "grpo", "grpo-s1", "placebo", "placebo-s1")]
     return {
         f"{b} - {a}": paired(episodes[a], episodes[b])
         for a, b in pairs
@@ -1946,7 +1951,7 @@ def chain_differences(chain: str, episodes: dict[str, Any]) -> dict[str, Any]:
     keys name that chain (``sft - sft of v2``)."""
     other = CHAINS[chain].get("compare_with")
     out: dict[str, Any] = {}
-    for name in ("sft", "grpo", "grpo-s1", "placebo"):
+    for name in ("sft", "grpo", "grpo-s1", "placebo", "placebo-s1"):
         if from_base(name):  # the same episodes
             continue
         theirs = read_episodes(name, compared_dir(chain)) if other else None
@@ -1958,9 +1963,11 @@ def chain_differences(chain: str, episodes: dict[str, Any]) -> dict[str, Any]:
 def acceptance(
     diffs: dict[str, Any], best_cheap: str | None, planned: int | None = None
 ) -> dict[str, Any]:
-    """Issue 25's three claims, each read off the paired intervals. None: not run yet, or (with
-    ``planned``) paired over fewer cases than the chain's test size: a claim is judged on the
-    full evaluation only."""
+    """Issue 25's three claims, each read off the paired intervals, per seed, and beside them
+    the control read as GRPO minus the placebo of the same seed (a placebo's update has GRPO's
+    size, and such a step can move a model whose decisions are near-tied: docs/learning.md, "The
+    placebo control"). None: not run yet, or (with ``planned``) paired over fewer cases than the
+    chain's test size: a claim is judged on the full evaluation only."""
 
     def ready(key: str) -> bool:
         return key in diffs and (planned is None or diffs[key]["cases"] >= planned)
@@ -1981,7 +1988,14 @@ def acceptance(
             "seed 0": above("grpo - sft"),
             "seed 1": above("grpo-s1 - sft"),
         },
-        "placebo_minus_sft_around_zero": around_zero("placebo - sft"),
+        "placebo_minus_sft_around_zero": {
+            "seed 0": around_zero("placebo - sft"),
+            "seed 1": around_zero("placebo-s1 - sft"),
+        },
+        "grpo_minus_placebo_above_zero": {
+            "seed 0": above("grpo - placebo"),
+            "seed 1": above("grpo-s1 - placebo-s1"),
+        },
     }
 
 
@@ -2096,7 +2110,12 @@ def plot_v2_curves() -> list[str]:
                 label,
                 [(r["step"], r["rewards/total"]) for r in read_metrics(n) if "rewards/total" in r],
             )
-            for n, label in (("grpo", "seed 0"), ("grpo-s1", "seed 1"), ("placebo", "placebo"))
+            for n, label in (
+                ("grpo", "seed 0"),
+                ("grpo-s1", "seed 1"),
+                ("placebo", "placebo seed 0"),
+                ("placebo-s1", "placebo seed 1"),
+            )
         ],
     }
     ylabels = {

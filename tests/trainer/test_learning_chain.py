@@ -132,15 +132,15 @@ def test_v2_grpo_runs_share_the_sft_start_and_differ_by_seed_or_placebo(v2: Any)
     args = v2.parse_args(["--chain", "v2", "--grpo-steps", "4"])
     v2.actions(args)["sft"]()
     _save(v2.RUN_DIR / "sft", 120, {"total_steps": 120})  # what that command would leave
-    for stage in ("grpo", "placebo", "grpo_s1"):
+    for stage in ("grpo", "placebo", "grpo_s1", "placebo_s1"):
         v2.actions(args)[stage]()
     sft, *grpo = v2.ran
     assert sft[1:3] == ["sft", "data/recipes/catalog-v2-smollm2-sft-cpu.yaml"]
     assert "twin.config.max_turns=4" in sft
     for cmd, name, extra in zip(
         grpo,
-        ("grpo", "placebo", "grpo-s1"),
-        ((), ("algorithm.placebo=true",), ("seed=1",)),
+        ("grpo", "placebo", "grpo-s1", "placebo-s1"),
+        ((), ("algorithm.placebo=true",), ("seed=1",), ("algorithm.placebo=true", "seed=1")),
         strict=True,
     ):
         assert cmd[1:3] == ["train", "data/recipes/catalog-v2-smollm2-grpo-cpu.yaml"]
@@ -286,6 +286,9 @@ def test_v2_acceptance_reads_the_paired_intervals(chain: Any) -> None:
         "grpo-s1 - always_escalate": d(-0.01, 0.2),
         "grpo - sft": d(0.05, 0.3),
         "placebo - sft": d(-0.1, 0.02),
+        "placebo-s1 - sft": d(0.01, 0.1),
+        "grpo - placebo": d(0.02, 0.2),
+        "grpo-s1 - placebo-s1": d(-0.02, 0.2),
     }
     got = chain.acceptance(diffs, "always_escalate")
     assert got["grpo_beats_best_cheap"] == {
@@ -294,11 +297,16 @@ def test_v2_acceptance_reads_the_paired_intervals(chain: Any) -> None:
         "seed 1": False,
     }
     assert got["grpo_minus_sft_above_zero"] == {"seed 0": True, "seed 1": None}
-    assert got["placebo_minus_sft_around_zero"] is True
-    assert (
-        chain.acceptance({"placebo - sft": d(0.01, 0.1)}, None)["placebo_minus_sft_around_zero"]
-        is False
-    )
+    assert got["placebo_minus_sft_around_zero"] == {"seed 0": True, "seed 1": False}
+    assert got["grpo_minus_placebo_above_zero"] == {"seed 0": True, "seed 1": False}
+    none = chain.acceptance({}, None)
+    assert none["placebo_minus_sft_around_zero"] == {"seed 0": None, "seed 1": None}
+    # fewer cases than planned: not judged yet
+    short = {"grpo - placebo": {"ci95": [0.1, 0.2], "cases": 300}}
+    assert chain.acceptance(short, None, planned=500)["grpo_minus_placebo_above_zero"] == {
+        "seed 0": None,
+        "seed 1": None,
+    }
 
 
 def _fake_chunk_play(chain: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -547,7 +555,7 @@ def test_the_t07_chain_runs_only_grpo_at_0_7_from_the_v2_chains_sft(
     args = v2.parse_args(["--chain", "v2-t07", "--grpo-steps", "4"])
     assert v2.chain_stages("v2-t07") == (
         "probe", "grpo", "grpo_eval", "placebo", "placebo_eval", "grpo_s1", "grpo_s1_eval",
-        "report", "carry",
+        "placebo_s1", "placebo_s1_eval", "report", "carry",
     )  # fmt: skip
     assert v2.RUN_DIR == own and v2.BASE_DIR == tmp_path
     own.mkdir()
